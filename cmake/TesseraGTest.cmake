@@ -1,0 +1,16 @@
+# GoogleTest: the installed package (Debian: libgtest-dev), or sources given by
+# TESSERA_GTEST_SOURCE_DIR (for the GPU machine, which has no package manager).
+find_package(GTest QUIET)
+if(NOT GTest_FOUND)
+  if(NOT TESSERA_GTEST_SOURCE_DIR)
+    message(FATAL_ERROR "GoogleTest not found: install libgtest-dev or set TESSERA_GTEST_SOURCE_DIR")
+  endif()
+  set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+  set(BUILD_GMOCK ON CACHE BOOL "" FORCE)
+  add_subdirectory(${TESSERA_GTEST_SOURCE_DIR} ${CMAKE_BINARY_DIR}/_googletest EXCLUDE_FROM_ALL)
+  foreach(_t gtest gtest_main gmock gmock_main)
+    if(NOT TARGET GTest::${_t})
+      add_library(GTest::${_t} ALIAS ${_t})
+    endif()
+  endforeach()
+endif()

@@ -1,0 +1,40 @@
+// Element types Tessera understands. This is the only list of dtypes in the project: kernels'
+// dispatch tables and validators derive from it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera {
+
+enum class DType : int32_t {
+  kF16 = 0,    ///< IEEE half
+  kBF16 = 1,   ///< bfloat16
+  kF32 = 2,    ///< IEEE single
+  kE4M3 = 3,   ///< fp8 e4m3 (finite-only "fn" flavour, as CUDA's __nv_fp8_e4m3)
+  kE5M2 = 4,   ///< fp8 e5m2
+  kI32 = 5,    ///< int32 (index arrays)
+  kU8 = 6,     ///< uint8 (packed bit masks)
+};
+
+/// Size of one element in bytes.
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kF32:
+    case DType::kI32: return 4;
+    case DType::kE4M3:
+    case DType::kE5M2:
+    case DType::kU8: return 1;
+  }
+  return 0;
+}
+
+/// Short lowercase name ("f16", "bf16", ...), used in error messages and benchmark output.
+const char* dtype_name(DType t);
+
+/// True for the 16-bit floating types attention inputs may use (f16, bf16).
+constexpr bool is_half_precision(DType t) { return t == DType::kF16 || t == DType::kBF16; }
+
+}  // namespace tessera

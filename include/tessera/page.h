@@ -1,0 +1,32 @@
+// KV-cache utilities for the serving loop.
+#pragma once
+
+#include "tessera/formats.h"
+#include "tessera/stream.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+/// Appends the new K/V rows of a ragged batch to a paged KV cache.
+///
+/// append_k, append_v: [nnz, H_kv, D], the same dtype as the cache (f16, bf16 or f32), any
+///   strides with a contiguous last dim; request b's new rows are append_indptr[b] ..
+///   append_indptr[b+1]-1.
+/// append_indptr: i32 [batch_size + 1] in device memory, batch_size == cache.batch_size().
+/// cache: the page table must already describe the lengths AFTER the append (as in FlashInfer):
+///   request b's appended rows go to positions kv_len_b - append_len_b .. kv_len_b - 1, where
+///   kv_len_b = (num_pages_b - 1) * page_size + last_page_len[b]. Its index arrays are in device
+///   memory. Both layouts, any page size, separate or combined K/V.
+/// Rows whose target position falls outside the request's pages (append_len_b > kv_len_b) or whose
+/// page id is out of range are skipped, never written out of bounds; checked mode reports them.
+void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
+                           const TensorView& append_indptr, const PagedKV& cache,
+                           StreamHandle stream = nullptr);
+
+/// The same with explicit per-row targets, FlashInfer's convention: row i goes to request
+/// batch_indices[i] at position positions[i] (both i32 [nnz] in device memory).
+void append_paged_kv_cache_at(const TensorView& append_k, const TensorView& append_v,
+                              const TensorView& batch_indices, const TensorView& positions,
+                              const PagedKV& cache, StreamHandle stream = nullptr);
+
+}  // namespace tessera

@@ -1,0 +1,12 @@
+// Umbrella header for Tessera's C++ API (DLPack interop lives in tessera/dlpack.h).
+#pragma once
+
+#include "tessera/dtype.h"
+#include "tessera/error.h"
+#include "tessera/formats.h"
+#include "tessera/merge.h"
+#include "tessera/page.h"
+#include "tessera/stream.h"
+#include "tessera/tensor.h"
+#include "tessera/validate.h"
+#include "tessera/version.h"

@@ -1,0 +1,59 @@
+// Host-side validation of tensors and KV formats. Each function throws tessera::Error
+// (StatusCode::kInvalidArgument; kUnsupported for a head_dim outside `supported_dims`) naming the
+// argument, its value and what was expected.
+//
+// Index arrays are contiguous 1-D i32 (u8 for block flags) in host memory (kCPU, kCUDAHost) or on
+// the device of the data they index.
+//
+// Index arrays (indptr, indices, last_page_len) are checked element by element when they live in
+// host memory. When they live only on the GPU they are checked element by element only in checked
+// mode (set_checked_mode(true) or TESSERA_CHECKED=1 in the environment), which copies them to the
+// host and synchronises the device; otherwise only their shape and dtype are checked, and kernels
+// skip (never dereference) out-of-range entries.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "tessera/formats.h"
+
+namespace tessera {
+
+/// Process-wide checked mode for device-resident index arrays (default: TESSERA_CHECKED env var).
+void set_checked_mode(bool enabled);
+bool checked_mode();
+
+/// Head configuration of an attention call.
+struct HeadConfig {
+  int64_t num_qo_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+/// num_qo_heads, num_kv_heads >= 1, num_qo_heads % num_kv_heads == 0, head_dim in `supported_dims`
+/// (an empty list accepts any head_dim >= 1).
+void validate_heads(const HeadConfig& heads, std::initializer_list<int64_t> supported_dims);
+
+/// Generic tensor checks; `name` is the argument's name in messages.
+void check_ndim(const TensorView& t, const char* name, int ndim);
+void check_dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed);
+void check_on_cuda(const TensorView& t, const char* name);
+void check_last_dim_contiguous(const TensorView& t, const char* name);
+void check_contiguous(const TensorView& t, const char* name);
+/// Requires t.shape[dim] == expected.
+void check_size(const TensorView& t, const char* name, int dim, int64_t expected);
+void check_same_device(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
+
+/// An indptr array: i32, 1-D, length >= 1, [0] == 0, non-decreasing, last <= max_total (if >= 0).
+/// Returns the host copy of its values when they could be read (host memory or checked mode),
+/// otherwise an empty vector.
+std::vector<int32_t> validate_indptr(const TensorView& indptr, const char* name, int64_t max_total);
+
+void validate_ragged(const Ragged& r, const char* name);
+void validate_paged_kv(const PagedKV& kv, const char* name);
+void validate_block_sparse(const BlockSparse& bs, const char* name);
+void validate_composable(const Composable& c, const char* name);
+
+}  // namespace tessera

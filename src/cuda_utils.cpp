@@ -1,0 +1,32 @@
+#include "src/cuda_utils.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+namespace tessera {
+namespace detail {
+
+int current_device_sm_count() {
+  static std::mutex mutex;
+  static std::vector<int> sm_counts;  // by device ordinal; 0 = not read yet
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(sm_counts.size()) <= device) sm_counts.resize(device + 1, 0);
+  if (sm_counts[device] == 0) {
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_counts[device], cudaDevAttrMultiProcessorCount, device));
+  }
+  return sm_counts[device];
+}
+
+int grid_stride_blocks(long long total_threads, int threads_per_block) {
+  // 2048 resident threads per SM on sm_80/sm_90; four waves' worth lets the grid-stride loop
+  // absorb tail effects while keeping launch cost flat for huge inputs.
+  const long long max_blocks = 4LL * current_device_sm_count() * (2048 / threads_per_block);
+  const long long needed = (total_threads + threads_per_block - 1) / threads_per_block;
+  return static_cast<int>(std::max(1LL, std::min(needed, max_blocks)));
+}
+
+}  // namespace detail
+}  // namespace tessera

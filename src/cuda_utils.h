@@ -1,0 +1,24 @@
+// Host-side CUDA helpers for the translation units that launch kernels.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "src/check.h"
+
+namespace tessera {
+namespace detail {
+
+/// The SM count of the current device (cached per device).
+int current_device_sm_count();
+
+/// Blocks for a grid-stride kernel over `total_threads` threads: enough to fill every SM a few
+/// times over, never more than the work needs.
+int grid_stride_blocks(long long total_threads, int threads_per_block);
+
+}  // namespace detail
+}  // namespace tessera
+
+/// After a kernel launch: reports launch-configuration errors at the call that caused them.
+#define TESSERA_CHECK_LAUNCH() TESSERA_CUDA_CHECK(cudaGetLastError())

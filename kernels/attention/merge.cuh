@@ -1,0 +1,173 @@
+// Attention-state merge kernels (DESIGN.md §2): two states per row, or a fixed or variable number
+// of states per row folded in index order. Memory bound: every thread owns one 16-byte vector of
+// head_dim for one (row, head) and streams the states through it.
+#pragma once
+
+#include "kernels/common/platform.cuh"
+#include "kernels/common/state.cuh"
+#include "kernels/common/vec.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename T>
+struct MergeTraits {
+  static constexpr int kVecElems = vec_elems<T>();  // elements of head_dim per thread
+  static constexpr int kThreadsPerBlock = 256;
+  // States loaded before any is folded: several independent 16-byte loads in flight per thread
+  // hide DRAM latency without relying on occupancy alone.
+  static constexpr int kStatesInFlight = 4;
+  static_assert(kVecElems * sizeof(T) == kVecBytes, "one vector per thread");
+  static_assert(kThreadsPerBlock % kWarpSize == 0, "whole warps");
+  static_assert(kStatesInFlight >= 1 && kStatesInFlight <= 8, "register budget: 8 x 16 B per thread at most");
+};
+
+/// Strides (elements) of a state tensor: v[row][state][head][dim], s[row][state][head]. For packed
+/// (ragged) states the row stride is unused and state indices are global.
+struct StateTensorDesc {
+  int64_t v_row_stride;
+  int64_t v_state_stride;
+  int64_t v_head_stride;
+  int64_t s_row_stride;
+  int64_t s_state_stride;
+  int64_t s_head_stride;
+};
+
+template <typename T>
+struct MergeStatesParams {
+  const T* v;                // [rows, num_states, H, D] or packed [total_states, H, D]
+  const float* s;            // [rows, num_states, H] or packed [total_states, H]; base-2 LSE
+  StateTensorDesc in;
+  const int32_t* indptr;     // [rows + 1] for packed states, nullptr for a fixed count
+  int32_t num_states;        // fixed count per row (indptr == nullptr)
+  int32_t total_states;      // packed states present; indptr values are clamped to it
+  T* v_out;                  // [rows, H, D]
+  float* s_out;              // [rows, H] or nullptr
+  int64_t out_v_row_stride, out_v_head_stride, out_s_row_stride, out_s_head_stride;
+  int32_t rows;
+  int32_t num_heads;
+  int32_t head_dim;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(MergeTraits<T>::kThreadsPerBlock)
+merge_states_kernel(const MergeStatesParams<T> p) {
+  using Traits = MergeTraits<T>;
+  constexpr int N = Traits::kVecElems;
+  const int vecs_per_head = p.head_dim / N;
+  const int64_t total = static_cast<int64_t>(p.rows) * p.num_heads * vecs_per_head;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int vec = static_cast<int>(t % vecs_per_head);
+    const int head = static_cast<int>((t / vecs_per_head) % p.num_heads);
+    const int row = static_cast<int>(t / (static_cast<int64_t>(vecs_per_head) * p.num_heads));
+
+    // First state of this row and how many follow, as offsets into v and s.
+    int64_t v_off, s_off;
+    int count;
+    if (p.indptr != nullptr) {
+      // Malformed index arrays are clamped so no load leaves the tensor (DESIGN.md §4).
+      const int32_t begin = min(max(p.indptr[row], 0), p.total_states);
+      const int32_t end = min(max(p.indptr[row + 1], begin), p.total_states);
+      v_off = begin * p.in.v_state_stride;
+      s_off = begin * p.in.s_state_stride;
+      count = end - begin;
+    } else {
+      v_off = row * p.in.v_row_stride;
+      s_off = row * p.in.s_row_stride;
+      count = p.num_states;
+    }
+    const T* v_ptr = p.v + v_off + head * p.in.v_head_stride + vec * N;  // [count] x [N], strided
+    const float* s_ptr = p.s + s_off + head * p.in.s_head_stride;       // [count], strided
+
+    StateAccumulator<N> acc;
+    for (int base = 0; base < count; base += Traits::kStatesInFlight) {
+      Vec<T> v_in[Traits::kStatesInFlight];   // [kStatesInFlight] x [N]
+      float s_in[Traits::kStatesInFlight];    // [kStatesInFlight]
+#pragma unroll
+      for (int k = 0; k < Traits::kStatesInFlight; ++k) {
+        if (base + k < count) {
+          v_in[k].load_stream(v_ptr + (base + k) * p.in.v_state_stride);
+          s_in[k] = s_ptr[(base + k) * p.in.s_state_stride];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < Traits::kStatesInFlight; ++k) {
+        if (base + k < count) {
+          float vf[N];
+#pragma unroll
+          for (int i = 0; i < N; ++i) vf[i] = to_float(v_in[k].data[i]);
+          acc.fold(s_in[k], vf);
+        }
+      }
+    }
+
+    Vec<T> out;
+    const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);
+    out.store(p.v_out + row * p.out_v_row_stride + head * p.out_v_head_stride + vec * N);
+    if (p.s_out != nullptr && vec == 0) {
+      p.s_out[row * p.out_s_row_stride + head * p.out_s_head_stride] = acc.lse();
+    }
+  }
+}
+
+template <typename T>
+struct MergeStatePairParams {
+  const T* v_a;       // [rows, H, D]
+  const float* s_a;   // [rows, H]
+  const T* v_b;       // [rows, H, D]
+  const float* s_b;   // [rows, H]
+  T* v_out;           // [rows, H, D]; may alias v_a or v_b
+  float* s_out;       // [rows, H] or nullptr; never aliases s_a or s_b
+  int64_t v_a_row_stride, v_a_head_stride, v_b_row_stride, v_b_head_stride;
+  int64_t s_a_row_stride, s_a_head_stride, s_b_row_stride, s_b_head_stride;
+  int64_t out_v_row_stride, out_v_head_stride, out_s_row_stride, out_s_head_stride;
+  int32_t rows;
+  int32_t num_heads;
+  int32_t head_dim;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(MergeTraits<T>::kThreadsPerBlock)
+merge_state_pair_kernel(const MergeStatePairParams<T> p) {
+  constexpr int N = MergeTraits<T>::kVecElems;
+  const int vecs_per_head = p.head_dim / N;
+  const int64_t total = static_cast<int64_t>(p.rows) * p.num_heads * vecs_per_head;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int vec = static_cast<int>(t % vecs_per_head);
+    const int head = static_cast<int>((t / vecs_per_head) % p.num_heads);
+    const int64_t row = t / (static_cast<int64_t>(vecs_per_head) * p.num_heads);
+
+    Vec<T> a, b;  // [N] each
+    a.load_stream(p.v_a + row * p.v_a_row_stride + head * p.v_a_head_stride + vec * N);
+    b.load_stream(p.v_b + row * p.v_b_row_stride + head * p.v_b_head_stride + vec * N);
+    const float sa = p.s_a[row * p.s_a_row_stride + head * p.s_a_head_stride];
+    const float sb = p.s_b[row * p.s_b_row_stride + head * p.s_b_head_stride];
+
+    StateAccumulator<N> acc;
+    float vf[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) vf[i] = to_float(a.data[i]);
+    acc.fold(sa, vf);
+#pragma unroll
+    for (int i = 0; i < N; ++i) vf[i] = to_float(b.data[i]);
+    acc.fold(sb, vf);
+
+    Vec<T> out;
+    const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);
+    // v_out may alias v_a or v_b: every element is read and written by this thread alone. s_out
+    // must not alias s_a or s_b (the host rejects it): the other threads of this head read them.
+    out.store(p.v_out + row * p.out_v_row_stride + head * p.out_v_head_stride + vec * N);
+    if (p.s_out != nullptr && vec == 0) {
+      p.s_out[row * p.out_s_row_stride + head * p.out_s_head_stride] = acc.lse();
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace tessera

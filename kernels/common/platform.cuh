@@ -1,0 +1,28 @@
+// Basic definitions shared by every kernel header. Kernel headers compile under nvcc and NVRTC,
+// so they include no host-only headers: integer types come from libcu++.
+#pragma once
+
+#include <cuda/std/cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define TESSERA_DEVICE __device__ __forceinline__
+#define TESSERA_HOST_DEVICE __host__ __device__ __forceinline__
+
+namespace tessera {
+namespace kernels {
+
+using int32_t = cuda::std::int32_t;
+using int64_t = cuda::std::int64_t;
+using uint32_t = cuda::std::uint32_t;
+using uint64_t = cuda::std::uint64_t;
+
+constexpr int kWarpSize = 32;
+
+template <typename T>
+TESSERA_HOST_DEVICE constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace kernels
+}  // namespace tessera

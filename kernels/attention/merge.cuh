@@ -49,6 +49,29 @@ struct MergeStatesParams {
   int32_t head_dim;
 };
 
+/// The (row, head, 16-byte vector of head_dim) that grid-stride thread index `t` stands for;
+/// consecutive threads take consecutive vectors of one head, so warps read contiguous memory.
+struct RowHeadVec {
+  int64_t row;
+  int head;
+  int vec;
+};
+TESSERA_DEVICE RowHeadVec row_head_vec(int64_t t, int num_heads, int vecs_per_head) {
+  return {t / (static_cast<int64_t>(vecs_per_head) * num_heads), static_cast<int>((t / vecs_per_head) % num_heads),
+          static_cast<int>(t % vecs_per_head)};
+}
+
+/// Writes the merged vector, and the LSE from the head's first vector thread.
+template <typename T, int N>
+TESSERA_DEVICE void store_merged(const StateAccumulator<N>& acc, T* v_out, float* s_out, bool owns_lse) {
+  Vec<T> out;
+  const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);
+  out.store(v_out);
+  if (s_out != nullptr && owns_lse) *s_out = acc.lse();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(MergeTraits<T>::kThreadsPerBlock)
 merge_states_kernel(const MergeStatesParams<T> p) {
@@ -58,9 +81,8 @@ merge_states_kernel(const MergeStatesParams<T> p) {
   const int64_t total = static_cast<int64_t>(p.rows) * p.num_heads * vecs_per_head;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int vec = static_cast<int>(t % vecs_per_head);
-    const int head = static_cast<int>((t / vecs_per_head) % p.num_heads);
-    const int row = static_cast<int>(t / (static_cast<int64_t>(vecs_per_head) * p.num_heads));
+    const auto [row64, head, vec] = row_head_vec(t, p.num_heads, vecs_per_head);
+    const int row = static_cast<int>(row64);
 
     // First state of this row and how many follow, as offsets into v and s.
     int64_t v_off, s_off;
@@ -102,14 +124,9 @@ merge_states_kernel(const MergeStatesParams<T> p) {
       }
     }
 
-    Vec<T> out;
-    const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);
-    out.store(p.v_out + row * p.out_v_row_stride + head * p.out_v_head_stride + vec * N);
-    if (p.s_out != nullptr && vec == 0) {
-      p.s_out[row * p.out_s_row_stride + head * p.out_s_head_stride] = acc.lse();
-    }
+    store_merged<T, N>(acc, p.v_out + row * p.out_v_row_stride + head * p.out_v_head_stride + vec * N,
+                       p.s_out == nullptr ? nullptr : p.s_out + row * p.out_s_row_stride + head * p.out_s_head_stride,
+                       vec == 0);
   }
 }
 
@@ -137,9 +154,7 @@ merge_state_pair_kernel(const MergeStatePairParams<T> p) {
   const int64_t total = static_cast<int64_t>(p.rows) * p.num_heads * vecs_per_head;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int vec = static_cast<int>(t % vecs_per_head);
-    const int head = static_cast<int>((t / vecs_per_head) % p.num_heads);
-    const int64_t row = t / (static_cast<int64_t>(vecs_per_head) * p.num_heads);
+    const auto [row, head, vec] = row_head_vec(t, p.num_heads, vecs_per_head);
 
     Vec<T> a, b;  // [N] each
     a.load_stream(p.v_a + row * p.v_a_row_stride + head * p.v_a_head_stride + vec * N);
@@ -156,16 +171,11 @@ merge_state_pair_kernel(const MergeStatePairParams<T> p) {
     for (int i = 0; i < N; ++i) vf[i] = to_float(b.data[i]);
     acc.fold(sb, vf);
 
-    Vec<T> out;
-    const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);
     // v_out may alias v_a or v_b: every element is read and written by this thread alone. s_out
     // must not alias s_a or s_b (the host rejects it): the other threads of this head read them.
-    out.store(p.v_out + row * p.out_v_row_stride + head * p.out_v_head_stride + vec * N);
-    if (p.s_out != nullptr && vec == 0) {
-      p.s_out[row * p.out_s_row_stride + head * p.out_s_head_stride] = acc.lse();
-    }
+    store_merged<T, N>(acc, p.v_out + row * p.out_v_row_stride + head * p.out_v_head_stride + vec * N,
+                       p.s_out == nullptr ? nullptr : p.s_out + row * p.out_s_row_stride + head * p.out_s_head_stride,
+                       vec == 0);
   }
 }
 

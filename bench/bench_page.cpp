@@ -1,0 +1,110 @@
+// Appending to a paged KV cache (tessera/page.h). Memory-bound: bytes = appended rows read + rows
+// written into the cache (K and V); reported in GB/s against the copy ceiling.
+#include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+#include "tessera/formats.h"
+#include "tessera/page.h"
+
+namespace tessera_bench {
+namespace {
+
+using tessera::DType;
+using tessera::Layout;
+
+constexpr DType kDType = DType::kBF16;
+constexpr int64_t kBatch = 64;
+constexpr int64_t kAppendLen = 1024;  // new tokens per request; also its KV length afterwards
+constexpr int64_t kKvHeads = 8;
+constexpr int64_t kHeadDim = 128;
+constexpr int64_t kPageSize = 16;
+constexpr uint64_t kPermutationSeed = 20261122;
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A permutation of 0 .. n-1 that is the same on every platform (std::shuffle is not).
+std::vector<int32_t> random_permutation(int64_t n, uint64_t seed) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  uint64_t state = seed;
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+// 64 requests each append 1024 new rows of [H_kv=8, D=128] bf16 (K + V = 256 MiB) to a fresh
+// cache (KV length 1024 after the append), page size 16, pages in a random order.
+void run_append(BenchContext& ctx, Layout layout) {
+  constexpr int64_t kRows = kBatch * kAppendLen;
+  constexpr int64_t kPagesPerRequest = (kAppendLen + kPageSize - 1) / kPageSize;
+  constexpr int64_t kNumPages = kBatch * kPagesPerRequest;
+  constexpr int32_t kLastPageLen = static_cast<int32_t>(kAppendLen - (kPagesPerRequest - 1) * kPageSize);
+
+  // Index arrays, built on the host.
+  std::vector<int32_t> append_indptr(kBatch + 1), page_indptr(kBatch + 1);
+  for (int64_t b = 0; b <= kBatch; ++b) {
+    append_indptr[b] = static_cast<int32_t>(b * kAppendLen);
+    page_indptr[b] = static_cast<int32_t>(b * kPagesPerRequest);
+  }
+  const std::vector<int32_t> page_indices = random_permutation(kNumPages, kPermutationSeed);
+  const std::vector<int32_t> last_page_len(kBatch, kLastPageLen);
+
+  DeviceTensor d_append_indptr = ctx.upload_i32(append_indptr);
+  DeviceTensor d_page_indptr = ctx.upload_i32(page_indptr);
+  DeviceTensor d_page_indices = ctx.upload_i32(page_indices);
+  DeviceTensor d_last_page_len = ctx.upload_i32(last_page_len);
+
+  DeviceTensor append_k = ctx.random_tensor(kDType, {kRows, kKvHeads, kHeadDim});
+  DeviceTensor append_v = ctx.random_tensor(kDType, {kRows, kKvHeads, kHeadDim});
+  const bool nhd = layout == Layout::kNHD;
+  DeviceTensor cache_k = nhd ? ctx.zero_tensor(kDType, {kNumPages, kPageSize, kKvHeads, kHeadDim})
+                             : ctx.zero_tensor(kDType, {kNumPages, kKvHeads, kPageSize, kHeadDim});
+  DeviceTensor cache_v = nhd ? ctx.zero_tensor(kDType, {kNumPages, kPageSize, kKvHeads, kHeadDim})
+                             : ctx.zero_tensor(kDType, {kNumPages, kKvHeads, kPageSize, kHeadDim});
+
+  tessera::PagedKV cache;
+  cache.k = cache_k.view;
+  cache.v = cache_v.view;
+  cache.layout = layout;
+  cache.indptr = d_page_indptr.view;
+  cache.indices = d_page_indices.view;
+  cache.last_page_len = d_last_page_len.view;
+
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    tessera::append_paged_kv_cache(append_k.view, append_v.view, d_append_indptr.view, cache,
+                                   stream);
+  });
+  const double bytes = 2.0 * static_cast<double>(append_k.nbytes() + append_v.nbytes());
+  ctx.report_gbps(t, bytes,
+                  {{"batch", kBatch},
+                   {"append_len", kAppendLen},
+                   {"H_kv", kKvHeads},
+                   {"D", kHeadDim},
+                   {"page_size", kPageSize},
+                   {"layout", tessera::layout_name(layout)},
+                   {"dtype", tessera::dtype_name(kDType)}});
+}
+
+void bench_append_paged_nhd(BenchContext& ctx) { run_append(ctx, Layout::kNHD); }
+void bench_append_paged_hnd(BenchContext& ctx) { run_append(ctx, Layout::kHND); }
+
+}  // namespace
+
+TESSERA_BENCH_WORKLOAD(bench_append_paged_nhd, "append_paged_nhd",
+                       "append 64x1024 rows H_kv=8 D=128 bf16 to a paged cache, page 16, NHD",
+                       "append", "quick");
+TESSERA_BENCH_WORKLOAD(bench_append_paged_hnd, "append_paged_hnd",
+                       "append 64x1024 rows H_kv=8 D=128 bf16 to a paged cache, page 16, HND",
+                       "append", "quick");
+
+}  // namespace tessera_bench

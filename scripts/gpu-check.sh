@@ -7,7 +7,8 @@
 # On the `device` machine (no package manager): run scripts/stage-gpu-deps.sh here first and carry
 # .deps; with a prebuilt build folder, pass it as BUILD_DIR and carry it too.
 #   Options (environment): BUILD_DIR (default build-sm90a), SANITIZE=0 to skip compute-sanitizer,
-#   BENCH_SUITES (default quick), BENCH_ITERS (default 30).
+#   BENCH_SUITES (default quick), BENCH_ITERS (default 30), TESSERA_GIT_COMMIT (the commit the
+#   tree is at, recorded in the benchmark JSON, for copies of the tree without .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tessera-gpu-check}
@@ -19,7 +20,7 @@ mkdir -p "$OUT"
 summary=()
 status=0
 print_summary() { for row in "${summary[@]}"; do printf '%-28s %s\n' "${row%%|*}" "${row#*|}"; done; }
-note() { summary+=("$1|$2"); [ "$2" = ok ] || [ "${2%% *}" = ok ] || status=1; }
+note() { summary+=("$1|$2"); case "$2" in ok*) ;; *) status=1 ;; esac; }
 
 echo "== GPU" | tee "$OUT/gpu-check.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$OUT/gpu-check.log"

@@ -23,3 +23,16 @@
                                    ", expected one of {f16, bf16, f32}");                       \
     }                                                                                           \
   }()
+
+/// The same for the 16-bit types attention operands use (f16, bf16).
+#define TESSERA_DISPATCH_HALF_DTYPE(dtype, arg_name, T, ...)                                    \
+  [&] {                                                                                         \
+    switch (dtype) {                                                                            \
+      case ::tessera::DType::kF16: { using T = __half; return __VA_ARGS__(); }                  \
+      case ::tessera::DType::kBF16: { using T = __nv_bfloat16; return __VA_ARGS__(); }          \
+      default:                                                                                  \
+        throw ::tessera::Error(::tessera::StatusCode::kUnsupported,                             \
+                               std::string(arg_name) + ".dtype = " + ::tessera::dtype_name(dtype) + \
+                                   ", expected one of {f16, bf16}");                            \
+    }                                                                                           \
+  }()

@@ -1,6 +1,7 @@
 // Umbrella header for Tessera's C++ API (DLPack interop lives in tessera/dlpack.h).
 #pragma once
 
+#include "tessera/attention.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/formats.h"

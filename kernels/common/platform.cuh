@@ -6,6 +6,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+// NVRTC has no <math.h>; kernels use INFINITY only in device code.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 #define TESSERA_DEVICE __device__ __forceinline__
 #define TESSERA_HOST_DEVICE __host__ __device__ __forceinline__
 

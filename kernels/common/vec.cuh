@@ -10,7 +10,7 @@ constexpr int kVecBytes = 16;
 
 /// Elements of T in one 16-byte vector.
 template <typename T>
-constexpr int vec_elems() {
+TESSERA_HOST_DEVICE constexpr int vec_elems() {
   return kVecBytes / static_cast<int>(sizeof(T));
 }
 

@@ -1,0 +1,96 @@
+// Attention over every KV format (DESIGN.md §1, §5): decode (one query token per request) and
+// prefill/append (any query length), single request and batch, over dense, ragged, paged and
+// block-sparse KV.
+//
+// Common conventions
+// - Tensors are TensorViews on the current CUDA device; q, k, v, o are f16 or bf16 (q, k, v the
+//   same dtype; o the same as q), any strides with a contiguous last dimension and 16-byte
+//   aligned rows. Index arrays are i32, contiguous, in device memory.
+// - Heads: num_qo_heads % num_kv_heads == 0; query head h reads KV head h / (Hq / Hkv) (GQA; MQA
+//   when Hkv == 1). head_dim (D) is 64, 128 or 256 (kSupportedHeadDims).
+// - Positions: within a request with qo_len queries and kv_len keys, query i sits at position
+//   kv_len - qo_len + i and key j at j; causal masking hides keys j > kv_len - qo_len + i.
+// - Logits are sm_scale * q.k (sm_scale < 0 selects 1/sqrt(D)).
+// - o gets the output in the query's layout; lse (optional: pass an undefined TensorView) gets
+//   the BASE-2 log-sum-exp of the scaled logits, f32 [rows, num_qo_heads]. A row that sees no key
+//   gets o = 0 and lse = -inf.
+// - Work is queued on `stream`; nothing synchronises. Unsupported combinations (a head dim, a
+//   dtype) throw tessera::Error(kUnsupported); nothing falls back silently.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/formats.h"
+#include "tessera/stream.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+/// Head dimensions with compiled kernels.
+inline constexpr int64_t kSupportedHeadDims[] = {64, 128, 256};
+
+struct AttentionOptions {
+  double sm_scale = -1.0;  ///< logit scale; < 0 means 1/sqrt(head_dim)
+  bool causal = false;     ///< hide keys after the query's position (offset kv_len - qo_len)
+};
+
+/// Kernel family chosen for a decode call (exposed for tests and benchmarks).
+enum class DecodeKernel : int32_t {
+  kAuto = 0,         ///< tensor cores when Hq / Hkv >= 4, CUDA cores otherwise
+  kCudaCores = 1,    ///< one CTA per (request, KV head), 16-byte loads, cp.async pipeline
+  kTensorCores = 2,  ///< prefill template with the query heads of a KV head stacked as tile rows
+};
+
+// ---------------------------------------------------------------------------------------------
+// Decode: one query token per request.
+
+/// q: [Hq, D]; k, v: [kv_len, Hkv, D] (kv_layout NHD) or [Hkv, kv_len, D] (HND); o: [Hq, D];
+/// lse: [Hq] or undefined.
+void single_decode(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
+                   const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                   StreamHandle stream = nullptr, DecodeKernel kernel = DecodeKernel::kAuto);
+
+/// q: [B, Hq, D] (request b's token is row b); kv: a paged cache with B requests; o: [B, Hq, D];
+/// lse: [B, Hq] or undefined.
+void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView& o, const TensorView& lse,
+                        const AttentionOptions& options = {}, StreamHandle stream = nullptr,
+                        DecodeKernel kernel = DecodeKernel::kAuto);
+
+/// q: [B, Hq, D]; k, v: [total_kv, Hkv, D] with kv_indptr [B + 1] (request b owns rows
+/// kv_indptr[b] .. kv_indptr[b+1]-1); o: [B, Hq, D]; lse: [B, Hq] or undefined.
+void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& kv_indptr, const TensorView& o, const TensorView& lse,
+                         const AttentionOptions& options = {}, StreamHandle stream = nullptr,
+                         DecodeKernel kernel = DecodeKernel::kAuto);
+
+// ---------------------------------------------------------------------------------------------
+// Prefill / append: any number of query tokens per request.
+
+/// q: [qo_len, Hq, D]; k, v: [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); o: [qo_len, Hq, D];
+/// lse: [qo_len, Hq] or undefined. Requires qo_len <= kv_len when causal (queries are the last
+/// qo_len positions).
+void single_prefill(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
+                    const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                    StreamHandle stream = nullptr);
+
+/// q: [total_q, Hq, D] with qo_indptr [B + 1]; max_qo_len: the largest qo_indptr[b+1] -
+/// qo_indptr[b] (an upper bound is fine; it sizes the grid, as FlashAttention's max_seqlen_q);
+/// k, v: [total_kv, Hkv, D] with kv_indptr [B + 1]; o: [total_q, Hq, D]; lse: [total_q, Hq].
+void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len,
+                          const TensorView& k, const TensorView& v, const TensorView& kv_indptr,
+                          const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                          StreamHandle stream = nullptr);
+
+/// Paged KV: q, qo_indptr, max_qo_len, o, lse as above; kv a paged cache with B requests.
+void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len, const PagedKV& kv,
+                         const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                         StreamHandle stream = nullptr);
+
+/// Block-sparse attention: q [M, Hq, D] (M = kv.num_rows); query row r sees the KV columns of
+/// the column blocks listed for block row r / Br, then the causal mask with offset N - M applies
+/// to (row, column) positions. o: [M, Hq, D]; lse: [M, Hq] or undefined. block_flags are not
+/// used yet (every listed block is treated as partial).
+void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const TensorView& o, const TensorView& lse,
+                            const AttentionOptions& options = {}, StreamHandle stream = nullptr);
+
+}  // namespace tessera

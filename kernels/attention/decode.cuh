@@ -1,0 +1,369 @@
+// CUDA-core decode kernel (DESIGN.md §5, "decode"): one query token per request over ragged or
+// paged KV, any GQA group size. Decode is memory bound (every K/V byte is used once per query
+// head), so the design is about bytes in flight, not FLOPs:
+//
+// - One CTA per (request, KV head, chunk of the group's query heads): every query head of a KV
+//   head reads the same K/V rows, so they share one copy in shared memory and each K/V byte leaves
+//   DRAM once (large groups are split into chunks of at most kGroups heads so that per-thread state
+//   stays one head; the chunks then re-read K/V, mostly from L2).
+// - A "row group" of kThreadsPerRow = HEAD_DIM / 8 threads covers one K/V row with one 16-byte
+//   vector per thread; dot products are reduced inside the row group with shuffles.
+// - K/V rows are gathered row by row (any page size, including 1 and 3) with 16-byte cp.async
+//   into a kStages-deep ring of tiles, kStages - 1 tiles ahead of the computation, so each CTA keeps
+//   (kStages - 1) * kStageBytes in flight while it computes. The page-table lookups for the next
+//   tile are issued one iteration early so their latency hides behind the computation too.
+// - The kGroups row groups of the CTA are split at run time into nh head slots x (kGroups / nh)
+//   row slots: each row group keeps one query head's running softmax (max, sum, fp32 accumulator
+//   of its 8 elements) over the tile rows of its row slot. The row slots' partial states are merged
+//   through shared memory at the end.
+//
+// Logits are in base 2 (s = q.k * sm_scale_log2); lse is log2(sum 2^s).
+#pragma once
+
+#include <cuda/std/limits>
+
+#include "kernels/attention/params.cuh"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/platform.cuh"
+#include "kernels/common/vec.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename T, int HEAD_DIM_, int STAGES_ = 4>
+struct DecodeTraits {
+  using DType = T;
+  static constexpr int HEAD_DIM = HEAD_DIM_;
+  static constexpr int kVecElems = vec_elems<T>();               // elements per 16-byte vector
+  static constexpr int kThreadsPerRow = HEAD_DIM / kVecElems;    // one row group: 8, 16 or 32 threads
+  // Row groups per CTA: 8 keeps 128 threads for head_dim 128 (256 for 256); head_dim 64 takes 16 so
+  // that its CTA still has 128 threads and its tile as many bytes as the others.
+  static constexpr int kGroups = HEAD_DIM == 64 ? 16 : 8;
+  static constexpr int kThreads = kGroups * kThreadsPerRow;
+  // Rows each row group copies per tile: sized so a stage is 8 KB for every head dim, which with
+  // 3 stages ahead (24 KB per CTA) covers DRAM latency at an SM's share of bandwidth even when a
+  // single CTA runs on the SM (the tail of the grid).
+  static constexpr int kLoadRowsPerGroup = HEAD_DIM == 256 ? 1 : 2;
+  static constexpr int kTileRows = kGroups * kLoadRowsPerGroup;  // K/V rows per pipeline stage
+  static constexpr int kStages = STAGES_;
+  // Rows whose dot products are in flight together: two independent shuffle chains per step.
+  static constexpr int kRowsPerStep = 2;
+  static constexpr int kStageBytes = 2 * kTileRows * HEAD_DIM * static_cast<int>(sizeof(T));  // K + V
+
+  struct SharedStorage {
+    union {
+      struct {
+        T k[kStages][kTileRows][HEAD_DIM];  // [kStages][kTileRows][HEAD_DIM]
+        T v[kStages][kTileRows][HEAD_DIM];  // [kStages][kTileRows][HEAD_DIM]
+      } kv;
+      // Reused once the pipeline has drained: one partial state per row group.
+      struct {
+        float acc[kGroups][HEAD_DIM];  // [kGroups][HEAD_DIM] unnormalised sum of 2^(s - m) * v
+        float m[kGroups];              // [kGroups] running max
+        float d[kGroups];              // [kGroups] sum of 2^(s - m)
+      } merge;
+    };
+    // 0 for rows that are zero-filled: past kv_len or on an out-of-range page.
+    uint8_t row_valid[kStages][kTileRows];  // [kStages][kTileRows]
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+
+  static_assert(sizeof(T) == 2, "f16 or bf16");
+  static_assert(kVecElems * static_cast<int>(sizeof(T)) == kVecBytes, "one 16-byte vector per thread and row");
+  static_assert(HEAD_DIM % kVecElems == 0, "whole vectors per row");
+  static_assert(kThreadsPerRow <= kWarpSize && kWarpSize % kThreadsPerRow == 0,
+                "a row group lies inside one warp: its reductions are shuffles");
+  static_assert((kThreadsPerRow & (kThreadsPerRow - 1)) == 0, "xor-shuffle reduction needs a power of two");
+  static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "whole warps, one CTA");
+  static_assert(kTileRows == kGroups * kLoadRowsPerGroup, "every thread copies the same number of vectors");
+  static_assert(kStages >= 2, "at least one tile loads while one is computed");
+  static_assert(kRowsPerStep >= 1 && kRowsPerStep <= 4, "register budget of the in-flight rows");
+  static_assert(sizeof(SharedStorage::merge) <= sizeof(SharedStorage::kv), "the merge reuses the K/V ring");
+  static_assert(kSmemBytes <= 227 * 1024, "fits an SM");
+};
+
+namespace decode {
+
+// INFINITY comes from the host's <math.h>, which NVRTC does not have.
+constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
+
+/// Ring position of one side of the pipeline (the stage being filled or the one being computed).
+template <int kStages>
+struct PipelineStage {
+  int index = 0;
+  TESSERA_DEVICE void advance() { index = index + 1 == kStages ? 0 : index + 1; }
+};
+
+/// Lanes of the calling thread's row group, for shuffles that leave the warp's other row groups
+/// free to take a different branch (their rows may be masked or their loop shorter).
+template <int kThreadsPerRow>
+TESSERA_DEVICE uint32_t row_group_mask() {
+  if constexpr (kThreadsPerRow == kWarpSize) {
+    return 0xffffffffu;
+  } else {
+    const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+    return ((1u << kThreadsPerRow) - 1u) << (lane & ~(kThreadsPerRow - 1));
+  }
+}
+
+/// This thread's share of each tile copy: vector `vec` of rows group + j * kGroups. The gather
+/// addresses of the next tile are computed (page-table loads issued) one iteration before the copy
+/// so their latency overlaps the computation of the current tile.
+template <typename Traits, KVFormatKind kFormat, typename T>
+struct KVTileLoader {
+  static constexpr int kRows = Traits::kLoadRowsPerGroup;
+  const T* k_head;  // K of this KV head at this thread's vector (element offset within a row)
+  const T* v_head;
+  int group;
+  int vec_elem;
+  int64_t k_offset[kRows];  // [kRows] row offsets of the prepared tile
+  int64_t v_offset[kRows];  // [kRows]
+  bool valid[kRows];        // [kRows]
+
+  TESSERA_DEVICE KVTileLoader(const AttentionParams<T>& p, int kv_head, int group_, int vec) : group(group_) {
+    vec_elem = vec * Traits::kVecElems;
+    k_head = p.k + kv_head * p.k_head_stride + vec_elem;
+    v_head = p.v + kv_head * p.v_head_stride + vec_elem;
+  }
+
+  TESSERA_DEVICE void prepare(const AttentionParams<T>& p, const RequestExtent& e, int tile) {
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int32_t pos = tile * Traits::kTileRows + group + j * Traits::kGroups;
+      valid[j] = pos < e.kv_len;
+      k_offset[j] = 0;
+      v_offset[j] = 0;
+      if (valid[j]) {
+        const KVRow r = kv_row<kFormat>(p, e, pos);
+        valid[j] = r.valid;
+        k_offset[j] = r.valid ? r.k_offset : 0;
+        v_offset[j] = r.valid ? r.v_offset : 0;
+      }
+    }
+  }
+
+  /// Copies the prepared tile into `stage`; rows that are not valid are zero-filled (the source
+  /// address is then the head's first row, never read) so masked rows contribute 0 * 0, not NaN.
+  TESSERA_DEVICE void issue(typename Traits::SharedStorage& smem, int stage) const {
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = group + j * Traits::kGroups;
+      cp_async_16_zfill(&smem.kv.k[stage][row][vec_elem], k_head + k_offset[j], valid[j]);
+      cp_async_16_zfill(&smem.kv.v[stage][row][vec_elem], v_head + v_offset[j], valid[j]);
+      if (vec_elem == 0) smem.row_valid[stage][row] = valid[j];
+    }
+  }
+};
+
+/// Online softmax of one query head over the rows a row group has seen, for this thread's
+/// kVecElems output elements. m and d are identical across the row group.
+template <int N>
+struct OnlineSoftmax {
+  float m = kNegInf;  // running max of the base-2 logits
+  float d = 0.f;        // sum of 2^(s - m)
+  float acc[N];         // [N] sum of 2^(s - m) * v
+
+  TESSERA_DEVICE OnlineSoftmax() {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0.f;
+  }
+
+  /// Folds R rows (masked rows have s = -inf and zero-filled v). The accumulator is rescaled only
+  /// when the max grows, which after the first rows is rare.
+  template <int R, typename T>
+  TESSERA_DEVICE void update(const float (&s)[R], const Vec<T> (&v)[R]) {
+    float m_new = m;
+#pragma unroll
+    for (int r = 0; r < R; ++r) m_new = fmaxf(m_new, s[r]);
+    if (m_new == kNegInf) return;  // only masked rows so far: 2^(-inf - -inf) would be NaN
+    if (m_new > m) {
+      const float scale = exp2f(m - m_new);  // 0 on the first valid row
+      d *= scale;
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] *= scale;
+      m = m_new;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float w = exp2f(s[r] - m);
+      d += w;
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = fmaf(w, to_float(v[r].data[i]), acc[i]);
+    }
+  }
+};
+
+/// Computes R rows first, first + stride, ... of one stage for one query head: dot products with
+/// the (pre-scaled) query, reduced over the row group, then one online-softmax update.
+template <typename Traits, int R, typename T>
+TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int stage, int first, int stride,
+                                 int vec_elem, uint32_t mask, const float (&q)[Traits::kVecElems],
+                                 OnlineSoftmax<Traits::kVecElems>& state) {
+  constexpr int N = Traits::kVecElems;
+  Vec<T> k[R];  // [R][N]
+  Vec<T> v[R];  // [R][N]
+  float s[R];   // [R]
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int row = first + r * stride;
+    k[r].load(&smem.kv.k[stage][row][vec_elem]);
+    v[r].load(&smem.kv.v[stage][row][vec_elem]);
+    s[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[r] = fmaf(q[i], to_float(k[r].data[i]), s[r]);
+  }
+#pragma unroll
+  for (int offset = Traits::kThreadsPerRow / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] += __shfl_xor_sync(mask, s[r], offset);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (!smem.row_valid[stage][first + r * stride]) s[r] = kNegInf;
+  }
+  state.update<R>(s, v);
+}
+
+}  // namespace decode
+
+/// Grid: (batch_size, num_kv_heads, head chunks), where head chunks = ceil(group_size / kGroups);
+/// block: Traits::kThreads; dynamic shared memory: Traits::kSmemBytes. p.qo_indptr must be nullptr:
+/// request b's query is row b of q.
+template <typename Traits, KVFormatKind kFormat, typename T>
+__global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const AttentionParams<T> p) {
+  constexpr int N = Traits::kVecElems;
+  constexpr int kGroups = Traits::kGroups;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kTileRows = Traits::kTileRows;
+  constexpr int kStep = Traits::kRowsPerStep;
+  using SharedStorage = typename Traits::SharedStorage;
+  extern __shared__ __align__(16) unsigned char decode_smem_raw[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>(decode_smem_raw);
+
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const int g = p.group_size;
+  const int chunk_heads = ceil_div(g, static_cast<int>(gridDim.z));
+  const int head_begin = static_cast<int>(blockIdx.z) * chunk_heads;  // within the group
+  const int nh = min(chunk_heads, g - head_begin);                    // head slots of this CTA
+  if (nh <= 0) return;  // CTA-uniform, before any barrier
+
+  const int group = static_cast<int>(threadIdx.x) / Traits::kThreadsPerRow;
+  const int vec = static_cast<int>(threadIdx.x) % Traits::kThreadsPerRow;
+  const int vec_elem = vec * N;
+  const int row_slots = kGroups / nh;
+  const int head_slot = group % nh;
+  const int row_slot = group / nh;
+  // Row groups past nh * row_slots (nh not dividing kGroups) only help with the copies.
+  const bool computes = row_slot < row_slots;
+  const int qo_head = kv_head * g + head_begin + head_slot;
+
+  float q[N];  // [N] this thread's query elements, times sm_scale * log2(e)
+  {
+    Vec<T> qv;
+    qv.load(p.q + static_cast<int64_t>(b) * p.q_row_stride + static_cast<int64_t>(qo_head) * p.q_head_stride +
+            vec_elem);
+#pragma unroll
+    for (int i = 0; i < N; ++i) q[i] = to_float(qv.data[i]) * p.sm_scale_log2;
+  }
+
+  const RequestExtent e = request_extent<kFormat>(p, b);
+  const int num_tiles = ceil_div(max(e.kv_len, 0), kTileRows);
+  const uint32_t mask = decode::row_group_mask<Traits::kThreadsPerRow>();
+  decode::KVTileLoader<Traits, kFormat, T> loader(p, kv_head, group, vec);
+  decode::OnlineSoftmax<N> state;
+  decode::PipelineStage<kStages> load_stage, compute_stage;
+
+  // Prologue: kStages - 1 tiles in flight. Every iteration commits a group, empty or not, so the
+  // wait count below always refers to the tile about to be computed.
+  loader.prepare(p, e, 0);
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < num_tiles) loader.issue(smem, load_stage.index);
+    cp_async_commit();
+    load_stage.advance();
+    loader.prepare(p, e, t + 1);
+  }
+
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    // Tile t is visible to every thread, and every thread is done with tile t - 1, whose stage the
+    // copy below refills.
+    __syncthreads();
+    const int next = t + kStages - 1;
+    if (next < num_tiles) loader.issue(smem, load_stage.index);
+    cp_async_commit();
+    load_stage.advance();
+    loader.prepare(p, e, next + 1);
+
+    if (computes) {
+      int row = row_slot;
+      for (; row + (kStep - 1) * row_slots < kTileRows; row += kStep * row_slots) {
+        decode::compute_rows<Traits, kStep, T>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
+      }
+      for (; row < kTileRows; row += row_slots) {
+        decode::compute_rows<Traits, 1, T>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
+      }
+    }
+    compute_stage.advance();
+  }
+
+  // Merge the row slots of each head: the K/V ring becomes the exchange buffer.
+  cp_async_wait<0>();
+  __syncthreads();
+  if (computes && row_slot > 0) {
+    float* dst = &smem.merge.acc[group][vec_elem];
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      *reinterpret_cast<float4*>(dst + i) = make_float4(state.acc[i], state.acc[i + 1], state.acc[i + 2], state.acc[i + 3]);
+    }
+    if (vec == 0) {
+      smem.merge.m[group] = state.m;
+      smem.merge.d[group] = state.d;
+    }
+  }
+  __syncthreads();
+  if (!computes || row_slot > 0) return;
+
+  float m = state.m;
+  for (int r = 1; r < row_slots; ++r) m = fmaxf(m, smem.merge.m[head_slot + r * nh]);
+  float d = 0.f;
+  float acc[N];  // [N]
+  if (m == decode::kNegInf) {  // no valid row in any slot (kv_len == 0 or every page out of range)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0.f;
+  } else {
+    const float own = exp2f(state.m - m);  // 0 for an empty slot: its acc and d are 0 as well
+    d = state.d * own;
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = state.acc[i] * own;
+    for (int r = 1; r < row_slots; ++r) {
+      const int other = head_slot + r * nh;
+      const float w = exp2f(smem.merge.m[other] - m);
+      d = fmaf(smem.merge.d[other], w, d);
+      const float* src = &smem.merge.acc[other][vec_elem];
+#pragma unroll
+      for (int i = 0; i < N; i += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(src + i);
+        acc[i] = fmaf(a.x, w, acc[i]);
+        acc[i + 1] = fmaf(a.y, w, acc[i + 1]);
+        acc[i + 2] = fmaf(a.z, w, acc[i + 2]);
+        acc[i + 3] = fmaf(a.w, w, acc[i + 3]);
+      }
+    }
+  }
+
+  const float inv_d = d > 0.f ? 1.f / d : 0.f;
+  Vec<T> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc[i] * inv_d);
+  out.store(p.o + static_cast<int64_t>(b) * p.o_row_stride + static_cast<int64_t>(qo_head) * p.o_head_stride +
+            vec_elem);
+  if (p.lse != nullptr && vec == 0) {
+    p.lse[static_cast<int64_t>(b) * p.lse_row_stride + static_cast<int64_t>(qo_head) * p.lse_head_stride] =
+        d > 0.f ? m + log2f(d) : decode::kNegInf;
+  }
+}
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,399 @@
+// FA2-class attention kernel (DESIGN.md §5) for every KV format: mma.sync m16n8k16 with fp32
+// accumulation, ldmatrix from swizzled shared memory, cp.async double buffering of K/V tiles
+// gathered row by row (so page size 1 runs the same tile math), online softmax in registers.
+//
+// One CTA computes one query tile of one (request, KV head). With head-group fusion the tile's
+// rows are (query position, head within the KV head's group) pairs, packed position-major:
+// packed row p is query p / group_size of query head kv_head * group_size + p % group_size. Decode
+// with GQA is then a prefill whose tile holds the group's heads (DESIGN.md §5, "decode, tensor
+// cores").
+//
+// Warp layout: NUM_WARPS_Q x NUM_WARPS_KV warps. Each warp owns CTA_TILE_Q / NUM_WARPS_Q query
+// rows and CTA_TILE_KV / NUM_WARPS_KV columns of every KV tile; with NUM_WARPS_KV > 1 (small
+// query tiles) each warp keeps its own softmax state and the states are merged through shared
+// memory at the end.
+#pragma once
+
+#include "kernels/attention/params.cuh"
+#include "kernels/attention/variants.cuh"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/platform.cuh"
+#include "kernels/common/smem_layout.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_>
+struct PrefillTraits {
+  using DType = T;
+  static constexpr int HEAD_DIM = HEAD_DIM_;
+  static constexpr int CTA_TILE_Q = CTA_TILE_Q_;
+  static constexpr int CTA_TILE_KV = CTA_TILE_KV_;
+  static constexpr int NUM_WARPS_Q = NUM_WARPS_Q_;
+  static constexpr int NUM_WARPS_KV = NUM_WARPS_KV_;
+  static constexpr int kNumWarps = NUM_WARPS_Q * NUM_WARPS_KV;
+  static constexpr int kThreads = kNumWarps * kWarpSize;
+  static constexpr int kStages = 2;  // K/V tiles in flight: one computed, one loading
+
+  static constexpr int kWarpRowsQ = CTA_TILE_Q / NUM_WARPS_Q;    // query rows per warp
+  static constexpr int kMmaQ = kWarpRowsQ / 16;                  // m16 tiles per warp
+  static constexpr int kWarpColsKV = CTA_TILE_KV / NUM_WARPS_KV;  // KV columns per warp
+  static constexpr int kMmaKV = kWarpColsKV / 16;                 // k16 steps of P*V per warp
+  static constexpr int kN8KV = kWarpColsKV / 8;                   // n8 tiles of S per warp
+  static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
+  static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
+  static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks per row
+
+  static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
+  static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
+  static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
+  // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
+  static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kKeysBytes;
+
+  static_assert(sizeof(T) == 2, "f16 or bf16 operands");
+  static_assert(HEAD_DIM % 64 == 0, "the swizzle spans 8 chunks of 8 elements");
+  static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
+  static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
+  static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
+  static_assert(kMergeBytes <= 2 * kStages * kKVTileBytes, "the warp merge fits in the K/V buffers");
+  static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
+};
+
+/// Which of the kStages K/V buffers holds the tile being computed and which is being filled.
+template <int kStages>
+struct PipelineState {
+  int stage = 0;
+  TESSERA_DEVICE void advance() { stage = stage + 1 == kStages ? 0 : stage + 1; }
+  TESSERA_DEVICE int next() const { return stage + 1 == kStages ? 0 : stage + 1; }
+};
+
+template <typename Traits>
+struct PrefillSmem {
+  using T = typename Traits::DType;
+  T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
+  T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
+  T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
+  int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
+
+  TESSERA_DEVICE explicit PrefillSmem(char* base) {
+    q = reinterpret_cast<T*>(base);
+    k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
+    v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
+    keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
+  }
+};
+
+/// Loads the CTA's query tile; packed rows past the request's queries are zero-filled.
+template <typename Traits, typename T>
+TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
+                                T* q_smem) {
+  using Tile = SwizzledTile<Traits::kRowChunks>;
+  for (int i = threadIdx.x; i < Traits::CTA_TILE_Q * Traits::kRowChunks; i += Traits::kThreads) {
+    const int row = i / Traits::kRowChunks, chunk = i % Traits::kRowChunks;
+    const int packed = packed_begin + row;
+    const int qo_idx = packed / p.group_size;
+    const int head = kv_head * p.group_size + packed % p.group_size;
+    const bool valid = qo_idx < e.qo_len;
+    const T* src = p.q + (valid ? static_cast<int64_t>(e.q_begin + qo_idx) * p.q_row_stride + head * p.q_head_stride : 0) +
+                   chunk * 8;
+    cp_async_16_zfill(q_smem + Tile::chunk_offset(row, chunk) * 8, src, valid);
+  }
+}
+
+/// Loads K and V rows kv_begin .. kv_begin + CTA_TILE_KV - 1 of the request into one stage and
+/// records each row's key (-1 for rows that do not exist, which are zero-filled and masked).
+template <typename Traits, KVFormatKind kFormat, typename T>
+TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_begin,
+                                 T* k_smem, T* v_smem, int32_t* keys) {
+  using Tile = SwizzledTile<Traits::kRowChunks>;
+  for (int i = threadIdx.x; i < Traits::CTA_TILE_KV * Traits::kRowChunks; i += Traits::kThreads) {
+    const int row = i / Traits::kRowChunks, chunk = i % Traits::kRowChunks;
+    const int pos = kv_begin + row;
+    KVRow r{0, 0, -1, false};
+    if (pos < e.kv_len) r = kv_row<kFormat>(p, e, pos);
+    const int64_t k_off = r.valid ? r.k_offset + kv_head * p.k_head_stride + chunk * 8 : 0;
+    const int64_t v_off = r.valid ? r.v_offset + kv_head * p.v_head_stride + chunk * 8 : 0;
+    cp_async_16_zfill(k_smem + Tile::chunk_offset(row, chunk) * 8, p.k + k_off, r.valid);
+    cp_async_16_zfill(v_smem + Tile::chunk_offset(row, chunk) * 8, p.v + v_off, r.valid);
+    if (chunk == 0) keys[row] = r.valid ? r.key : -1;
+  }
+}
+
+/// Per-thread softmax state of the rows a thread owns: rows g and g+8 of each m16 tile.
+template <int kMmaQ>
+struct RowState {
+  float m[kMmaQ][2];  // running max of base-2 logits
+  float d[kMmaQ][2];  // this thread's share of the running sum of 2^(s - m)
+};
+
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+__global__ void __launch_bounds__(Traits::kThreads)
+attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) {
+  constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
+  using Tile = SwizzledTile<Traits::kRowChunks>;
+  extern __shared__ __align__(128) char smem_raw[];
+  PrefillSmem<Traits> smem(smem_raw);
+
+  // Heaviest causal tiles (the last query rows) are scheduled first.
+  const int q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int request = blockIdx.y, kv_head = blockIdx.z;
+  const RequestExtent e = request_extent<kFormat>(p, request);
+  const int packed_begin = q_tile * Traits::CTA_TILE_Q;
+  if (packed_begin >= e.qo_len * p.group_size) return;
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warp_q = warp / Traits::NUM_WARPS_KV, warp_kv = warp % Traits::NUM_WARPS_KV;
+  const int g = lane / 4, t = lane % 4;
+
+  // KV extent this tile needs: with causal masking nothing past the last row's position.
+  const int last_qo = min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
+  int kv_end = e.kv_len;
+  if (kFormat != KVFormatKind::kBlockSparse && Variant::kCausalSkip && p.causal) {
+    kv_end = max(0, min(kv_end, e.q_pos_offset + last_qo + 1));
+  }
+  const int num_kv_tiles = (kv_end + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV;
+
+  // Packed row r of this thread's m16 tile mq, half h (rows g and g+8).
+  auto packed_row = [&](int mq, int h) { return packed_begin + warp_q * Traits::kWarpRowsQ + mq * 16 + g + 8 * h; };
+
+  load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q);
+  cp_async_commit();
+  PipelineState<Traits::kStages> pipe;
+  if (num_kv_tiles > 0) {
+    load_kv_tile<Traits, kFormat>(p, e, kv_head, 0, smem.k, smem.v, smem.keys);
+  }
+  cp_async_commit();
+
+  float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
+  RowState<kMmaQ> st;
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st.m[mq][h] = -INFINITY;
+      st.d[mq][h] = 0.f;
+    }
+#pragma unroll
+    for (int n = 0; n < kN8D; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mq][n][i] = 0.f;
+  }
+
+  for (int tile = 0; tile < num_kv_tiles; ++tile) {
+    const int kv_begin = tile * Traits::CTA_TILE_KV;
+    if (tile + 1 < num_kv_tiles) {
+      const int next = pipe.next();
+      load_kv_tile<Traits, kFormat>(p, e, kv_head, kv_begin + Traits::CTA_TILE_KV,
+                                    smem.k + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM,
+                                    smem.v + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM,
+                                    smem.keys + next * Traits::CTA_TILE_KV);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const T* k_tile = smem.k + pipe.stage * Traits::CTA_TILE_KV * Traits::HEAD_DIM;  // [CTA_TILE_KV][HEAD_DIM]
+    const T* v_tile = smem.v + pipe.stage * Traits::CTA_TILE_KV * Traits::HEAD_DIM;  // [CTA_TILE_KV][HEAD_DIM]
+    const int32_t* keys = smem.keys + pipe.stage * Traits::CTA_TILE_KV;              // [CTA_TILE_KV]
+    const int warp_col0 = warp_kv * Traits::kWarpColsKV;
+
+    // S = Q K^T for this warp's rows and columns.
+    float s[kMmaQ][kN8KV][4];  // [m16 tile][n8 tile of KV][fragment]
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int n = 0; n < kN8KV; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mq][n][i] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < Traits::kMmaD; ++kd) {
+      uint32_t a[kMmaQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        const int row = warp_q * Traits::kWarpRowsQ + mq * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        const int chunk = 2 * kd + lane / 16;
+        ldmatrix_x4(a[mq], smem_addr(smem.q + Tile::chunk_offset(row, chunk) * 8));
+      }
+#pragma unroll
+      for (int nk = 0; nk < kN8KV / 2; ++nk) {
+        uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
+        const int row = warp_col0 + nk * 16 + (lane % 8) + 8 * (lane / 16);
+        const int chunk = 2 * kd + (lane / 8) % 2;
+        ldmatrix_x4(b, smem_addr(k_tile + Tile::chunk_offset(row, chunk) * 8));
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          mma_m16n8k16<T>(s[mq][2 * nk], a[mq], b[0], b[1]);
+          mma_m16n8k16<T>(s[mq][2 * nk + 1], a[mq], b[2], b[3]);
+        }
+      }
+    }
+
+    // Scale to base 2, mask, and fold into the running softmax state.
+    const bool tile_needs_mask = kFormat == KVFormatKind::kBlockSparse || kv_begin + Traits::CTA_TILE_KV > e.kv_len ||
+                                 (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > e.q_pos_offset + packed_begin / p.group_size) ||
+                                 Variant::kAlwaysMask;
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int n = 0; n < kN8KV; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float x = s[mq][n][i] * p.sm_scale_log2;
+          if (tile_needs_mask) {
+            const int col = warp_col0 + n * 8 + 2 * t + (i & 1);
+            const int key = keys[col];
+            const int h = i / 2;
+            const int packed = packed_row(mq, h);
+            const bool visible = key >= 0 && Variant::visible(p, request, e.q_pos_offset + packed / p.group_size, key,
+                                                              kv_head * p.group_size + packed % p.group_size, kv_head);
+            if (!visible) x = -INFINITY;
+          }
+          s[mq][n][i] = x;
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float row_max = st.m[mq][h];
+#pragma unroll
+        for (int n = 0; n < kN8KV; ++n) row_max = fmaxf(row_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+        // All keys so far masked: keep the state empty and make every p exactly 0.
+        const float base = row_max == -INFINITY ? 0.f : row_max;
+        const float rescale = exp2f(st.m[mq][h] - base);
+        st.m[mq][h] = row_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kN8KV; ++n) {
+          s[mq][n][2 * h] = exp2f(s[mq][n][2 * h] - base);
+          s[mq][n][2 * h + 1] = exp2f(s[mq][n][2 * h + 1] - base);
+          sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+        }
+        st.d[mq][h] = st.d[mq][h] * rescale + sum;
+#pragma unroll
+        for (int n = 0; n < kN8D; ++n) {
+          o[mq][n][2 * h] *= rescale;
+          o[mq][n][2 * h + 1] *= rescale;
+        }
+      }
+    }
+
+    // O += P V: P goes from the S accumulators straight into A fragments.
+#pragma unroll
+    for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+      uint32_t a[kMmaQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        a[mq][0] = pack_pair<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+        a[mq][1] = pack_pair<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+        a[mq][2] = pack_pair<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+        a[mq][3] = pack_pair<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int nd = 0; nd < kN8D / 2; ++nd) {
+        uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
+        const int row = warp_col0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        const int chunk = 2 * nd + lane / 16;
+        ldmatrix_x4_trans(b, smem_addr(v_tile + Tile::chunk_offset(row, chunk) * 8));
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          mma_m16n8k16<T>(o[mq][2 * nd], a[mq], b[0], b[1]);
+          mma_m16n8k16<T>(o[mq][2 * nd + 1], a[mq], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    pipe.advance();
+  }
+  cp_async_wait<0>();
+
+  // Row sums: each thread holds a quarter of every row's terms.
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st.d[mq][h] += __shfl_xor_sync(0xffffffffu, st.d[mq][h], 1);
+      st.d[mq][h] += __shfl_xor_sync(0xffffffffu, st.d[mq][h], 2);
+    }
+
+  if constexpr (Traits::NUM_WARPS_KV > 1) {
+    // Each warp saw a different slice of every KV tile: merge the warps' states (same rows).
+    __syncthreads();
+    float* merge_o = reinterpret_cast<float*>(smem.k);  // [kNumWarps][kWarpRowsQ][HEAD_DIM]
+    float* merge_md = merge_o + Traits::kNumWarps * Traits::kWarpRowsQ * Traits::HEAD_DIM;  // [kNumWarps][kWarpRowsQ][2]
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mq * 16 + g + 8 * h;
+#pragma unroll
+        for (int n = 0; n < kN8D; ++n) {
+          float* dst = merge_o + (warp * Traits::kWarpRowsQ + row) * Traits::HEAD_DIM + n * 8 + 2 * t;
+          dst[0] = o[mq][n][2 * h];
+          dst[1] = o[mq][n][2 * h + 1];
+        }
+        if (t == 0) {
+          merge_md[(warp * Traits::kWarpRowsQ + row) * 2] = st.m[mq][h];
+          merge_md[(warp * Traits::kWarpRowsQ + row) * 2 + 1] = st.d[mq][h];
+        }
+      }
+    __syncthreads();
+    // All threads now combine: thread -> (row, 8-element column group).
+    constexpr int kGroups = Traits::kWarpRowsQ * Traits::HEAD_DIM / 8;
+    for (int i = threadIdx.x; i < kGroups; i += Traits::kThreads) {
+      const int row = i / (Traits::HEAD_DIM / 8), c0 = (i % (Traits::HEAD_DIM / 8)) * 8;
+      float m_max = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < Traits::kNumWarps; ++w) m_max = fmaxf(m_max, merge_md[(w * Traits::kWarpRowsQ + row) * 2]);
+      const float base = m_max == -INFINITY ? 0.f : m_max;
+      float d_sum = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int w = 0; w < Traits::kNumWarps; ++w) {
+        const float wgt = exp2f(merge_md[(w * Traits::kWarpRowsQ + row) * 2] - base);
+        d_sum += wgt * merge_md[(w * Traits::kWarpRowsQ + row) * 2 + 1];
+        const float* src = merge_o + (w * Traits::kWarpRowsQ + row) * Traits::HEAD_DIM + c0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += wgt * src[j];
+      }
+      const int packed = packed_begin + row;
+      const int qo_idx = packed / p.group_size;
+      if (qo_idx >= e.qo_len) continue;
+      const int head = kv_head * p.group_size + packed % p.group_size;
+      const float inv = d_sum > 0.f ? 1.f / d_sum : 0.f;
+      uint32_t out[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[j] = pack_pair<T>(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + c0;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+      if (p.lse != nullptr && c0 == 0) {
+        p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] =
+            d_sum > 0.f ? m_max + log2f(d_sum) : -INFINITY;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int packed = packed_row(mq, h);
+        const int qo_idx = packed / p.group_size, head = kv_head * p.group_size + packed % p.group_size;
+        if (qo_idx >= e.qo_len) continue;
+        const float inv = st.d[mq][h] > 0.f ? 1.f / st.d[mq][h] : 0.f;
+        T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + 2 * t;
+#pragma unroll
+        for (int n = 0; n < kN8D; ++n) {
+          *reinterpret_cast<uint32_t*>(dst + n * 8) = pack_pair<T>(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && t == 0) {
+          p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] =
+              st.d[mq][h] > 0.f ? st.m[mq][h] + log2f(st.d[mq][h]) : -INFINITY;
+        }
+      }
+  }
+}
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,382 @@
+// Attention entry points: validate the arguments, describe them as AttentionParams and hand them
+// to a kernel family (src/attention_dispatch.h). Every format reduces to one of three gathers
+// (ragged, paged, block-sparse); decode picks CUDA cores or the tensor-core prefill template.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/attention_dispatch.h"
+#include "src/check.h"
+#include "src/cuda_utils.h"
+#include "src/dispatch.h"
+#include "src/prefill_config.h"
+#include "src/tensor_checks.h"
+#include "tessera/attention.h"
+#include "tessera/validate.h"
+
+namespace tessera {
+namespace {
+
+using kernels::AttentionParams;
+using kernels::KVFormatKind;
+
+constexpr double kLog2e = 1.4426950408889634;
+
+/// A 16-bit tensor of `ndim` dims the kernels read or write in 16-byte vectors.
+void check_operand(const TensorView& t, const char* name, int ndim) {
+  check_ndim(t, name, ndim);
+  check_dtype(t, name, {DType::kF16, DType::kBF16});
+  check_on_cuda(t, name);
+  check_last_dim_contiguous(t, name);
+  detail::check_vector_aligned(t, name);
+}
+
+void check_index_array(const TensorView& t, const char* name, const TensorView& data, int64_t length) {
+  check_ndim(t, name, 1);
+  check_dtype(t, name, {DType::kI32});
+  check_on_cuda(t, name);
+  check_same_device(data, "q", t, name);
+  check_size(t, name, 0, length);
+}
+
+/// o like q ([rows, Hq, D], same dtype); lse f32 [rows, Hq] when given.
+void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows) {
+  check_operand(o, "o", 3);
+  check_dtype(o, "o", {q.dtype});
+  check_same_device(q, "q", o, "o");
+  check_size(o, "o", 0, rows);
+  check_size(o, "o", 1, q.shape[q.ndim - 2]);
+  check_size(o, "o", 2, q.shape[q.ndim - 1]);
+  if (lse.data != nullptr) {
+    check_ndim(lse, "lse", 2);
+    check_dtype(lse, "lse", {DType::kF32});
+    check_on_cuda(lse, "lse");
+    check_same_device(q, "q", lse, "lse");
+    check_size(lse, "lse", 0, rows);
+    check_size(lse, "lse", 1, q.shape[q.ndim - 2]);
+  }
+}
+
+HeadConfig check_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim) {
+  const HeadConfig heads{num_qo_heads, num_kv_heads, head_dim};
+  validate_heads(heads, {64, 128, 256});
+  TESSERA_CHECK_ARG(num_qo_heads <= 65535 && num_kv_heads <= 65535)
+      << "num_qo_heads = " << num_qo_heads << ", num_kv_heads = " << num_kv_heads << ", expected <= 65535";
+  return heads;
+}
+
+/// The part of AttentionParams that does not depend on the KV format. q and o are [rows, Hq, D]
+/// (a 2-D [Hq, D] q of single decode is one row).
+template <typename T>
+AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const TensorView& lse,
+                                const HeadConfig& heads, const AttentionOptions& options) {
+  AttentionParams<T> p{};
+  const bool one_row = q.ndim == 2;
+  p.q = q.data_as<const T>();
+  p.q_row_stride = one_row ? 0 : q.strides[0];
+  p.q_head_stride = q.strides[q.ndim - 2];
+  p.o = o.data_as<T>();
+  p.o_row_stride = o.ndim == 2 ? 0 : o.strides[0];
+  p.o_head_stride = o.strides[o.ndim - 2];
+  if (lse.data != nullptr) {
+    p.lse = lse.data_as<float>();
+    p.lse_row_stride = lse.ndim == 1 ? 0 : lse.strides[0];
+    p.lse_head_stride = lse.strides[lse.ndim - 1];
+  }
+  p.num_q_rows = static_cast<int32_t>(one_row ? 1 : q.shape[0]);
+  p.num_qo_heads = static_cast<int32_t>(heads.num_qo_heads);
+  p.num_kv_heads = static_cast<int32_t>(heads.num_kv_heads);
+  p.group_size = static_cast<int32_t>(heads.num_qo_heads / heads.num_kv_heads);
+  const double sm_scale = options.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(heads.head_dim)) : options.sm_scale;
+  TESSERA_CHECK_ARG(std::isfinite(sm_scale)) << "options.sm_scale = " << options.sm_scale << ", expected a finite value";
+  p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);
+  p.causal = options.causal;
+  return p;
+}
+
+/// Dense K/V of one request, NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D], as a ragged gather.
+template <typename T>
+void dense_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, Layout layout) {
+  const int row = layout == Layout::kNHD ? 0 : 1, head = 1 - row;
+  p.k = k.data_as<const T>();
+  p.v = v.data_as<const T>();
+  p.k_row_stride = k.strides[row];
+  p.k_head_stride = k.strides[head];
+  p.v_row_stride = v.strides[row];
+  p.v_head_stride = v.strides[head];
+  p.kv_indptr = nullptr;
+  p.kv_len_single = static_cast<int32_t>(k.shape[row]);
+  p.num_kv_rows = p.kv_len_single;
+  p.batch_size = 1;
+}
+
+template <typename T>
+void ragged_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, const TensorView& kv_indptr) {
+  p.k = k.data_as<const T>();
+  p.v = v.data_as<const T>();
+  p.k_row_stride = k.strides[0];
+  p.k_head_stride = k.strides[1];
+  p.v_row_stride = v.strides[0];
+  p.v_head_stride = v.strides[1];
+  p.kv_indptr = kv_indptr.data_as<const int32_t>();
+  p.num_kv_rows = static_cast<int32_t>(k.shape[0]);
+  p.batch_size = static_cast<int32_t>(kv_indptr.shape[0] - 1);
+}
+
+template <typename T>
+void paged_kv_params(AttentionParams<T>& p, const PagedKV& kv) {
+  p.k = kv.k.data_as<const T>();
+  p.v = kv.v.data_as<const T>();
+  p.k_page_stride = kv.k_page_stride();
+  p.k_row_stride = kv.k_slot_stride();
+  p.k_head_stride = kv.k_head_stride();
+  p.v_page_stride = kv.v_page_stride();
+  p.v_row_stride = kv.v_slot_stride();
+  p.v_head_stride = kv.v_head_stride();
+  p.kv_indptr = kv.indptr.data_as<const int32_t>();
+  p.kv_indices = kv.indices.data_as<const int32_t>();
+  p.last_page_len = kv.last_page_len.data_as<const int32_t>();
+  p.page_size = static_cast<int32_t>(kv.page_size());
+  p.num_pages = static_cast<int32_t>(kv.num_pages());
+  p.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
+  p.batch_size = static_cast<int32_t>(kv.batch_size());
+}
+
+/// K and V of a single request: NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D].
+void check_dense_kv(const TensorView& q, const TensorView& k, const TensorView& v, Layout layout) {
+  check_operand(k, "k", 3);
+  check_operand(v, "v", 3);
+  check_dtype(k, "k", {q.dtype});
+  check_dtype(v, "v", {q.dtype});
+  check_same_device(q, "q", k, "k");
+  check_same_device(q, "q", v, "v");
+  TESSERA_CHECK_ARG(layout == Layout::kNHD || layout == Layout::kHND)
+      << "kv_layout = " << static_cast<int>(layout) << ", expected NHD or HND";
+  for (int d = 0; d < 3; ++d) check_size(v, "v", d, k.shape[d]);
+  TESSERA_CHECK_ARG(k.shape[layout == Layout::kNHD ? 0 : 1] <= INT32_MAX) << "k: kv_len exceeds 2^31 - 1";
+}
+
+void check_paged_kv(const TensorView& q, const PagedKV& kv, int64_t batch) {
+  validate_paged_kv(kv, "paged_kv");
+  check_operand(kv.k, "paged_kv.k", 4);
+  check_operand(kv.v, "paged_kv.v", 4);
+  check_dtype(kv.k, "paged_kv.k", {q.dtype});
+  check_same_device(q, "q", kv.k, "paged_kv.k");
+  for (const auto* t : {&kv.indptr, &kv.indices, &kv.last_page_len}) check_on_cuda(*t, "paged_kv index array");
+  check_size(kv.indptr, "paged_kv.indptr", 0, batch + 1);
+  TESSERA_CHECK_ARG(kv.num_pages() <= INT32_MAX && kv.indices.shape[0] <= INT32_MAX && kv.page_size() <= INT32_MAX)
+      << "paged_kv: num_pages = " << kv.num_pages() << ", page_size = " << kv.page_size() << ", expected < 2^31";
+}
+
+/// Checks qo_indptr against q and max_qo_len (fully in checked mode) and returns the average
+/// query length.
+double check_qo_indptr(const TensorView& q, const TensorView& qo_indptr, int64_t batch, int64_t max_qo_len) {
+  check_index_array(qo_indptr, "qo_indptr", q, batch + 1);
+  const std::vector<int32_t> host = validate_indptr(qo_indptr, "qo_indptr", q.shape[0]);
+  TESSERA_CHECK_ARG(max_qo_len >= 0 && max_qo_len <= INT32_MAX)
+      << "max_qo_len = " << max_qo_len << ", expected in [0, 2^31)";
+  for (size_t b = 0; b + 1 < host.size(); ++b) {
+    TESSERA_CHECK_ARG(host[b + 1] - host[b] <= max_qo_len)
+        << "qo_indptr[" << b + 1 << "] - qo_indptr[" << b << "] = " << host[b + 1] - host[b]
+        << " exceeds max_qo_len = " << max_qo_len;
+  }
+  return batch > 0 ? static_cast<double>(q.shape[0]) / static_cast<double>(batch) : 0.0;
+}
+
+template <typename T>
+void run_decode(const AttentionParams<T>& p, KVFormatKind format, const HeadConfig& heads, DecodeKernel kernel,
+                StreamHandle stream) {
+  const int64_t group = heads.num_qo_heads / heads.num_kv_heads;
+  if (kernel == DecodeKernel::kAuto) kernel = group >= 4 ? DecodeKernel::kTensorCores : DecodeKernel::kCudaCores;
+  if (kernel == DecodeKernel::kCudaCores) {
+    detail::launch_decode_cuda_cores<T>(p, format, static_cast<int>(heads.head_dim), stream);
+  } else {
+    TESSERA_CHECK_ARG(kernel == DecodeKernel::kTensorCores) << "kernel = " << static_cast<int>(kernel)
+                                                            << ", expected kAuto, kCudaCores or kTensorCores";
+    detail::launch_prefill<T>(p, format, static_cast<int>(heads.head_dim), 1, 1.0, stream);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+template <typename T>
+void launch_prefill(const AttentionParams<T>& p, KVFormatKind format, int head_dim, int64_t max_qo_len,
+                    double avg_qo_len, cudaStream_t stream) {
+  const QTile q_tile = choose_q_tile(head_dim, avg_qo_len * p.group_size);
+  switch (head_dim) {
+    case 64: return launch_prefill_head_dim<T, 64>(p, format, q_tile, max_qo_len, stream);
+    case 128: return launch_prefill_head_dim<T, 128>(p, format, q_tile, max_qo_len, stream);
+    case 256: return launch_prefill_head_dim<T, 256>(p, format, q_tile, max_qo_len, stream);
+  }
+  TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (supported: 64, 128, 256)";
+}
+
+template void launch_prefill<__half>(const AttentionParams<__half>&, KVFormatKind, int, int64_t, double, cudaStream_t);
+template void launch_prefill<__nv_bfloat16>(const AttentionParams<__nv_bfloat16>&, KVFormatKind, int, int64_t, double,
+                                            cudaStream_t);
+
+}  // namespace detail
+
+void single_decode(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
+                   const TensorView& o, const TensorView& lse, const AttentionOptions& options, StreamHandle stream,
+                   DecodeKernel kernel) {
+  check_operand(q, "q", 2);
+  check_dense_kv(q, k, v, kv_layout);
+  const HeadConfig heads = check_heads(q.shape[0], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[1]);
+  check_size(k, "k", 2, heads.head_dim);
+  check_operand(o, "o", 2);
+  check_dtype(o, "o", {q.dtype});
+  check_size(o, "o", 0, q.shape[0]);
+  check_size(o, "o", 1, q.shape[1]);
+  if (lse.data != nullptr) {
+    check_ndim(lse, "lse", 1);
+    check_dtype(lse, "lse", {DType::kF32});
+    check_on_cuda(lse, "lse");
+    check_size(lse, "lse", 0, q.shape[0]);
+  }
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    dense_kv_params<T>(p, k, v, kv_layout);
+    p.qo_len_single = 1;
+    run_decode<T>(p, KVFormatKind::kRagged, heads, kernel, stream);
+  });
+}
+
+void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView& o, const TensorView& lse,
+                        const AttentionOptions& options, StreamHandle stream, DecodeKernel kernel) {
+  check_operand(q, "q", 3);
+  check_paged_kv(q, kv, q.shape[0]);
+  const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
+  check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
+  check_outputs(q, o, lse, q.shape[0]);
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    paged_kv_params<T>(p, kv);
+    p.qo_len_single = 1;
+    run_decode<T>(p, KVFormatKind::kPaged, heads, kernel, stream);
+  });
+}
+
+void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& kv_indptr,
+                         const TensorView& o, const TensorView& lse, const AttentionOptions& options,
+                         StreamHandle stream, DecodeKernel kernel) {
+  check_operand(q, "q", 3);
+  check_dense_kv(q, k, v, Layout::kNHD);
+  check_index_array(kv_indptr, "kv_indptr", q, q.shape[0] + 1);
+  validate_indptr(kv_indptr, "kv_indptr", k.shape[0]);
+  const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
+  check_size(k, "k", 2, heads.head_dim);
+  check_outputs(q, o, lse, q.shape[0]);
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    ragged_kv_params<T>(p, k, v, kv_indptr);
+    p.qo_len_single = 1;
+    run_decode<T>(p, KVFormatKind::kRagged, heads, kernel, stream);
+  });
+}
+
+void single_prefill(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
+                    const TensorView& o, const TensorView& lse, const AttentionOptions& options, StreamHandle stream) {
+  check_operand(q, "q", 3);
+  check_dense_kv(q, k, v, kv_layout);
+  const HeadConfig heads = check_heads(q.shape[1], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[2]);
+  check_size(k, "k", 2, heads.head_dim);
+  check_outputs(q, o, lse, q.shape[0]);
+  TESSERA_CHECK_ARG(q.shape[0] <= INT32_MAX) << "q.shape[0] = " << q.shape[0] << " exceeds 2^31 - 1";
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    dense_kv_params<T>(p, k, v, kv_layout);
+    p.qo_len_single = static_cast<int32_t>(q.shape[0]);
+    detail::launch_prefill<T>(p, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), q.shape[0],
+                              static_cast<double>(q.shape[0]), stream);
+  });
+}
+
+void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len, const TensorView& k,
+                          const TensorView& v, const TensorView& kv_indptr, const TensorView& o,
+                          const TensorView& lse, const AttentionOptions& options, StreamHandle stream) {
+  check_operand(q, "q", 3);
+  check_dense_kv(q, k, v, Layout::kNHD);
+  const int64_t batch = qo_indptr.ndim == 1 ? qo_indptr.shape[0] - 1 : -1;
+  TESSERA_CHECK_ARG(batch >= 0) << "qo_indptr must be 1-D with batch_size + 1 entries, got " << qo_indptr.describe();
+  const double avg_qo_len = check_qo_indptr(q, qo_indptr, batch, max_qo_len);
+  check_index_array(kv_indptr, "kv_indptr", q, batch + 1);
+  validate_indptr(kv_indptr, "kv_indptr", k.shape[0]);
+  const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
+  check_size(k, "k", 2, heads.head_dim);
+  check_outputs(q, o, lse, q.shape[0]);
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    ragged_kv_params<T>(p, k, v, kv_indptr);
+    p.qo_indptr = qo_indptr.data_as<const int32_t>();
+    detail::launch_prefill<T>(p, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
+                              stream);
+  });
+}
+
+void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len, const PagedKV& kv,
+                         const TensorView& o, const TensorView& lse, const AttentionOptions& options,
+                         StreamHandle stream) {
+  check_operand(q, "q", 3);
+  const int64_t batch = qo_indptr.ndim == 1 ? qo_indptr.shape[0] - 1 : -1;
+  TESSERA_CHECK_ARG(batch >= 0) << "qo_indptr must be 1-D with batch_size + 1 entries, got " << qo_indptr.describe();
+  check_paged_kv(q, kv, batch);
+  const double avg_qo_len = check_qo_indptr(q, qo_indptr, batch, max_qo_len);
+  const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
+  check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
+  check_outputs(q, o, lse, q.shape[0]);
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    paged_kv_params<T>(p, kv);
+    p.qo_indptr = qo_indptr.data_as<const int32_t>();
+    detail::launch_prefill<T>(p, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
+                              stream);
+  });
+}
+
+void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const TensorView& o, const TensorView& lse,
+                            const AttentionOptions& options, StreamHandle stream) {
+  check_operand(q, "q", 3);
+  validate_block_sparse(kv, "block_sparse");
+  check_operand(kv.k, "block_sparse.k", 3);
+  check_operand(kv.v, "block_sparse.v", 3);
+  check_dtype(kv.k, "block_sparse.k", {q.dtype});
+  check_same_device(q, "q", kv.k, "block_sparse.k");
+  check_on_cuda(kv.indptr, "block_sparse.indptr");
+  check_on_cuda(kv.indices, "block_sparse.indices");
+  check_size(q, "q", 0, kv.num_rows);
+  TESSERA_CHECK_ARG(kv.num_rows <= INT32_MAX && kv.num_cols() <= INT32_MAX && kv.indices.shape[0] <= INT32_MAX &&
+                    kv.block_rows <= INT32_MAX && kv.block_cols <= INT32_MAX)
+      << "block_sparse: num_rows = " << kv.num_rows << ", num_cols = " << kv.num_cols() << ", expected < 2^31";
+  TESSERA_CHECK_ARG(kv.num_row_blocks() <= 65535)
+      << "block_sparse: " << kv.num_row_blocks() << " block rows, expected <= 65535";
+  const HeadConfig heads = check_heads(q.shape[1], kv.k.shape[1], q.shape[2]);
+  check_size(kv.k, "block_sparse.k", 2, heads.head_dim);
+  check_outputs(q, o, lse, q.shape[0]);
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    p.k = kv.k.data_as<const T>();
+    p.v = kv.v.data_as<const T>();
+    p.k_row_stride = kv.k.strides[0];
+    p.k_head_stride = kv.k.strides[1];
+    p.v_row_stride = kv.v.strides[0];
+    p.v_head_stride = kv.v.strides[1];
+    p.kv_indptr = kv.indptr.data_as<const int32_t>();
+    p.kv_indices = kv.indices.data_as<const int32_t>();
+    p.page_size = static_cast<int32_t>(kv.block_cols);
+    p.num_pages = static_cast<int32_t>(kv.num_col_blocks());
+    p.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
+    p.num_kv_rows = static_cast<int32_t>(kv.num_cols());
+    p.block_rows = static_cast<int32_t>(kv.block_rows);
+    p.batch_size = static_cast<int32_t>(kv.num_row_blocks());
+    detail::launch_prefill<T>(p, KVFormatKind::kBlockSparse, static_cast<int>(heads.head_dim), kv.block_rows,
+                              static_cast<double>(kv.block_rows), stream);
+  });
+}
+
+}  // namespace tessera

@@ -1,0 +1,26 @@
+// Internal interface between the attention entry points (src/attention.cu: validation, building
+// AttentionParams) and the kernel families' launchers. Only CUDA translation units include it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention/params.cuh"
+
+namespace tessera {
+namespace detail {
+
+/// Launches the CUDA-core decode kernel (kernels/attention/decode.cuh): one query row per request
+/// (p.qo_indptr == nullptr and qo_len 1 per request, q row b = request b), ragged or paged KV, any
+/// group size. T is __half or __nv_bfloat16; head_dim is 64, 128 or 256.
+template <typename T>
+void launch_decode_cuda_cores(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int head_dim,
+                              cudaStream_t stream);
+
+/// Launches the FA2-class prefill kernel (kernels/attention/prefill.cuh) over any format.
+/// max_qo_len bounds every request's query length (BSR: Br); avg_qo_len drives the tile choice.
+template <typename T>
+void launch_prefill(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int head_dim,
+                    int64_t max_qo_len, double avg_qo_len, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace tessera

@@ -1,0 +1,54 @@
+// The FA2-class kernel's tile configurations and the heuristic that picks one. One place for
+// these facts: every instantiation and every launch goes through PrefillConfig.
+#pragma once
+
+#include "kernels/attention/prefill.cuh"
+
+namespace tessera {
+namespace detail {
+
+/// Query rows per CTA. The rows are packed (query, head-in-group) pairs, so a decode step with
+/// GQA group 4 fills 4 rows of a tile.
+enum class QTile { k16, k64, k128 };
+
+/// Heuristic (DESIGN.md §5): the average packed rows per request, avg_qo_len * group_size, sets
+/// the query tile — up to 16 rows: a 16-row tile with 4 warps splitting each KV tile (decode and
+/// short appends are memory bound: wide KV tiles keep bytes in flight); up to 64 rows, or head_dim
+/// 256 (whose 128-row tile would need 256 accumulator registers per thread): 64 rows, one m16 tile
+/// per warp; longer: 128 rows, two m16 tiles per warp, which halves K/V shared-memory traffic per
+/// FLOP. KV tiles (32, 64 or 128 rows) are as wide as the register budget allows without spills
+/// (S + O accumulators; 128 query rows x head_dim 128 fit only with 32-row KV tiles) and keep the
+/// K/V double buffer at 64 KB or less, so two or three CTAs share an SM; the 16-row tile of
+/// head_dim 256 uses 136 KB (one CTA per SM).
+inline QTile choose_q_tile(int head_dim, double avg_packed_rows) {
+  if (avg_packed_rows <= 16.0) return QTile::k16;
+  if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
+  return QTile::k128;
+}
+
+template <typename T, int HEAD_DIM, QTile Q>
+struct PrefillConfig;
+
+// Traits: <T, HEAD_DIM, CTA_TILE_Q, CTA_TILE_KV, NUM_WARPS_Q, NUM_WARPS_KV>
+template <typename T, int HEAD_DIM>
+struct PrefillConfig<T, HEAD_DIM, QTile::k16> {
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, (HEAD_DIM == 64 ? 128 : 64), 1, 4>;
+};
+template <typename T, int HEAD_DIM>
+struct PrefillConfig<T, HEAD_DIM, QTile::k64> {
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 64, (HEAD_DIM == 256 ? 32 : 64), 4, 1>;
+};
+template <typename T, int HEAD_DIM>
+struct PrefillConfig<T, HEAD_DIM, QTile::k128> {
+  static_assert(HEAD_DIM != 256, "head_dim 256 uses 64-row query tiles");
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, (HEAD_DIM == 128 ? 32 : 64), 4, 1>;
+};
+
+/// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per
+/// head dim in prefill_d*.cu so the 2-core CI builds them in parallel).
+template <typename T, int HEAD_DIM>
+void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
+                             int64_t max_qo_len, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace tessera

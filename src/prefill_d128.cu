@@ -1,0 +1,13 @@
+// FA2-class kernels for head_dim 128 (one translation unit per head dim: parallel builds).
+#include "src/prefill_launch.cuh"
+
+namespace tessera {
+namespace detail {
+
+template void launch_prefill_head_dim<__half, 128>(const kernels::AttentionParams<__half>&, kernels::KVFormatKind, QTile,
+                                                  int64_t, cudaStream_t);
+template void launch_prefill_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&,
+                                                         kernels::KVFormatKind, QTile, int64_t, cudaStream_t);
+
+}  // namespace detail
+}  // namespace tessera

@@ -1,0 +1,493 @@
+// Attention workloads of BENCHMARKS.md (tessera/attention.h):
+//   W1  batch decode over a paged KV cache (B x L grid), GB/s of K and V read, vs. the copy ceiling;
+//   W1v the same with variable lengths at B=64;
+//   W2  dense prefill over ragged KV (B=16, S 512 .. 16384, three head shapes, causal and not);
+//   W4  variable-length prefill, ragged and paged KV (page 16 and page 1), three length sets.
+// Prefill reports TFLOP/s against the GEMM ceiling, FLOPs = 4 * D * (visible query/key pairs)
+// summed over query heads (causal: only the visible pairs). Every cell is its own workload so
+// suites and --filter can pick cells; the measured anchor figures of BENCHMARKS.md are attached
+// as `anchor_*` params (and `target_*` where BENCHMARKS.md names a number for that cell).
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+#include "tessera/attention.h"
+#include "tessera/formats.h"
+
+namespace tessera_bench {
+namespace {
+
+using tessera::DType;
+
+constexpr DType kDType = DType::kBF16;
+constexpr double kElemBytes = 2.0;  // bf16
+constexpr uint64_t kPermutationSeed = 20261122;
+
+// W1 / W1v / W4 head shape.
+constexpr int64_t kQoHeads = 32;
+constexpr int64_t kKvHeads = 8;
+constexpr int64_t kHeadDim = 128;
+constexpr int64_t kDecodePageSize = 16;
+
+// ------------------------------------------------------------------------------------------------
+// Helpers.
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A permutation of 0 .. n-1 that is the same on every platform (std::shuffle is not).
+std::vector<int32_t> random_permutation(int64_t n, uint64_t seed) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  uint64_t state = seed;
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+// False (with a note on stderr) when `bytes` of inputs do not fit in the free device memory.
+bool fits(const std::string& name, double bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  constexpr double kMargin = 512.0 * (1 << 20);  // workspace, allocator slack
+  if (bytes + kMargin <= static_cast<double>(free_bytes)) return true;
+  std::fprintf(stderr, "tessera-bench: %s skipped: needs %.1f GiB, %.1f GiB free of %.1f GiB\n",
+               name.c_str(), bytes / (1 << 30), static_cast<double>(free_bytes) / (1 << 30),
+               static_cast<double>(total_bytes) / (1 << 30));
+  return false;
+}
+
+// Query/key pairs a request sees: query i sits at position kv - qo + i (attention.h).
+double visible_pairs(int64_t qo, int64_t kv, bool causal) {
+  const double q = static_cast<double>(qo), k = static_cast<double>(kv);
+  return causal ? q * (k - q) + q * (q + 1) / 2 : q * k;
+}
+
+// indptr of a packed batch with the given per-request lengths.
+std::vector<int32_t> indptr_of(const std::vector<int64_t>& lens) {
+  std::vector<int32_t> indptr(lens.size() + 1, 0);
+  for (size_t b = 0; b < lens.size(); ++b) indptr[b + 1] = indptr[b] + static_cast<int32_t>(lens[b]);
+  return indptr;
+}
+
+// A paged NHD cache of lens.size() requests, request b holding lens[b] tokens (random K/V), the
+// pages of all requests a random permutation of [0, num_pages).
+struct PagedCache {
+  DeviceTensor k, v, indptr, indices, last_page_len;
+  tessera::PagedKV kv;
+};
+
+int64_t num_pages_for(const std::vector<int64_t>& lens, int64_t page_size) {
+  int64_t pages = 0;
+  for (int64_t len : lens) pages += (len + page_size - 1) / page_size;
+  return pages;
+}
+
+PagedCache make_paged_cache(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t page_size,
+                            int64_t kv_heads, int64_t head_dim) {
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  std::vector<int32_t> indptr(static_cast<size_t>(batch) + 1, 0), last_page_len(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t pages = (lens[b] + page_size - 1) / page_size;
+    indptr[b + 1] = indptr[b] + static_cast<int32_t>(pages);
+    last_page_len[b] = static_cast<int32_t>(pages == 0 ? 0 : lens[b] - (pages - 1) * page_size);
+  }
+  const int64_t num_pages = indptr[batch];
+  PagedCache c;
+  c.indptr = ctx.upload_i32(indptr);
+  c.indices = ctx.upload_i32(random_permutation(num_pages, kPermutationSeed));
+  c.last_page_len = ctx.upload_i32(last_page_len);
+  c.k = ctx.random_tensor(kDType, {num_pages, page_size, kv_heads, head_dim});
+  c.v = ctx.random_tensor(kDType, {num_pages, page_size, kv_heads, head_dim});
+  c.kv.k = c.k.view;
+  c.kv.v = c.v.view;
+  c.kv.layout = tessera::Layout::kNHD;
+  c.kv.indptr = c.indptr.view;
+  c.kv.indices = c.indices.view;
+  c.kv.last_page_len = c.last_page_len.view;
+  return c;
+}
+
+// Packed rows [sum(lens), heads, head_dim] of random values plus their indptr.
+struct Packed {
+  DeviceTensor data, indptr;
+};
+
+Packed make_packed(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, int64_t head_dim) {
+  Packed p;
+  p.data = ctx.random_tensor(kDType, {sum(lens), heads, head_dim});
+  p.indptr = ctx.upload_i32(indptr_of(lens));
+  return p;
+}
+
+// Appends (key, value) to params for every anchor with a known (positive) value.
+void add_anchor(Params& params, const char* key, double value) {
+  if (value > 0) params.emplace_back(key, value);
+}
+
+// ------------------------------------------------------------------------------------------------
+// W1 / W1v: batch decode over a paged cache. bytes = K and V rows actually read
+// (sum(L) * Hkv * D * 2 bytes * 2); q (B*Hq*D), o and the page table are not counted.
+
+constexpr int64_t kW1Batches[] = {1, 16, 64, 128};
+constexpr int64_t kW1Lengths[] = {1024, 4096, 16384, 32768};
+
+struct DecodeAnchor {
+  const char* key;
+  int64_t batch;
+  double gbps[4];  // per kW1Lengths; <= 0: none
+};
+constexpr DecodeAnchor kW1Anchors[] = {
+    {"anchor_flashinfer_tc", 1, {107, 419, 1161, 1689}},
+    {"anchor_flashinfer_tc", 16, {1194, 2153, 2711, 2876}},
+    {"anchor_flashinfer_tc", 64, {1958, 2712, 2933, 2976}},
+    {"anchor_flashinfer_tc", 128, {2172, 2859, 2993, 3024}},
+    {"anchor_cudnn_sdpa", 1, {49, 309, 1178, 1292}},
+    {"anchor_cudnn_sdpa", 16, {1279, 1993, 2765, 2824}},
+    {"anchor_cudnn_sdpa", 64, {2262, 2824, 3021, 3061}},
+    {"anchor_cudnn_sdpa", 128, {2243, 2930, 3025, 3050}},
+    {"anchor_fa2_sdpa", 64, {1789, 2503, 2685, 2423}},
+    {"anchor_flex", 64, {1029, 2112, 2789, -1}},  // fails at 32k
+};
+constexpr double kW1FlashInferCudaCoresB64[] = {1638, 2333, 2625, 2735};
+
+// BENCHMARKS.md W1 targets; <= 0 where it names no number (only "ahead of every anchor").
+double w1_target(int64_t batch, int64_t len) {
+  if (batch >= 16 && len >= 16384) return 3000;
+  if (batch >= 64 && len == 4096) return 3000;
+  if (batch == 1 && len == 32768) return 2700;
+  if (batch == 64 && len == 1024) return 2300;
+  if (batch == 16 && len == 1024) return 1600;
+  return -1;
+}
+
+Params decode_params(int64_t batch, const ParamValue& lens, const char* kernel) {
+  return {{"B", batch},           {"L", lens},       {"Hq", kQoHeads},
+          {"Hkv", kKvHeads},      {"D", kHeadDim},   {"page_size", kDecodePageSize},
+          {"layout", "NHD"},      {"dtype", "bf16"}, {"kernel", kernel},
+          {"bytes", "K+V read"}};
+}
+
+// Runs batch_decode_paged over `lens`; reports kAuto as "tessera" with `params`, and kCudaCores
+// as "tessera-cuda-cores" with `cuda_core_params` when that is non-empty.
+void run_decode(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
+                Params params, Params cuda_core_params) {
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  const double kv_bytes = 2.0 * static_cast<double>(sum(lens)) * kKvHeads * kHeadDim * kElemBytes;
+  const double alloc_bytes = 2.0 * static_cast<double>(num_pages_for(lens, kDecodePageSize)) *
+                             kDecodePageSize * kKvHeads * kHeadDim * kElemBytes;
+  if (!fits(name, alloc_bytes)) return;
+
+  PagedCache cache = make_paged_cache(ctx, lens, kDecodePageSize, kKvHeads, kHeadDim);
+  DeviceTensor q = ctx.random_tensor(kDType, {batch, kQoHeads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(kDType, {batch, kQoHeads, kHeadDim});
+  auto time_kernel = [&](tessera::DecodeKernel kernel) {
+    return ctx.measure([&](cudaStream_t stream) {
+      tessera::batch_decode_paged(q.view, cache.kv, o.view, tessera::TensorView(), {}, stream, kernel);
+    });
+  };
+  ctx.report_gbps(time_kernel(tessera::DecodeKernel::kAuto), kv_bytes, std::move(params));
+  if (!cuda_core_params.empty()) {
+    ctx.report_gbps(time_kernel(tessera::DecodeKernel::kCudaCores), kv_bytes,
+                    std::move(cuda_core_params), "tessera-cuda-cores");
+  }
+}
+
+void run_w1(BenchContext& ctx, const std::string& name, int64_t batch, size_t len_index) {
+  const int64_t len = kW1Lengths[len_index];
+  Params params = decode_params(batch, len, "auto");
+  for (const DecodeAnchor& a : kW1Anchors) {
+    if (a.batch == batch) add_anchor(params, a.key, a.gbps[len_index]);
+  }
+  add_anchor(params, "target_gbps", w1_target(batch, len));
+  Params cuda_core_params;
+  if (batch == 64) {
+    cuda_core_params = decode_params(batch, len, "cuda_cores");
+    add_anchor(cuda_core_params, "anchor_flashinfer_cuda_cores", kW1FlashInferCudaCoresB64[len_index]);
+  }
+  run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len), std::move(params),
+             std::move(cuda_core_params));
+}
+
+// W1v, B=64: uniform L_i = 512 + (i * 7919) % 7681; skewed L_i = 32768 when i % 8 == 0, else 1024.
+// Target: within 10% of W1's GB/s at the same total KV.
+void run_w1v(BenchContext& ctx, const std::string& name, bool skewed) {
+  std::vector<int64_t> lens(64);
+  for (int64_t i = 0; i < 64; ++i) {
+    lens[i] = skewed ? (i % 8 == 0 ? 32768 : 1024) : 512 + (i * 7919) % 7681;
+  }
+  Params params = decode_params(64, skewed ? "32768 if i%8==0 else 1024" : "512+(i*7919)%7681", "auto");
+  params.emplace_back("total_kv", sum(lens));
+  run_decode(ctx, name, lens, std::move(params), {});
+}
+
+// ------------------------------------------------------------------------------------------------
+// W2 / W4: prefill. FLOPs = 4 * D * Hq * visible pairs, summed over requests.
+
+enum class KvFormat { kRagged, kPaged };
+
+// Runs batch_prefill_ragged (page_size 0) or batch_prefill_paged over requests with query
+// length = KV length = lens[b].
+void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
+                 int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
+                 int64_t page_size, Params params) {
+  const int64_t total = sum(lens);
+  const int64_t kv_slots = page_size > 0 ? num_pages_for(lens, page_size) * page_size : total;
+  const double bytes = kElemBytes * head_dim *
+                       (2.0 * static_cast<double>(total) * qo_heads + 2.0 * static_cast<double>(kv_slots) * kv_heads);
+  if (!fits(name, bytes)) return;
+
+  double flops = 0;
+  for (int64_t len : lens) flops += 4.0 * static_cast<double>(head_dim * qo_heads) * visible_pairs(len, len, causal);
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  tessera::AttentionOptions options;
+  options.causal = causal;
+
+  Packed q = make_packed(ctx, lens, qo_heads, head_dim);
+  DeviceTensor o = ctx.empty_tensor(kDType, {total, qo_heads, head_dim});
+  Timing t;
+  if (page_size > 0) {
+    PagedCache cache = make_paged_cache(ctx, lens, page_size, kv_heads, head_dim);
+    t = ctx.measure([&](cudaStream_t stream) {
+      tessera::batch_prefill_paged(q.data.view, q.indptr.view, max_len, cache.kv, o.view,
+                                   tessera::TensorView(), options, stream);
+    });
+  } else {
+    DeviceTensor k = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
+    DeviceTensor v = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
+    t = ctx.measure([&](cudaStream_t stream) {
+      // qo_indptr == kv_indptr: query length = KV length per request.
+      tessera::batch_prefill_ragged(q.data.view, q.indptr.view, max_len, k.view, v.view,
+                                    q.indptr.view, o.view, tessera::TensorView(), options, stream);
+    });
+  }
+  ctx.report_tflops(t, flops, std::move(params));
+}
+
+// W2: B=16, (a) H=16 D=128, (b) H=32 D=64, (c) H=8 D=256.
+constexpr int64_t kW2Batch = 16;
+constexpr int64_t kW2Lengths[] = {512, 1024, 2048, 4096, 8192, 16384};
+struct DenseShape {
+  char tag;
+  int64_t heads, head_dim;
+};
+constexpr DenseShape kW2Shapes[] = {{'a', 16, 128}, {'b', 32, 64}, {'c', 8, 256}};
+
+struct DenseAnchor {
+  const char* key;
+  char tag;
+  bool causal;
+  double tflops[6];  // per kW2Lengths; <= 0: none
+};
+constexpr DenseAnchor kW2Anchors[] = {
+    {"anchor_flashinfer_fa3", 'a', true, {198, 368, 534, 626, 623, 623}},
+    {"anchor_flashinfer_fa3", 'a', false, {304, 476, 622, 623, 673, 672}},
+    {"anchor_flashinfer_fa2", 'a', true, {142, 242, 321, 363, 387, 390}},
+    {"anchor_flashinfer_fa2", 'a', false, {241, 334, 380, 382, 365, 382}},
+    {"anchor_cudnn_sdpa", 'a', true, {208, 337, 368, 577, 592, 598}},
+    {"anchor_cudnn_sdpa", 'a', false, {324, 482, 604, 657, 617, 625}},
+    {"anchor_fa2_sdpa", 'a', true, {119, 215, 280, 326, 325, 338}},
+    {"anchor_fa2_sdpa", 'a', false, {220, 297, 330, 351, 351, 350}},
+    {"anchor_flex", 'a', true, {88, 183, 274, 362, 408, 430}},
+    {"anchor_fa3_paper", 'a', true, {292, 423, 521, 579, 602, 616}},
+    {"anchor_fa3_paper", 'a', false, {467, 565, 625, 638, 646, 648}},
+    {"anchor_flashinfer_paper", 'a', true, {250, 407, 487, 548, 588, 612}},
+    {"anchor_flashinfer_fa3", 'b', true, {-1, -1, 359, -1, 473, 488}},
+    {"anchor_flashinfer_fa3", 'b', false, {-1, -1, 473, -1, 517, 492}},
+    {"anchor_flashinfer_fa2", 'b', false, {-1, -1, 323, -1, 346, 341}},
+    {"anchor_fa3_paper", 'b', true, {-1, -1, -1, -1, -1, 473}},
+    {"anchor_fa3_paper", 'b', false, {-1, -1, -1, -1, -1, 497}},
+    {"anchor_flashinfer_fa3", 'c', true, {-1, -1, 566, -1, 654, 644}},
+    {"anchor_flashinfer_fa3", 'c', false, {-1, -1, 676, -1, 707, 705}},
+    {"anchor_flashinfer_fa2", 'c', false, {-1, -1, 317, -1, 330, 320}},
+    {"anchor_fa3_paper", 'c', true, {-1, -1, -1, -1, -1, 642}},
+    {"anchor_fa3_paper", 'c', false, {-1, -1, -1, -1, -1, 756}},
+};
+
+// BENCHMARKS.md W2 FA3-class targets at 16k.
+double w2_target(char tag, bool causal, int64_t len) {
+  if (len != 16384) return -1;
+  if (tag == 'a') return causal ? 650 : 700;
+  if (tag == 'b' && !causal) return 520;
+  if (tag == 'c' && !causal) return 770;
+  return -1;
+}
+
+void run_w2(BenchContext& ctx, const std::string& name, const DenseShape& shape, bool causal,
+            size_t len_index) {
+  const int64_t len = kW2Lengths[len_index];
+  Params params = {{"B", kW2Batch},      {"S", len},
+                   {"H", shape.heads},   {"D", shape.head_dim},
+                   {"mask", causal ? "causal" : "none"}, {"kv", "ragged"},
+                   {"dtype", "bf16"},    {"flops", "4*D*visible_pairs*H"}};
+  for (const DenseAnchor& a : kW2Anchors) {
+    if (a.tag == shape.tag && a.causal == causal) add_anchor(params, a.key, a.tflops[len_index]);
+  }
+  add_anchor(params, "target_tflops", w2_target(shape.tag, causal, len));
+  run_prefill(ctx, name, std::vector<int64_t>(static_cast<size_t>(kW2Batch), len), shape.heads, shape.heads,
+              shape.head_dim, causal, 0, std::move(params));
+}
+
+// W4: B=16, Hq=32, Hkv=8, D=128, causal, query length = KV length per request.
+struct LengthSet {
+  const char* name;
+  std::vector<int64_t> lens;
+  double anchor_flashinfer_fa3, anchor_flashinfer_fa2, anchor_cudnn, anchor_fa2, anchor_flex, target;
+};
+const std::vector<LengthSet>& w4_sets() {
+  static const std::vector<LengthSet> sets = {
+      {"constant", std::vector<int64_t>(16, 1024), 412, 254, 438, 247, 230, 470},
+      {"uniform",
+       {906, 942, 553, 777, 1009, 926, 822, 1000, 878, 735, 654, 800, 655, 609, 768, 662},
+       318, 239, 253, 134, 129, 400},
+      {"skewed",
+       {709, 357, 302, 376, 506, 1744, 541, 412, 298, 285, 502, 311, 815, 330, 449, 8439},
+       602, 328, 39, 23, 273, 620},
+  };
+  return sets;
+}
+
+void run_w4(BenchContext& ctx, const std::string& name, const LengthSet& set, int64_t page_size) {
+  Params params = {{"B", static_cast<int64_t>(set.lens.size())},
+                   {"lengths", set.name},
+                   {"total", sum(set.lens)},
+                   {"Hq", kQoHeads},
+                   {"Hkv", kKvHeads},
+                   {"D", kHeadDim},
+                   {"mask", "causal"},
+                   {"kv", page_size > 0 ? "paged" : "ragged"}};
+  if (page_size > 0) params.emplace_back("page_size", page_size);
+  params.emplace_back("dtype", "bf16");
+  params.emplace_back("flops", "4*D*visible_pairs*Hq");
+  add_anchor(params, "anchor_flashinfer_fa3_ragged", set.anchor_flashinfer_fa3);
+  add_anchor(params, "anchor_flashinfer_fa2_ragged", set.anchor_flashinfer_fa2);
+  add_anchor(params, "anchor_cudnn_sdpa_padded", set.anchor_cudnn);
+  add_anchor(params, "anchor_fa2_sdpa_padded", set.anchor_fa2);
+  add_anchor(params, "anchor_flex_docmask", set.anchor_flex);
+  add_anchor(params, "target_tflops", set.target);
+  run_prefill(ctx, name, set.lens, kQoHeads, kKvHeads, kHeadDim, true, page_size, std::move(params));
+}
+
+// ------------------------------------------------------------------------------------------------
+// The cells, each registered as its own workload.
+
+struct Cell {
+  std::string name;
+  std::string description;
+  std::vector<std::string> suites;
+  std::function<void(BenchContext&, const std::string&)> run;
+};
+
+std::vector<std::string> suites_for(const char* suite, bool quick) {
+  return quick ? std::vector<std::string>{suite, "quick"} : std::vector<std::string>{suite};
+}
+
+const std::vector<Cell>& cells() {
+  static const std::vector<Cell> all = [] {
+    std::vector<Cell> out;
+    // W1.
+    for (int64_t batch : kW1Batches) {
+      for (size_t li = 0; li < std::size(kW1Lengths); ++li) {
+        const int64_t len = kW1Lengths[li];
+        const bool quick = (batch == 16 || batch == 64) && (len == 4096 || len == 16384);
+        out.push_back({"w1_decode_b" + std::to_string(batch) + "_l" + std::to_string(len),
+                       "W1 paged decode B=" + std::to_string(batch) + " L=" + std::to_string(len) +
+                           " Hq=32 Hkv=8 D=128 page 16" + (batch == 64 ? " (+ CUDA-core kernel)" : ""),
+                       suites_for("decode", quick),
+                       [batch, li](BenchContext& ctx, const std::string& name) { run_w1(ctx, name, batch, li); }});
+      }
+    }
+    // W1v.
+    for (bool skewed : {false, true}) {
+      out.push_back({std::string("w1v_decode_") + (skewed ? "skewed" : "uniform"),
+                     std::string("W1v paged decode B=64, ") +
+                         (skewed ? "L=32768 every 8th request else 1024" : "L=512+(i*7919)%7681"),
+                     suites_for("decode", false),
+                     [skewed](BenchContext& ctx, const std::string& name) { run_w1v(ctx, name, skewed); }});
+    }
+    // W2.
+    for (const DenseShape& shape : kW2Shapes) {
+      for (bool causal : {true, false}) {
+        for (size_t li = 0; li < std::size(kW2Lengths); ++li) {
+          const int64_t len = kW2Lengths[li];
+          const bool quick = shape.tag == 'a' && (len == 4096 || len == 16384);
+          out.push_back({std::string("w2") + shape.tag + (causal ? "_causal_s" : "_noncausal_s") + std::to_string(len),
+                         "W2 dense prefill B=16 S=" + std::to_string(len) + " H=" + std::to_string(shape.heads) +
+                             " D=" + std::to_string(shape.head_dim) + (causal ? " causal" : " non-causal") +
+                             ", ragged KV",
+                         suites_for("prefill", quick),
+                         [shape, causal, li](BenchContext& ctx, const std::string& name) {
+                           run_w2(ctx, name, shape, causal, li);
+                         }});
+        }
+      }
+    }
+    // W4: ragged, paged page 16 (all sets), paged page 1 (constant, skewed).
+    struct W4Format {
+      const char* tag;
+      int64_t page_size;
+    };
+    for (const W4Format& f : {W4Format{"ragged", 0}, W4Format{"paged16", 16}, W4Format{"paged1", 1}}) {
+      for (size_t si = 0; si < w4_sets().size(); ++si) {
+        const LengthSet& set = w4_sets()[si];
+        const std::string set_name = set.name;
+        if (f.page_size == 1 && set_name == "uniform") continue;
+        const bool quick = f.page_size != 1 && set_name == "constant";
+        const int64_t page_size = f.page_size;
+        out.push_back({std::string("w4_") + f.tag + "_" + set_name,
+                       "W4 varlen causal prefill B=16 Hq=32 Hkv=8 D=128, " + set_name + " lengths, " +
+                           (page_size > 0 ? "paged KV page " + std::to_string(page_size) : std::string("ragged KV")),
+                       suites_for("prefill", quick),
+                       [si, page_size](BenchContext& ctx, const std::string& name) {
+                         run_w4(ctx, name, w4_sets()[si], page_size);
+                       }});
+      }
+    }
+    return out;
+  }();
+  return all;
+}
+
+// Workload functions are plain function pointers: one instantiation per cell index.
+constexpr size_t kMaxCells = 96;
+
+template <size_t I>
+void run_cell(BenchContext& ctx) {
+  const Cell& cell = cells()[I];
+  cell.run(ctx, cell.name);
+}
+
+template <size_t... I>
+bool register_cells(std::index_sequence<I...>) {
+  constexpr WorkloadFn kFns[] = {&run_cell<I>...};
+  const std::vector<Cell>& all = cells();
+  if (all.size() > sizeof...(I)) {
+    std::fprintf(stderr, "tessera-bench: bench_attention.cpp has %zu cells; raise kMaxCells\n", all.size());
+    std::abort();
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    register_workload(Workload{all[i].name, all[i].suites, all[i].description, kFns[i]});
+  }
+  return true;
+}
+
+[[maybe_unused]] const bool kAttentionCellsRegistered = register_cells(std::make_index_sequence<kMaxCells>{});
+
+}  // namespace
+}  // namespace tessera_bench

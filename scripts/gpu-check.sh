@@ -58,7 +58,8 @@ if [ "$SANITIZE" = 1 ]; then
   echo "== compute-sanitizer memcheck" | tee -a "$OUT/gpu-check.log"
   san_ok=1
   for spec in "gpu_merge_tests:*Pair*/*7_5_128*:*Ragged*:*Errors*:MergeStatesTest*/*8_128" \
-              "gpu_page_tests:*_p3_*:*_p16_*:*Errors*"; do
+              "gpu_page_tests:*_p3_*:*_p16_*:*Errors*" \
+              "gpu_attention_tests:*_sanitize*:*Errors*"; do
     exe=${spec%%:*}; filter=${spec#*:}
     if ! compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/$exe" --gtest_filter="$filter" \
          >"$OUT/sanitize-$exe.log" 2>&1; then

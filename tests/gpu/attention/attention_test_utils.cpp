@@ -1,0 +1,836 @@
+#include "gpu/attention/attention_test_utils.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+namespace tessera_test {
+namespace attn {
+
+using tessera::DecodeKernel;
+using tessera::Device;
+using tessera::DType;
+using tessera::Layout;
+using tessera::TensorView;
+
+double lse_tolerance(DType dtype) { return dtype == DType::kBF16 ? 8e-3 : 1e-3; }
+
+tessera_ref::Layout ref_layout(Layout layout) {
+  return layout == Layout::kNHD ? tessera_ref::Layout::NHD : tessera_ref::Layout::HND;
+}
+
+std::vector<double> nhd_to_hnd(const std::vector<double>& x, int64_t len, int64_t heads, int64_t dim) {
+  std::vector<double> out(x.size());
+  for (int64_t n = 0; n < len; ++n)
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy_n(x.begin() + (n * heads + h) * dim, dim, out.begin() + (h * len + n) * dim);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device tensors.
+
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) { return padded_strides(shape, 0, 0); }
+
+/// Elements a buffer needs for a view of `shape` with `strides`.
+int64_t span_elements(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  if (product(shape) == 0) return 0;
+  int64_t last = 0;
+  for (size_t d = 0; d < shape.size(); ++d) last += (shape[d] - 1) * strides[d];
+  return last + 1;
+}
+
+/// Calls f(logical_index, buffer_offset) for every element, row-major.
+void for_each_element(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                      const std::function<void(int64_t, int64_t)>& f) {
+  const int64_t total = product(shape);
+  if (total == 0) return;
+  const int n = static_cast<int>(shape.size());
+  std::vector<int64_t> idx(n, 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    f(i, off);
+    for (int d = n - 1; d >= 0; --d) {
+      ++idx[d];
+      off += strides[d];
+      if (idx[d] < shape[d]) break;
+      off -= strides[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> padded_strides(const std::vector<int64_t>& shape, int64_t inner_pad, int64_t outer_pad) {
+  const size_t n = shape.size();
+  std::vector<int64_t> strides(n, 1);
+  if (n >= 2) {
+    strides[n - 2] = shape[n - 1] + inner_pad;
+    for (size_t d = n - 2; d-- > 0;) strides[d] = strides[d + 1] * shape[d + 1];
+    strides[0] += outer_pad;
+  }
+  return strides;
+}
+
+TensorView make_view(void* data, DType dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = static_cast<int>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = strides[d];
+  }
+  t.device = Device::cuda(0);
+  return t;
+}
+
+DeviceTensor upload_tensor(DType dtype, const std::vector<double>& values, const std::vector<int64_t>& shape,
+                           const std::vector<int64_t>& strides_in, double pad_fill) {
+  if (static_cast<int64_t>(values.size()) != product(shape)) throw std::runtime_error("upload_tensor: size mismatch");
+  const std::vector<int64_t> strides = strides_in.empty() ? contiguous_strides(shape) : strides_in;
+  DeviceTensor t;
+  if (strides == contiguous_strides(shape)) {
+    t.buf = upload_as(dtype, values);
+  } else {
+    std::vector<double> image(span_elements(shape, strides), pad_fill);
+    for_each_element(shape, strides, [&](int64_t i, int64_t off) { image[off] = values[i]; });
+    t.buf = upload_as(dtype, image);
+  }
+  t.view = make_view(t.buf.get(), dtype, shape, strides);
+  return t;
+}
+
+DeviceTensor make_output(DType dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides_in) {
+  const std::vector<int64_t> strides = strides_in.empty() ? contiguous_strides(shape) : strides_in;
+  DeviceTensor t;
+  const int64_t span = span_elements(shape, strides);
+  t.image.assign(span, kPadSentinel);
+  t.covered.assign(span, 0);
+  for_each_element(shape, strides, [&](int64_t, int64_t off) {
+    t.image[off] = kNaN;
+    t.covered[off] = 1;
+  });
+  if (strides == contiguous_strides(shape)) {
+    t.buf = DeviceBuffer(span * tessera::dtype_size(dtype));
+    t.buf.poison();
+  } else {
+    t.buf = upload_as(dtype, t.image);
+  }
+  t.view = make_view(t.buf.get(), dtype, shape, strides);
+  return t;
+}
+
+std::vector<double> read_tensor(const DeviceTensor& t) {
+  std::vector<int64_t> shape(t.view.shape, t.view.shape + t.view.ndim);
+  std::vector<int64_t> strides(t.view.strides, t.view.strides + t.view.ndim);
+  const auto all = download_as(t.view.dtype, t.buf.get(), span_elements(shape, strides));
+  std::vector<double> out(product(shape));
+  for_each_element(shape, strides, [&](int64_t i, int64_t off) { out[i] = all[off]; });
+  return out;
+}
+
+size_t padding_changes(const DeviceTensor& t) {
+  if (t.image.empty()) return 0;
+  const auto all = download_as(t.view.dtype, t.buf.get(), t.image.size());
+  size_t changed = 0;
+  for (size_t i = 0; i < all.size(); ++i) changed += !t.covered[i] && all[i] != kPadSentinel;
+  return changed;
+}
+
+std::vector<unsigned char> read_bytes(const DeviceTensor& t) {
+  std::vector<unsigned char> bytes(t.buf.bytes());
+  t.buf.download(bytes.data(), bytes.size());
+  return bytes;
+}
+
+TensorView i32_view(const DeviceBuffer& buf, int64_t n) {
+  return TensorView(buf.get(), DType::kI32, {n}, Device::cuda(0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paged caches and ragged packing.
+
+DevicePaged upload_paged(DType dtype, const tessera_ref::PagedCache& cache, Layout layout, bool combined,
+                         int64_t page_pad, int64_t slot_pad) {
+  DevicePaged d;
+  const int64_t P = cache.num_pages, ps = cache.page_size, H = cache.num_kv_heads, D = cache.head_dim;
+  const bool nhd = layout == Layout::kNHD;
+  const int64_t a = nhd ? ps : H, b = nhd ? H : ps;
+  d.indptr = upload_i32(cache.indptr);
+  d.indices = upload_i32(cache.indices);
+  d.last_page_len = upload_i32(cache.last_page_len);
+  const TensorView indptr = i32_view(d.indptr, static_cast<int64_t>(cache.indptr.size()));
+  const TensorView indices = i32_view(d.indices, static_cast<int64_t>(cache.indices.size()));
+  const TensorView last = i32_view(d.last_page_len, static_cast<int64_t>(cache.last_page_len.size()));
+  if (!combined) {
+    const std::vector<int64_t> shape = {P, a, b, D};
+    const auto strides = padded_strides(shape, slot_pad, page_pad);
+    d.k = upload_tensor(dtype, cache.k_pages, shape, strides);
+    d.v = upload_tensor(dtype, cache.v_pages, shape, strides);
+    d.view.k = d.k.view;
+    d.view.v = d.v.view;
+    d.view.layout = layout;
+    d.view.indptr = indptr;
+    d.view.indices = indices;
+    d.view.last_page_len = last;
+  } else {
+    const int64_t page_elems = a * b * D;
+    std::vector<double> both(2 * P * page_elems);
+    for (int64_t p = 0; p < P; ++p) {
+      std::copy_n(cache.k_pages.begin() + p * page_elems, page_elems, both.begin() + (2 * p) * page_elems);
+      std::copy_n(cache.v_pages.begin() + p * page_elems, page_elems, both.begin() + (2 * p + 1) * page_elems);
+    }
+    const std::vector<int64_t> shape = {P, 2, a, b, D};
+    d.kv = upload_tensor(dtype, both, shape, padded_strides(shape, slot_pad, page_pad));
+    d.view = tessera::PagedKV::from_combined(d.kv.view, layout, indptr, indices, last);
+  }
+  return d;
+}
+
+Packed pack_rows(const std::vector<std::vector<double>>& parts, int64_t row_elems) {
+  Packed p;
+  p.indptr.push_back(0);
+  for (const auto& part : parts) {
+    p.values.insert(p.values.end(), part.begin(), part.end());
+    p.indptr.push_back(p.indptr.back() + static_cast<int32_t>(static_cast<int64_t>(part.size()) / row_elems));
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison.
+
+void expect_matches_oracle(DType dtype, const std::vector<double>& o, const std::vector<double>* lse,
+                           const tessera_ref::State& ref, const std::string& what) {
+  ASSERT_EQ(o.size(), ref.o.size()) << what;
+  const double rel = tessera_ref::rel_error(o, ref.o);
+  const double max_abs = tessera_ref::max_abs_error(o, ref.o);
+  EXPECT_LE(rel, rel_tolerance(dtype)) << what << ": o relative error ||o - ref|| / ||ref|| (max abs error "
+                                       << max_abs << ")";
+  // (row, head) pairs that see no key: o exactly 0, lse -inf.
+  const int64_t D = ref.head_dim;
+  size_t empty = 0, bad_o = 0, bad_lse = 0;
+  for (size_t r = 0; r < ref.lse.size(); ++r) {
+    if (!(std::isinf(ref.lse[r]) && ref.lse[r] < 0)) continue;
+    ++empty;
+    for (int64_t d = 0; d < D; ++d) {
+      if (o[r * D + d] != 0.0) {
+        ++bad_o;
+        break;
+      }
+    }
+    if (lse != nullptr && !((*lse)[r] == -kInf)) ++bad_lse;
+  }
+  EXPECT_EQ(bad_o, 0u) << what << ": of " << empty << " (row, head) pairs that see no key, these have o != 0";
+  if (lse != nullptr) {
+    ASSERT_EQ(lse->size(), ref.lse.size()) << what;
+    const double lse_err = tessera_ref::max_abs_error(*lse, tessera_ref::lse_natural_to_log2(ref.lse));
+    EXPECT_LE(lse_err, lse_tolerance(dtype)) << what << ": base-2 lse max abs error";
+    EXPECT_EQ(bad_lse, 0u) << what << ": of " << empty
+                           << " (row, head) pairs that see no key, these have lse != -inf";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Case lists.
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// Deals the values of an axis in rounds, each round a fresh permutation (the same on every
+/// platform), so every value appears equally often and in varied combination with other axes.
+class Deck {
+ public:
+  Deck(std::vector<int64_t> values, uint64_t seed) : values_(std::move(values)), state_(seed) {}
+
+  int64_t next() {
+    return next_if([](int64_t) { return true; });
+  }
+  /// The next value of the round that satisfies `pred` (moved forward); if none of the round's
+  /// remaining values does, any value that does (the round is left as is).
+  template <typename P>
+  int64_t next_if(P pred) {
+    if (pos_ == order_.size()) refill();
+    for (size_t i = pos_; i < order_.size(); ++i) {
+      if (pred(order_[i])) {
+        std::swap(order_[pos_], order_[i]);
+        return order_[pos_++];
+      }
+    }
+    const size_t start = static_cast<size_t>(splitmix64(state_) % values_.size());
+    for (size_t i = 0; i < values_.size(); ++i) {
+      const int64_t v = values_[(start + i) % values_.size()];
+      if (pred(v)) return v;
+    }
+    throw std::logic_error("Deck: no value satisfies the constraint");
+  }
+
+ private:
+  void refill() {
+    order_ = values_;
+    for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[splitmix64(state_) % i]);
+    pos_ = 0;
+  }
+
+  std::vector<int64_t> values_;
+  std::vector<int64_t> order_;
+  size_t pos_ = 0;
+  uint64_t state_;
+};
+
+constexpr double kMaxKvElements = 3.2e7;  // host memory: K of one case, in doubles (256 MB)
+
+/// Shrinks a case (KV heads, batch, head_dim, in that order) until it fits the budgets.
+void fit(AttentionCase& c, double budget) {
+  while (oracle_cost(c) > budget || kv_elements(c) > kMaxKvElements) {
+    if (c.num_kv_heads > 1) --c.num_kv_heads;
+    else if (c.batch > 7) c.batch = 7;
+    else if (c.head_dim > 128) c.head_dim = 128;
+    else if (c.batch > 1) c.batch = 1;
+    else if (c.head_dim > 64) c.head_dim = 64;
+    else break;
+  }
+}
+
+void fit(BlockSparseCase& c, double budget) {
+  while (oracle_cost(c) > budget) {
+    if (c.num_kv_heads > 1) --c.num_kv_heads;
+    else if (c.head_dim > 128) c.head_dim = 128;
+    else if (c.head_dim > 64) c.head_dim = 64;
+    else break;
+  }
+}
+
+template <typename Case, typename NameFn>
+void make_names_unique(std::vector<Case>& cases, NameFn name) {
+  std::set<std::string> seen;
+  for (auto& c : cases) {
+    for (int k = 2; seen.count(name(c)); ++k) c.tag = "_v" + std::to_string(k);
+    seen.insert(name(c));
+  }
+}
+
+DType dtype_of(int64_t i) { return i ? DType::kBF16 : DType::kF16; }
+
+double visible_pairs(double qo, double kv, bool causal) {
+  if (!causal) return qo * kv;
+  return qo * (kv - qo) + qo * (qo + 1) / 2;  // qo <= kv
+}
+
+}  // namespace
+
+std::string case_name(const AttentionCase& c) {
+  std::string s;
+  switch (c.entry) {
+    case Entry::kSingle: s = std::string("single_") + tessera::layout_name(c.layout); break;
+    case Entry::kRagged: s = "ragged"; break;
+    case Entry::kPaged: s = std::string("paged_") + tessera::layout_name(c.layout); break;
+  }
+  if (c.decode) {
+    switch (c.kernel) {
+      case DecodeKernel::kCudaCores: s += "_cudacores"; break;
+      case DecodeKernel::kTensorCores: s += "_tensorcores"; break;
+      case DecodeKernel::kAuto: s += "_auto"; break;
+    }
+  }
+  s += std::string("_") + tessera::dtype_name(c.dtype);
+  if (c.entry != Entry::kSingle) s += "_b" + std::to_string(c.batch);
+  if (!c.decode) s += "_qo" + std::to_string(c.qo_len);
+  s += "_kv" + std::to_string(c.kv_len);
+  if (c.entry == Entry::kPaged) s += "_p" + std::to_string(c.page_size);
+  s += "_g" + std::to_string(c.group) + "_hkv" + std::to_string(c.num_kv_heads) + "_d" + std::to_string(c.head_dim);
+  if (c.causal) s += "_causal";
+  if (c.entry == Entry::kPaged && c.combined_kv) s += "_combined";
+  if (c.entry == Entry::kPaged && c.nan_unused) s += "_nanpad";
+  if (c.strided) s += "_strided";
+  if (!c.with_lse) s += "_nolse";
+  if (c.sm_scale >= 0) s += "_scaled";
+  if (c.loose_max_qo) s += "_loosemax";
+  s += c.tag;
+  if (c.sanitize) s += "_sanitize";
+  return s;
+}
+
+void PrintTo(const AttentionCase& c, std::ostream* os) { *os << case_name(c); }
+
+double oracle_cost(const AttentionCase& c) {
+  const double heads = static_cast<double>(c.num_qo_heads() * c.head_dim);
+  const double qo = static_cast<double>(c.qo_len), kv = static_cast<double>(c.kv_len);
+  // Request 0 at the maximum; the others' lengths are uniform in [0, max] (see request_lengths).
+  const double first = visible_pairs(qo, kv, c.causal);
+  const double rest = c.decode ? kv / 2 : (c.causal ? 0.6 : 1.0) * ((qo + 1) / 2) * (kv / 2);
+  return heads * (first + static_cast<double>(c.batch - 1) * rest);
+}
+
+double kv_elements(const AttentionCase& c) {
+  return static_cast<double>(c.num_kv_heads * c.head_dim) * static_cast<double>(c.kv_len) *
+         (1.0 + static_cast<double>(c.batch - 1) / 2);
+}
+
+std::vector<AttentionCase> decode_cases() {
+  std::vector<AttentionCase> cases;
+  Deck dtype({0, 1}, 11), dim({64, 128, 256}, 12), kv({0, 1, 15, 512, 2049, 16384}, 13), batch({1, 7, 64}, 14),
+      page({1, 3, 16, 64}, 15), layout({0, 1}, 16), hkv({1, 2, 3}, 17), strided({1, 0, 0, 0, 0}, 18),
+      nolse({1, 0, 0, 0, 0, 0, 0}, 19), causal({1, 0, 0, 0}, 20), scaled({1, 0, 0, 0, 0, 0}, 21),
+      combined({0, 1}, 22), nan_unused({1, 0}, 23);
+  for (int e = 0; e < 4; ++e) {
+    for (DecodeKernel kernel : {DecodeKernel::kCudaCores, DecodeKernel::kTensorCores, DecodeKernel::kAuto}) {
+      for (int64_t group : {1, 4, 5, 7, 8}) {
+        AttentionCase c;
+        c.decode = true;
+        c.entry = e < 2 ? Entry::kSingle : e == 2 ? Entry::kRagged : Entry::kPaged;
+        c.kernel = kernel;
+        c.group = group;
+        c.dtype = dtype_of(dtype.next());
+        c.layout = e == 1 ? Layout::kHND : e == 3 && layout.next() ? Layout::kHND : Layout::kNHD;
+        c.qo_len = 1;
+        c.kv_len = kv.next();
+        // Batch 64 with up to 2049 keys per request; 16384 keys with batch <= 7.
+        c.batch = c.entry == Entry::kSingle ? 1 : batch.next_if([&](int64_t b) { return b < 64 || c.kv_len <= 2049; });
+        if (c.entry == Entry::kPaged) {
+          c.page_size = page.next();
+          c.combined_kv = combined.next();
+          c.nan_unused = nan_unused.next();
+        }
+        c.num_kv_heads = hkv.next();
+        c.head_dim = dim.next();
+        c.strided = strided.next();
+        c.with_lse = !nolse.next();
+        c.causal = causal.next() && c.kv_len > 0;
+        if (scaled.next()) c.sm_scale = 0.3;
+        fit(c, 4e8);
+        cases.push_back(c);
+      }
+    }
+  }
+  // MQA and the largest GQA groups at a long context, both kernel families.
+  for (DecodeKernel kernel : {DecodeKernel::kCudaCores, DecodeKernel::kTensorCores}) {
+    AttentionCase c;
+    c.decode = true;
+    c.entry = Entry::kPaged;
+    c.kernel = kernel;
+    c.dtype = kernel == DecodeKernel::kCudaCores ? DType::kBF16 : DType::kF16;
+    c.layout = kernel == DecodeKernel::kCudaCores ? Layout::kHND : Layout::kNHD;
+    c.batch = 7;
+    c.kv_len = 16384;
+    c.page_size = 16;
+    c.num_kv_heads = 1;
+    c.group = 8;
+    c.head_dim = 128;
+    c.nan_unused = true;
+    cases.push_back(c);
+  }
+  // The compute-sanitizer subset: small, one per entry point and kernel family, with the odd
+  // shapes (page size 3, NaN page tails, combined K/V, group 5 and 7, empty requests, strides).
+  auto small = [](Entry entry, DecodeKernel kernel, Layout layout, DType dtype, int64_t batch, int64_t kv_len,
+                  int64_t page_size, int64_t hkv, int64_t group, int64_t dim) {
+    AttentionCase c;
+    c.decode = true;
+    c.entry = entry;
+    c.kernel = kernel;
+    c.layout = layout;
+    c.dtype = dtype;
+    c.batch = batch;
+    c.kv_len = kv_len;
+    c.page_size = page_size;
+    c.num_kv_heads = hkv;
+    c.group = group;
+    c.head_dim = dim;
+    c.sanitize = true;
+    return c;
+  };
+  AttentionCase s1 = small(Entry::kPaged, DecodeKernel::kCudaCores, Layout::kNHD, DType::kF16, 7, 37, 3, 2, 5, 128);
+  s1.nan_unused = true;
+  AttentionCase s2 = small(Entry::kPaged, DecodeKernel::kTensorCores, Layout::kHND, DType::kBF16, 7, 37, 3, 1, 7, 64);
+  s2.nan_unused = true;
+  s2.combined_kv = true;
+  s2.strided = true;
+  AttentionCase s3 = small(Entry::kRagged, DecodeKernel::kTensorCores, Layout::kNHD, DType::kF16, 5, 20, 0, 2, 4, 256);
+  AttentionCase s4 = small(Entry::kSingle, DecodeKernel::kCudaCores, Layout::kHND, DType::kBF16, 1, 15, 0, 1, 1, 128);
+  s4.strided = true;
+  cases.insert(cases.end(), {s1, s2, s3, s4});
+  make_names_unique(cases, case_name);
+  return cases;
+}
+
+std::vector<AttentionCase> prefill_cases() {
+  std::vector<AttentionCase> cases;
+  Deck dtype({0, 1}, 31), dim({64, 128, 256}, 32), kv({0, 1, 15, 512, 2049, 16384}, 33), batch({1, 7, 64}, 34),
+      page({1, 3, 16, 64}, 35), layout({0, 1}, 36), hkv({1, 2, 4}, 37), group({1, 4, 5, 7, 8}, 38),
+      strided({1, 0, 0, 0, 0}, 39), nolse({1, 0, 0, 0, 0, 0, 0}, 40), scaled({1, 0, 0, 0, 0, 0}, 41),
+      nan_unused({1, 0}, 42), loose({1, 0, 0}, 43);
+  for (int e = 0; e < 5; ++e) {
+    for (bool causal : {false, true}) {
+      for (int64_t qo : {1, 3, 17, 128, 577}) {
+        AttentionCase c;
+        c.entry = e < 2 ? Entry::kSingle : e == 2 ? Entry::kRagged : Entry::kPaged;
+        c.causal = causal;
+        c.qo_len = qo;
+        c.dtype = dtype_of(dtype.next());
+        c.layout = e == 1 ? Layout::kHND : e >= 3 && layout.next() ? Layout::kHND : Layout::kNHD;
+        // Causal needs qo <= kv (queries are the last positions); the fp64 cost keeps qo 577 at
+        // kv <= 2049 and kv 16384 at qo <= 128, batch 64 at qo <= 128 and kv <= 2049.
+        c.kv_len = kv.next_if([&](int64_t k) {
+          return (!causal || k >= qo) && (qo < 577 || k <= 2049) && (k < 16384 || qo <= 128);
+        });
+        c.batch = c.entry == Entry::kSingle
+                      ? 1
+                      : batch.next_if([&](int64_t b) { return b < 64 || (qo <= 128 && c.kv_len <= 2049); });
+        if (c.entry == Entry::kPaged) {
+          c.page_size = page.next();
+          c.combined_kv = e == 4;
+          c.nan_unused = nan_unused.next();
+        }
+        c.group = group.next();
+        c.num_kv_heads = hkv.next();
+        c.head_dim = dim.next();
+        c.strided = strided.next();
+        c.with_lse = !nolse.next();
+        if (scaled.next()) c.sm_scale = 0.3;
+        c.loose_max_qo = c.entry != Entry::kSingle && loose.next();
+        fit(c, 8e8);
+        cases.push_back(c);
+      }
+    }
+  }
+  // GQA 7 and MQA with long queries over a long prefix, batch 64 with many short requests.
+  {
+    AttentionCase c;
+    c.entry = Entry::kPaged;
+    c.dtype = DType::kBF16;
+    c.layout = Layout::kHND;
+    c.batch = 7;
+    c.qo_len = 128;
+    c.kv_len = 2049;
+    c.page_size = 16;
+    c.num_kv_heads = 1;
+    c.group = 7;
+    c.head_dim = 128;
+    c.causal = true;
+    c.nan_unused = true;
+    cases.push_back(c);
+    c.entry = Entry::kRagged;
+    c.dtype = DType::kF16;
+    c.layout = Layout::kNHD;
+    c.batch = 64;
+    c.qo_len = 17;
+    c.kv_len = 512;
+    c.num_kv_heads = 2;
+    c.group = 5;
+    c.head_dim = 256;
+    c.causal = false;
+    cases.push_back(c);
+  }
+  // The compute-sanitizer subset.
+  auto small = [](Entry entry, Layout layout, DType dtype, int64_t batch, int64_t qo, int64_t kv, int64_t page_size,
+                  int64_t hkv, int64_t group, int64_t dim, bool causal) {
+    AttentionCase c;
+    c.entry = entry;
+    c.layout = layout;
+    c.dtype = dtype;
+    c.batch = batch;
+    c.qo_len = qo;
+    c.kv_len = kv;
+    c.page_size = page_size;
+    c.num_kv_heads = hkv;
+    c.group = group;
+    c.head_dim = dim;
+    c.causal = causal;
+    c.sanitize = true;
+    return c;
+  };
+  AttentionCase s1 = small(Entry::kPaged, Layout::kNHD, DType::kBF16, 7, 17, 40, 3, 1, 5, 128, true);
+  s1.nan_unused = true;
+  s1.combined_kv = true;
+  AttentionCase s2 = small(Entry::kPaged, Layout::kHND, DType::kF16, 5, 20, 15, 16, 2, 7, 64, false);
+  s2.nan_unused = true;
+  s2.strided = true;
+  AttentionCase s3 = small(Entry::kRagged, Layout::kNHD, DType::kF16, 7, 33, 20, 0, 1, 4, 256, false);
+  s3.loose_max_qo = true;
+  AttentionCase s4 = small(Entry::kSingle, Layout::kHND, DType::kBF16, 1, 17, 65, 0, 2, 1, 128, true);
+  s4.strided = true;
+  cases.insert(cases.end(), {s1, s2, s3, s4});
+  make_names_unique(cases, case_name);
+  return cases;
+}
+
+Lengths request_lengths(const AttentionCase& c, std::mt19937_64& rng) {
+  Lengths len;
+  len.qo.resize(c.batch);
+  len.kv.resize(c.batch);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return hi <= lo ? lo : std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  // Decode with the causal mask keeps every request non-empty (a single query at position
+  // kv_len - 1 sees every key; kv_len 0 would put it before the sequence).
+  const int64_t min_kv = c.decode && c.causal ? std::min<int64_t>(1, c.kv_len) : 0;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    int64_t kv, qo;
+    if (b == 0) {
+      kv = c.kv_len;
+      qo = c.qo_len;
+    } else if (b == 1) {
+      kv = min_kv;  // a request without keys: o = 0, lse = -inf
+      qo = uniform(1, c.qo_len);
+    } else if (b == 2) {
+      kv = uniform(min_kv, c.kv_len);
+      qo = 0;  // prefill: a request without queries
+    } else if (b == 3) {
+      kv = std::min<int64_t>(1, c.kv_len);
+      qo = uniform(1, c.qo_len);
+    } else {
+      kv = uniform(min_kv, c.kv_len);
+      qo = uniform(1, c.qo_len);
+    }
+    if (c.decode) qo = 1;
+    if (c.causal && !c.decode) qo = std::min(qo, kv);
+    len.qo[b] = qo;
+    len.kv[b] = kv;
+  }
+  return len;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decode / prefill runner.
+
+void run_attention_case(const AttentionCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Lengths len = request_lengths(c, rng);
+  const int64_t B = c.batch, Hq = c.num_qo_heads(), Hkv = c.num_kv_heads, D = c.head_dim;
+  const std::string what = case_name(c) + " (seed " + std::to_string(seed) + ")";
+
+  // Inputs, rounded to the dtype before anything else sees them.
+  std::vector<std::vector<double>> q_parts(B), k_parts(B), v_parts(B);
+  for (int64_t b = 0; b < B; ++b) {
+    q_parts[b] = round_to(c.dtype, random_normal(len.qo[b] * Hq * D, rng));
+    k_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
+    v_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
+  }
+  const Packed q = pack_rows(q_parts, Hq * D);
+  const Packed k = pack_rows(k_parts, Hkv * D);
+  const Packed v = pack_rows(v_parts, Hkv * D);
+  q_parts.clear();
+  const int64_t total_q = q.indptr.back(), total_kv = k.indptr.back();
+  int64_t max_qo = *std::max_element(len.qo.begin(), len.qo.end());
+  if (c.loose_max_qo) max_qo += 13;
+
+  // q, o, lse. Strided: q rows padded by 64 elements, o heads (hence rows) by 8.
+  const bool one_query = c.decode && c.entry == Entry::kSingle;
+  const std::vector<int64_t> q_shape = one_query ? std::vector<int64_t>{Hq, D} : std::vector<int64_t>{total_q, Hq, D};
+  DeviceTensor dq = upload_tensor(c.dtype, q.values, q_shape, c.strided ? padded_strides(q_shape, 0, 64) : std::vector<int64_t>{});
+  DeviceTensor dout = make_output(c.dtype, q_shape, c.strided ? padded_strides(q_shape, 8, 0) : std::vector<int64_t>{});
+  DeviceTensor dlse;
+  TensorView lse_view;  // undefined: no lse
+  if (c.with_lse) {
+    dlse = make_output(DType::kF32, one_query ? std::vector<int64_t>{Hq} : std::vector<int64_t>{total_q, Hq});
+    lse_view = dlse.view;
+  }
+  DeviceBuffer d_qo_indptr = upload_i32(q.indptr);
+  const TensorView qo_indptr = i32_view(d_qo_indptr, B + 1);
+
+  tessera::AttentionOptions opt;
+  opt.sm_scale = c.sm_scale;
+  opt.causal = c.causal;
+  tessera_ref::Options ropt;
+  ropt.sm_scale = c.sm_scale;
+  ropt.causal = c.causal;
+  const tessera_ref::HeadConfig heads{Hq, Hkv, D};
+
+  // Device K/V stay alive until the stream is synchronised.
+  DeviceTensor dk, dv;
+  DeviceBuffer d_kv_indptr;
+  DevicePaged paged;
+  tessera_ref::PagedCache cache;
+  switch (c.entry) {
+    case Entry::kSingle: {
+      const int64_t kv_len = len.kv[0];
+      const bool hnd = c.layout == Layout::kHND;
+      const std::vector<int64_t> shape = hnd ? std::vector<int64_t>{Hkv, kv_len, D} : std::vector<int64_t>{kv_len, Hkv, D};
+      dk = upload_tensor(c.dtype, hnd ? nhd_to_hnd(k.values, kv_len, Hkv, D) : k.values, shape,
+                         c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
+      dv = upload_tensor(c.dtype, hnd ? nhd_to_hnd(v.values, kv_len, Hkv, D) : v.values, shape,
+                         c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
+      if (c.decode) {
+        tessera::single_decode(dq.view, dk.view, dv.view, c.layout, dout.view, lse_view, opt, nullptr, c.kernel);
+      } else {
+        tessera::single_prefill(dq.view, dk.view, dv.view, c.layout, dout.view, lse_view, opt, nullptr);
+      }
+      break;
+    }
+    case Entry::kRagged: {
+      const std::vector<int64_t> shape = {total_kv, Hkv, D};
+      dk = upload_tensor(c.dtype, k.values, shape, c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
+      dv = upload_tensor(c.dtype, v.values, shape, c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
+      d_kv_indptr = upload_i32(k.indptr);
+      const TensorView kv_indptr = i32_view(d_kv_indptr, B + 1);
+      if (c.decode) {
+        tessera::batch_decode_ragged(dq.view, dk.view, dv.view, kv_indptr, dout.view, lse_view, opt, nullptr, c.kernel);
+      } else {
+        tessera::batch_prefill_ragged(dq.view, qo_indptr, max_qo, dk.view, dv.view, kv_indptr, dout.view, lse_view,
+                                      opt, nullptr);
+      }
+      break;
+    }
+    case Entry::kPaged: {
+      // Shuffled page ids with 3 spare pages; unused slots NaN (kernels must zero-fill/mask, not
+      // multiply them by 0) or 0.
+      cache = tessera_ref::build_paged(k_parts, v_parts, len.kv, Hkv, D, c.page_size, ref_layout(c.layout), seed | 1,
+                                       /*extra_pages=*/3, c.nan_unused ? kNaN : 0.0);
+      paged = upload_paged(c.dtype, cache, c.layout, c.combined_kv, c.strided ? 64 : 0, c.strided ? 8 : 0);
+      if (c.decode) {
+        tessera::batch_decode_paged(dq.view, paged.view, dout.view, lse_view, opt, nullptr, c.kernel);
+      } else {
+        tessera::batch_prefill_paged(dq.view, qo_indptr, max_qo, paged.view, dout.view, lse_view, opt, nullptr);
+      }
+      break;
+    }
+  }
+  ASSERT_CUDA_OK(cudaGetLastError());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+
+  const std::vector<double> o = read_tensor(dout);
+  const std::vector<double> lse = c.with_lse ? read_tensor(dlse) : std::vector<double>{};
+  EXPECT_EQ(padding_changes(dout), 0u) << what << ": elements of o's buffer outside the view were written";
+
+  tessera_ref::State ref;
+  switch (c.entry) {
+    case Entry::kSingle:
+      ref = tessera_ref::attention_single(q.values, k.values, v.values, len.qo[0], len.kv[0], heads, ropt);
+      break;
+    case Entry::kRagged:
+      ref = tessera_ref::attention_ragged(q.values, q.indptr, k.values, v.values, k.indptr, heads, ropt);
+      break;
+    case Entry::kPaged:
+      ref = tessera_ref::attention_paged(q.values, q.indptr, cache, heads, ropt);
+      break;
+  }
+  expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, ref, what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-sparse cases.
+
+std::string block_sparse_case_name(const BlockSparseCase& c) {
+  std::string s = std::string(tessera::dtype_name(c.dtype)) + "_br" + std::to_string(c.block_rows) + "_bc" +
+                  std::to_string(c.block_cols) + "_m" + std::to_string(c.rows) + "_n" + std::to_string(c.cols) +
+                  "_g" + std::to_string(c.group) + "_hkv" + std::to_string(c.num_kv_heads) + "_d" +
+                  std::to_string(c.head_dim) + "_density" + std::to_string(static_cast<int>(c.density * 100 + 0.5));
+  if (c.causal) s += "_causal";
+  if (c.strided) s += "_strided";
+  if (!c.with_lse) s += "_nolse";
+  s += c.tag;
+  if (c.sanitize) s += "_sanitize";
+  return s;
+}
+
+void PrintTo(const BlockSparseCase& c, std::ostream* os) { *os << block_sparse_case_name(c); }
+
+double oracle_cost(const BlockSparseCase& c) {
+  const double pairs = static_cast<double>(c.rows) * static_cast<double>(c.cols) * c.density * (c.causal ? 0.6 : 1.0);
+  return pairs * static_cast<double>(c.num_qo_heads() * c.head_dim);
+}
+
+std::vector<BlockSparseCase> block_sparse_cases() {
+  struct Shape {
+    int64_t br, bc, m, n;
+  };
+  // (Br, Bc) of the issue plus vector sparsity both ways; M and N not multiples of the blocks
+  // (partial last block row and column block), M <= N so that causal rows all have keys in range.
+  const Shape shapes[] = {{1, 1, 70, 333},     {16, 16, 300, 1000}, {64, 16, 577, 2049}, {7, 3, 128, 515},
+                          {128, 64, 600, 2049}, {1, 16, 17, 4100},   {16, 1, 130, 512}};
+  Deck dtype({0, 1}, 51), dim({64, 128, 256}, 52), group({1, 4, 5, 7, 8}, 53), hkv({1, 2}, 54),
+      density({15, 40, 70, 100}, 55), strided({1, 0, 0, 0}, 56), nolse({1, 0, 0, 0, 0}, 57);
+  std::vector<BlockSparseCase> cases;
+  for (const Shape& sh : shapes) {
+    for (bool causal : {false, true}) {
+      BlockSparseCase c;
+      c.block_rows = sh.br;
+      c.block_cols = sh.bc;
+      c.rows = sh.m;
+      c.cols = sh.n;
+      c.causal = causal;
+      c.dtype = dtype_of(dtype.next());
+      c.head_dim = dim.next();
+      c.group = group.next();
+      c.num_kv_heads = hkv.next();
+      c.density = static_cast<double>(density.next()) / 100;
+      c.strided = strided.next();
+      c.with_lse = !nolse.next();
+      fit(c, 3e8);
+      cases.push_back(c);
+    }
+  }
+  // More query rows than KV columns (non-causal), and an MQA case.
+  BlockSparseCase wide;
+  wide.dtype = DType::kBF16;
+  wide.block_rows = 16;
+  wide.block_cols = 16;
+  wide.rows = 577;
+  wide.cols = 129;
+  wide.group = 5;
+  wide.num_kv_heads = 1;
+  wide.head_dim = 128;
+  wide.density = 0.7;
+  cases.push_back(wide);
+  BlockSparseCase mqa = wide;
+  mqa.dtype = DType::kF16;
+  mqa.block_rows = 64;
+  mqa.block_cols = 64;
+  mqa.rows = 512;
+  mqa.cols = 1024;
+  mqa.group = 8;
+  mqa.head_dim = 256;
+  mqa.density = 0.4;
+  mqa.causal = true;
+  cases.push_back(mqa);
+  // The compute-sanitizer subset.
+  BlockSparseCase s1;
+  s1.dtype = DType::kF16;
+  s1.block_rows = 7;
+  s1.block_cols = 3;
+  s1.rows = 40;
+  s1.cols = 50;
+  s1.group = 5;
+  s1.head_dim = 64;
+  s1.density = 0.5;
+  s1.causal = true;
+  s1.sanitize = true;
+  BlockSparseCase s2 = s1;
+  s2.dtype = DType::kBF16;
+  s2.block_rows = 16;
+  s2.block_cols = 16;
+  s2.rows = 70;
+  s2.cols = 100;
+  s2.group = 1;
+  s2.num_kv_heads = 2;
+  s2.head_dim = 128;
+  s2.causal = false;
+  s2.strided = true;
+  cases.push_back(s1);
+  cases.push_back(s2);
+  make_names_unique(cases, block_sparse_case_name);
+  return cases;
+}
+
+}  // namespace attn
+}  // namespace tessera_test

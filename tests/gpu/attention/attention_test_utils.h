@@ -1,0 +1,216 @@
+// Shared pieces of the attention GPU tests (decode_test.cpp, prefill_test.cpp,
+// block_sparse_test.cpp): the case lists, device tensors with arbitrary strides and padding, paged
+// cache upload in both layouts (separate or combined K/V), ragged packing, the runner that checks
+// one decode/prefill case against the fp64 oracle, and the comparison against the oracle's state.
+//
+// Every case draws fresh random inputs from test_seed() (set TESSERA_TEST_SEED to replay one),
+// rounds them to the case's dtype BEFORE the reference is computed (both sides see the same
+// inputs), poisons o and lse (NaN) before the call, and compares o by relative error
+// (rel_tolerance: 1e-2 bf16, 4e-3 f16) and the base-2 LSE by absolute error (1e-3 f16, 8e-3 bf16)
+// with the oracle's natural LSE converted by lse_natural_to_log2.
+//
+// Case names end in "_sanitize" for a small representative subset meant for compute-sanitizer:
+//   compute-sanitizer gpu_attention_tests --gtest_filter='*_sanitize*:*Errors*'
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_utils.h"
+#include "reference/oracle.h"
+#include "tessera/attention.h"
+#include "tessera/formats.h"
+
+namespace tessera_test {
+namespace attn {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+/// Value of output padding (exact in f16, bf16 and f32): a kernel writing outside o's view shows.
+constexpr double kPadSentinel = -512.0;
+
+/// LSE absolute tolerance (base 2) for inputs of `dtype`: 1e-3 for f16, scaled by 8 for bf16.
+double lse_tolerance(tessera::DType dtype);
+
+tessera_ref::Layout ref_layout(tessera::Layout layout);
+/// [len, heads, dim] -> [heads, len, dim].
+std::vector<double> nhd_to_hnd(const std::vector<double>& x, int64_t len, int64_t heads, int64_t dim);
+
+// ---------------------------------------------------------------------------------------------
+// Device tensors with arbitrary strides.
+
+/// Row-major strides for `shape` where the last-but-one dimension's stride is padded by
+/// `inner_pad` elements and dimension 0's stride by `outer_pad` (both 0: contiguous). Keep the pads
+/// multiples of 8 elements so rows stay 16-byte aligned.
+std::vector<int64_t> padded_strides(const std::vector<int64_t>& shape, int64_t inner_pad, int64_t outer_pad);
+
+/// A tensor in device memory, possibly inside a wider buffer.
+struct DeviceTensor {
+  DeviceBuffer buf;
+  tessera::TensorView view;
+  std::vector<double> image;  ///< outputs only: the whole buffer as uploaded (padding check)
+  std::vector<char> covered;  ///< outputs only: which buffer elements belong to the view
+};
+
+tessera::TensorView make_view(void* data, tessera::DType dtype, const std::vector<int64_t>& shape,
+                              const std::vector<int64_t>& strides);
+
+/// Uploads row-major `values` of `shape` into a buffer laid out with `strides` (empty: contiguous);
+/// buffer elements outside the view hold `pad_fill` (NaN: a kernel reading padding fails).
+DeviceTensor upload_tensor(tessera::DType dtype, const std::vector<double>& values, const std::vector<int64_t>& shape,
+                           const std::vector<int64_t>& strides = {}, double pad_fill = kNaN);
+/// An output tensor: every element of the view is NaN (contiguous: DeviceBuffer::poison()),
+/// padding holds kPadSentinel.
+DeviceTensor make_output(tessera::DType dtype, const std::vector<int64_t>& shape,
+                         const std::vector<int64_t>& strides = {});
+/// The view's elements, row-major.
+std::vector<double> read_tensor(const DeviceTensor& t);
+/// Number of padding elements of an output that differ from kPadSentinel after the call.
+size_t padding_changes(const DeviceTensor& t);
+/// The raw bytes of the whole buffer (bit-exact comparisons).
+std::vector<unsigned char> read_bytes(const DeviceTensor& t);
+
+tessera::TensorView i32_view(const DeviceBuffer& buf, int64_t n);
+
+// ---------------------------------------------------------------------------------------------
+// Paged caches and ragged packing.
+
+/// Device copy of an oracle paged cache. With `combined`, K and V live in one tensor
+/// [num_pages, 2, ...] and the PagedKV comes from PagedKV::from_combined. `page_pad` pads the page
+/// stride, `slot_pad` the stride of the last-but-one dimension (head in NHD, slot in HND).
+struct DevicePaged {
+  DeviceTensor k, v, kv;
+  DeviceBuffer indptr, indices, last_page_len;
+  tessera::PagedKV view;
+};
+DevicePaged upload_paged(tessera::DType dtype, const tessera_ref::PagedCache& cache, tessera::Layout layout,
+                         bool combined, int64_t page_pad = 0, int64_t slot_pad = 0);
+
+/// Concatenates per-request [len_b, ...] arrays; indptr counts rows of `row_elems` elements.
+struct Packed {
+  std::vector<double> values;
+  std::vector<int32_t> indptr;
+};
+Packed pack_rows(const std::vector<std::vector<double>>& parts, int64_t row_elems);
+
+// ---------------------------------------------------------------------------------------------
+// Comparison with the oracle.
+
+/// Expects o [rows, Hq, D] (and, when lse is non-null, the base-2 lse [rows, Hq]) to match the
+/// oracle's state: relative error of o <= rel_tolerance(dtype), max |lse - ref| <=
+/// lse_tolerance(dtype), and every (row, head) that sees no key has o exactly 0 and lse -inf.
+void expect_matches_oracle(tessera::DType dtype, const std::vector<double>& o, const std::vector<double>* lse,
+                           const tessera_ref::State& ref, const std::string& what);
+
+/// Runs `f`, expecting a tessera::Error whose message contains at least one of `needles` (the
+/// argument's name, in the spellings an implementation may reasonably use) and, unless `code` is
+/// kOk, has that status code.
+template <typename F>
+void expect_error_any(F&& f, std::initializer_list<const char*> needles,
+                      tessera::StatusCode code = tessera::StatusCode::kOk) {
+  std::string wanted;
+  for (const char* n : needles) wanted += std::string(wanted.empty() ? "" : " or ") + "'" + n + "'";
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << wanted;
+  } catch (const tessera::Error& e) {
+    const std::string msg = e.what();
+    bool found = false;
+    for (const char* n : needles) found = found || msg.find(n) != std::string::npos;
+    EXPECT_TRUE(found) << "message does not mention " << wanted << ": " << msg;
+    if (code != tessera::StatusCode::kOk) {
+      EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code))
+          << "status " << tessera::status_code_name(e.code()) << ", expected " << tessera::status_code_name(code)
+          << ": " << msg;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode and prefill cases.
+
+enum class Entry {
+  kSingle,  ///< single_decode / single_prefill
+  kRagged,  ///< batch_decode_ragged / batch_prefill_ragged
+  kPaged,   ///< batch_decode_paged / batch_prefill_paged
+};
+
+struct AttentionCase {
+  bool decode = false;  ///< decode entry points (one query per request) or prefill
+  Entry entry = Entry::kSingle;
+  tessera::DecodeKernel kernel = tessera::DecodeKernel::kAuto;  ///< decode only
+  tessera::DType dtype = tessera::DType::kF16;
+  tessera::Layout layout = tessera::Layout::kNHD;  ///< single: K/V layout; paged: page layout
+  int64_t batch = 1;
+  int64_t qo_len = 1;     ///< request 0's query length (the maximum); decode: 1
+  int64_t kv_len = 0;     ///< request 0's KV length (the maximum)
+  int64_t page_size = 0;  ///< paged only
+  int64_t num_kv_heads = 1;
+  int64_t group = 1;  ///< num_qo_heads / num_kv_heads
+  int64_t head_dim = 128;
+  bool causal = false;
+  bool combined_kv = false;   ///< paged: one [pages, 2, ...] tensor through PagedKV::from_combined
+  bool nan_unused = false;    ///< paged: unused slots (last-page tails, spare pages) hold NaN, else 0
+  bool with_lse = true;       ///< false: lse is an undefined TensorView
+  bool strided = false;       ///< q, o (and K/V rows or pages) inside wider buffers
+  bool loose_max_qo = false;  ///< batch prefill: max_qo_len passed as an upper bound, not exact
+  double sm_scale = -1.0;
+  bool sanitize = false;  ///< member of the compute-sanitizer subset (name suffix _sanitize)
+  std::string tag;        ///< extra name suffix (keeps names unique)
+
+  int64_t num_qo_heads() const { return num_kv_heads * group; }
+};
+
+std::string case_name(const AttentionCase& c);
+/// gtest prints a failing case's parameter through this (its name).
+void PrintTo(const AttentionCase& c, std::ostream* os);
+std::vector<AttentionCase> decode_cases();
+std::vector<AttentionCase> prefill_cases();
+
+/// Per-request lengths drawn for one run of a case: request 0 has (qo_len, kv_len); with batch >=
+/// 2, request 1 has no keys (kv 0), request 2 no queries (prefill), request 3 one key; the others are
+/// random in [0, max] (qo >= 1, and qo <= kv when causal).
+struct Lengths {
+  std::vector<int64_t> qo, kv;
+};
+Lengths request_lengths(const AttentionCase& c, std::mt19937_64& rng);
+
+/// Estimated fp64 oracle multiply-adds of one run (expected value over the random lengths).
+double oracle_cost(const AttentionCase& c);
+/// Elements of K of one case (upper bound), to keep host memory modest.
+double kv_elements(const AttentionCase& c);
+
+/// Runs one decode or prefill case on fresh inputs drawn from `seed` and checks it against the
+/// oracle (gtest expectations).
+void run_attention_case(const AttentionCase& c, uint64_t seed);
+
+// ---------------------------------------------------------------------------------------------
+// Block-sparse cases.
+
+struct BlockSparseCase {
+  tessera::DType dtype = tessera::DType::kF16;
+  int64_t block_rows = 1, block_cols = 1;
+  int64_t rows = 1, cols = 1;  ///< M query rows, N KV columns
+  int64_t num_kv_heads = 1, group = 1, head_dim = 128;
+  double density = 0.5;  ///< probability that a column block is listed for a block row
+  bool causal = false;
+  bool with_lse = true;
+  bool strided = false;
+  bool sanitize = false;
+  std::string tag;
+
+  int64_t num_qo_heads() const { return num_kv_heads * group; }
+};
+
+std::string block_sparse_case_name(const BlockSparseCase& c);
+void PrintTo(const BlockSparseCase& c, std::ostream* os);
+std::vector<BlockSparseCase> block_sparse_cases();
+double oracle_cost(const BlockSparseCase& c);
+
+}  // namespace attn
+}  // namespace tessera_test

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,19 @@ void run_decode(const AttentionParams<T>& p, KVFormatKind format, const HeadConf
 }  // namespace
 
 namespace detail {
+
+QTile choose_q_tile(int head_dim, double avg_packed_rows) {
+  static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
+  if (override_text != nullptr && *override_text != '\0') {
+    const std::string v = override_text;
+    TESSERA_CHECK_ARG(v == "16" || v == "64" || (v == "128" && head_dim != 256))
+        << "TESSERA_PREFILL_QTILE = " << v << ", expected 16, 64 or 128 (128 not with head_dim 256)";
+    return v == "16" ? QTile::k16 : v == "64" ? QTile::k64 : QTile::k128;
+  }
+  if (avg_packed_rows <= 16.0) return QTile::k16;
+  if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
+  return QTile::k128;
+}
 
 template <typename T>
 void launch_prefill(const AttentionParams<T>& p, KVFormatKind format, int head_dim, int64_t max_qo_len,

@@ -20,11 +20,9 @@ enum class QTile { k16, k64, k128 };
 /// (S + O accumulators; 128 query rows x head_dim 128 fit only with 32-row KV tiles) and keep the
 /// K/V double buffer at 64 KB or less, so two or three CTAs share an SM; the 16-row tile of
 /// head_dim 256 uses 136 KB (one CTA per SM).
-inline QTile choose_q_tile(int head_dim, double avg_packed_rows) {
-  if (avg_packed_rows <= 16.0) return QTile::k16;
-  if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
-  return QTile::k128;
-}
+/// TESSERA_PREFILL_QTILE=16|64|128 overrides the choice (a tuning aid for benchmarks; a value
+/// without a configuration for the head dim is an error, not a fallback).
+QTile choose_q_tile(int head_dim, double avg_packed_rows);
 
 template <typename T, int HEAD_DIM, QTile Q>
 struct PrefillConfig;

@@ -48,9 +48,10 @@ struct PrefillTraits {
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
+  static constexpr int kRowTableBytes = CTA_TILE_KV * 2 * static_cast<int>(sizeof(int64_t));
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
-  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kKeysBytes;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kKeysBytes;
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(HEAD_DIM % 64 == 0, "the swizzle spans 8 chunks of 8 elements");
@@ -75,13 +76,16 @@ struct PrefillSmem {
   T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
+  int64_t* rows;  // [CTA_TILE_KV][2] element offsets of the next tile's K and V rows (-1: missing)
   int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
-    keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
+    rows = reinterpret_cast<int64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
+    keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes +
+                                      Traits::kRowTableBytes);
   }
 };
 
@@ -90,7 +94,11 @@ template <typename Traits, typename T>
 TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
                                 T* q_smem) {
   using Tile = SwizzledTile<Traits::kRowChunks>;
-  for (int i = threadIdx.x; i < Traits::CTA_TILE_Q * Traits::kRowChunks; i += Traits::kThreads) {
+  constexpr int kChunks = Traits::CTA_TILE_Q * Traits::kRowChunks;
+#pragma unroll
+  for (int it = 0; it < (kChunks + Traits::kThreads - 1) / Traits::kThreads; ++it) {
+    const int i = threadIdx.x + it * Traits::kThreads;
+    if (kChunks % Traits::kThreads != 0 && i >= kChunks) break;
     const int row = i / Traits::kRowChunks, chunk = i % Traits::kRowChunks;
     const int packed = packed_begin + row;
     const int qo_idx = packed / p.group_size;
@@ -102,22 +110,43 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
   }
 }
 
-/// Loads K and V rows kv_begin .. kv_begin + CTA_TILE_KV - 1 of the request into one stage and
-/// records each row's key (-1 for rows that do not exist, which are zero-filled and masked).
+/// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live (the page-table lookups),
+/// one row per thread, into the row table; rows that do not exist get offset -1. Done one step
+/// before the copies (and a barrier between) so the copying threads hold no per-row registers
+/// while the accumulators are live.
 template <typename Traits, KVFormatKind kFormat, typename T>
-TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_begin,
-                                 T* k_smem, T* v_smem, int32_t* keys) {
-  using Tile = SwizzledTile<Traits::kRowChunks>;
-  for (int i = threadIdx.x; i < Traits::CTA_TILE_KV * Traits::kRowChunks; i += Traits::kThreads) {
-    const int row = i / Traits::kRowChunks, chunk = i % Traits::kRowChunks;
+TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_begin,
+                                    int64_t* row_table, int32_t* keys) {
+  for (int row = threadIdx.x; row < Traits::CTA_TILE_KV; row += Traits::kThreads) {
     const int pos = kv_begin + row;
     KVRow r{0, 0, -1, false};
     if (pos < e.kv_len) r = kv_row<kFormat>(p, e, pos);
-    const int64_t k_off = r.valid ? r.k_offset + kv_head * p.k_head_stride + chunk * 8 : 0;
-    const int64_t v_off = r.valid ? r.v_offset + kv_head * p.v_head_stride + chunk * 8 : 0;
-    cp_async_16_zfill(k_smem + Tile::chunk_offset(row, chunk) * 8, p.k + k_off, r.valid);
-    cp_async_16_zfill(v_smem + Tile::chunk_offset(row, chunk) * 8, p.v + v_off, r.valid);
-    if (chunk == 0) keys[row] = r.valid ? r.key : -1;
+    row_table[2 * row] = r.valid ? r.k_offset + kv_head * p.k_head_stride : -1;
+    row_table[2 * row + 1] = r.valid ? r.v_offset + kv_head * p.v_head_stride : -1;
+    keys[row] = r.valid ? r.key : -1;
+  }
+}
+
+/// Copies the K and V rows resolved in the row table into one stage; missing rows are zero-filled.
+template <typename Traits, typename T>
+TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const int64_t* row_table, T* k_smem, T* v_smem) {
+  using Tile = SwizzledTile<Traits::kRowChunks>;
+  static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
+  static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kThreads / Traits::kRowChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kRowChunks / Traits::kThreads;
+  const int chunk = threadIdx.x % Traits::kRowChunks, row0 = threadIdx.x / Traits::kRowChunks;
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    const int row = row0 + j * kRowsPerPass;
+    const int64_t off = row_table[2 * row];
+    cp_async_16_zfill(k_smem + Tile::chunk_offset(row, chunk) * 8, p.k + (off >= 0 ? off + chunk * 8 : 0), off >= 0);
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    const int row = row0 + j * kRowsPerPass;
+    const int64_t off = row_table[2 * row + 1];
+    cp_async_16_zfill(v_smem + Tile::chunk_offset(row, chunk) * 8, p.v + (off >= 0 ? off + chunk * 8 : 0), off >= 0);
   }
 }
 
@@ -161,9 +190,9 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q);
   cp_async_commit();
   PipelineState<Traits::kStages> pipe;
-  if (num_kv_tiles > 0) {
-    load_kv_tile<Traits, kFormat>(p, e, kv_head, 0, smem.k, smem.v, smem.keys);
-  }
+  if (num_kv_tiles > 0) resolve_kv_rows<Traits, kFormat>(p, e, kv_head, 0, smem.rows, smem.keys);
+  __syncthreads();
+  if (num_kv_tiles > 0) load_kv_tile<Traits>(p, smem.rows, smem.k, smem.v);
   cp_async_commit();
 
   float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
@@ -183,12 +212,18 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int kv_begin = tile * Traits::CTA_TILE_KV;
-    if (tile + 1 < num_kv_tiles) {
-      const int next = pipe.next();
-      load_kv_tile<Traits, kFormat>(p, e, kv_head, kv_begin + Traits::CTA_TILE_KV,
-                                    smem.k + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM,
-                                    smem.v + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM,
-                                    smem.keys + next * Traits::CTA_TILE_KV);
+    // Prefetch tile + 1 into the other stage. Its buffers and keys were last read while
+    // computing tile - 1, which every thread finished before the barrier below.
+    const bool prefetch = tile + 1 < num_kv_tiles;
+    const int next = pipe.next();
+    if (prefetch) {
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, kv_begin + Traits::CTA_TILE_KV, smem.rows,
+                                       smem.keys + next * Traits::CTA_TILE_KV);
+    }
+    __syncthreads();
+    if (prefetch) {
+      load_kv_tile<Traits>(p, smem.rows, smem.k + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM,
+                           smem.v + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -281,17 +316,20 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
       }
     }
 
-    // O += P V: P goes from the S accumulators straight into A fragments.
+    // O += P V: P goes from the S accumulators straight into A fragments, packed to 16 bits
+    // first so the fp32 S registers are free during the P*V loop.
+    uint32_t pfrag[kMmaQ][Traits::kMmaKV][4];  // [m16 tile][k16 step][A fragment]
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+        pfrag[mq][kk][0] = pack_pair<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+        pfrag[mq][kk][1] = pack_pair<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+        pfrag[mq][kk][2] = pack_pair<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+        pfrag[mq][kk][3] = pack_pair<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+      }
 #pragma unroll
     for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-      uint32_t a[kMmaQ][4];
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) {
-        a[mq][0] = pack_pair<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
-        a[mq][1] = pack_pair<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
-        a[mq][2] = pack_pair<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
-        a[mq][3] = pack_pair<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int nd = 0; nd < kN8D / 2; ++nd) {
         uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
@@ -300,12 +338,11 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
         ldmatrix_x4_trans(b, smem_addr(v_tile + Tile::chunk_offset(row, chunk) * 8));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_m16n8k16<T>(o[mq][2 * nd], a[mq], b[0], b[1]);
-          mma_m16n8k16<T>(o[mq][2 * nd + 1], a[mq], b[2], b[3]);
+          mma_m16n8k16<T>(o[mq][2 * nd], pfrag[mq][kk], b[0], b[1]);
+          mma_m16n8k16<T>(o[mq][2 * nd + 1], pfrag[mq][kk], b[2], b[3]);
         }
       }
     }
-    __syncthreads();  // this stage is refilled by the next iteration's prefetch
     pipe.advance();
   }
   cp_async_wait<0>();

@@ -27,10 +27,13 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows);
 template <typename T, int HEAD_DIM, QTile Q>
 struct PrefillConfig;
 
-// Traits: <T, HEAD_DIM, CTA_TILE_Q, CTA_TILE_KV, NUM_WARPS_Q, NUM_WARPS_KV>
+// Traits: <T, HEAD_DIM, CTA_TILE_Q, CTA_TILE_KV, NUM_WARPS_Q, NUM_WARPS_KV, STAGES, MIN_CTAS_PER_SM>
+#ifndef TESSERA_Q128_KV
+#define TESSERA_Q128_KV 64
+#endif
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k16> {
-  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, (HEAD_DIM == 64 ? 128 : 64), 1, 4>;
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, (HEAD_DIM == 64 ? 128 : 64), 1, 4, (HEAD_DIM == 256 ? 2 : 3)>;
 };
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k64> {
@@ -39,7 +42,7 @@ struct PrefillConfig<T, HEAD_DIM, QTile::k64> {
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k128> {
   static_assert(HEAD_DIM != 256, "head_dim 256 uses 64-row query tiles");
-  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, (HEAD_DIM == 128 ? 32 : 64), 4, 1>;
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, TESSERA_Q128_KV, 8, 1, 2, 2>;
 };
 
 /// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per

@@ -24,7 +24,8 @@
 namespace tessera {
 namespace kernels {
 
-template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_>
+template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_,
+          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1>
 struct PrefillTraits {
   using DType = T;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -34,7 +35,11 @@ struct PrefillTraits {
   static constexpr int NUM_WARPS_KV = NUM_WARPS_KV_;
   static constexpr int kNumWarps = NUM_WARPS_Q * NUM_WARPS_KV;
   static constexpr int kThreads = kNumWarps * kWarpSize;
-  static constexpr int kStages = 2;  // K/V tiles in flight: one computed, one loading
+  // K/V tiles in flight: one computed while kStages - 1 load. Memory-bound decode tiles go deeper.
+  static constexpr int kStages = STAGES_;
+  // Occupancy the register allocation must allow (__launch_bounds__): latency hiding for the
+  // ldmatrix -> mma chains needs >= 8 warps per SM.
+  static constexpr int kMinCtasPerSm = MIN_CTAS_PER_SM_;
 
   static constexpr int kWarpRowsQ = CTA_TILE_Q / NUM_WARPS_Q;    // query rows per warp
   static constexpr int kMmaQ = kWarpRowsQ / 16;                  // m16 tiles per warp
@@ -48,12 +53,13 @@ struct PrefillTraits {
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
-  static constexpr int kRowTableBytes = CTA_TILE_KV * 2 * static_cast<int>(sizeof(int64_t));
+  static constexpr int kRowTableBytes = CTA_TILE_KV * (2 * static_cast<int>(sizeof(int64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
   static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kKeysBytes;
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
+  static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
   static_assert(HEAD_DIM % 64 == 0, "the swizzle spans 8 chunks of 8 elements");
   static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
   static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
@@ -62,12 +68,12 @@ struct PrefillTraits {
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
 };
 
-/// Which of the kStages K/V buffers holds the tile being computed and which is being filled.
+/// A ring position over the kStages K/V buffers. The kernel keeps two: the buffer being
+/// computed and the buffer being filled, kStages - 1 tiles ahead.
 template <int kStages>
 struct PipelineState {
   int stage = 0;
   TESSERA_DEVICE void advance() { stage = stage + 1 == kStages ? 0 : stage + 1; }
-  TESSERA_DEVICE int next() const { return stage + 1 == kStages ? 0 : stage + 1; }
 };
 
 template <typename Traits>
@@ -76,7 +82,8 @@ struct PrefillSmem {
   T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
-  int64_t* rows;  // [CTA_TILE_KV][2] element offsets of the next tile's K and V rows (-1: missing)
+  int64_t* rows;      // [CTA_TILE_KV][2] element offsets of the next tile's K and V rows (-1: missing)
+  int32_t* row_keys;  // [CTA_TILE_KV] their keys
   int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
@@ -84,6 +91,7 @@ struct PrefillSmem {
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
     rows = reinterpret_cast<int64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
+    row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::CTA_TILE_KV);
     keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes +
                                       Traits::kRowTableBytes);
   }
@@ -116,20 +124,23 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
 /// while the accumulators are live.
 template <typename Traits, KVFormatKind kFormat, typename T>
 TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_begin,
-                                    int64_t* row_table, int32_t* keys) {
+                                    int64_t* row_table, int32_t* row_keys) {
   for (int row = threadIdx.x; row < Traits::CTA_TILE_KV; row += Traits::kThreads) {
     const int pos = kv_begin + row;
     KVRow r{0, 0, -1, false};
     if (pos < e.kv_len) r = kv_row<kFormat>(p, e, pos);
     row_table[2 * row] = r.valid ? r.k_offset + kv_head * p.k_head_stride : -1;
     row_table[2 * row + 1] = r.valid ? r.v_offset + kv_head * p.v_head_stride : -1;
-    keys[row] = r.valid ? r.key : -1;
+    row_keys[row] = r.valid ? r.key : -1;
   }
 }
 
-/// Copies the K and V rows resolved in the row table into one stage; missing rows are zero-filled.
+/// Copies the K and V rows resolved in the row table into one stage, and their keys; missing rows
+/// are zero-filled.
 template <typename Traits, typename T>
-TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const int64_t* row_table, T* k_smem, T* v_smem) {
+TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const int64_t* row_table, const int32_t* row_keys,
+                                 T* k_smem, T* v_smem, int32_t* keys) {
+  for (int row = threadIdx.x; row < Traits::CTA_TILE_KV; row += Traits::kThreads) keys[row] = row_keys[row];
   using Tile = SwizzledTile<Traits::kRowChunks>;
   static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
   static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
@@ -158,7 +169,7 @@ struct RowState {
 };
 
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
-__global__ void __launch_bounds__(Traits::kThreads)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   using Tile = SwizzledTile<Traits::kRowChunks>;
@@ -189,11 +200,27 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
 
   load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q);
   cp_async_commit();
-  PipelineState<Traits::kStages> pipe;
-  if (num_kv_tiles > 0) resolve_kv_rows<Traits, kFormat>(p, e, kv_head, 0, smem.rows, smem.keys);
-  __syncthreads();
-  if (num_kv_tiles > 0) load_kv_tile<Traits>(p, smem.rows, smem.k, smem.v);
-  cp_async_commit();
+  constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
+  // Fills the `fill` stage with KV tile `tile`: page-table lookups into the row table, a barrier,
+  // then the copies. The row table is free: its last reader issued its copies before the previous
+  // barrier. The stage is free: the tile it held was computed before this call's barrier.
+  auto prefetch = [&](int tile, int fill) {
+    if (tile < num_kv_tiles) {
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, smem.rows, smem.row_keys);
+    }
+    __syncthreads();
+    if (tile < num_kv_tiles) {
+      load_kv_tile<Traits>(p, smem.rows, smem.row_keys, smem.k + fill * kTileElems, smem.v + fill * kTileElems,
+                           smem.keys + fill * Traits::CTA_TILE_KV);
+    }
+    cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
+  };
+  PipelineState<Traits::kStages> compute_stage, fill_stage;
+#pragma unroll
+  for (int s = 0; s + 1 < Traits::kStages; ++s) {
+    prefetch(s, fill_stage.stage);
+    fill_stage.advance();
+  }
 
   float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
   RowState<kMmaQ> st;
@@ -212,28 +239,14 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int kv_begin = tile * Traits::CTA_TILE_KV;
-    // Prefetch tile + 1 into the other stage. Its buffers and keys were last read while
-    // computing tile - 1, which every thread finished before the barrier below.
-    const bool prefetch = tile + 1 < num_kv_tiles;
-    const int next = pipe.next();
-    if (prefetch) {
-      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, kv_begin + Traits::CTA_TILE_KV, smem.rows,
-                                       smem.keys + next * Traits::CTA_TILE_KV);
-    }
-    __syncthreads();
-    if (prefetch) {
-      load_kv_tile<Traits>(p, smem.rows, smem.k + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM,
-                           smem.v + next * Traits::CTA_TILE_KV * Traits::HEAD_DIM);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch(tile + Traits::kStages - 1, fill_stage.stage);
+    fill_stage.advance();
+    cp_async_wait<Traits::kStages - 1>();  // the group of `tile` (and Q) has landed
     __syncthreads();
 
-    const T* k_tile = smem.k + pipe.stage * Traits::CTA_TILE_KV * Traits::HEAD_DIM;  // [CTA_TILE_KV][HEAD_DIM]
-    const T* v_tile = smem.v + pipe.stage * Traits::CTA_TILE_KV * Traits::HEAD_DIM;  // [CTA_TILE_KV][HEAD_DIM]
-    const int32_t* keys = smem.keys + pipe.stage * Traits::CTA_TILE_KV;              // [CTA_TILE_KV]
+    const T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    const T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    const int32_t* keys = smem.keys + compute_stage.stage * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
     const int warp_col0 = warp_kv * Traits::kWarpColsKV;
 
     // S = Q K^T for this warp's rows and columns.
@@ -343,7 +356,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
         }
       }
     }
-    pipe.advance();
+    compute_stage.advance();
   }
   cp_async_wait<0>();
 

@@ -92,7 +92,9 @@ AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const 
   p.num_kv_heads = static_cast<int32_t>(heads.num_kv_heads);
   p.group_size = static_cast<int32_t>(heads.num_qo_heads / heads.num_kv_heads);
   const double sm_scale = options.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(heads.head_dim)) : options.sm_scale;
-  TESSERA_CHECK_ARG(std::isfinite(sm_scale)) << "options.sm_scale = " << options.sm_scale << ", expected a finite value";
+  // sm_scale > 0: the kernels take the row max before scaling.
+  TESSERA_CHECK_ARG(std::isfinite(sm_scale) && sm_scale != 0.0)
+      << "options.sm_scale = " << options.sm_scale << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
   p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);
   p.causal = options.causal;
   return p;

@@ -30,7 +30,7 @@ namespace tessera {
 inline constexpr int64_t kSupportedHeadDims[] = {64, 128, 256};
 
 struct AttentionOptions {
-  double sm_scale = -1.0;  ///< logit scale; < 0 means 1/sqrt(head_dim)
+  double sm_scale = -1.0;  ///< logit scale, > 0; < 0 means 1/sqrt(head_dim); 0 is an error
   bool causal = false;     ///< hide keys after the query's position (offset kv_len - qo_len)
 };
 

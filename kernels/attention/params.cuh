@@ -109,8 +109,16 @@ struct KVRow {
   bool valid;
 };
 
+/// The global load kv_row depends on: the page (paged) or column block (BSR) id of `pos`; 0 for
+/// ragged KV. Split out so kernels can issue it a tile ahead of the copies that need it.
 template <KVFormatKind kFormat, typename T>
-TESSERA_DEVICE KVRow kv_row(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos) {
+TESSERA_DEVICE int32_t kv_row_block(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos) {
+  return kFormat == KVFormatKind::kRagged ? 0 : p.kv_indices[e.kv_begin + pos / p.page_size];
+}
+
+/// kv_row given the id kv_row_block returned for `pos`.
+template <KVFormatKind kFormat, typename T>
+TESSERA_DEVICE KVRow kv_row_in_block(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos, int32_t block) {
   KVRow r;
   if (kFormat == KVFormatKind::kRagged) {
     const int64_t row = e.kv_begin + pos;
@@ -119,22 +127,26 @@ TESSERA_DEVICE KVRow kv_row(const AttentionParams<T>& p, const RequestExtent& e,
     r.key = pos;
     r.valid = true;
   } else {
-    const int32_t page = p.kv_indices[e.kv_begin + pos / p.page_size];
     const int32_t slot = pos % p.page_size;
     if (kFormat == KVFormatKind::kPaged) {
-      r.valid = page >= 0 && page < p.num_pages;
-      r.k_offset = static_cast<int64_t>(page) * p.k_page_stride + static_cast<int64_t>(slot) * p.k_row_stride;
-      r.v_offset = static_cast<int64_t>(page) * p.v_page_stride + static_cast<int64_t>(slot) * p.v_row_stride;
+      r.valid = block >= 0 && block < p.num_pages;
+      r.k_offset = static_cast<int64_t>(block) * p.k_page_stride + static_cast<int64_t>(slot) * p.k_row_stride;
+      r.v_offset = static_cast<int64_t>(block) * p.v_page_stride + static_cast<int64_t>(slot) * p.v_row_stride;
       r.key = pos;
     } else {
-      const int32_t column = page * p.page_size + slot;
-      r.valid = page >= 0 && page < p.num_pages && column < p.num_kv_rows;
+      const int32_t column = block * p.page_size + slot;
+      r.valid = block >= 0 && block < p.num_pages && column < p.num_kv_rows;
       r.k_offset = static_cast<int64_t>(column) * p.k_row_stride;
       r.v_offset = static_cast<int64_t>(column) * p.v_row_stride;
       r.key = column;
     }
   }
   return r;
+}
+
+template <KVFormatKind kFormat, typename T>
+TESSERA_DEVICE KVRow kv_row(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos) {
+  return kv_row_in_block<kFormat>(p, e, pos, kv_row_block<kFormat>(p, e, pos));
 }
 
 }  // namespace kernels

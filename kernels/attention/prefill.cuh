@@ -17,6 +17,7 @@
 #include "kernels/attention/params.cuh"
 #include "kernels/attention/variants.cuh"
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/math.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/smem_layout.cuh"
@@ -118,21 +119,31 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
   }
 }
 
-/// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live (the page-table lookups),
-/// one row per thread, into the row table; rows that do not exist get offset -1. Done one step
-/// before the copies (and a barrier between) so the copying threads hold no per-row registers
-/// while the accumulators are live.
+/// The page / column-block id of KV row `row` of the tile starting at kv_begin (the page-table
+/// load), or -1 past the request's end. Loaded one tile before resolve_kv_rows consumes it, so its
+/// latency hides behind a tile of computation.
+template <typename Traits, KVFormatKind kFormat, typename T>
+TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const RequestExtent& e, int kv_begin, int row) {
+  const int pos = kv_begin + row;
+  return row < Traits::CTA_TILE_KV && pos < e.kv_len ? kv_row_block<kFormat>(p, e, pos) : -1;
+}
+
+/// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live, thread `row` handling row
+/// `row` with its block id from load_kv_block_id, into the row table; rows that do not exist get
+/// offset -1. A barrier separates this from the copies, so the copying threads hold no per-row
+/// registers while the accumulators are live.
 template <typename Traits, KVFormatKind kFormat, typename T>
 TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_begin,
-                                    int64_t* row_table, int32_t* row_keys) {
-  for (int row = threadIdx.x; row < Traits::CTA_TILE_KV; row += Traits::kThreads) {
-    const int pos = kv_begin + row;
-    KVRow r{0, 0, -1, false};
-    if (pos < e.kv_len) r = kv_row<kFormat>(p, e, pos);
-    row_table[2 * row] = r.valid ? r.k_offset + kv_head * p.k_head_stride : -1;
-    row_table[2 * row + 1] = r.valid ? r.v_offset + kv_head * p.v_head_stride : -1;
-    row_keys[row] = r.valid ? r.key : -1;
-  }
+                                    int32_t block, int64_t* row_table, int32_t* row_keys) {
+  static_assert(Traits::CTA_TILE_KV <= Traits::kThreads, "one thread per KV row");
+  const int row = threadIdx.x;
+  if (row >= Traits::CTA_TILE_KV) return;
+  const int pos = kv_begin + row;
+  KVRow r{0, 0, -1, false};
+  if (pos < e.kv_len) r = kv_row_in_block<kFormat>(p, e, pos, block);
+  row_table[2 * row] = r.valid ? r.k_offset + kv_head * p.k_head_stride : -1;
+  row_table[2 * row + 1] = r.valid ? r.v_offset + kv_head * p.v_head_stride : -1;
+  row_keys[row] = r.valid ? r.key : -1;
 }
 
 /// Copies the K and V rows resolved in the row table into one stage, and their keys; missing rows
@@ -204,10 +215,13 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   // Fills the `fill` stage with KV tile `tile`: page-table lookups into the row table, a barrier,
   // then the copies. The row table is free: its last reader issued its copies before the previous
   // barrier. The stage is free: the tile it held was computed before this call's barrier.
+  // `block` holds this thread's page-table entry for `tile`, loaded one call earlier.
+  int32_t block = load_kv_block_id<Traits, kFormat>(p, e, 0, threadIdx.x);
   auto prefetch = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
-      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, smem.rows, smem.row_keys);
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, block, smem.rows, smem.row_keys);
     }
+    block = load_kv_block_id<Traits, kFormat>(p, e, (tile + 1) * Traits::CTA_TILE_KV, threadIdx.x);
     __syncthreads();
     if (tile < num_kv_tiles) {
       load_kv_tile<Traits>(p, smem.rows, smem.row_keys, smem.k + fill * kTileElems, smem.v + fill * kTileElems,
@@ -280,51 +294,53 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
       }
     }
 
-    // Scale to base 2, mask, and fold into the running softmax state.
+    // Mask, then fold into the running softmax state. Logits stay unscaled until the exponent,
+    // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it).
     const bool tile_needs_mask = kFormat == KVFormatKind::kBlockSparse || kv_begin + Traits::CTA_TILE_KV > e.kv_len ||
                                  (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > e.q_pos_offset + packed_begin / p.group_size) ||
                                  Variant::kAlwaysMask;
+    const float scale = p.sm_scale_log2;
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
+      if (tile_needs_mask) {
 #pragma unroll
-      for (int n = 0; n < kN8KV; ++n)
+        for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float x = s[mq][n][i] * p.sm_scale_log2;
-          if (tile_needs_mask) {
-            const int col = warp_col0 + n * 8 + 2 * t + (i & 1);
-            const int key = keys[col];
-            const int h = i / 2;
-            const int packed = packed_row(mq, h);
+          for (int i = 0; i < 4; ++i) {
+            const int key = keys[warp_col0 + n * 8 + 2 * t + (i & 1)];
+            const int packed = packed_row(mq, i / 2);
             const bool visible = key >= 0 && Variant::visible(p, request, e.q_pos_offset + packed / p.group_size, key,
                                                               kv_head * p.group_size + packed % p.group_size, kv_head);
-            if (!visible) x = -INFINITY;
+            if (!visible) s[mq][n][i] = -INFINITY;
           }
-          s[mq][n][i] = x;
-        }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float row_max = st.m[mq][h];
+        float raw_max = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < kN8KV; ++n) row_max = fmaxf(row_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-        row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+        for (int n = 0; n < kN8KV; ++n) raw_max = fmaxf(raw_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+        raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
+        raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 2));
+        const float row_max = fmaxf(st.m[mq][h], raw_max * scale);
         // All keys so far masked: keep the state empty and make every p exactly 0.
         const float base = row_max == -INFINITY ? 0.f : row_max;
-        const float rescale = exp2f(st.m[mq][h] - base);
+        const float rescale = fast_exp2(st.m[mq][h] - base);
         st.m[mq][h] = row_max;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < kN8KV; ++n) {
-          s[mq][n][2 * h] = exp2f(s[mq][n][2 * h] - base);
-          s[mq][n][2 * h + 1] = exp2f(s[mq][n][2 * h + 1] - base);
+          s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -base));
+          s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -base));
           sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
         }
         st.d[mq][h] = st.d[mq][h] * rescale + sum;
+        // Once the running max settles (most tiles of a long row) no lane rescales.
+        if (!__all_sync(0xffffffffu, rescale == 1.f)) {
 #pragma unroll
-        for (int n = 0; n < kN8D; ++n) {
-          o[mq][n][2 * h] *= rescale;
-          o[mq][n][2 * h + 1] *= rescale;
+          for (int n = 0; n < kN8D; ++n) {
+            o[mq][n][2 * h] *= rescale;
+            o[mq][n][2 * h + 1] *= rescale;
+          }
         }
       }
     }

@@ -54,7 +54,9 @@ struct PrefillTraits {
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
-  static constexpr int kRowTableBytes = CTA_TILE_KV * (2 * static_cast<int>(sizeof(int64_t)) + 4);
+  // Two row tables, alternating by tile parity: the lookup for tile t may run while slower
+  // threads still copy tile t-1 from the other table (no barrier separates those two steps).
+  static constexpr int kRowTableBytes = 2 * CTA_TILE_KV * (2 * static_cast<int>(sizeof(int64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
   static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kKeysBytes;
@@ -83,8 +85,8 @@ struct PrefillSmem {
   T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
-  int64_t* rows;      // [CTA_TILE_KV][2] element offsets of the next tile's K and V rows (-1: missing)
-  int32_t* row_keys;  // [CTA_TILE_KV] their keys
+  int64_t* rows;      // [2][CTA_TILE_KV][2] per tile parity: offsets of K and V rows (-1: missing)
+  int32_t* row_keys;  // [2][CTA_TILE_KV] their keys
   int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
@@ -92,7 +94,7 @@ struct PrefillSmem {
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
     rows = reinterpret_cast<int64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
-    row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::CTA_TILE_KV);
+    row_keys = reinterpret_cast<int32_t*>(rows + 4 * Traits::CTA_TILE_KV);
     keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes +
                                       Traits::kRowTableBytes);
   }
@@ -212,19 +214,22 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q);
   cp_async_commit();
   constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
-  // Fills the `fill` stage with KV tile `tile`: page-table lookups into the row table, a barrier,
-  // then the copies. The row table is free: its last reader issued its copies before the previous
-  // barrier. The stage is free: the tile it held was computed before this call's barrier.
+  // Fills the `fill` stage with KV tile `tile`: page-table lookups into the row table of the
+  // tile's parity, a barrier, then the copies. That table's last readers (the copies of tile - 2)
+  // finished before the barrier of tile - 1's call. The stage is free: the tile it held was
+  // computed before this call's barrier.
   // `block` holds this thread's page-table entry for `tile`, loaded one call earlier.
   int32_t block = load_kv_block_id<Traits, kFormat>(p, e, 0, threadIdx.x);
   auto prefetch = [&](int tile, int fill) {
+    int64_t* row_table = smem.rows + (tile & 1) * 2 * Traits::CTA_TILE_KV;  // [CTA_TILE_KV][2]
+    int32_t* row_keys = smem.row_keys + (tile & 1) * Traits::CTA_TILE_KV;    // [CTA_TILE_KV]
     if (tile < num_kv_tiles) {
-      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, block, smem.rows, smem.row_keys);
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, block, row_table, row_keys);
     }
     block = load_kv_block_id<Traits, kFormat>(p, e, (tile + 1) * Traits::CTA_TILE_KV, threadIdx.x);
     __syncthreads();
     if (tile < num_kv_tiles) {
-      load_kv_tile<Traits>(p, smem.rows, smem.row_keys, smem.k + fill * kTileElems, smem.v + fill * kTileElems,
+      load_kv_tile<Traits>(p, row_table, row_keys, smem.k + fill * kTileElems, smem.v + fill * kTileElems,
                            smem.keys + fill * Traits::CTA_TILE_KV);
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count

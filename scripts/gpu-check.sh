@@ -68,6 +68,13 @@ if [ "$SANITIZE" = 1 ]; then
     grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitize-$exe.log" | tail -3
   done
   [ $san_ok = 1 ] && note "compute-sanitizer memcheck" "ok: 0 errors" || note "compute-sanitizer memcheck" "FAILED"
+  # Shared-memory races in the attention kernels' pipelines (small cases: racecheck is slow).
+  if compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_attention_tests" \
+       --gtest_filter='*_sanitize*' >"$OUT/racecheck.log" 2>&1; then
+    note "compute-sanitizer racecheck" "ok: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
+  else
+    tail -20 "$OUT/racecheck.log"; note "compute-sanitizer racecheck" "FAILED"
+  fi
 fi
 
 echo "== benchmarks ($BENCH_SUITES)" | tee -a "$OUT/gpu-check.log"

@@ -40,24 +40,6 @@ constexpr int64_t kDecodePageSize = 16;
 // ------------------------------------------------------------------------------------------------
 // Helpers.
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// A permutation of 0 .. n-1 that is the same on every platform (std::shuffle is not).
-std::vector<int32_t> random_permutation(int64_t n, uint64_t seed) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), 0);
-  uint64_t state = seed;
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
 
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 

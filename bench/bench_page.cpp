@@ -23,24 +23,6 @@ constexpr int64_t kHeadDim = 128;
 constexpr int64_t kPageSize = 16;
 constexpr uint64_t kPermutationSeed = 20261122;
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// A permutation of 0 .. n-1 that is the same on every platform (std::shuffle is not).
-std::vector<int32_t> random_permutation(int64_t n, uint64_t seed) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), 0);
-  uint64_t state = seed;
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(i + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
 
 // 64 requests each append 1024 new rows of [H_kv=8, D=128] bf16 (K + V = 256 MiB) to a fresh
 // cache (KV length 1024 after the append), page size 16, pages in a random order.

@@ -292,6 +292,10 @@ RunInfo make_run_info(int device);
 /// other than tessera-bench, such as the demo). Errors propagate.
 void run_workloads(BenchContext& ctx, const std::vector<std::string>& names);
 
+/// A permutation of 0 .. n-1 that is the same on every platform (std::shuffle is not), e.g.
+/// the page order of a benchmark's paged KV cache.
+std::vector<int32_t> random_permutation(int64_t n, uint64_t seed);
+
 /// The suite of the ceilings; its workloads run first in every run.
 inline constexpr const char* kCeilingsSuite = "ceilings";
 

@@ -54,9 +54,8 @@ struct PrefillTraits {
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
-  // Two row tables, alternating by tile parity: the lookup for tile t may run while slower
-  // threads still copy tile t-1 from the other table (no barrier separates those two steps).
-  static constexpr int kRowTableBytes = 2 * CTA_TILE_KV * (2 * static_cast<int>(sizeof(int64_t)) + 4);
+  // Three row tables in a ring (see the kernel's pipeline comment).
+  static constexpr int kRowTableBytes = 3 * CTA_TILE_KV * (2 * static_cast<int>(sizeof(int64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
   static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kKeysBytes;
@@ -85,8 +84,8 @@ struct PrefillSmem {
   T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
-  int64_t* rows;      // [2][CTA_TILE_KV][2] per tile parity: offsets of K and V rows (-1: missing)
-  int32_t* row_keys;  // [2][CTA_TILE_KV] their keys
+  int64_t* rows;      // [3][CTA_TILE_KV][2] ring of tables: offsets of K and V rows (-1: missing)
+  int32_t* row_keys;  // [3][CTA_TILE_KV] their keys
   int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
@@ -94,7 +93,7 @@ struct PrefillSmem {
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
     rows = reinterpret_cast<int64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
-    row_keys = reinterpret_cast<int32_t*>(rows + 4 * Traits::CTA_TILE_KV);
+    row_keys = reinterpret_cast<int32_t*>(rows + 6 * Traits::CTA_TILE_KV);
     keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes +
                                       Traits::kRowTableBytes);
   }
@@ -214,32 +213,38 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q);
   cp_async_commit();
   constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
-  // Fills the `fill` stage with KV tile `tile`: page-table lookups into the row table of the
-  // tile's parity, a barrier, then the copies. That table's last readers (the copies of tile - 2)
-  // finished before the barrier of tile - 1's call. The stage is free: the tile it held was
-  // computed before this call's barrier.
-  // `block` holds this thread's page-table entry for `tile`, loaded one call earlier.
+  // Each KV tile goes through three steps: its page-table entries are loaded into `block` (one
+  // per thread and row), resolved into a row table (offsets and keys), and copied into a stage
+  // by cp.async. The row tables form a ring of three, so the lookups for tile t + kStages can be
+  // written while tile t + kStages - 1 is being copied from another table, with one barrier per
+  // tile: a table's last readers (copies two tiles earlier) always sit behind the previous
+  // tile's barrier.
   int32_t block = load_kv_block_id<Traits, kFormat>(p, e, 0, threadIdx.x);
-  auto prefetch = [&](int tile, int fill) {
-    int64_t* row_table = smem.rows + (tile & 1) * 2 * Traits::CTA_TILE_KV;  // [CTA_TILE_KV][2]
-    int32_t* row_keys = smem.row_keys + (tile & 1) * Traits::CTA_TILE_KV;    // [CTA_TILE_KV]
+  auto resolve = [&](int tile) {
     if (tile < num_kv_tiles) {
-      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, block, row_table, row_keys);
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, block,
+                                       smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
+                                       smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV);
     }
     block = load_kv_block_id<Traits, kFormat>(p, e, (tile + 1) * Traits::CTA_TILE_KV, threadIdx.x);
-    __syncthreads();
+  };
+  auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
-      load_kv_tile<Traits>(p, row_table, row_keys, smem.k + fill * kTileElems, smem.v + fill * kTileElems,
-                           smem.keys + fill * Traits::CTA_TILE_KV);
+      load_kv_tile<Traits>(p, smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
+                           smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV, smem.k + fill * kTileElems,
+                           smem.v + fill * kTileElems, smem.keys + fill * Traits::CTA_TILE_KV);
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
   PipelineState<Traits::kStages> compute_stage, fill_stage;
 #pragma unroll
   for (int s = 0; s + 1 < Traits::kStages; ++s) {
-    prefetch(s, fill_stage.stage);
+    resolve(s);
+    __syncthreads();
+    copy(s, fill_stage.stage);
     fill_stage.advance();
   }
+  resolve(Traits::kStages - 1);
 
   float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
   RowState<kMmaQ> st;
@@ -258,10 +263,13 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int kv_begin = tile * Traits::CTA_TILE_KV;
-    prefetch(tile + Traits::kStages - 1, fill_stage.stage);
-    fill_stage.advance();
-    cp_async_wait<Traits::kStages - 1>();  // the group of `tile` (and Q) has landed
+    cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
+    // After this barrier: every thread finished computing tile - 1 (its stage and keys are free)
+    // and resolved tile + kStages - 1.
     __syncthreads();
+    copy(tile + Traits::kStages - 1, fill_stage.stage);
+    fill_stage.advance();
+    resolve(tile + Traits::kStages);
 
     const T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     const T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]

@@ -207,7 +207,7 @@ void run_decode(const AttentionParams<T>& p, KVFormatKind format, const HeadConf
 
 namespace detail {
 
-QTile choose_q_tile(int head_dim, double avg_packed_rows, int64_t q16_ctas, int sm_count) {
+QTile choose_q_tile(int head_dim, double avg_packed_rows) {
   static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
   if (override_text != nullptr && *override_text != '\0') {
     const std::string v = override_text;
@@ -215,7 +215,7 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows, int64_t q16_ctas, int 
         << "TESSERA_PREFILL_QTILE = " << v << ", expected 16, 64 or 128 (128 not with head_dim 256)";
     return v == "16" ? QTile::k16 : v == "64" ? QTile::k64 : QTile::k128;
   }
-  if (avg_packed_rows <= 16.0) return q16_ctas < sm_count ? QTile::k16Deep : QTile::k16;
+  if (avg_packed_rows <= 16.0) return QTile::k16;
   if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
   return QTile::k128;
 }
@@ -223,8 +223,7 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows, int64_t q16_ctas, int 
 template <typename T>
 void launch_prefill(const AttentionParams<T>& p, KVFormatKind format, int head_dim, int64_t max_qo_len,
                     double avg_qo_len, cudaStream_t stream) {
-  const int64_t q16_ctas = (max_qo_len * p.group_size + 15) / 16 * p.batch_size * p.num_kv_heads;
-  const QTile q_tile = choose_q_tile(head_dim, avg_qo_len * p.group_size, q16_ctas, current_device_sm_count());
+  const QTile q_tile = choose_q_tile(head_dim, avg_qo_len * p.group_size);
   switch (head_dim) {
     case 64: return launch_prefill_head_dim<T, 64>(p, format, q_tile, max_qo_len, stream);
     case 128: return launch_prefill_head_dim<T, 128>(p, format, q_tile, max_qo_len, stream);

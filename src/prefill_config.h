@@ -9,8 +9,7 @@ namespace detail {
 
 /// Query rows per CTA. The rows are packed (query, head-in-group) pairs, so a decode step with
 /// GQA group 4 fills 4 rows of a tile.
-/// k16Deep: the 16-row tile with a deeper K/V ring, for grids smaller than one CTA per SM.
-enum class QTile { k16, k16Deep, k64, k128 };
+enum class QTile { k16, k64, k128 };
 
 /// Heuristic (DESIGN.md §5): the average packed rows per request, avg_qo_len * group_size, sets
 /// the query tile — up to 16 rows: a 16-row tile with 4 warps splitting each KV tile (decode and
@@ -21,12 +20,9 @@ enum class QTile { k16, k16Deep, k64, k128 };
 /// (S + O accumulators; 128 query rows x head_dim 128 fit only with 32-row KV tiles) and keep the
 /// K/V double buffer at 64 KB or less, so two or three CTAs share an SM; the 16-row tile of
 /// head_dim 256 uses 136 KB (one CTA per SM).
-/// A grid of fewer CTAs than SMs (e.g. decode of 16 requests x 8 KV heads on 132 SMs) leaves one
-/// CTA per SM, whose own loads must cover the SM's share of bandwidth: such 16-row grids take the
-/// deeper ring (4 stages, one CTA per SM by shared memory; 3 for head_dim 256).
 /// TESSERA_PREFILL_QTILE=16|64|128 overrides the choice (a tuning aid for benchmarks; a value
 /// without a configuration for the head dim is an error, not a fallback).
-QTile choose_q_tile(int head_dim, double avg_packed_rows, int64_t q16_ctas, int sm_count);
+QTile choose_q_tile(int head_dim, double avg_packed_rows);
 
 template <typename T, int HEAD_DIM, QTile Q>
 struct PrefillConfig;
@@ -38,10 +34,6 @@ struct PrefillConfig;
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k16> {
   using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, (HEAD_DIM == 64 ? 128 : 64), 1, 4, (HEAD_DIM == 256 ? 2 : 3)>;
-};
-template <typename T, int HEAD_DIM>
-struct PrefillConfig<T, HEAD_DIM, QTile::k16Deep> {
-  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, (HEAD_DIM == 64 ? 128 : 64), 1, 4, (HEAD_DIM == 256 ? 3 : 4)>;
 };
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k64> {

@@ -53,9 +53,6 @@ void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFo
   switch (q_tile) {
     case QTile::k16:
       return launch_prefill_format<typename PrefillConfig<T, HEAD_DIM, QTile::k16>::Traits>(p, format, max_qo_len, stream);
-    case QTile::k16Deep:
-      return launch_prefill_format<typename PrefillConfig<T, HEAD_DIM, QTile::k16Deep>::Traits>(p, format, max_qo_len,
-                                                                                              stream);
     case QTile::k64:
       return launch_prefill_format<typename PrefillConfig<T, HEAD_DIM, QTile::k64>::Traits>(p, format, max_qo_len, stream);
     case QTile::k128:

@@ -394,30 +394,30 @@ void BenchContext::report(Result r) {
   sink_.add(r);
 }
 
-void BenchContext::report_gbps(const Timing& t, double bytes, Params params,
-                               const std::string& impl, const std::string& workload) {
+namespace {
+/// A rate (`amount` per second / `unit_scale`) against the ceiling of the same unit.
+Result rate_result(const Timing& t, double amount, double unit_scale, const char* metric, const char* ceiling,
+                   Params params, const std::string& impl, const std::string& workload) {
   Result r;
   r.workload = workload;
   r.impl = impl;
   r.params = std::move(params);
   r.timing = t;
-  r.metric = kGBps;
-  r.value = bytes / (t.median_us * 1e-6) / 1e9;
-  r.ceiling_name = kCopyCeiling;
-  report(std::move(r));
+  r.metric = metric;
+  r.value = amount / (t.median_us * 1e-6) / unit_scale;
+  r.ceiling_name = ceiling;
+  return r;
+}
+}  // namespace
+
+void BenchContext::report_gbps(const Timing& t, double bytes, Params params,
+                               const std::string& impl, const std::string& workload) {
+  report(rate_result(t, bytes, 1e9, kGBps, kCopyCeiling, std::move(params), impl, workload));
 }
 
 void BenchContext::report_tflops(const Timing& t, double flops, Params params,
                                  const std::string& impl, const std::string& workload) {
-  Result r;
-  r.workload = workload;
-  r.impl = impl;
-  r.params = std::move(params);
-  r.timing = t;
-  r.metric = kTFlops;
-  r.value = flops / (t.median_us * 1e-6) / 1e12;
-  r.ceiling_name = kGemmCeiling;
-  report(std::move(r));
+  report(rate_result(t, flops, 1e12, kTFlops, kGemmCeiling, std::move(params), impl, workload));
 }
 
 // ------------------------------------------------------------------------------------------------

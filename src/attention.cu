@@ -168,7 +168,9 @@ void check_paged_kv(const TensorView& q, const PagedKV& kv, int64_t batch) {
   check_operand(kv.v, "paged_kv.v", 4);
   check_dtype(kv.k, "paged_kv.k", {q.dtype});
   check_same_device(q, "q", kv.k, "paged_kv.k");
-  for (const auto* t : {&kv.indptr, &kv.indices, &kv.last_page_len}) check_on_cuda(*t, "paged_kv index array");
+  check_on_cuda(kv.indptr, "paged_kv.indptr");
+  check_on_cuda(kv.indices, "paged_kv.indices");
+  check_on_cuda(kv.last_page_len, "paged_kv.last_page_len");
   check_size(kv.indptr, "paged_kv.indptr", 0, batch + 1);
   TESSERA_CHECK_ARG(kv.num_pages() <= INT32_MAX && kv.indices.shape[0] <= INT32_MAX && kv.page_size() <= INT32_MAX)
       << "paged_kv: num_pages = " << kv.num_pages() << ", page_size = " << kv.page_size() << ", expected < 2^31";

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
+#include <utility>
 #include <vector>
 
 namespace tessera {
@@ -18,6 +20,19 @@ int current_device_sm_count() {
     TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_counts[device], cudaDevAttrMultiProcessorCount, device));
   }
   return sm_counts[device];
+}
+
+void ensure_dynamic_smem(const void* kernel, int bytes) {
+  constexpr int kDefaultLimit = 48 * 1024;
+  if (bytes <= kDefaultLimit) return;
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> configured;  // (kernel, device)
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (configured.count({kernel, device}) != 0) return;
+  TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  configured.insert({kernel, device});
 }
 
 int grid_stride_blocks(long long total_threads, int threads_per_block) {

@@ -13,6 +13,11 @@ namespace detail {
 /// The SM count of the current device (cached per device).
 int current_device_sm_count();
 
+/// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per
+/// (kernel, device): the opt-in above 48 KB is per device, so a process-wide once-flag would miss
+/// the second GPU, and setting it on every launch costs ~1 us. No-op up to 48 KB.
+void ensure_dynamic_smem(const void* kernel, int bytes);
+
 /// Blocks for a grid-stride kernel over `total_threads` threads: enough to fill every SM a few
 /// times over, never more than the work needs.
 int grid_stride_blocks(long long total_threads, int threads_per_block);

@@ -13,16 +13,10 @@ namespace tessera {
 namespace detail {
 namespace {
 
-constexpr int kDefaultDynamicSmemLimit = 48 * 1024;
-
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_decode_config(const kernels::AttentionParams<T>& p, cudaStream_t stream) {
   auto kernel = kernels::batch_decode_kernel<Traits, kFormat, T>;
-  if constexpr (Traits::kSmemBytes > kDefaultDynamicSmemLimit) {
-    // The opt-in is per kernel and per device; setting it on every call (~1 us) keeps it right
-    // when the caller switches devices.
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  }
+  ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   // Groups larger than one CTA's row groups are split over CTAs (grid z) so that each thread keeps
   // the state of a single query head.
   const int64_t head_chunks = (static_cast<int64_t>(p.group_size) + Traits::kGroups - 1) / Traits::kGroups;

@@ -4,8 +4,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <mutex>
-
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "src/prefill_config.h"
@@ -16,11 +14,7 @@ namespace detail {
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_prefill_config(const kernels::AttentionParams<T>& p, int64_t max_qo_len, cudaStream_t stream) {
   auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-  // The opt-in above 48 KB is per kernel and per device; doing it on every call costs ~1 us.
-  static std::once_flag configured;
-  std::call_once(configured, [&] {
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-  });
+  ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   const int64_t packed_rows = max_qo_len * p.group_size;
   const int64_t q_tiles = (packed_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q;
   TESSERA_CHECK_ARG(q_tiles <= INT32_MAX && p.batch_size <= 65535 && p.num_kv_heads <= 65535)

@@ -67,8 +67,8 @@ void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorV
 // Prefill / append: any number of query tokens per request.
 
 /// q: [qo_len, Hq, D]; k, v: [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); o: [qo_len, Hq, D];
-/// lse: [qo_len, Hq] or undefined. Requires qo_len <= kv_len when causal (queries are the last
-/// qo_len positions).
+/// lse: [qo_len, Hq] or undefined. With causal and qo_len > kv_len, the first qo_len - kv_len
+/// queries sit before position 0 and see no key (o = 0, lse = -inf).
 void single_prefill(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
                     const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
                     StreamHandle stream = nullptr);

@@ -59,7 +59,8 @@ if [ "$SANITIZE" = 1 ]; then
   san_ok=1
   for spec in "gpu_merge_tests:*Pair*/*7_5_128*:*Ragged*:*Errors*:MergeStatesTest*/*8_128" \
               "gpu_page_tests:*_p3_*:*_p16_*:*Errors*" \
-              "gpu_attention_tests:*_sanitize*:*Errors*"; do
+              "gpu_attention_tests:*_sanitize*:*Errors*" \
+              "gpu_runtime_tests:*_sanitize*:*Errors*"; do
     exe=${spec%%:*}; filter=${spec#*:}
     if ! compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/$exe" --gtest_filter="$filter" \
          >"$OUT/sanitize-$exe.log" 2>&1; then
@@ -70,7 +71,9 @@ if [ "$SANITIZE" = 1 ]; then
   [ $san_ok = 1 ] && note "compute-sanitizer memcheck" "ok: 0 errors" || note "compute-sanitizer memcheck" "FAILED"
   # Shared-memory races in the attention kernels' pipelines (small cases: racecheck is slow).
   if compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_attention_tests" \
-       --gtest_filter='*_sanitize*' >"$OUT/racecheck.log" 2>&1; then
+       --gtest_filter='*_sanitize*' >"$OUT/racecheck.log" 2>&1 &&
+     compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_runtime_tests" \
+       --gtest_filter='*odd_sanitize*:*b16x64_sanitize*' >>"$OUT/racecheck.log" 2>&1; then
     note "compute-sanitizer racecheck" "ok: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   else
     tail -20 "$OUT/racecheck.log"; note "compute-sanitizer racecheck" "FAILED"

@@ -51,5 +51,22 @@ template <typename T, int HEAD_DIM>
 void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
                              int64_t max_qo_len, cudaStream_t stream);
 
+/// A launch of the runtime's persistent kernel: a grid of (grid_cols, H_kv) CTAs reading `work`,
+/// then, when contraction_blocks > 0, the contraction of split tiles over that many blocks.
+struct PersistentLaunch {
+  kernels::PlannedWork work;
+  int grid_cols;
+  int contraction_blocks;
+};
+
+/// Launches the persistent kernel (and contraction) of one configuration (prefill_launch.cuh).
+template <typename T, int HEAD_DIM>
+void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
+                                const PersistentLaunch& launch, cudaStream_t stream);
+
+/// How many CTAs of that persistent kernel one SM of the current device holds.
+template <typename T, int HEAD_DIM>
+int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile);
+
 }  // namespace detail
 }  // namespace tessera

@@ -8,6 +8,13 @@ template void launch_prefill_head_dim<__half, 128>(const kernels::AttentionParam
                                                   int64_t, cudaStream_t);
 template void launch_prefill_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&,
                                                          kernels::KVFormatKind, QTile, int64_t, cudaStream_t);
+template void launch_persistent_head_dim<__half, 128>(const kernels::AttentionParams<__half>&, kernels::KVFormatKind,
+                                                      QTile, const PersistentLaunch&, cudaStream_t);
+template void launch_persistent_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&,
+                                                             kernels::KVFormatKind, QTile, const PersistentLaunch&,
+                                                             cudaStream_t);
+template int persistent_ctas_per_sm<__half, 128>(kernels::KVFormatKind, QTile);
+template int persistent_ctas_per_sm<__nv_bfloat16, 128>(kernels::KVFormatKind, QTile);
 
 }  // namespace detail
 }  // namespace tessera

@@ -2,7 +2,10 @@
 // accumulation, ldmatrix from swizzled shared memory, cp.async double buffering of K/V tiles
 // gathered row by row (so page size 1 runs the same tile math), online softmax in registers.
 //
-// One CTA computes one query tile of one (request, KV head). With head-group fusion the tile's
+// A CTA computes one query tile of one (request, KV head) against a range of the request's KV
+// positions (attention_tile): the whole range in the one-shot grid kernel, planned chunks in the
+// persistent kernel of the plan/run runtime (DESIGN.md §1.3), which writes split chunks as fp32
+// partial states for merge_planned_kernel. With head-group fusion the tile's
 // rows are (query position, head within the KV head's group) pairs, packed position-major:
 // packed row p is query p / group_size of query head kv_head * group_size + p % group_size. Decode
 // with GQA is then a prefill whose tile holds the group's heads (DESIGN.md §5, "decode, tensor
@@ -15,6 +18,7 @@
 #pragma once
 
 #include "kernels/attention/params.cuh"
+#include "kernels/attention/planned_work.cuh"
 #include "kernels/attention/variants.cuh"
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/math.cuh"
@@ -121,27 +125,28 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
 }
 
 /// The page / column-block id of KV row `row` of the tile starting at kv_begin (the page-table
-/// load), or -1 past the request's end. Loaded one tile before resolve_kv_rows consumes it, so its
-/// latency hides behind a tile of computation.
+/// load), or -1 at or past kv_end (the end of the CTA's KV range). Loaded one tile before
+/// resolve_kv_rows consumes it, so its latency hides behind a tile of computation.
 template <typename Traits, KVFormatKind kFormat, typename T>
-TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const RequestExtent& e, int kv_begin, int row) {
+TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const RequestExtent& e, int kv_end, int kv_begin,
+                                        int row) {
   const int pos = kv_begin + row;
-  return row < Traits::CTA_TILE_KV && pos < e.kv_len ? kv_row_block<kFormat>(p, e, pos) : -1;
+  return row < Traits::CTA_TILE_KV && pos < kv_end ? kv_row_block<kFormat>(p, e, pos) : -1;
 }
 
 /// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live, thread `row` handling row
-/// `row` with its block id from load_kv_block_id, into the row table; rows that do not exist get
-/// offset -1. A barrier separates this from the copies, so the copying threads hold no per-row
-/// registers while the accumulators are live.
+/// `row` with its block id from load_kv_block_id, into the row table; rows at or past kv_end get
+/// offset -1 (zero-filled and masked). A barrier separates this from the copies, so the copying
+/// threads hold no per-row registers while the accumulators are live.
 template <typename Traits, KVFormatKind kFormat, typename T>
-TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_begin,
-                                    int32_t block, int64_t* row_table, int32_t* row_keys) {
+TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_end,
+                                    int kv_begin, int32_t block, int64_t* row_table, int32_t* row_keys) {
   static_assert(Traits::CTA_TILE_KV <= Traits::kThreads, "one thread per KV row");
   const int row = threadIdx.x;
   if (row >= Traits::CTA_TILE_KV) return;
   const int pos = kv_begin + row;
   KVRow r{0, 0, -1, false};
-  if (pos < e.kv_len) r = kv_row_in_block<kFormat>(p, e, pos, block);
+  if (pos < kv_end) r = kv_row_in_block<kFormat>(p, e, pos, block);
   row_table[2 * row] = r.valid ? r.k_offset + kv_head * p.k_head_stride : -1;
   row_table[2 * row + 1] = r.valid ? r.v_offset + kv_head * p.v_head_stride : -1;
   row_keys[row] = r.valid ? r.key : -1;
@@ -180,32 +185,30 @@ struct RowState {
   float d[kMmaQ][2];  // this thread's share of the running sum of 2^(s - m)
 };
 
+/// Where a tile's result goes: the final output (o, lse of AttentionParams) when `partial_o` is
+/// null, else an fp32 partial state of the tile's rows — normalised output [CTA_TILE_Q][HEAD_DIM]
+/// at partial_o and base-2 LSE [CTA_TILE_Q] at partial_lse — for the merge.
+struct TileOutput {
+  float* partial_o;
+  float* partial_lse;
+};
+
+/// One query tile (packed rows packed_begin .. + CTA_TILE_Q - 1 of `request`, query heads of
+/// kv_head) against KV positions [kv_begin, kv_end) of the request. The caller has synchronised
+/// the CTA since any earlier use of shared memory.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
-__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
-attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) {
+TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExtent& e, const int request,
+                                   const int kv_head, const int packed_begin, const int kv_first, const int kv_end,
+                                   const TileOutput out, char* smem_raw) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   using Tile = SwizzledTile<Traits::kRowChunks>;
-  extern __shared__ __align__(128) char smem_raw[];
   PrefillSmem<Traits> smem(smem_raw);
-
-  // Heaviest causal tiles (the last query rows) are scheduled first.
-  const int q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x);
-  const int request = blockIdx.y, kv_head = blockIdx.z;
-  const RequestExtent e = request_extent<kFormat>(p, request);
-  const int packed_begin = q_tile * Traits::CTA_TILE_Q;
-  if (packed_begin >= e.qo_len * p.group_size) return;
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warp_q = warp / Traits::NUM_WARPS_KV, warp_kv = warp % Traits::NUM_WARPS_KV;
   const int g = lane / 4, t = lane % 4;
 
-  // KV extent this tile needs: with causal masking nothing past the last row's position.
-  const int last_qo = min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
-  int kv_end = e.kv_len;
-  if (kFormat != KVFormatKind::kBlockSparse && Variant::kCausalSkip && p.causal) {
-    kv_end = max(0, min(kv_end, e.q_pos_offset + last_qo + 1));
-  }
-  const int num_kv_tiles = (kv_end + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV;
+  const int num_kv_tiles = kv_end > kv_first ? (kv_end - kv_first + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
 
   // Packed row r of this thread's m16 tile mq, half h (rows g and g+8).
   auto packed_row = [&](int mq, int h) { return packed_begin + warp_q * Traits::kWarpRowsQ + mq * 16 + g + 8 * h; };
@@ -219,14 +222,14 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   // written while tile t + kStages - 1 is being copied from another table, with one barrier per
   // tile: a table's last readers (copies two tiles earlier) always sit behind the previous
   // tile's barrier.
-  int32_t block = load_kv_block_id<Traits, kFormat>(p, e, 0, threadIdx.x);
+  int32_t block = load_kv_block_id<Traits, kFormat>(p, e, kv_end, kv_first, threadIdx.x);
   auto resolve = [&](int tile) {
     if (tile < num_kv_tiles) {
-      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tile * Traits::CTA_TILE_KV, block,
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, kv_end, kv_first + tile * Traits::CTA_TILE_KV, block,
                                        smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
                                        smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV);
     }
-    block = load_kv_block_id<Traits, kFormat>(p, e, (tile + 1) * Traits::CTA_TILE_KV, threadIdx.x);
+    block = load_kv_block_id<Traits, kFormat>(p, e, kv_end, kv_first + (tile + 1) * Traits::CTA_TILE_KV, threadIdx.x);
   };
   auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
@@ -262,7 +265,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   }
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
-    const int kv_begin = tile * Traits::CTA_TILE_KV;
+    const int kv_begin = kv_first + tile * Traits::CTA_TILE_KV;
     cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
     // After this barrier: every thread finished computing tile - 1 (its stage and keys are free)
     // and resolved tile + kStages - 1.
@@ -309,7 +312,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
 
     // Mask, then fold into the running softmax state. Logits stay unscaled until the exponent,
     // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it).
-    const bool tile_needs_mask = kFormat == KVFormatKind::kBlockSparse || kv_begin + Traits::CTA_TILE_KV > e.kv_len ||
+    const bool tile_needs_mask = kFormat == KVFormatKind::kBlockSparse || kv_begin + Traits::CTA_TILE_KV > kv_end ||
                                  (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > e.q_pos_offset + packed_begin / p.group_size) ||
                                  Variant::kAlwaysMask;
     const float scale = p.sm_scale_log2;
@@ -442,14 +445,21 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
       if (qo_idx >= e.qo_len) continue;
       const int head = kv_head * p.group_size + packed % p.group_size;
       const float inv = d_sum > 0.f ? 1.f / d_sum : 0.f;
-      uint32_t out[4];
+      const float lse = d_sum > 0.f ? m_max + log2f(d_sum) : -INFINITY;
+      if (out.partial_o != nullptr) {
+        float* dst = out.partial_o + row * Traits::HEAD_DIM + c0;  // [8] of [CTA_TILE_Q][HEAD_DIM]
+        *reinterpret_cast<float4*>(dst) = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+        *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+        if (c0 == 0) out.partial_lse[row] = lse;
+        continue;
+      }
+      uint32_t packed_out[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) out[j] = pack_pair<T>(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      for (int j = 0; j < 4; ++j) packed_out[j] = pack_pair<T>(acc[2 * j] * inv, acc[2 * j + 1] * inv);
       T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + c0;
-      *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(packed_out[0], packed_out[1], packed_out[2], packed_out[3]);
       if (p.lse != nullptr && c0 == 0) {
-        p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] =
-            d_sum > 0.f ? m_max + log2f(d_sum) : -INFINITY;
+        p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = lse;
       }
     }
   } else {
@@ -461,16 +471,71 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
         const int qo_idx = packed / p.group_size, head = kv_head * p.group_size + packed % p.group_size;
         if (qo_idx >= e.qo_len) continue;
         const float inv = st.d[mq][h] > 0.f ? 1.f / st.d[mq][h] : 0.f;
+        const float lse = st.d[mq][h] > 0.f ? st.m[mq][h] + log2f(st.d[mq][h]) : -INFINITY;
+        if (out.partial_o != nullptr) {
+          const int row = packed - packed_begin;
+          float* dst = out.partial_o + row * Traits::HEAD_DIM + 2 * t;  // row of [CTA_TILE_Q][HEAD_DIM]
+#pragma unroll
+          for (int n = 0; n < kN8D; ++n) {
+            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+          }
+          if (t == 0) out.partial_lse[row] = lse;
+          continue;
+        }
         T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + 2 * t;
 #pragma unroll
         for (int n = 0; n < kN8D; ++n) {
           *reinterpret_cast<uint32_t*>(dst + n * 8) = pack_pair<T>(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
         }
         if (p.lse != nullptr && t == 0) {
-          p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] =
-              st.d[mq][h] > 0.f ? st.m[mq][h] + log2f(st.d[mq][h]) : -INFINITY;
+          p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = lse;
         }
       }
+  }
+}
+
+/// One-shot grid: blockIdx = (query tile, request, KV head), each CTA the tile's whole KV range.
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
+attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) {
+  extern __shared__ __align__(128) char smem_raw[];
+  // Heaviest causal tiles (the last query rows) are scheduled first.
+  const int q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int request = blockIdx.y, kv_head = blockIdx.z;
+  const RequestExtent e = request_extent<kFormat>(p, request);
+  const int packed_begin = q_tile * Traits::CTA_TILE_Q;
+  if (packed_begin >= e.qo_len * p.group_size) return;
+  // With causal masking nothing past the last row's position (the planner mirrors this clip).
+  const int last_qo = min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
+  int kv_end = e.kv_len;
+  if (kFormat != KVFormatKind::kBlockSparse && Variant::kCausalSkip && p.causal) {
+    kv_end = max(0, min(kv_end, e.q_pos_offset + last_qo + 1));
+  }
+  attention_tile<Traits, kFormat, Variant>(p, e, request, kv_head, packed_begin, 0, kv_end, TileOutput{nullptr, nullptr},
+                                           smem_raw);
+}
+
+/// Persistent grid of the plan/run runtime: blockIdx = (column, KV head); column c runs the
+/// planned items cta_indptr[c] .. cta_indptr[c+1]-1 for its KV head, in order.
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
+attention_persistent_kernel(const AttentionParams<T> p, const PlannedWork work) {
+  extern __shared__ __align__(128) char smem_raw[];
+  const int kv_head = blockIdx.y;
+  const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
+  for (int i = first; i < last; ++i) {
+    const PlannedItem item = work.items[i];
+    if (item.request < 0 || item.request >= p.batch_size) continue;  // never produced by the planner
+    const RequestExtent e = request_extent<kFormat>(p, item.request);
+    TileOutput out{nullptr, nullptr};
+    if (item.partial >= 0) {
+      const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + kv_head;
+      out.partial_o = work.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+      out.partial_lse = work.partial_lse + slot * Traits::CTA_TILE_Q;
+    }
+    __syncthreads();  // the previous item's last shared-memory reads are done
+    attention_tile<Traits, kFormat, Variant>(p, e, item.request, kv_head, item.packed_begin, max(item.kv_begin, 0),
+                                             min(item.kv_end, e.kv_len), out, smem_raw);
   }
 }
 

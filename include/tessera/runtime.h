@@ -1,0 +1,213 @@
+// The plan/run runtime (DESIGN.md §1.3, §6): wrappers that keep every SM busy whatever mix of
+// lengths a serving step brings, and stay valid inside a captured CUDA Graph.
+//
+// Use
+//   1. Once: allocate a device workspace of workspace_size(bounds, options) bytes and construct a
+//      wrapper with it. The wrapper also owns a small pinned host buffer.
+//   2. Per step (per batch shape): plan(...) with HOST index arrays. It splits long KV ranges into
+//      chunks, balances them over a fixed grid of CTAs and copies the plan into the workspace with
+//      one cudaMemcpyAsync on `stream`. plan() also copies the index arrays it was given (indptr,
+//      last_page_len) into the workspace: run() never needs device copies of them.
+//   3. Per layer: run(...) with the tensors. It launches the persistent attention kernel and, when
+//      the plan split a tile, the contraction that merges the partial states in a fixed order.
+//      Every layer of a step reuses the same plan.
+//
+// Conventions are those of tessera/attention.h: q, k, v, o f16 or bf16 with a contiguous last
+// dimension and 16-byte aligned rows; lse (optional) f32 [rows, num_qo_heads], BASE-2; head_dim 64,
+// 128 or 256; causal masking with the offset kv_len - qo_len.
+//
+// Determinism: the result of a plan does not depend on which CTA ran which chunk: run() twice on
+// the same inputs gives the same bits. With SplitKV::kFixed or kNone and a fixed query tile, a
+// request's bits do not depend on the other requests of the batch either.
+//
+// CUDA Graphs (options.cuda_graph = true): capture run() once and replay it after any later
+// plan() within the bounds. The grid, the query tile and the kernel are fixed at construction,
+// and the first plan fixes what the captured launch bakes in (heads, head_dim, dtype, page size,
+// causal, sm_scale): a later plan that changes one of them is an error. Every pointer given to
+// run() is baked into the graph too: keep q, o, lse, the KV cache and the page table in fixed
+// buffers and update their contents between replays. q and o must then have
+// bounds.max_total_qo_tokens rows. Call plan() outside the capture, on the stream that replays.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "tessera/attention.h"
+#include "tessera/formats.h"
+#include "tessera/stream.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+/// How long KV ranges are cut into chunks whose partial states are merged.
+enum class SplitKV : int32_t {
+  kAuto = 0,   ///< per plan, for balance (DESIGN.md §6)
+  kFixed = 1,  ///< at multiples of RuntimeOptions::fixed_split_size: batch-invariant results
+  kNone = 2,   ///< never: one work item per query tile (batch-invariant, no merge)
+};
+
+/// Query tile of the runtime's kernels: packed (query, head-in-group) rows per CTA.
+enum class QueryTile : int32_t {
+  kAuto = 0,  ///< the kernels' heuristic (tessera/attention.h) from the plan's average rows
+  k16 = 16,
+  k64 = 64,
+  k128 = 128,  ///< not with head_dim 256
+};
+
+/// Upper bounds a wrapper is built for; they size the workspace (workspace_size). A plan beyond
+/// them is an error that names the bound, never an overflow.
+struct RuntimeBounds {
+  int64_t max_batch_size = 0;       ///< requests per plan (block-sparse: query block rows)
+  int64_t max_total_qo_tokens = 0;  ///< query rows of all requests together (decode: = batch)
+  int64_t num_qo_heads = 0;         ///< plans use at most this many query heads
+  int64_t num_kv_heads = 0;         ///< plans use at most this many KV heads (exactly, with cuda_graph)
+  int64_t head_dim = 0;             ///< plans use at most this head dim (exactly, with cuda_graph)
+};
+
+struct RuntimeOptions {
+  bool cuda_graph = false;         ///< see the header comment
+  SplitKV split_kv = SplitKV::kAuto;
+  int64_t fixed_split_size = 0;    ///< kFixed: KV positions per chunk, a positive multiple of 128
+  int64_t sm_budget = 0;           ///< SMs the persistent kernel may fill (0: the whole device), for
+                                   ///< overlap with other kernels
+  QueryTile q_tile = QueryTile::kAuto;  ///< with cuda_graph, kAuto is resolved at construction
+                                        ///< from the bounds
+  DType dtype = DType::kBF16;      ///< with cuda_graph: the dtype of q, k, v, o (fixed)
+};
+
+/// What a plan needs besides its index arrays.
+struct PlanShape {
+  int64_t num_qo_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kBF16;   ///< of q, k, v and o
+  AttentionOptions attention;   ///< sm_scale and causal
+};
+
+/// What the last plan() decided (for tests, benchmarks and logs).
+struct PlanInfo {
+  int64_t batch_size = 0;
+  int32_t q_tile_rows = 0;     ///< packed rows per query tile
+  int32_t kv_tile_rows = 0;    ///< KV rows per tile of the kernel
+  int32_t grid_cols = 0;       ///< CTAs per KV head (grid = grid_cols x num_kv_heads)
+  int32_t num_items = 0;       ///< work items per KV head
+  int32_t num_partials = 0;    ///< split chunks per KV head
+  int32_t num_merges = 0;      ///< split tiles per KV head
+  int32_t chunk_size = 0;      ///< KV positions per chunk (0: no split)
+  int64_t makespan = 0;        ///< largest per-CTA cost (cost units of DESIGN.md §6)
+  int64_t lower_bound = 0;     ///< max(average cost per CTA, largest indivisible item)
+  int64_t plan_bytes = 0;      ///< bytes the plan's cudaMemcpyAsync moved
+};
+
+/// The device side of a paged KV cache at run(): the page pool and the page table. The page
+/// ranges (indptr) and last-page lengths come from plan().
+struct PagedKVCache {
+  TensorView k;  ///< NHD [num_pages, page_size, H_kv, D] or HND [num_pages, H_kv, page_size, D]
+  TensorView v;  ///< same shape and dtype as k; strides may differ
+  Layout layout = Layout::kNHD;
+  TensorView indices;  ///< i32 [>= kv_indptr[B] of the plan] page ids, device memory
+  /// From one tensor holding both: NHD [num_pages, 2, page_size, H_kv, D] or HND [num_pages, 2,
+  /// H_kv, page_size, D].
+  static PagedKVCache from_combined(const TensorView& kv, Layout layout, const TensorView& indices);
+};
+
+namespace detail {
+class AttentionRuntime;
+}
+
+/// Batch decode over a paged KV cache: one query token per request.
+class BatchDecodeWrapper {
+ public:
+  /// workspace: u8 (or any dtype) device tensor of at least workspace_size(bounds, options) bytes,
+  /// 256-byte aligned, owned by the caller and kept alive while the wrapper is used.
+  BatchDecodeWrapper(const TensorView& workspace, const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  ~BatchDecodeWrapper();
+  BatchDecodeWrapper(BatchDecodeWrapper&&) noexcept;
+  BatchDecodeWrapper& operator=(BatchDecodeWrapper&&) noexcept;
+
+  /// Bytes of device workspace the wrapper needs on the current device.
+  static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// kv_indptr: host i32 [B + 1] (pages per request); last_page_len: host i32 [B] in
+  /// [1, page_size] (ignored for requests without pages); page_size >= 1.
+  void plan(const TensorView& kv_indptr, const TensorView& last_page_len, int64_t page_size, const PlanShape& shape,
+            StreamHandle stream = nullptr);
+  /// q: [B, Hq, D]; o: [B, Hq, D]; lse: [B, Hq] or undefined.
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse = {},
+           StreamHandle stream = nullptr);
+  const PlanInfo& plan_info() const;
+
+ private:
+  std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
+/// Batch prefill / append over a paged KV cache (any query length per request).
+class BatchPrefillPagedWrapper {
+ public:
+  BatchPrefillPagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                           const RuntimeOptions& options = {});
+  ~BatchPrefillPagedWrapper();
+  BatchPrefillPagedWrapper(BatchPrefillPagedWrapper&&) noexcept;
+  BatchPrefillPagedWrapper& operator=(BatchPrefillPagedWrapper&&) noexcept;
+  static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// qo_indptr: host i32 [B + 1] (query rows per request); kv_indptr, last_page_len as for decode.
+  void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const TensorView& last_page_len,
+            int64_t page_size, const PlanShape& shape, StreamHandle stream = nullptr);
+  /// q: [>= qo_indptr[B], Hq, D]; o like q; lse [rows of q, Hq] or undefined.
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse = {},
+           StreamHandle stream = nullptr);
+  const PlanInfo& plan_info() const;
+
+ private:
+  std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
+/// Batch prefill over ragged (packed) KV: request b owns KV rows kv_indptr[b] .. kv_indptr[b+1]-1.
+class BatchPrefillRaggedWrapper {
+ public:
+  BatchPrefillRaggedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                            const RuntimeOptions& options = {});
+  ~BatchPrefillRaggedWrapper();
+  BatchPrefillRaggedWrapper(BatchPrefillRaggedWrapper&&) noexcept;
+  BatchPrefillRaggedWrapper& operator=(BatchPrefillRaggedWrapper&&) noexcept;
+  static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// qo_indptr, kv_indptr: host i32 [B + 1].
+  void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const PlanShape& shape,
+            StreamHandle stream = nullptr);
+  /// q: [>= qo_indptr[B], Hq, D]; k, v: [>= kv_indptr[B], Hkv, D]; o like q; lse or undefined.
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+           const TensorView& lse = {}, StreamHandle stream = nullptr);
+  const PlanInfo& plan_info() const;
+
+ private:
+  std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
+/// Block-sparse attention (the format of tessera/formats.h BlockSparse): query block row r (rows
+/// r*Br .. r*Br+Br-1) sees the listed KV column blocks of Bc columns.
+class BlockSparseWrapper {
+ public:
+  BlockSparseWrapper(const TensorView& workspace, const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  ~BlockSparseWrapper();
+  BlockSparseWrapper(BlockSparseWrapper&&) noexcept;
+  BlockSparseWrapper& operator=(BlockSparseWrapper&&) noexcept;
+  /// bounds.max_batch_size bounds the block rows, max_total_qo_tokens the rows M.
+  static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// indptr: host i32 [ceil(M / Br) + 1], column blocks per block row; M = num_rows query rows,
+  /// N = num_cols KV columns; Br, Bc >= 1. Causal (shape.attention) masks with offset N - M.
+  void plan(const TensorView& indptr, int64_t block_rows, int64_t block_cols, int64_t num_rows, int64_t num_cols,
+            const PlanShape& shape, StreamHandle stream = nullptr);
+  /// q: [M, Hq, D]; k, v: [N, Hkv, D]; indices: device i32 [>= indptr[last]] column blocks in
+  /// [0, ceil(N / Bc)); o like q; lse or undefined.
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& indices,
+           const TensorView& o, const TensorView& lse = {}, StreamHandle stream = nullptr);
+  const PlanInfo& plan_info() const;
+
+ private:
+  std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
+}  // namespace tessera

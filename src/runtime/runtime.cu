@@ -1,0 +1,828 @@
+// The plan/run runtime (include/tessera/runtime.h): workspace layout, plan upload and the launch
+// of the persistent kernels. The planner itself is host-only code (src/runtime/planner.cpp).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/attention/contraction.cuh"
+#include "src/attention_args.h"
+#include "src/check.h"
+#include "src/cuda_utils.h"
+#include "src/dispatch.h"
+#include "src/prefill_config.h"
+#include "src/runtime/planner.h"
+#include "src/tensor_checks.h"
+#include "tessera/runtime.h"
+
+namespace tessera {
+namespace detail {
+namespace {
+
+using kernels::KVFormatKind;
+
+// The host planner and the kernels read the same bytes.
+static_assert(sizeof(runtime::WorkItem) == sizeof(kernels::PlannedItem), "WorkItem layout");
+static_assert(offsetof(runtime::WorkItem, request) == offsetof(kernels::PlannedItem, request), "WorkItem layout");
+static_assert(offsetof(runtime::WorkItem, packed_begin) == offsetof(kernels::PlannedItem, packed_begin), "layout");
+static_assert(offsetof(runtime::WorkItem, kv_begin) == offsetof(kernels::PlannedItem, kv_begin), "WorkItem layout");
+static_assert(offsetof(runtime::WorkItem, kv_end) == offsetof(kernels::PlannedItem, kv_end), "WorkItem layout");
+static_assert(offsetof(runtime::WorkItem, partial) == offsetof(kernels::PlannedItem, partial), "WorkItem layout");
+static_assert(sizeof(runtime::MergeItem) == sizeof(kernels::PlannedMerge), "MergeItem layout");
+static_assert(offsetof(runtime::MergeItem, partial_begin) == offsetof(kernels::PlannedMerge, partial_begin), "layout");
+static_assert(offsetof(runtime::MergeItem, partial_end) == offsetof(kernels::PlannedMerge, partial_end), "layout");
+
+constexpr int64_t kAlign = 256;
+constexpr int kMinTileRows = 16;       // the smallest query tile
+constexpr int kSplitMultiple = 128;    // fixed split sizes are multiples of every KV tile
+// Cost model of DESIGN.md §6 in KV-row units: an item's fixed work (query tile load, output
+// store, pipeline fill) is charged per valid packed query row. TESSERA_PLAN_ALPHA overrides alpha
+// (a tuning aid for benchmarks, like TESSERA_PREFILL_QTILE).
+constexpr int64_t kCostAlpha = 1;
+constexpr int64_t kCostBeta = 1;
+
+int64_t cost_alpha() {
+  static const int64_t alpha = [] {
+    const char* text = std::getenv("TESSERA_PLAN_ALPHA");
+    if (text == nullptr || *text == '\0') return kCostAlpha;
+    char* end = nullptr;
+    const long long v = std::strtoll(text, &end, 10);
+    TESSERA_CHECK_ARG(end != text && *end == '\0' && v >= 0 && v <= 1000000)
+        << "TESSERA_PLAN_ALPHA = " << text << ", expected an integer in [0, 1000000]";
+    return static_cast<int64_t>(v);
+  }();
+  return alpha;
+}
+
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+int tile_rows(QTile t) { return t == QTile::k16 ? 16 : t == QTile::k64 ? 64 : 128; }
+
+template <int HEAD_DIM>
+int kv_tile_rows_for(QTile t) {
+  switch (t) {
+    case QTile::k16: return PrefillConfig<__half, HEAD_DIM, QTile::k16>::Traits::CTA_TILE_KV;
+    case QTile::k64: return PrefillConfig<__half, HEAD_DIM, QTile::k64>::Traits::CTA_TILE_KV;
+    case QTile::k128:
+      if constexpr (HEAD_DIM != 256) return PrefillConfig<__half, HEAD_DIM, QTile::k128>::Traits::CTA_TILE_KV;
+      break;
+  }
+  TESSERA_FAIL(StatusCode::kInternal) << "no KV tile for head_dim " << HEAD_DIM;
+}
+
+int kv_tile_rows(int head_dim, QTile t) {
+  switch (head_dim) {
+    case 64: return kv_tile_rows_for<64>(t);
+    case 128: return kv_tile_rows_for<128>(t);
+    case 256: return kv_tile_rows_for<256>(t);
+  }
+  TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (64, 128, 256)";
+}
+
+int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
+  int result = 0;
+  TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
+    switch (head_dim) {
+      case 64: result = persistent_ctas_per_sm<T, 64>(format, t); break;
+      case 128: result = persistent_ctas_per_sm<T, 128>(format, t); break;
+      case 256: result = persistent_ctas_per_sm<T, 256>(format, t); break;
+      default:
+        TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (64, 128, 256)";
+    }
+  });
+  TESSERA_CHECK(result >= 1, StatusCode::kInternal) << "the persistent kernel does not fit an SM (head_dim "
+                                                     << head_dim << ", query tile " << tile_rows(t) << ")";
+  return result;
+}
+
+QTile to_qtile(QueryTile t, int head_dim) {
+  TESSERA_CHECK_ARG(!(t == QueryTile::k128 && head_dim == 256))
+      << "options.q_tile = 128 with head_dim 256, expected 16 or 64 (no 128-row tile at head_dim 256)";
+  switch (t) {
+    case QueryTile::k16: return QTile::k16;
+    case QueryTile::k64: return QTile::k64;
+    case QueryTile::k128: return QTile::k128;
+    case QueryTile::kAuto: break;
+  }
+  TESSERA_FAIL(StatusCode::kInternal) << "unresolved query tile";
+}
+
+int sm_budget(const RuntimeOptions& options) {
+  const int sms = current_device_sm_count();
+  TESSERA_CHECK_ARG(options.sm_budget >= 0) << "options.sm_budget = " << options.sm_budget << ", expected >= 0";
+  return options.sm_budget == 0 ? sms : static_cast<int>(std::min<int64_t>(options.sm_budget, sms));
+}
+
+void check_bounds(const RuntimeBounds& b) {
+  TESSERA_CHECK_ARG(b.max_batch_size >= 1 && b.max_batch_size < INT32_MAX)
+      << "bounds.max_batch_size = " << b.max_batch_size << ", expected in [1, 2^31 - 1)";
+  TESSERA_CHECK_ARG(b.max_total_qo_tokens >= 1 && b.max_total_qo_tokens < INT32_MAX)
+      << "bounds.max_total_qo_tokens = " << b.max_total_qo_tokens << ", expected in [1, 2^31 - 1)";
+  check_heads(b.num_qo_heads, b.num_kv_heads, b.head_dim);
+}
+
+/// Byte offsets of the workspace sections, fixed by the bounds so a captured run() always finds
+/// the plan at the same addresses. Sections [0, items + items capacity) mirror the pinned buffer.
+struct WorkspaceLayout {
+  int64_t num_merges = 0;     // i32 scalar
+  int64_t cta_indptr = 0;     // i32 [max_cols + 1]
+  int64_t qo_indptr = 0;      // i32 [max_batch + 1]
+  int64_t kv_indptr = 0;      // i32 [max_batch + 1]
+  int64_t last_page_len = 0;  // i32 [max_batch]
+  int64_t merges = 0;         // PlannedMerge [max_merges]
+  int64_t items = 0;          // PlannedItem [max_items]
+  int64_t plan_end = 0;
+  int64_t partial_lse = 0;    // f32 [partial_lse_floats]
+  int64_t partial_o = 0;      // f32 [partial_floats]
+  int64_t total = 0;
+  int32_t max_cols = 0;
+  int32_t max_batch = 0;
+  int32_t max_items = 0;
+  int32_t max_merges = 0;
+  int64_t partial_floats = 0;
+  int64_t partial_lse_floats = 0;
+};
+
+}  // namespace
+
+/// Everything the four wrappers share: bounds, workspace, pinned plan buffer, the last plan.
+class AttentionRuntime {
+ public:
+  struct PlanInput {
+    std::vector<int32_t> qo_indptr;      // [B + 1], host
+    std::vector<int32_t> kv_indptr;      // [B + 1]: KV rows (ragged), pages (paged), blocks (BSR)
+    std::vector<int32_t> last_page_len;  // [B] (paged only)
+    std::vector<int32_t> qo_len, kv_len;  // per request (BSR: block row)
+    int64_t page_size = 0;               // paged: page size; BSR: Bc
+    int64_t block_rows = 0, num_rows = 0, num_cols = 0;  // BSR
+  };
+
+  AttentionRuntime(KVFormatKind format, bool decode, const TensorView& workspace, const RuntimeBounds& bounds,
+                   const RuntimeOptions& options)
+      : format_(format), decode_(decode), bounds_(bounds), options_(options) {
+    check_options();
+    layout_ = compute_layout(format, decode, bounds, options);
+    check_ndim(workspace, "workspace", 1);
+    check_on_cuda(workspace, "workspace");
+    check_contiguous(workspace, "workspace");
+    TESSERA_CHECK_ARG(workspace.nbytes() >= layout_.total)
+        << "workspace has " << workspace.nbytes() << " bytes, expected >= " << layout_.total
+        << " (workspace_size of these bounds)";
+    TESSERA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace.data) % kAlign == 0)
+        << "workspace.data is not 256-byte aligned";
+    int device = 0;
+    TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+    TESSERA_CHECK_ARG(workspace.device.id == device)
+        << "workspace is on cuda:" << workspace.device.id << " but the current device is cuda:" << device;
+    workspace_ = static_cast<char*>(workspace.data);
+    TESSERA_CUDA_CHECK(cudaHostAlloc(&pinned_, static_cast<size_t>(layout_.plan_end), cudaHostAllocDefault))
+        << " (pinned plan buffer of " << layout_.plan_end << " bytes)";
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+    if (options_.cuda_graph) {
+      graph_tile_ = resolve_graph_tile();
+      const int head_dim = static_cast<int>(bounds_.head_dim);
+      graph_cols_ = grid_cols(ctas_per_sm(options_.dtype, head_dim, format_, graph_tile_),
+                              static_cast<int>(bounds_.num_kv_heads));
+    }
+  }
+
+  ~AttentionRuntime() {
+    if (copy_done_ != nullptr) cudaEventSynchronize(copy_done_), cudaEventDestroy(copy_done_);
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  }
+  AttentionRuntime(const AttentionRuntime&) = delete;
+  AttentionRuntime& operator=(const AttentionRuntime&) = delete;
+
+  static int64_t workspace_size(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
+                                const RuntimeOptions& options) {
+    return compute_layout(format, decode, bounds, options).total;
+  }
+
+  void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream) {
+    const int64_t batch = static_cast<int64_t>(in.qo_len.size());
+    const HeadConfig heads = check_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim);
+    TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16)
+        << "shape.dtype = " << shape.dtype << ", expected f16 or bf16";
+    TESSERA_CHECK_ARG(batch <= bounds_.max_batch_size)
+        << "batch size " << batch << " exceeds bounds.max_batch_size = " << bounds_.max_batch_size;
+    const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
+    TESSERA_CHECK_ARG(total_qo <= bounds_.max_total_qo_tokens)
+        << "the plan has " << total_qo << " query rows, exceeding bounds.max_total_qo_tokens = "
+        << bounds_.max_total_qo_tokens;
+    TESSERA_CHECK_ARG(heads.num_qo_heads <= bounds_.num_qo_heads)
+        << "shape.num_qo_heads = " << heads.num_qo_heads << " exceeds bounds.num_qo_heads = " << bounds_.num_qo_heads;
+    TESSERA_CHECK_ARG(heads.num_kv_heads <= bounds_.num_kv_heads)
+        << "shape.num_kv_heads = " << heads.num_kv_heads << " exceeds bounds.num_kv_heads = " << bounds_.num_kv_heads;
+    TESSERA_CHECK_ARG(heads.head_dim <= bounds_.head_dim)
+        << "shape.head_dim = " << heads.head_dim << " exceeds bounds.head_dim = " << bounds_.head_dim;
+    const int head_dim = static_cast<int>(heads.head_dim);
+    const int group = static_cast<int>(heads.num_qo_heads / heads.num_kv_heads);
+    // sm_scale is checked here, not first at run().
+    const double sm_scale = shape.attention.sm_scale < 0 ? -1.0 : shape.attention.sm_scale;
+    TESSERA_CHECK_ARG(sm_scale != 0.0 && std::isfinite(sm_scale))
+        << "shape.attention.sm_scale = " << shape.attention.sm_scale
+        << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
+    if (options_.cuda_graph) check_graph_invariants(in, shape);
+
+    // Query tile and grid.
+    QTile q_tile = graph_tile_;
+    if (!options_.cuda_graph) {
+      if (options_.q_tile != QueryTile::kAuto) {
+        q_tile = to_qtile(options_.q_tile, head_dim);
+      } else {
+        const double avg_rows = batch > 0 ? static_cast<double>(total_qo) / static_cast<double>(batch) : 1.0;
+        q_tile = choose_q_tile(head_dim, avg_rows * group);
+      }
+    }
+    const int cols = options_.cuda_graph
+                         ? graph_cols_
+                         : grid_cols(ctas_per_sm(shape.dtype, head_dim, format_, q_tile),
+                                     static_cast<int>(heads.num_kv_heads));
+
+    runtime::PlannerConfig config;
+    config.group_size = group;
+    config.q_tile_rows = tile_rows(q_tile);
+    config.kv_tile_rows = kv_tile_rows(head_dim, q_tile);
+    config.num_ctas = cols;
+    config.causal = shape.attention.causal && format_ != KVFormatKind::kBlockSparse;
+    config.split_mode = options_.split_kv == SplitKV::kAuto    ? runtime::SplitMode::kAuto
+                        : options_.split_kv == SplitKV::kFixed ? runtime::SplitMode::kFixed
+                                                               : runtime::SplitMode::kNone;
+    config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
+    config.alpha = cost_alpha();
+    config.beta = kCostBeta;
+    const int64_t slot_floats = heads.num_kv_heads * config.q_tile_rows * static_cast<int64_t>(head_dim);
+    const int64_t slot_capacity =
+        std::min(layout_.partial_floats / slot_floats,
+                 layout_.partial_lse_floats / (heads.num_kv_heads * static_cast<int64_t>(config.q_tile_rows)));
+    config.max_partials = static_cast<int32_t>(std::min<int64_t>(slot_capacity, INT32_MAX));
+    runtime::Plan plan = runtime::plan_work(in.qo_len, in.kv_len, config);
+    TESSERA_CHECK_ARG(plan.ok) << plan.error << " (the workspace holds " << slot_capacity
+                               << " partial states for this shape; raise the bounds or the split size)";
+    TESSERA_CHECK_ARG(static_cast<int64_t>(plan.items.size()) <= layout_.max_items)
+        << "the plan has " << plan.items.size() << " work items, the workspace holds " << layout_.max_items
+        << " (bounds.max_total_qo_tokens / max_batch_size too small for this batch?)";
+    TESSERA_CHECK_ARG(static_cast<int64_t>(plan.merges.size()) <= layout_.max_merges)
+        << "the plan has " << plan.merges.size() << " split tiles, the workspace holds " << layout_.max_merges;
+    TESSERA_CHECK(cols <= layout_.max_cols, StatusCode::kInternal)
+        << "grid of " << cols << " columns exceeds the workspace's " << layout_.max_cols;
+
+    // The previous plan's copy may still be reading the pinned buffer.
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(copy_done_));
+    char* host = static_cast<char*>(pinned_);
+    const int32_t num_merges = static_cast<int32_t>(plan.merges.size());
+    std::memcpy(host + layout_.num_merges, &num_merges, sizeof(num_merges));
+    std::memcpy(host + layout_.cta_indptr, plan.cta_indptr.data(), plan.cta_indptr.size() * sizeof(int32_t));
+    std::memcpy(host + layout_.qo_indptr, in.qo_indptr.data(), in.qo_indptr.size() * sizeof(int32_t));
+    std::memcpy(host + layout_.kv_indptr, in.kv_indptr.data(), in.kv_indptr.size() * sizeof(int32_t));
+    if (!in.last_page_len.empty()) {
+      std::memcpy(host + layout_.last_page_len, in.last_page_len.data(), in.last_page_len.size() * sizeof(int32_t));
+    }
+    std::memcpy(host + layout_.merges, plan.merges.data(), plan.merges.size() * sizeof(runtime::MergeItem));
+    std::memcpy(host + layout_.items, plan.items.data(), plan.items.size() * sizeof(runtime::WorkItem));
+    const int64_t plan_bytes = layout_.items + static_cast<int64_t>(plan.items.size() * sizeof(runtime::WorkItem));
+    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(workspace_, pinned_, static_cast<size_t>(plan_bytes), cudaMemcpyHostToDevice, s))
+        << " (plan upload)";
+    TESSERA_CUDA_CHECK(cudaEventRecord(copy_done_, s));
+
+    planned_ = true;
+    plan_stream_ = s;
+    shape_ = shape;
+    q_tile_ = q_tile;
+    batch_ = batch;
+    total_qo_ = total_qo;
+    total_kv_units_ = in.kv_indptr.empty() ? 0 : in.kv_indptr.back();
+    page_size_ = in.page_size;
+    block_rows_ = in.block_rows;
+    num_rows_ = in.num_rows;
+    num_cols_ = in.num_cols;
+    info_ = PlanInfo{};
+    info_.batch_size = batch;
+    info_.q_tile_rows = config.q_tile_rows;
+    info_.kv_tile_rows = config.kv_tile_rows;
+    info_.grid_cols = cols;
+    info_.num_items = static_cast<int32_t>(plan.items.size());
+    info_.num_partials = plan.num_partials;
+    info_.num_merges = num_merges;
+    info_.chunk_size = plan.chunk_size;
+    info_.makespan = plan.makespan;
+    info_.lower_bound = plan.lower_bound;
+    info_.plan_bytes = plan_bytes;
+  }
+
+  /// Checks run()'s common arguments against the plan: q [rows, Hq, D], o like q, lse.
+  void check_run_queries(const TensorView& q, const TensorView& o, const TensorView& lse) const {
+    TESSERA_CHECK_ARG(planned_) << "run() before plan(): call plan() with this batch's index arrays first";
+    check_operand(q, "q", 3);
+    TESSERA_CHECK_ARG(q.dtype == shape_.dtype) << "q.dtype = " << q.dtype << ", but the plan was made for "
+                                               << shape_.dtype;
+    check_size(q, "q", 1, shape_.num_qo_heads);
+    check_size(q, "q", 2, shape_.head_dim);
+    const int64_t needed = options_.cuda_graph ? bounds_.max_total_qo_tokens : total_qo_;
+    TESSERA_CHECK_ARG(q.shape[0] >= needed && q.shape[0] <= INT32_MAX)
+        << "q.shape[0] = " << q.shape[0] << ", expected >= " << needed
+        << (options_.cuda_graph ? " (cuda_graph: bounds.max_total_qo_tokens)" : " (the plan's query rows)");
+    check_outputs(q, o, lse, q.shape[0]);
+  }
+
+  /// Checks K/V [rows or pages..., Hkv, D] against the plan.
+  void check_run_kv_heads(const TensorView& k, const char* name, int64_t head_axis) const {
+    check_size(k, name, static_cast<int>(head_axis), shape_.num_kv_heads);
+    check_size(k, name, k.ndim - 1, shape_.head_dim);
+  }
+
+  int64_t page_size() const { return page_size_; }
+  int64_t total_kv_units() const { return total_kv_units_; }
+  int64_t num_cols() const { return num_cols_; }
+  int64_t num_rows() const { return num_rows_; }
+  int64_t block_rows() const { return block_rows_; }
+  const PlanShape& shape() const { return shape_; }
+  const PlanInfo& info() const { return info_; }
+
+  /// Builds the query part of the kernel parameters from run()'s tensors and the plan.
+  template <typename T>
+  kernels::AttentionParams<T> query_part(const TensorView& q, const TensorView& o, const TensorView& lse) const {
+    const HeadConfig heads{shape_.num_qo_heads, shape_.num_kv_heads, shape_.head_dim};
+    kernels::AttentionParams<T> p = query_params<T>(q, o, lse, heads, shape_.attention);
+    p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.qo_indptr);
+    p.kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
+    p.last_page_len = reinterpret_cast<const int32_t*>(workspace_ + layout_.last_page_len);
+    // The workspace's index arrays hold max_batch entries: every request index of any later
+    // plan is inside them, so a captured launch stays valid.
+    p.batch_size = layout_.max_batch;
+    return p;
+  }
+
+  template <typename T>
+  void launch(const kernels::AttentionParams<T>& p, StreamHandle stream) {
+    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    if (s != plan_stream_) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+      // Outside a capture, order the kernels after the plan upload on the other stream.
+      if (capture == cudaStreamCaptureStatusNone) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, 0));
+    }
+    PersistentLaunch launch;
+    launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
+    launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
+    launch.work.num_merges = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_merges);
+    launch.work.merges = reinterpret_cast<const kernels::PlannedMerge*>(workspace_ + layout_.merges);
+    launch.work.partial_o = reinterpret_cast<float*>(workspace_ + layout_.partial_o);
+    launch.work.partial_lse = reinterpret_cast<float*>(workspace_ + layout_.partial_lse);
+    launch.grid_cols = info_.grid_cols;
+    // A captured launch must also contract for later plans that split.
+    const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
+                                  shape_.num_kv_heads * info_.q_tile_rows * (shape_.head_dim / 8);
+    launch.contraction_blocks =
+        merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
+    switch (shape_.head_dim) {
+      case 64: return launch_persistent_head_dim<T, 64>(p, format_, q_tile_, launch, s);
+      case 128: return launch_persistent_head_dim<T, 128>(p, format_, q_tile_, launch, s);
+      case 256: return launch_persistent_head_dim<T, 256>(p, format_, q_tile_, launch, s);
+    }
+    TESSERA_FAIL(StatusCode::kInternal) << "head_dim " << shape_.head_dim;
+  }
+
+ private:
+  void check_options() const {
+    TESSERA_CHECK_ARG(options_.split_kv == SplitKV::kAuto || options_.split_kv == SplitKV::kFixed ||
+                      options_.split_kv == SplitKV::kNone)
+        << "options.split_kv = " << static_cast<int>(options_.split_kv) << ", expected kAuto, kFixed or kNone";
+    if (options_.split_kv == SplitKV::kFixed) {
+      TESSERA_CHECK_ARG(options_.fixed_split_size > 0 && options_.fixed_split_size % kSplitMultiple == 0 &&
+                        options_.fixed_split_size < INT32_MAX)
+          << "options.fixed_split_size = " << options_.fixed_split_size << ", expected a positive multiple of "
+          << kSplitMultiple << " with split_kv = kFixed";
+    }
+    TESSERA_CHECK_ARG(options_.q_tile == QueryTile::kAuto || options_.q_tile == QueryTile::k16 ||
+                      options_.q_tile == QueryTile::k64 || options_.q_tile == QueryTile::k128)
+        << "options.q_tile = " << static_cast<int>(options_.q_tile) << ", expected kAuto, 16, 64 or 128";
+    if (options_.cuda_graph) {
+      TESSERA_CHECK_ARG(options_.dtype == DType::kF16 || options_.dtype == DType::kBF16)
+          << "options.dtype = " << options_.dtype << ", expected f16 or bf16 (the dtype a captured run() uses)";
+    }
+  }
+
+  QTile resolve_graph_tile() const {
+    const int head_dim = static_cast<int>(bounds_.head_dim);
+    if (options_.q_tile != QueryTile::kAuto) return to_qtile(options_.q_tile, head_dim);
+    const double group = static_cast<double>(bounds_.num_qo_heads / bounds_.num_kv_heads);
+    const double avg_rows = decode_ ? 1.0
+                                    : static_cast<double>(bounds_.max_total_qo_tokens) /
+                                          static_cast<double>(bounds_.max_batch_size);
+    return choose_q_tile(head_dim, avg_rows * group);
+  }
+
+  int grid_cols(int per_sm, int num_kv_heads) const {
+    const int ctas = per_sm * sm_budget(options_);
+    return std::max(1, ctas / std::max(1, num_kv_heads));
+  }
+
+  void check_graph_invariants(const PlanInput& in, const PlanShape& shape) const {
+    TESSERA_CHECK_ARG(shape.num_kv_heads == bounds_.num_kv_heads && shape.head_dim == bounds_.head_dim)
+        << "cuda_graph: shape has num_kv_heads = " << shape.num_kv_heads << ", head_dim = " << shape.head_dim
+        << ", expected the bounds' " << bounds_.num_kv_heads << " and " << bounds_.head_dim
+        << " (the captured grid is fixed)";
+    TESSERA_CHECK_ARG(shape.dtype == options_.dtype)
+        << "cuda_graph: shape.dtype = " << shape.dtype << ", expected options.dtype = " << options_.dtype;
+    if (!planned_) return;
+    TESSERA_CHECK_ARG(shape.num_qo_heads == shape_.num_qo_heads && shape.attention.causal == shape_.attention.causal &&
+                      shape.attention.sm_scale == shape_.attention.sm_scale && in.page_size == page_size_ &&
+                      in.block_rows == block_rows_ && in.num_rows == num_rows_ && in.num_cols == num_cols_)
+        << "cuda_graph: this plan changes num_qo_heads, causal, sm_scale, the page size or the block-sparse "
+           "shape, which a captured run() has baked in (first plan: num_qo_heads = "
+        << shape_.num_qo_heads << ", causal = " << shape_.attention.causal << ", page_size = " << page_size_
+        << "; this plan: " << shape.num_qo_heads << ", " << shape.attention.causal << ", " << in.page_size << ")";
+  }
+
+  static WorkspaceLayout compute_layout(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
+                                        const RuntimeOptions& options) {
+    check_bounds(bounds);
+    WorkspaceLayout l;
+    // The most CTAs any configuration of these bounds can put on the device.
+    int per_sm = 1;
+    const int head_dims[] = {64, 128, 256};
+    for (int d : head_dims) {
+      if (d > bounds.head_dim) continue;
+      for (QTile t : {QTile::k16, QTile::k64, QTile::k128}) {
+        if (t == QTile::k128 && d == 256) continue;
+        per_sm = std::max(per_sm, ctas_per_sm(DType::kBF16, d, format, t));
+      }
+    }
+    const int64_t max_ctas = std::max<int64_t>(static_cast<int64_t>(per_sm) * sm_budget(options), bounds.num_kv_heads);
+    const int64_t max_group = bounds.num_qo_heads;  // MQA: every query head in one group
+    const int64_t max_tiles =
+        (bounds.max_total_qo_tokens * max_group + kMinTileRows - 1) / kMinTileRows + bounds.max_batch_size;
+    // Partial states: a plan with chunk size L = total / CTAs splits at most 2 chunks per CTA
+    // (DESIGN.md §6); tile rows of the largest tile the wrapper uses.
+    const int64_t max_tile_rows = decode ? std::min<int64_t>(128, std::max<int64_t>(16, max_group)) : 128;
+    l.partial_floats = 2 * max_ctas * max_tile_rows * bounds.head_dim;
+    l.partial_lse_floats = 2 * max_ctas * max_tile_rows;
+    const int64_t max_partials = l.partial_lse_floats / kMinTileRows;
+    const int64_t max_items = max_tiles + max_partials;
+    TESSERA_CHECK_ARG(max_items < INT32_MAX / 32) << "bounds too large: " << max_items << " work items";
+    l.max_cols = static_cast<int32_t>(max_ctas);
+    l.max_batch = static_cast<int32_t>(bounds.max_batch_size);
+    l.max_items = static_cast<int32_t>(max_items);
+    l.max_merges = static_cast<int32_t>(max_partials / 2 + 1);
+    int64_t at = 0;
+    auto section = [&](int64_t bytes) {
+      const int64_t offset = at;
+      at = align_up(at + bytes);
+      return offset;
+    };
+    l.num_merges = section(sizeof(int32_t));
+    l.cta_indptr = section((l.max_cols + 1) * sizeof(int32_t));
+    l.qo_indptr = section((l.max_batch + 1) * sizeof(int32_t));
+    l.kv_indptr = section((l.max_batch + 1) * sizeof(int32_t));
+    l.last_page_len = section(l.max_batch * sizeof(int32_t));
+    l.merges = section(l.max_merges * sizeof(kernels::PlannedMerge));
+    l.items = section(l.max_items * sizeof(kernels::PlannedItem));
+    l.plan_end = at;
+    l.partial_lse = section(l.partial_lse_floats * sizeof(float));
+    l.partial_o = section(l.partial_floats * sizeof(float));
+    l.total = at;
+    return l;
+  }
+
+  KVFormatKind format_;
+  bool decode_;
+  RuntimeBounds bounds_;
+  RuntimeOptions options_;
+  WorkspaceLayout layout_;
+  char* workspace_ = nullptr;
+  void* pinned_ = nullptr;
+  cudaEvent_t copy_done_ = nullptr;
+  QTile graph_tile_ = QTile::k16;
+  int graph_cols_ = 0;
+
+  bool planned_ = false;
+  cudaStream_t plan_stream_ = nullptr;
+  PlanShape shape_;
+  QTile q_tile_ = QTile::k16;
+  int64_t batch_ = 0, total_qo_ = 0, total_kv_units_ = 0;
+  int64_t page_size_ = 0, block_rows_ = 0, num_rows_ = 0, num_cols_ = 0;
+  PlanInfo info_;
+};
+
+namespace {
+
+/// A host i32 vector argument of plan(): 1-D, `length` entries (or any length when < 0).
+std::vector<int32_t> read_host_array(const TensorView& t, const char* name, int64_t length) {
+  check_ndim(t, name, 1);
+  check_dtype(t, name, {DType::kI32});
+  TESSERA_CHECK_ARG(t.device.is_host()) << name << " is on " << t.device
+                                        << ", expected host memory (plan() reads it on the CPU)";
+  if (length >= 0) check_size(t, name, 0, length);
+  std::vector<int32_t> v(static_cast<size_t>(t.shape[0]));
+  const int32_t* data = t.data_as<const int32_t>();
+  for (int64_t i = 0; i < t.shape[0]; ++i) v[static_cast<size_t>(i)] = data[i * t.strides[0]];
+  return v;
+}
+
+/// A host indptr: [B + 1], starts at 0, non-decreasing, entries < 2^31.
+std::vector<int32_t> read_host_indptr(const TensorView& t, const char* name) {
+  TESSERA_CHECK_ARG(t.ndim == 1 && t.shape[0] >= 1)
+      << name << " must be 1-D with batch_size + 1 >= 1 entries, got " << t.describe();
+  std::vector<int32_t> v = read_host_array(t, name, -1);
+  TESSERA_CHECK_ARG(v[0] == 0) << name << "[0] = " << v[0] << ", expected 0";
+  for (size_t i = 1; i < v.size(); ++i) {
+    TESSERA_CHECK_ARG(v[i] >= v[i - 1]) << name << "[" << i << "] = " << v[i] << ", expected >= " << v[i - 1] << " ("
+                                        << name << "[" << i - 1 << "]; indptr must be non-decreasing)";
+  }
+  return v;
+}
+
+void fill_lengths(const std::vector<int32_t>& indptr, std::vector<int32_t>& len) {
+  len.resize(indptr.size() - 1);
+  for (size_t b = 0; b + 1 < indptr.size(); ++b) len[b] = indptr[b + 1] - indptr[b];
+}
+
+/// Paged plan input: page ranges to KV lengths.
+void paged_lengths(AttentionRuntime::PlanInput& in, const TensorView& kv_indptr, const TensorView& last_page_len,
+                   int64_t page_size, int64_t batch) {
+  TESSERA_CHECK_ARG(page_size >= 1 && page_size < INT32_MAX) << "page_size = " << page_size << ", expected >= 1";
+  in.kv_indptr = read_host_indptr(kv_indptr, "kv_indptr");
+  TESSERA_CHECK_ARG(static_cast<int64_t>(in.kv_indptr.size()) == batch + 1)
+      << "kv_indptr has " << in.kv_indptr.size() << " entries, expected batch_size + 1 = " << batch + 1;
+  in.last_page_len = read_host_array(last_page_len, "last_page_len", batch);
+  in.page_size = page_size;
+  in.kv_len.resize(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    const int32_t last = in.last_page_len[b];
+    if (pages > 0) {
+      TESSERA_CHECK_ARG(last >= 1 && last <= page_size)
+          << "last_page_len[" << b << "] = " << last << ", expected in [1, " << page_size << "] (request " << b
+          << " has " << pages << " pages)";
+    }
+    const int64_t len = pages > 0 ? (pages - 1) * page_size + last : 0;
+    TESSERA_CHECK_ARG(len < INT32_MAX) << "request " << b << " has " << len << " KV tokens, expected < 2^31";
+    in.kv_len[b] = static_cast<int32_t>(len);
+  }
+}
+
+void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv) {
+  TESSERA_CHECK_ARG(kv.layout == Layout::kNHD || kv.layout == Layout::kHND)
+      << "kv.layout = " << static_cast<int>(kv.layout) << ", expected NHD or HND";
+  check_operand(kv.k, "kv.k", 4);
+  check_operand(kv.v, "kv.v", 4);
+  check_dtype(kv.k, "kv.k", {q.dtype});
+  check_dtype(kv.v, "kv.v", {q.dtype});
+  check_same_device(q, "q", kv.k, "kv.k");
+  check_same_device(q, "q", kv.v, "kv.v");
+  for (int d = 0; d < 4; ++d) check_size(kv.v, "kv.v", d, kv.k.shape[d]);
+  const int slot_axis = kv.layout == Layout::kNHD ? 1 : 2;
+  TESSERA_CHECK_ARG(kv.k.shape[slot_axis] == rt.page_size())
+      << "kv.k has page size " << kv.k.shape[slot_axis] << " (shape[" << slot_axis << "]), but the plan was made for "
+      << rt.page_size();
+  rt.check_run_kv_heads(kv.k, "kv.k", kv.layout == Layout::kNHD ? 2 : 1);
+  TESSERA_CHECK_ARG(kv.k.shape[0] < INT32_MAX) << "kv.k has " << kv.k.shape[0] << " pages, expected < 2^31";
+  check_index_array(kv.indices, "kv.indices", q, kv.indices.ndim == 1 ? kv.indices.shape[0] : 0);
+  TESSERA_CHECK_ARG(kv.indices.shape[0] >= rt.total_kv_units() && kv.indices.shape[0] < INT32_MAX)
+      << "kv.indices has " << kv.indices.shape[0] << " entries, expected >= kv_indptr[B] = " << rt.total_kv_units()
+      << " of the plan";
+}
+
+template <typename T>
+void paged_cache_params(kernels::AttentionParams<T>& p, const PagedKVCache& kv) {
+  PagedKV view;
+  view.k = kv.k;
+  view.v = kv.v;
+  view.layout = kv.layout;
+  p.k = kv.k.data_as<const T>();
+  p.v = kv.v.data_as<const T>();
+  p.k_page_stride = view.k_page_stride();
+  p.k_row_stride = view.k_slot_stride();
+  p.k_head_stride = view.k_head_stride();
+  p.v_page_stride = view.v_page_stride();
+  p.v_row_stride = view.v_slot_stride();
+  p.v_head_stride = view.v_head_stride();
+  p.kv_indices = kv.indices.data_as<const int32_t>();
+  p.page_size = static_cast<int32_t>(view.page_size());
+  p.num_pages = static_cast<int32_t>(view.num_pages());
+  p.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
+}
+
+void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv, const TensorView& o,
+               const TensorView& lse, StreamHandle stream) {
+  rt.check_run_queries(q, o, lse);
+  check_paged_cache(rt, q, kv);
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
+    paged_cache_params<T>(p, kv);
+    rt.launch<T>(p, stream);
+  });
+}
+
+}  // namespace
+}  // namespace detail
+
+PagedKVCache PagedKVCache::from_combined(const TensorView& kv, Layout layout, const TensorView& indices) {
+  const PagedKV split = PagedKV::from_combined(kv, layout, TensorView{}, indices, TensorView{});
+  PagedKVCache out;
+  out.k = split.k;
+  out.v = split.v;
+  out.layout = layout;
+  out.indices = indices;
+  return out;
+}
+
+using detail::AttentionRuntime;
+using kernels::KVFormatKind;
+
+// --- BatchDecodeWrapper ----------------------------------------------------------------------
+
+BatchDecodeWrapper::BatchDecodeWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                                       const RuntimeOptions& options)
+    : impl_(std::make_unique<AttentionRuntime>(KVFormatKind::kPaged, true, workspace, bounds, options)) {}
+BatchDecodeWrapper::~BatchDecodeWrapper() = default;
+BatchDecodeWrapper::BatchDecodeWrapper(BatchDecodeWrapper&&) noexcept = default;
+BatchDecodeWrapper& BatchDecodeWrapper::operator=(BatchDecodeWrapper&&) noexcept = default;
+
+int64_t BatchDecodeWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::workspace_size(KVFormatKind::kPaged, true, bounds, options);
+}
+
+void BatchDecodeWrapper::plan(const TensorView& kv_indptr, const TensorView& last_page_len, int64_t page_size,
+                              const PlanShape& shape, StreamHandle stream) {
+  AttentionRuntime::PlanInput in;
+  TESSERA_CHECK_ARG(kv_indptr.ndim == 1 && kv_indptr.shape[0] >= 1)
+      << "kv_indptr must be 1-D with batch_size + 1 >= 1 entries, got " << kv_indptr.describe();
+  const int64_t batch = kv_indptr.shape[0] - 1;
+  detail::paged_lengths(in, kv_indptr, last_page_len, page_size, batch);
+  in.qo_indptr.resize(static_cast<size_t>(batch + 1));
+  for (int64_t b = 0; b <= batch; ++b) in.qo_indptr[b] = static_cast<int32_t>(b);
+  in.qo_len.assign(static_cast<size_t>(batch), 1);
+  impl_->plan(in, shape, stream);
+}
+
+void BatchDecodeWrapper::run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse,
+                             StreamHandle stream) {
+  detail::run_paged(*impl_, q, kv, o, lse, stream);
+}
+
+const PlanInfo& BatchDecodeWrapper::plan_info() const { return impl_->info(); }
+
+// --- BatchPrefillPagedWrapper ----------------------------------------------------------------
+
+BatchPrefillPagedWrapper::BatchPrefillPagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                                                   const RuntimeOptions& options)
+    : impl_(std::make_unique<AttentionRuntime>(KVFormatKind::kPaged, false, workspace, bounds, options)) {}
+BatchPrefillPagedWrapper::~BatchPrefillPagedWrapper() = default;
+BatchPrefillPagedWrapper::BatchPrefillPagedWrapper(BatchPrefillPagedWrapper&&) noexcept = default;
+BatchPrefillPagedWrapper& BatchPrefillPagedWrapper::operator=(BatchPrefillPagedWrapper&&) noexcept = default;
+
+int64_t BatchPrefillPagedWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::workspace_size(KVFormatKind::kPaged, false, bounds, options);
+}
+
+void BatchPrefillPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& kv_indptr,
+                                    const TensorView& last_page_len, int64_t page_size, const PlanShape& shape,
+                                    StreamHandle stream) {
+  AttentionRuntime::PlanInput in;
+  in.qo_indptr = detail::read_host_indptr(qo_indptr, "qo_indptr");
+  const int64_t batch = static_cast<int64_t>(in.qo_indptr.size()) - 1;
+  detail::fill_lengths(in.qo_indptr, in.qo_len);
+  detail::paged_lengths(in, kv_indptr, last_page_len, page_size, batch);
+  impl_->plan(in, shape, stream);
+}
+
+void BatchPrefillPagedWrapper::run(const TensorView& q, const PagedKVCache& kv, const TensorView& o,
+                                   const TensorView& lse, StreamHandle stream) {
+  detail::run_paged(*impl_, q, kv, o, lse, stream);
+}
+
+const PlanInfo& BatchPrefillPagedWrapper::plan_info() const { return impl_->info(); }
+
+// --- BatchPrefillRaggedWrapper ---------------------------------------------------------------
+
+BatchPrefillRaggedWrapper::BatchPrefillRaggedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                                                     const RuntimeOptions& options)
+    : impl_(std::make_unique<AttentionRuntime>(KVFormatKind::kRagged, false, workspace, bounds, options)) {}
+BatchPrefillRaggedWrapper::~BatchPrefillRaggedWrapper() = default;
+BatchPrefillRaggedWrapper::BatchPrefillRaggedWrapper(BatchPrefillRaggedWrapper&&) noexcept = default;
+BatchPrefillRaggedWrapper& BatchPrefillRaggedWrapper::operator=(BatchPrefillRaggedWrapper&&) noexcept = default;
+
+int64_t BatchPrefillRaggedWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::workspace_size(KVFormatKind::kRagged, false, bounds, options);
+}
+
+void BatchPrefillRaggedWrapper::plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const PlanShape& shape,
+                                     StreamHandle stream) {
+  AttentionRuntime::PlanInput in;
+  in.qo_indptr = detail::read_host_indptr(qo_indptr, "qo_indptr");
+  in.kv_indptr = detail::read_host_indptr(kv_indptr, "kv_indptr");
+  TESSERA_CHECK_ARG(in.kv_indptr.size() == in.qo_indptr.size())
+      << "kv_indptr has " << in.kv_indptr.size() << " entries, expected " << in.qo_indptr.size()
+      << " (batch_size + 1 of qo_indptr)";
+  detail::fill_lengths(in.qo_indptr, in.qo_len);
+  detail::fill_lengths(in.kv_indptr, in.kv_len);
+  impl_->plan(in, shape, stream);
+}
+
+void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                                    const TensorView& lse, StreamHandle stream) {
+  AttentionRuntime& rt = *impl_;
+  rt.check_run_queries(q, o, lse);
+  detail::check_dense_kv(q, k, v, Layout::kNHD);
+  rt.check_run_kv_heads(k, "k", 1);
+  TESSERA_CHECK_ARG(k.shape[0] >= rt.total_kv_units())
+      << "k has " << k.shape[0] << " rows, expected >= kv_indptr[B] = " << rt.total_kv_units() << " of the plan";
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
+    p.k = k.data_as<const T>();
+    p.v = v.data_as<const T>();
+    p.k_row_stride = k.strides[0];
+    p.k_head_stride = k.strides[1];
+    p.v_row_stride = v.strides[0];
+    p.v_head_stride = v.strides[1];
+    p.num_kv_rows = static_cast<int32_t>(k.shape[0]);
+    rt.launch<T>(p, stream);
+  });
+}
+
+const PlanInfo& BatchPrefillRaggedWrapper::plan_info() const { return impl_->info(); }
+
+// --- BlockSparseWrapper ----------------------------------------------------------------------
+
+BlockSparseWrapper::BlockSparseWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                                       const RuntimeOptions& options)
+    : impl_(std::make_unique<AttentionRuntime>(KVFormatKind::kBlockSparse, false, workspace, bounds, options)) {}
+BlockSparseWrapper::~BlockSparseWrapper() = default;
+BlockSparseWrapper::BlockSparseWrapper(BlockSparseWrapper&&) noexcept = default;
+BlockSparseWrapper& BlockSparseWrapper::operator=(BlockSparseWrapper&&) noexcept = default;
+
+int64_t BlockSparseWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::workspace_size(KVFormatKind::kBlockSparse, false, bounds, options);
+}
+
+void BlockSparseWrapper::plan(const TensorView& indptr, int64_t block_rows, int64_t block_cols, int64_t num_rows,
+                              int64_t num_cols, const PlanShape& shape, StreamHandle stream) {
+  TESSERA_CHECK_ARG(block_rows >= 1 && block_rows < INT32_MAX) << "block_rows = " << block_rows << ", expected >= 1";
+  TESSERA_CHECK_ARG(block_cols >= 1 && block_cols < INT32_MAX) << "block_cols = " << block_cols << ", expected >= 1";
+  TESSERA_CHECK_ARG(num_rows >= 0 && num_rows < INT32_MAX) << "num_rows = " << num_rows << ", expected in [0, 2^31)";
+  TESSERA_CHECK_ARG(num_cols >= 0 && num_cols < INT32_MAX) << "num_cols = " << num_cols << ", expected in [0, 2^31)";
+  AttentionRuntime::PlanInput in;
+  in.kv_indptr = detail::read_host_indptr(indptr, "indptr");
+  const int64_t row_blocks = (num_rows + block_rows - 1) / block_rows;
+  TESSERA_CHECK_ARG(static_cast<int64_t>(in.kv_indptr.size()) == row_blocks + 1)
+      << "indptr has " << in.kv_indptr.size() << " entries, expected ceil(num_rows / block_rows) + 1 = "
+      << row_blocks + 1;
+  in.page_size = block_cols;
+  in.block_rows = block_rows;
+  in.num_rows = num_rows;
+  in.num_cols = num_cols;
+  in.qo_indptr.resize(static_cast<size_t>(row_blocks + 1));
+  in.qo_len.resize(static_cast<size_t>(row_blocks));
+  in.kv_len.resize(static_cast<size_t>(row_blocks));
+  for (int64_t r = 0; r < row_blocks; ++r) {
+    in.qo_indptr[r] = static_cast<int32_t>(r * block_rows);
+    in.qo_len[r] = static_cast<int32_t>(std::min(block_rows, num_rows - r * block_rows));
+    const int64_t kv = static_cast<int64_t>(in.kv_indptr[r + 1] - in.kv_indptr[r]) * block_cols;
+    TESSERA_CHECK_ARG(kv < INT32_MAX) << "block row " << r << " sees " << kv << " KV columns, expected < 2^31";
+    in.kv_len[r] = static_cast<int32_t>(kv);
+  }
+  in.qo_indptr[row_blocks] = static_cast<int32_t>(num_rows);
+  impl_->plan(in, shape, stream);
+}
+
+void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& indices,
+                             const TensorView& o, const TensorView& lse, StreamHandle stream) {
+  AttentionRuntime& rt = *impl_;
+  rt.check_run_queries(q, o, lse);
+  check_size(q, "q", 0, rt.num_rows());
+  detail::check_dense_kv(q, k, v, Layout::kNHD);
+  rt.check_run_kv_heads(k, "k", 1);
+  check_size(k, "k", 0, rt.num_cols());
+  detail::check_index_array(indices, "indices", q, indices.ndim == 1 ? indices.shape[0] : 0);
+  TESSERA_CHECK_ARG(indices.shape[0] >= rt.total_kv_units() && indices.shape[0] < INT32_MAX)
+      << "indices has " << indices.shape[0] << " entries, expected >= indptr[last] = " << rt.total_kv_units();
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
+    p.k = k.data_as<const T>();
+    p.v = v.data_as<const T>();
+    p.k_row_stride = k.strides[0];
+    p.k_head_stride = k.strides[1];
+    p.v_row_stride = v.strides[0];
+    p.v_head_stride = v.strides[1];
+    p.kv_indices = indices.data_as<const int32_t>();
+    p.page_size = static_cast<int32_t>(rt.page_size());
+    p.num_kv_rows = static_cast<int32_t>(rt.num_cols());
+    p.num_pages = static_cast<int32_t>((rt.num_cols() + rt.page_size() - 1) / rt.page_size());
+    p.num_indices = static_cast<int32_t>(indices.shape[0]);
+    p.block_rows = static_cast<int32_t>(rt.block_rows());
+    p.num_q_rows = static_cast<int32_t>(rt.num_rows());
+    rt.launch<T>(p, stream);
+  });
+}
+
+const PlanInfo& BlockSparseWrapper::plan_info() const { return impl_->info(); }
+
+}  // namespace tessera

@@ -1,0 +1,665 @@
+// GPU tests of the plan/run runtime (include/tessera/runtime.h): every wrapper against the fp64
+// oracle with split-KV on, off and fixed; bit-identical repeated runs; agreement with the
+// one-shot kernels; batch invariance of fixed splits; a CUDA Graph captured once and replayed
+// after re-plans; argument errors. Inputs are fresh random values, outputs poisoned (NaN).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/attention/attention_test_utils.h"
+#include "gpu/gpu_test_utils.h"
+#include "reference/oracle.h"
+#include "tessera/attention.h"
+#include "tessera/runtime.h"
+
+namespace {
+
+using tessera::Device;
+using tessera::DType;
+using tessera::Layout;
+using tessera::QueryTile;
+using tessera::SplitKV;
+using tessera::StatusCode;
+using tessera::TensorView;
+using namespace tessera_test;
+using namespace tessera_test::attn;
+
+enum class Wrapper { kDecode, kPrefillPaged, kPrefillRagged, kBlockSparse };
+
+const char* wrapper_name(Wrapper w) {
+  switch (w) {
+    case Wrapper::kDecode: return "decode";
+    case Wrapper::kPrefillPaged: return "paged";
+    case Wrapper::kPrefillRagged: return "ragged";
+    case Wrapper::kBlockSparse: return "bsr";
+  }
+  return "?";
+}
+
+TensorView host_i32(const std::vector<int32_t>& v) {
+  return TensorView(const_cast<int32_t*>(v.data()), DType::kI32, {static_cast<int64_t>(v.size())}, Device::cpu());
+}
+
+/// A device workspace for one wrapper.
+struct Workspace {
+  DeviceBuffer buf;
+  TensorView view;
+  explicit Workspace(int64_t bytes) : buf(static_cast<size_t>(bytes)) {
+    view = TensorView(buf.get(), DType::kU8, {bytes}, Device::cuda(0));
+  }
+};
+
+struct RuntimeCase {
+  Wrapper wrapper = Wrapper::kDecode;
+  DType dtype = DType::kBF16;
+  Layout layout = Layout::kNHD;
+  std::vector<int64_t> qo, kv;  // per request (decode: qo all 1; BSR: rows M, cols N in qo[0], kv[0])
+  int64_t page_size = 16;
+  int64_t block_rows = 1, block_cols = 1;  // BSR
+  int64_t num_kv_heads = 2, group = 4, head_dim = 128;
+  bool causal = false;
+  bool with_lse = true;
+  SplitKV split = SplitKV::kAuto;
+  int64_t fixed_split = 0;
+  QueryTile tile = QueryTile::kAuto;
+  int64_t sm_budget = 0;
+  std::string name;
+
+  int64_t num_qo_heads() const { return num_kv_heads * group; }
+};
+
+void PrintTo(const RuntimeCase& c, std::ostream* os) { *os << c.name; }
+
+/// Inputs of one case, their oracle result, and the device copies.
+struct Prepared {
+  tessera_ref::State ref;
+  std::vector<int32_t> qo_indptr, kv_indptr, last_page_len, bsr_indptr;
+  DeviceTensor q, o, lse, k, v;
+  DevicePaged paged;
+  DeviceBuffer indices;
+  tessera::PagedKVCache cache;
+  int64_t rows = 0;
+};
+
+Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
+  Prepared p;
+  const int64_t hq = c.num_qo_heads(), hkv = c.num_kv_heads, d = c.head_dim;
+  const tessera_ref::HeadConfig heads{hq, hkv, d};
+  tessera_ref::Options opts;
+  opts.causal = c.causal;
+  const size_t batch = c.qo.size();
+  if (c.wrapper == Wrapper::kBlockSparse) {
+    const int64_t m = c.qo[0], n = c.kv[0];
+    tessera_ref::BlockSparse bsr;
+    bsr.block_rows = c.block_rows;
+    bsr.block_cols = c.block_cols;
+    const int64_t row_blocks = (m + c.block_rows - 1) / c.block_rows, col_blocks = (n + c.block_cols - 1) / c.block_cols;
+    bsr.indptr.push_back(0);
+    std::bernoulli_distribution keep(0.6);
+    for (int64_t r = 0; r < row_blocks; ++r) {
+      for (int64_t cb = 0; cb < col_blocks; ++cb)
+        if (keep(rng)) bsr.indices.push_back(static_cast<int32_t>(cb));
+      bsr.indptr.push_back(static_cast<int32_t>(bsr.indices.size()));
+    }
+    const auto q = round_to(c.dtype, random_normal(m * hq * d, rng));
+    const auto k = round_to(c.dtype, random_normal(n * hkv * d, rng));
+    const auto v = round_to(c.dtype, random_normal(n * hkv * d, rng));
+    p.ref = tessera_ref::attention_block_sparse(q, k, v, m, n, bsr, heads, opts);
+    p.q = upload_tensor(c.dtype, q, {m, hq, d});
+    p.k = upload_tensor(c.dtype, k, {n, hkv, d});
+    p.v = upload_tensor(c.dtype, v, {n, hkv, d});
+    p.bsr_indptr = bsr.indptr;
+    p.indices = upload_i32(bsr.indices.empty() ? std::vector<int32_t>{0} : bsr.indices);
+    p.rows = m;
+  } else {
+    std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch);
+    for (size_t b = 0; b < batch; ++b) {
+      qs[b] = round_to(c.dtype, random_normal(c.qo[b] * hq * d, rng));
+      ks[b] = round_to(c.dtype, random_normal(c.kv[b] * hkv * d, rng));
+      vs[b] = round_to(c.dtype, random_normal(c.kv[b] * hkv * d, rng));
+    }
+    const Packed q = pack_rows(qs, hq * d);
+    p.qo_indptr = q.indptr;
+    p.rows = q.indptr.back();
+    p.q = upload_tensor(c.dtype, q.values, {p.rows, hq, d});
+    if (c.wrapper == Wrapper::kPrefillRagged) {
+      const Packed k = pack_rows(ks, hkv * d), v = pack_rows(vs, hkv * d);
+      p.kv_indptr = k.indptr;
+      p.ref = tessera_ref::attention_ragged(q.values, q.indptr, k.values, v.values, k.indptr, heads, opts);
+      p.k = upload_tensor(c.dtype, k.values, {k.indptr.back(), hkv, d});
+      p.v = upload_tensor(c.dtype, v.values, {v.indptr.back(), hkv, d});
+    } else {
+      const tessera_ref::PagedCache cache =
+          tessera_ref::build_paged(ks, vs, c.kv, hkv, d, c.page_size, attn::ref_layout(c.layout), rng() | 1, 3, 0.0);
+      p.ref = tessera_ref::attention_paged(q.values, q.indptr, cache, heads, opts);
+      p.paged = upload_paged(c.dtype, cache, c.layout, /*combined=*/c.page_size % 2 == 1);
+      p.kv_indptr = cache.indptr;
+      p.last_page_len = cache.last_page_len;
+      p.cache.k = p.paged.view.k;
+      p.cache.v = p.paged.view.v;
+      p.cache.layout = c.layout;
+      p.cache.indices = p.paged.view.indices;
+    }
+  }
+  p.o = make_output(c.dtype, {p.rows, hq, d});
+  p.lse = make_output(DType::kF32, {p.rows, hq});
+  return p;
+}
+
+tessera::RuntimeBounds bounds_for(const RuntimeCase& c, int64_t rows) {
+  tessera::RuntimeBounds b;
+  b.max_batch_size = c.wrapper == Wrapper::kBlockSparse ? (c.qo[0] + c.block_rows - 1) / c.block_rows + 1
+                                                        : static_cast<int64_t>(c.qo.size()) + 1;
+  b.max_total_qo_tokens = rows + 1;
+  b.num_qo_heads = c.num_qo_heads();
+  b.num_kv_heads = c.num_kv_heads;
+  b.head_dim = c.head_dim;
+  return b;
+}
+
+tessera::RuntimeOptions options_for(const RuntimeCase& c) {
+  tessera::RuntimeOptions o;
+  o.split_kv = c.split;
+  o.fixed_split_size = c.fixed_split;
+  o.q_tile = c.tile;
+  o.sm_budget = c.sm_budget;
+  return o;
+}
+
+tessera::PlanShape shape_for(const RuntimeCase& c) {
+  tessera::PlanShape s;
+  s.num_qo_heads = c.num_qo_heads();
+  s.num_kv_heads = c.num_kv_heads;
+  s.head_dim = c.head_dim;
+  s.dtype = c.dtype;
+  s.attention.causal = c.causal;
+  return s;
+}
+
+/// Any of the four wrappers behind one interface, for the tests.
+class AnyWrapper {
+ public:
+  AnyWrapper(const RuntimeCase& c, const TensorView& ws, const tessera::RuntimeBounds& b,
+             const tessera::RuntimeOptions& o)
+      : c_(c) {
+    switch (c.wrapper) {
+      case Wrapper::kDecode: decode_ = std::make_unique<tessera::BatchDecodeWrapper>(ws, b, o); break;
+      case Wrapper::kPrefillPaged: paged_ = std::make_unique<tessera::BatchPrefillPagedWrapper>(ws, b, o); break;
+      case Wrapper::kPrefillRagged: ragged_ = std::make_unique<tessera::BatchPrefillRaggedWrapper>(ws, b, o); break;
+      case Wrapper::kBlockSparse: bsr_ = std::make_unique<tessera::BlockSparseWrapper>(ws, b, o); break;
+    }
+  }
+  static int64_t workspace_size(const RuntimeCase& c, const tessera::RuntimeBounds& b,
+                                const tessera::RuntimeOptions& o) {
+    switch (c.wrapper) {
+      case Wrapper::kDecode: return tessera::BatchDecodeWrapper::workspace_size(b, o);
+      case Wrapper::kPrefillPaged: return tessera::BatchPrefillPagedWrapper::workspace_size(b, o);
+      case Wrapper::kPrefillRagged: return tessera::BatchPrefillRaggedWrapper::workspace_size(b, o);
+      case Wrapper::kBlockSparse: return tessera::BlockSparseWrapper::workspace_size(b, o);
+    }
+    return 0;
+  }
+  void plan(const Prepared& p, const tessera::PlanShape& shape, cudaStream_t s = nullptr) {
+    switch (c_.wrapper) {
+      case Wrapper::kDecode:
+        return decode_->plan(host_i32(p.kv_indptr), host_i32(p.last_page_len), c_.page_size, shape, s);
+      case Wrapper::kPrefillPaged:
+        return paged_->plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), host_i32(p.last_page_len), c_.page_size,
+                            shape, s);
+      case Wrapper::kPrefillRagged: return ragged_->plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), shape, s);
+      case Wrapper::kBlockSparse:
+        return bsr_->plan(host_i32(p.bsr_indptr), c_.block_rows, c_.block_cols, c_.qo[0], c_.kv[0], shape, s);
+    }
+  }
+  void run(const Prepared& p, bool with_lse, cudaStream_t s = nullptr) {
+    const TensorView lse = with_lse ? p.lse.view : TensorView{};
+    switch (c_.wrapper) {
+      case Wrapper::kDecode: return decode_->run(p.q.view, p.cache, p.o.view, lse, s);
+      case Wrapper::kPrefillPaged: return paged_->run(p.q.view, p.cache, p.o.view, lse, s);
+      case Wrapper::kPrefillRagged: return ragged_->run(p.q.view, p.k.view, p.v.view, p.o.view, lse, s);
+      case Wrapper::kBlockSparse: {
+        const TensorView idx = i32_view(p.indices, static_cast<int64_t>(p.indices.bytes() / 4));
+        return bsr_->run(p.q.view, p.k.view, p.v.view, idx, p.o.view, lse, s);
+      }
+    }
+  }
+  const tessera::PlanInfo& info() const {
+    switch (c_.wrapper) {
+      case Wrapper::kDecode: return decode_->plan_info();
+      case Wrapper::kPrefillPaged: return paged_->plan_info();
+      case Wrapper::kPrefillRagged: return ragged_->plan_info();
+      default: return bsr_->plan_info();
+    }
+  }
+
+ private:
+  RuntimeCase c_;
+  std::unique_ptr<tessera::BatchDecodeWrapper> decode_;
+  std::unique_ptr<tessera::BatchPrefillPagedWrapper> paged_;
+  std::unique_ptr<tessera::BatchPrefillRaggedWrapper> ragged_;
+  std::unique_ptr<tessera::BlockSparseWrapper> bsr_;
+};
+
+void check_against_oracle(const RuntimeCase& c, const Prepared& p, const std::string& what) {
+  const std::vector<double> o = read_tensor(p.o);
+  const std::vector<double> lse = read_tensor(p.lse);
+  expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, p.ref, what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The case grid.
+
+RuntimeCase named(RuntimeCase c, const std::string& tag) {
+  c.name = std::string(wrapper_name(c.wrapper)) + "_" + tessera::dtype_name(c.dtype) + "_" +
+           tessera::layout_name(c.layout) + "_B" + std::to_string(c.qo.size()) + "_hkv" +
+           std::to_string(c.num_kv_heads) + "_g" + std::to_string(c.group) + "_d" + std::to_string(c.head_dim) +
+           (c.causal ? "_causal" : "") +
+           (c.split == SplitKV::kAuto ? "_auto" : c.split == SplitKV::kFixed ? "_fixed" : "_nosplit") + "_" + tag;
+  return c;
+}
+
+std::vector<RuntimeCase> runtime_cases() {
+  std::vector<RuntimeCase> cases;
+  std::mt19937_64 rng(20261122);  // fixed: the case list must be the same in every process
+  auto lengths = [&](size_t n, int64_t lo, int64_t hi) {
+    std::vector<int64_t> v(n);
+    std::uniform_int_distribution<int64_t> dist(lo, hi);
+    for (auto& x : v) x = dist(rng);
+    return v;
+  };
+  // Decode: one long request (every SM gets a chunk), odd batches with empty and tiny requests,
+  // group sizes 1, 4, 5, 8, page sizes 1, 3, 16, 64, every head dim.
+  {
+    RuntimeCase c;
+    c.wrapper = Wrapper::kDecode;
+    c.qo = {1};
+    c.kv = {16384};
+    cases.push_back(named(c, "long_sanitize"));
+    c.kv = {2049};
+    c.dtype = DType::kF16;
+    c.layout = Layout::kHND;
+    c.page_size = 3;
+    c.group = 5;
+    cases.push_back(named(c, "p3"));
+    c = RuntimeCase{};
+    c.wrapper = Wrapper::kDecode;
+    c.qo.assign(7, 1);
+    c.kv = {0, 1, 15, 512, 2049, 7, 4000};
+    for (int64_t g : {1, 4, 5, 8}) {
+      c.group = g;
+      c.page_size = g == 1 ? 1 : g == 5 ? 64 : 16;
+      c.layout = g % 2 ? Layout::kHND : Layout::kNHD;
+      cases.push_back(named(c, "odd_p" + std::to_string(c.page_size)));
+    }
+    c.group = 4;
+    c.page_size = 16;
+    for (int64_t d : {64, 256}) {
+      c.head_dim = d;
+      cases.push_back(named(c, "odd"));
+    }
+    c.head_dim = 128;
+    c.split = SplitKV::kNone;
+    cases.push_back(named(c, "odd"));
+    c.split = SplitKV::kFixed;
+    c.fixed_split = 256;
+    cases.push_back(named(c, "odd_sanitize"));
+    c = RuntimeCase{};
+    c.wrapper = Wrapper::kDecode;
+    c.qo.assign(64, 1);
+    c.kv = lengths(64, 0, 3000);
+    c.num_kv_heads = 8;
+    cases.push_back(named(c, "b64"));
+    c.sm_budget = 7;
+    cases.push_back(named(c, "b64_budget7"));
+  }
+  // Prefill over paged and ragged KV: query lengths 1, 3, 17, 128, 577 in one batch, causal on
+  // and off, every head dim, every query tile.
+  for (Wrapper w : {Wrapper::kPrefillPaged, Wrapper::kPrefillRagged}) {
+    RuntimeCase c;
+    c.wrapper = w;
+    c.qo = {1, 3, 17, 128, 577, 0, 40};
+    c.kv = {15, 3, 2049, 512, 1200, 9, 0};
+    c.page_size = w == Wrapper::kPrefillPaged ? 16 : 1;
+    for (bool causal : {false, true}) {
+      c.causal = causal;
+      cases.push_back(named(c, "mixed"));
+    }
+    c.causal = true;
+    c.dtype = DType::kF16;
+    for (int64_t d : {64, 256}) {
+      c.head_dim = d;
+      cases.push_back(named(c, "mixed"));
+    }
+    c.head_dim = 128;
+    for (QueryTile t : {QueryTile::k16, QueryTile::k64, QueryTile::k128}) {
+      c.tile = t;
+      cases.push_back(named(c, "tile" + std::to_string(static_cast<int>(t))));
+    }
+    c.tile = QueryTile::kAuto;
+    c.group = 1;
+    c.num_kv_heads = 3;
+    c.split = SplitKV::kFixed;
+    c.fixed_split = 384;
+    cases.push_back(named(c, w == Wrapper::kPrefillPaged ? "g1_sanitize" : "g1"));
+    c = RuntimeCase{};
+    c.wrapper = w;
+    c.qo = {577};
+    c.kv = {16384};
+    c.causal = true;
+    c.page_size = 64;
+    c.with_lse = false;
+    cases.push_back(named(c, "append_long"));
+  }
+  // Block-sparse, including vector sparsity (Bc = 1).
+  {
+    RuntimeCase c;
+    c.wrapper = Wrapper::kBlockSparse;
+    c.qo = {300};
+    c.kv = {2100};
+    c.block_rows = 16;
+    c.block_cols = 64;
+    cases.push_back(named(c, "b16x64_sanitize"));
+    c.block_rows = 5;
+    c.block_cols = 1;
+    c.causal = true;
+    c.dtype = DType::kF16;
+    cases.push_back(named(c, "b5x1"));
+  }
+  return cases;
+}
+
+class RuntimeTest : public ::testing::TestWithParam<RuntimeCase> {};
+
+TEST_P(RuntimeTest, MatchesOracle) {
+  const RuntimeCase& c = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay with TESSERA_TEST_SEED=" + std::to_string(seed) + ")");
+  std::mt19937_64 rng(seed);
+  Prepared p = prepare(c, rng);
+  const auto bounds = bounds_for(c, p.rows);
+  const auto options = options_for(c);
+  Workspace ws(AnyWrapper::workspace_size(c, bounds, options));
+  AnyWrapper w(c, ws.view, bounds, options);
+  w.plan(p, shape_for(c));
+  w.run(p, c.with_lse);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  check_against_oracle(c, p, c.name);
+  EXPECT_EQ(padding_changes(p.o), 0u);
+  const tessera::PlanInfo& info = w.info();
+  if (c.split == SplitKV::kNone) EXPECT_EQ(info.num_partials, 0);
+  // A long single request must be split over the grid (that is the point of split-KV).
+  if (c.wrapper == Wrapper::kDecode && c.qo.size() == 1 && c.kv[0] >= 16384 && c.split == SplitKV::kAuto) {
+    EXPECT_GT(info.num_partials, 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, RuntimeTest, ::testing::ValuesIn(runtime_cases()),
+                         [](const ::testing::TestParamInfo<RuntimeCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------------------------
+// Determinism, agreement with the one-shot kernels, batch invariance.
+
+std::vector<unsigned char> run_bytes(AnyWrapper& w, Prepared& p, bool lse) {
+  cudaMemset(p.o.buf.get(), 0xFF, p.o.buf.bytes());
+  w.run(p, lse);
+  cudaDeviceSynchronize();
+  return read_bytes(p.o);
+}
+
+TEST(RuntimeDeterminism, TenRunsAreBitIdentical_sanitize) {
+  RuntimeCase c;
+  c.wrapper = Wrapper::kDecode;
+  c.qo.assign(5, 1);
+  c.kv = {20000, 3, 9000, 1, 40000};
+  c.num_kv_heads = 8;
+  std::mt19937_64 rng(test_seed());
+  Prepared p = prepare(c, rng);
+  const auto bounds = bounds_for(c, p.rows);
+  Workspace ws(AnyWrapper::workspace_size(c, bounds, {}));
+  AnyWrapper w(c, ws.view, bounds, {});
+  w.plan(p, shape_for(c));
+  ASSERT_GT(w.info().num_merges, 0) << "the case must exercise the merge";
+  const auto first = run_bytes(w, p, true);
+  for (int i = 1; i < 10; ++i) EXPECT_EQ(run_bytes(w, p, true), first) << "run " << i;
+}
+
+TEST(RuntimeAgreement, MatchesOneShotKernels) {
+  RuntimeCase c;
+  c.wrapper = Wrapper::kDecode;
+  c.qo.assign(9, 1);
+  c.kv = {30000, 1, 4000, 0, 777, 12000, 64, 65, 3};
+  c.num_kv_heads = 4;
+  std::mt19937_64 rng(test_seed());
+  Prepared p = prepare(c, rng);
+  const auto bounds = bounds_for(c, p.rows);
+  Workspace ws(AnyWrapper::workspace_size(c, bounds, {}));
+  AnyWrapper w(c, ws.view, bounds, {});
+  w.plan(p, shape_for(c));
+  w.run(p, true);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<double> split = read_tensor(p.o);
+  tessera::batch_decode_paged(p.q.view, p.paged.view, p.o.view, p.lse.view, {}, nullptr,
+                              tessera::DecodeKernel::kTensorCores);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<double> whole = read_tensor(p.o);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    num += (split[i] - whole[i]) * (split[i] - whole[i]);
+    den += whole[i] * whole[i];
+  }
+  EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), rel_tolerance(c.dtype));
+  check_against_oracle(c, p, "one-shot");
+}
+
+/// With a fixed split size a request's output bits do not depend on the rest of the batch.
+TEST(RuntimeBatchInvariance, FixedSplitGivesTheSameBitsInAnyBatch) {
+  std::mt19937_64 rng(test_seed());
+  const int64_t hkv = 2, g = 4, d = 128;
+  RuntimeCase c;
+  c.wrapper = Wrapper::kPrefillRagged;
+  c.split = SplitKV::kFixed;
+  c.fixed_split = 512;
+  c.tile = QueryTile::k64;
+  c.causal = true;
+  c.num_kv_heads = hkv;
+  c.group = g;
+  c.head_dim = d;
+  // Request X (qo 70, kv 5000) alone, then as request 2 of a batch of 4.
+  const int64_t x_qo = 70, x_kv = 5000;
+  const auto q_x = round_to(c.dtype, random_normal(x_qo * hkv * g * d, rng));
+  const auto k_x = round_to(c.dtype, random_normal(x_kv * hkv * d, rng));
+  const auto v_x = round_to(c.dtype, random_normal(x_kv * hkv * d, rng));
+  auto run_batch = [&](const std::vector<int64_t>& qo, const std::vector<int64_t>& kv, size_t x_index) {
+    std::vector<std::vector<double>> qs, ks, vs;
+    for (size_t b = 0; b < qo.size(); ++b) {
+      if (b == x_index) {
+        qs.push_back(q_x), ks.push_back(k_x), vs.push_back(v_x);
+      } else {
+        qs.push_back(random_normal(qo[b] * hkv * g * d, rng));
+        ks.push_back(random_normal(kv[b] * hkv * d, rng));
+        vs.push_back(random_normal(kv[b] * hkv * d, rng));
+      }
+    }
+    const Packed q = pack_rows(qs, hkv * g * d), k = pack_rows(ks, hkv * d), v = pack_rows(vs, hkv * d);
+    DeviceTensor qd = upload_tensor(c.dtype, q.values, {q.indptr.back(), hkv * g, d});
+    DeviceTensor kd = upload_tensor(c.dtype, k.values, {k.indptr.back(), hkv, d});
+    DeviceTensor vd = upload_tensor(c.dtype, v.values, {v.indptr.back(), hkv, d});
+    DeviceTensor od = make_output(c.dtype, {q.indptr.back(), hkv * g, d});
+    tessera::RuntimeBounds b{8, 8192, hkv * g, hkv, d};
+    Workspace ws(tessera::BatchPrefillRaggedWrapper::workspace_size(b, options_for(c)));
+    tessera::BatchPrefillRaggedWrapper w(ws.view, b, options_for(c));
+    w.plan(host_i32(q.indptr), host_i32(k.indptr), shape_for(c));
+    w.run(qd.view, kd.view, vd.view, od.view);
+    cudaDeviceSynchronize();
+    const auto bytes = read_bytes(od);
+    const size_t row_bytes = static_cast<size_t>(hkv * g * d * 2);
+    return std::vector<unsigned char>(bytes.begin() + q.indptr[x_index] * row_bytes,
+                                      bytes.begin() + q.indptr[x_index + 1] * row_bytes);
+  };
+  const auto alone = run_batch({x_qo}, {x_kv}, 0);
+  const auto in_batch = run_batch({30, 5, x_qo, 100}, {7000, 5, x_kv, 9000}, 2);
+  EXPECT_EQ(alone, in_batch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA Graphs: capture run() once, re-plan 5 times with different batches, replay.
+
+TEST(RuntimeCudaGraph, ReplaysCorrectlyAfterReplans) {
+  const int64_t hkv = 4, g = 4, d = 128, page = 16, max_batch = 32, max_pages = 8192;
+  const DType dtype = DType::kBF16;
+  tessera::RuntimeBounds bounds{max_batch, max_batch, hkv * g, hkv, d};
+  tessera::RuntimeOptions options;
+  options.cuda_graph = true;
+  options.dtype = dtype;
+  Workspace ws(tessera::BatchDecodeWrapper::workspace_size(bounds, options));
+  tessera::BatchDecodeWrapper wrapper(ws.view, bounds, options);
+  // Fixed buffers, as a serving engine keeps them.
+  DeviceBuffer q_buf(max_batch * hkv * g * d * 2), o_buf(max_batch * hkv * g * d * 2), lse_buf(max_batch * hkv * g * 4);
+  DeviceBuffer k_buf(max_pages * page * hkv * d * 2), v_buf(max_pages * page * hkv * d * 2), idx_buf(max_pages * 4);
+  const TensorView q(q_buf.get(), dtype, {max_batch, hkv * g, d}, Device::cuda(0));
+  const TensorView o(o_buf.get(), dtype, {max_batch, hkv * g, d}, Device::cuda(0));
+  const TensorView lse(lse_buf.get(), DType::kF32, {max_batch, hkv * g}, Device::cuda(0));
+  tessera::PagedKVCache cache;
+  cache.k = TensorView(k_buf.get(), dtype, {max_pages, page, hkv, d}, Device::cuda(0));
+  cache.v = TensorView(v_buf.get(), dtype, {max_pages, page, hkv, d}, Device::cuda(0));
+  cache.indices = TensorView(idx_buf.get(), DType::kI32, {max_pages}, Device::cuda(0));
+
+  cudaStream_t stream;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937_64 rng(test_seed());
+  cudaGraphExec_t exec = nullptr;
+  const std::vector<int64_t> batches = {3, 17, 32, 1, 9, 25};
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const int64_t batch = batches[step];
+    std::vector<int64_t> kv(batch);
+    std::uniform_int_distribution<int64_t> len(0, step % 2 ? 3000 : 60000 / batch);
+    for (auto& x : kv) x = len(rng);
+    if (step == 3) kv[0] = 40000;  // one long request: split over the grid
+    std::vector<std::vector<double>> ks(batch), vs(batch), qs(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      qs[b] = round_to(dtype, random_normal(hkv * g * d, rng));
+      ks[b] = round_to(dtype, random_normal(kv[b] * hkv * d, rng));
+      vs[b] = round_to(dtype, random_normal(kv[b] * hkv * d, rng));
+    }
+    const auto ref_cache = tessera_ref::build_paged(ks, vs, kv, hkv, d, page, tessera_ref::Layout::NHD, rng() | 1, 0, 0.0);
+    ASSERT_LE(ref_cache.num_pages, max_pages);
+    const Packed qp = pack_rows(qs, hkv * g * d);
+    const auto ref = tessera_ref::attention_paged(qp.values, qp.indptr, ref_cache, {hkv * g, hkv, d}, {});
+    // Update the fixed buffers' contents, then plan (outside the capture) and replay.
+    DeviceBuffer qs_dev = upload_as(dtype, qp.values), k_dev = upload_as(dtype, ref_cache.k_pages),
+                 v_dev = upload_as(dtype, ref_cache.v_pages);
+    ASSERT_CUDA_OK(cudaMemcpy(q_buf.get(), qs_dev.get(), qs_dev.bytes(), cudaMemcpyDeviceToDevice));
+    if (ref_cache.num_pages > 0) {
+      ASSERT_CUDA_OK(cudaMemcpy(k_buf.get(), k_dev.get(), k_dev.bytes(), cudaMemcpyDeviceToDevice));
+      ASSERT_CUDA_OK(cudaMemcpy(v_buf.get(), v_dev.get(), v_dev.bytes(), cudaMemcpyDeviceToDevice));
+      ASSERT_CUDA_OK(cudaMemcpy(idx_buf.get(), ref_cache.indices.data(), ref_cache.indices.size() * 4,
+                                cudaMemcpyHostToDevice));
+    }
+    ASSERT_CUDA_OK(cudaMemset(o_buf.get(), 0xFF, o_buf.bytes()));
+    ASSERT_CUDA_OK(cudaMemset(lse_buf.get(), 0xFF, lse_buf.bytes()));
+    tessera::PlanShape shape{hkv * g, hkv, d, dtype, {}};
+    wrapper.plan(host_i32(ref_cache.indptr), host_i32(ref_cache.last_page_len), page, shape, stream);
+    if (exec == nullptr) {
+      cudaGraph_t graph;
+      ASSERT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      wrapper.run(q, cache, o, lse, stream);
+      ASSERT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      ASSERT_CUDA_OK(cudaGraphDestroy(graph));
+    }
+    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+    const auto o_host = download_as(dtype, o_buf.get(), batch * hkv * g * d);
+    const auto lse_host = download_as(DType::kF32, lse_buf.get(), batch * hkv * g);
+    SCOPED_TRACE("step " + std::to_string(step) + ", batch " + std::to_string(batch) + ", partials " +
+                 std::to_string(wrapper.plan_info().num_partials));
+    expect_matches_oracle(dtype, o_host, &lse_host, ref, "graph replay");
+  }
+  ASSERT_CUDA_OK(cudaGraphExecDestroy(exec));
+  ASSERT_CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+TEST(RuntimeErrors, BoundsWorkspaceAndPlanOrder) {
+  RuntimeCase c;
+  c.wrapper = Wrapper::kDecode;
+  c.qo.assign(3, 1);
+  c.kv = {100, 200, 300};
+  std::mt19937_64 rng(test_seed());
+  Prepared p = prepare(c, rng);
+  tessera::RuntimeBounds bounds{2, 2, c.num_qo_heads(), c.num_kv_heads, c.head_dim};  // batch 3 > 2
+  const int64_t bytes = tessera::BatchDecodeWrapper::workspace_size(bounds);
+  Workspace ws(bytes);
+  Workspace small(bytes / 2);
+  expect_error_any([&] { tessera::BatchDecodeWrapper w(small.view, bounds); }, {"workspace"},
+                   StatusCode::kInvalidArgument);
+  tessera::BatchDecodeWrapper w(ws.view, bounds);
+  expect_error_any([&] { w.run(p.q.view, p.cache, p.o.view); }, {"before plan"}, StatusCode::kInvalidArgument);
+  expect_error_any(
+      [&] { w.plan(host_i32(p.kv_indptr), host_i32(p.last_page_len), c.page_size, shape_for(c)); },
+      {"max_batch_size"}, StatusCode::kInvalidArgument);
+  // Host arrays must be on the host; last_page_len in range; page size positive.
+  DeviceBuffer dev_indptr = upload_i32(p.kv_indptr);
+  const std::vector<int32_t> two_indptr(p.kv_indptr.begin(), p.kv_indptr.begin() + 3);
+  const std::vector<int32_t> two_last(p.last_page_len.begin(), p.last_page_len.begin() + 2);
+  expect_error_any([&] { w.plan(i32_view(dev_indptr, 3), host_i32(two_last), c.page_size, shape_for(c)); },
+                   {"kv_indptr"}, StatusCode::kInvalidArgument);
+  std::vector<int32_t> bad_last = two_last;
+  bad_last[1] = static_cast<int32_t>(c.page_size + 1);
+  expect_error_any([&] { w.plan(host_i32(two_indptr), host_i32(bad_last), c.page_size, shape_for(c)); },
+                   {"last_page_len[1]"}, StatusCode::kInvalidArgument);
+  expect_error_any([&] { w.plan(host_i32(two_indptr), host_i32(two_last), 0, shape_for(c)); }, {"page_size"},
+                   StatusCode::kInvalidArgument);
+  tessera::PlanShape big = shape_for(c);
+  big.head_dim = 256;
+  expect_error_any([&] { w.plan(host_i32(two_indptr), host_i32(two_last), c.page_size, big); }, {"head_dim"},
+                   StatusCode::kInvalidArgument);
+  // A valid plan, then run() with tensors that disagree with it.
+  w.plan(host_i32(two_indptr), host_i32(two_last), c.page_size, shape_for(c));
+  tessera::PagedKVCache wrong = p.cache;
+  wrong.indices = i32_view(p.paged.indices, 1);
+  expect_error_any([&] { w.run(p.q.view, wrong, p.o.view); }, {"kv.indices"}, StatusCode::kInvalidArgument);
+  const TensorView q_f16(p.q.view.data, DType::kF16, {3, c.num_qo_heads(), c.head_dim}, Device::cuda(0));
+  expect_error_any([&] { w.run(q_f16, p.cache, p.o.view); }, {"q.dtype"}, StatusCode::kInvalidArgument);
+  // Options.
+  tessera::RuntimeOptions fixed;
+  fixed.split_kv = SplitKV::kFixed;
+  fixed.fixed_split_size = 100;
+  expect_error_any([&] { tessera::BatchDecodeWrapper x(ws.view, bounds, fixed); }, {"fixed_split_size"},
+                   StatusCode::kInvalidArgument);
+  tessera::RuntimeBounds zero = bounds;
+  zero.max_batch_size = 0;
+  expect_error_any([&] { tessera::BatchDecodeWrapper::workspace_size(zero); }, {"max_batch_size"},
+                   StatusCode::kInvalidArgument);
+}
+
+TEST(RuntimeErrors, CudaGraphModeRejectsChangesTheCaptureBakedIn) {
+  const int64_t hkv = 2, g = 4, d = 128;
+  tessera::RuntimeBounds bounds{4, 4, hkv * g, hkv, d};
+  tessera::RuntimeOptions options;
+  options.cuda_graph = true;
+  Workspace ws(tessera::BatchDecodeWrapper::workspace_size(bounds, options));
+  tessera::BatchDecodeWrapper w(ws.view, bounds, options);
+  const std::vector<int32_t> indptr = {0, 1, 2}, last = {5, 7};
+  tessera::PlanShape shape{hkv * g, hkv, d, DType::kBF16, {}};
+  w.plan(host_i32(indptr), host_i32(last), 16, shape);
+  expect_error_any([&] { w.plan(host_i32(indptr), host_i32(last), 32, shape); }, {"cuda_graph"},
+                   StatusCode::kInvalidArgument);
+  tessera::PlanShape causal = shape;
+  causal.attention.causal = true;
+  expect_error_any([&] { w.plan(host_i32(indptr), host_i32(last), 16, causal); }, {"cuda_graph"},
+                   StatusCode::kInvalidArgument);
+  tessera::PlanShape f16 = shape;
+  f16.dtype = DType::kF16;
+  expect_error_any([&] { w.plan(host_i32(indptr), host_i32(last), 16, f16); }, {"dtype"},
+                   StatusCode::kInvalidArgument);
+}
+
+}  // namespace

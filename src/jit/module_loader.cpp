@@ -1,0 +1,86 @@
+#include "src/jit/module_loader.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "src/check.h"
+
+namespace tessera {
+namespace jit {
+namespace {
+
+/// The few driver entry points the loader uses, resolved once through the runtime.
+struct Driver {
+  decltype(&cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&cuModuleLoadData) module_load_data = nullptr;
+  decltype(&cuModuleGetFunction) module_get_function = nullptr;
+  decltype(&cuGetErrorName) get_error_name = nullptr;
+};
+
+template <typename F>
+void resolve(const char* symbol, F* fn) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  TESSERA_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, &ptr, CUDA_VERSION, cudaEnableDefault, &status))
+      << " while looking up the driver function " << symbol;
+  TESSERA_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr, StatusCode::kCudaError)
+      << "the CUDA driver has no " << symbol << " (query result " << static_cast<int>(status) << ")";
+  *fn = reinterpret_cast<F>(ptr);
+}
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    resolve("cuCtxGetCurrent", &r.ctx_get_current);
+    resolve("cuModuleLoadData", &r.module_load_data);
+    resolve("cuModuleGetFunction", &r.module_get_function);
+    resolve("cuGetErrorName", &r.get_error_name);
+    return r;
+  }();
+  return d;
+}
+
+void check_cu(CUresult result, const char* call, const CachedKernel& kernel) {
+  if (result == CUDA_SUCCESS) return;
+  const char* name = nullptr;
+  if (driver().get_error_name(result, &name) != CUDA_SUCCESS || name == nullptr) name = "unknown CUresult";
+  TESSERA_FAIL(StatusCode::kCudaError) << call << " failed for JIT kernel '" << kernel.name << "' (sm_"
+                                       << kernel.arch << ", " << kernel.key << "): " << name << " ("
+                                       << static_cast<int>(result) << ")";
+}
+
+std::mutex g_mutex;
+std::map<std::pair<CUcontext, std::string>, CUmodule> g_modules;  // (context, key) -> module
+
+}  // namespace
+
+CUmodule load_module(const CachedKernel& kernel) {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  if (d.ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr) {
+    // No current context yet: make the runtime create (and bind) its primary context.
+    TESSERA_CUDA_CHECK(cudaFree(nullptr)) << " while initialising the CUDA context for the JIT";
+    check_cu(d.ctx_get_current(&ctx), "cuCtxGetCurrent", kernel);
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_modules.find({ctx, kernel.key});
+  if (it != g_modules.end()) return it->second;
+  CUmodule module = nullptr;
+  check_cu(d.module_load_data(&module, kernel.cubin.data()), "cuModuleLoadData", kernel);
+  g_modules.emplace(std::make_pair(ctx, kernel.key), module);
+  return module;
+}
+
+CUfunction get_function(const CachedKernel& kernel, const std::string& name_expression) {
+  const std::string& lowered = kernel.lowered_name(name_expression);
+  CUmodule module = load_module(kernel);
+  CUfunction fn = nullptr;
+  check_cu(driver().module_get_function(&fn, module, lowered.c_str()), "cuModuleGetFunction", kernel);
+  return fn;
+}
+
+}  // namespace jit
+}  // namespace tessera

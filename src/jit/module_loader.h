@@ -1,0 +1,30 @@
+// Loads JIT-compiled CUBINs with the CUDA driver API (DESIGN.md §7). Needs a GPU.
+//
+// libtessera does not link libcuda (it must load on machines without a driver, e.g. CI running
+// the CPU tests): the driver functions are looked up at run time with
+// cudaGetDriverEntryPointByVersion, through the runtime library Tessera already uses.
+//
+// Modules are loaded once per (cache key, CUDA context) and kept until the process exits;
+// contexts are the runtime's primary contexts, which live as long as the process unless someone
+// calls cudaDeviceReset (after which these handles are stale: do not mix the two).
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "src/jit/kernel_cache.h"
+
+namespace tessera {
+namespace jit {
+
+/// `kernel`'s module in the current context (the runtime's context of the current device;
+/// initialised if needed), loaded with cuModuleLoadData on first use. Errors are
+/// tessera::Error(kCudaError) naming the CUresult, e.g. CUDA_ERROR_NO_BINARY_FOR_GPU.
+CUmodule load_module(const CachedKernel& kernel);
+
+/// The function of `kernel` named by `name_expression` (one of its request's name expressions).
+CUfunction get_function(const CachedKernel& kernel, const std::string& name_expression);
+
+}  // namespace jit
+}  // namespace tessera

@@ -1,0 +1,39 @@
+// SHA-256 (FIPS 180-4), written here so the JIT cache needs no crypto dependency. The kernel cache
+// uses it for its keys (DESIGN.md §7) and to check cache files for corruption. It is not used for
+// anything security-related beyond that: whoever can write the cache directory can run code on
+// the GPU anyway.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tessera {
+namespace jit {
+
+class Sha256 {
+ public:
+  Sha256();
+  Sha256& update(const void* data, std::size_t size);
+  Sha256& update(std::string_view s) { return update(s.data(), s.size()); }
+  /// Appends `s` as an unambiguous field: its length as 8 little-endian bytes, then its bytes,
+  /// so that ("ab", "c") and ("a", "bc") hash differently.
+  Sha256& field(std::string_view s);
+  /// The 32-byte digest as 64 lowercase hex digits. The object must not be updated afterwards.
+  std::string hex_digest();
+
+ private:
+  void block(const unsigned char* p);
+  uint32_t h_[8];
+  unsigned char buf_[64];
+  std::size_t buf_len_ = 0;
+  uint64_t total_ = 0;
+  bool finished_ = false;
+};
+
+/// SHA-256 of `data` as 64 lowercase hex digits.
+std::string sha256_hex(std::string_view data);
+
+}  // namespace jit
+}  // namespace tessera

@@ -2,12 +2,17 @@
 //   W1  batch decode over a paged KV cache (B x L grid), GB/s of K and V read, vs. the copy ceiling;
 //   W1v the same with variable lengths at B=64;
 //   W2  dense prefill over ragged KV (B=16, S 512 .. 16384, three head shapes, causal and not);
-//   W4  variable-length prefill, ragged and paged KV (page 16 and page 1), three length sets.
+//   W4  variable-length prefill, ragged and paged KV (page 16 and page 1), three length sets;
+//   W8  plan() CPU time of the runtime.
+// W1, W1v and W4 cells also run the plan/run runtime (tessera/runtime.h) as impl
+// "tessera-runtime" (load balancing on: split-KV, persistent grid); "tessera" is the one-shot grid
+// of the same tile code (load balancing off), so each cell is its own ablation.
 // Prefill reports TFLOP/s against the GEMM ceiling, FLOPs = 4 * D * (visible query/key pairs)
 // summed over query heads (causal: only the visible pairs). Every cell is its own workload so
 // suites and --filter can pick cells; the measured anchor figures of BENCHMARKS.md are attached
 // as `anchor_*` params (and `target_*` where BENCHMARKS.md names a number for that cell).
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +26,7 @@
 #include "harness.h"
 #include "tessera/attention.h"
 #include "tessera/formats.h"
+#include "tessera/runtime.h"
 
 namespace tessera_bench {
 namespace {
@@ -123,8 +129,54 @@ void add_anchor(Params& params, const char* key, double value) {
   if (value > 0) params.emplace_back(key, value);
 }
 
+// Host copies of index arrays as plan() takes them.
+tessera::TensorView host_i32(const std::vector<int32_t>& v) {
+  return tessera::TensorView(const_cast<int32_t*>(v.data()), DType::kI32, {static_cast<int64_t>(v.size())},
+                             tessera::Device::cpu());
+}
+
+// A device workspace of `bytes`.
+DeviceTensor make_workspace(BenchContext& ctx, int64_t bytes) { return ctx.empty_tensor(DType::kU8, {bytes}); }
+
+// Host page-table description of `lens` (what a serving engine hands plan()).
+struct HostPages {
+  std::vector<int32_t> indptr, last_page_len;
+};
+HostPages host_pages(const std::vector<int64_t>& lens, int64_t page_size) {
+  HostPages h;
+  h.indptr.assign(lens.size() + 1, 0);
+  h.last_page_len.assign(lens.size(), 0);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int64_t pages = (lens[b] + page_size - 1) / page_size;
+    h.indptr[b + 1] = h.indptr[b] + static_cast<int32_t>(pages);
+    h.last_page_len[b] = static_cast<int32_t>(pages == 0 ? 0 : lens[b] - (pages - 1) * page_size);
+  }
+  return h;
+}
+
+tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal) {
+  tessera::PlanShape shape;
+  shape.num_qo_heads = qo_heads;
+  shape.num_kv_heads = kv_heads;
+  shape.head_dim = head_dim;
+  shape.dtype = kDType;
+  shape.attention.causal = causal;
+  return shape;
+}
+
+// What the plan decided, for the result's params.
+void add_plan_info(Params& params, const tessera::PlanInfo& info) {
+  params.emplace_back("q_tile", static_cast<int64_t>(info.q_tile_rows));
+  params.emplace_back("grid_cols", static_cast<int64_t>(info.grid_cols));
+  params.emplace_back("items", static_cast<int64_t>(info.num_items));
+  params.emplace_back("split_chunks", static_cast<int64_t>(info.num_partials));
+  params.emplace_back("chunk", static_cast<int64_t>(info.chunk_size));
+  params.emplace_back("makespan_over_bound",
+                      info.lower_bound > 0 ? static_cast<double>(info.makespan) / info.lower_bound : 0.0);
+}
+
 // ------------------------------------------------------------------------------------------------
-// W1 / W1v: batch decode over a paged cache. bytes = K and V rows actually read
+// W1 / W1v: batch decode over a paged KV cache. bytes = K and V rows actually read
 // (sum(L) * Hkv * D * 2 bytes * 2); q (B*Hq*D), o and the page table are not counted.
 
 constexpr int64_t kW1Batches[] = {1, 16, 64, 128};
@@ -184,12 +236,27 @@ void run_decode(BenchContext& ctx, const std::string& name, const std::vector<in
       tessera::batch_decode_paged(q.view, cache.kv, o.view, tessera::TensorView(), {}, stream, kernel);
     });
   };
+  Params runtime_params = params;
   ctx.report_gbps(time_kernel(tessera::DecodeKernel::kAuto), kv_bytes, std::move(params));
   if (!cuda_core_params.empty()) {
     ctx.report_gbps(time_kernel(tessera::DecodeKernel::kCudaCores), kv_bytes,
                     std::move(cuda_core_params), "tessera-cuda-cores");
   }
+  // The runtime: plan once (a serving step), time run() (one layer).
+  const tessera::RuntimeBounds bounds{batch, batch, kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor workspace = make_workspace(ctx, tessera::BatchDecodeWrapper::workspace_size(bounds));
+  tessera::BatchDecodeWrapper wrapper(workspace.view, bounds);
+  const HostPages pages = host_pages(lens, kDecodePageSize);
+  wrapper.plan(host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
+               runtime_shape(kQoHeads, kKvHeads, kHeadDim, false), ctx.stream());
+  tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
+  });
+  add_plan_info(runtime_params, wrapper.plan_info());
+  ctx.report_gbps(t, kv_bytes, std::move(runtime_params), "tessera-runtime");
 }
+
 
 void run_w1(BenchContext& ctx, const std::string& name, int64_t batch, size_t len_index) {
   const int64_t len = kW1Lengths[len_index];
@@ -228,7 +295,7 @@ enum class KvFormat { kRagged, kPaged };
 // length = KV length = lens[b].
 void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
                  int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
-                 int64_t page_size, Params params) {
+                 int64_t page_size, Params params, bool with_runtime = false) {
   const int64_t total = sum(lens);
   const int64_t kv_slots = page_size > 0 ? num_pages_for(lens, page_size) * page_size : total;
   const double bytes = kElemBytes * head_dim *
@@ -259,8 +326,40 @@ void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<i
                                     q.indptr.view, o.view, tessera::TensorView(), options, stream);
     });
   }
+  Params runtime_params = params;
   ctx.report_tflops(t, flops, std::move(params));
+  if (!with_runtime) return;
+  // The runtime (load balancing on) over the same inputs.
+  const std::vector<int32_t> indptr = indptr_of(lens);
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  const tessera::RuntimeBounds bounds{batch, total, qo_heads, kv_heads, head_dim};
+  const tessera::PlanShape shape = runtime_shape(qo_heads, kv_heads, head_dim, causal);
+  if (page_size > 0) {
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds));
+    tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds);
+    const HostPages pages = host_pages(lens, page_size);
+    wrapper.plan(host_i32(indptr), host_i32(pages.indptr), host_i32(pages.last_page_len), page_size, shape,
+                 ctx.stream());
+    PagedCache cache = make_paged_cache(ctx, lens, page_size, kv_heads, head_dim);
+    tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+    t = ctx.measure([&](cudaStream_t stream) {
+      wrapper.run(q.data.view, paged, o.view, tessera::TensorView(), stream);
+    });
+    add_plan_info(runtime_params, wrapper.plan_info());
+  } else {
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillRaggedWrapper::workspace_size(bounds));
+    tessera::BatchPrefillRaggedWrapper wrapper(workspace.view, bounds);
+    wrapper.plan(host_i32(indptr), host_i32(indptr), shape, ctx.stream());
+    DeviceTensor k = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
+    DeviceTensor v = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
+    t = ctx.measure([&](cudaStream_t stream) {
+      wrapper.run(q.data.view, k.view, v.view, o.view, tessera::TensorView(), stream);
+    });
+    add_plan_info(runtime_params, wrapper.plan_info());
+  }
+  ctx.report_tflops(t, flops, std::move(runtime_params), "tessera-runtime");
 }
+
 
 // W2: B=16, (a) H=16 D=128, (b) H=32 D=64, (c) H=8 D=256.
 constexpr int64_t kW2Batch = 16;
@@ -363,7 +462,68 @@ void run_w4(BenchContext& ctx, const std::string& name, const LengthSet& set, in
   add_anchor(params, "anchor_fa2_sdpa_padded", set.anchor_fa2);
   add_anchor(params, "anchor_flex_docmask", set.anchor_flex);
   add_anchor(params, "target_tflops", set.target);
-  run_prefill(ctx, name, set.lens, kQoHeads, kKvHeads, kHeadDim, true, page_size, std::move(params));
+  run_prefill(ctx, name, set.lens, kQoHeads, kKvHeads, kHeadDim, true, page_size, std::move(params),
+              /*with_runtime=*/true);
+}
+
+// ------------------------------------------------------------------------------------------------
+// W8: plan() CPU time (host index arrays in, plan uploaded), median of 200 calls after 20 warm-up
+// calls; the stream is synchronised between calls, outside the timed region.
+
+void report_plan_time(BenchContext& ctx, const std::function<void()>& plan, Params params, double target_us) {
+  std::vector<double> samples;
+  for (int i = 0; i < 220; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    plan();
+    const auto stop = std::chrono::steady_clock::now();
+    ctx.synchronize();
+    if (i >= 20) samples.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+  }
+  Result r;
+  r.impl = "tessera-runtime";
+  r.timing = summarize(samples);
+  r.metric = "us";
+  r.value = r.timing.median_us;
+  add_anchor(params, "target_us", target_us);
+  r.params = std::move(params);
+  ctx.report(std::move(r));
+}
+
+void run_w8_decode(BenchContext& ctx) {
+  const std::vector<int64_t> lens(128, 4096);
+  const tessera::RuntimeBounds bounds{128, 128, kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor workspace = make_workspace(ctx, tessera::BatchDecodeWrapper::workspace_size(bounds));
+  tessera::BatchDecodeWrapper wrapper(workspace.view, bounds);
+  const HostPages pages = host_pages(lens, kDecodePageSize);
+  const tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, false);
+  report_plan_time(
+      ctx,
+      [&] {
+        wrapper.plan(host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize, shape, ctx.stream());
+      },
+      {{"plan", "decode"}, {"B", int64_t{128}}, {"L", int64_t{4096}}, {"Hq", kQoHeads}, {"Hkv", kKvHeads},
+       {"D", kHeadDim}, {"page_size", kDecodePageSize}},
+      20);
+}
+
+void run_w8_prefill(BenchContext& ctx) {
+  const std::vector<int64_t>& lens = w4_sets()[2].lens;  // skewed
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  const tessera::RuntimeBounds bounds{batch, sum(lens), kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds));
+  tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds);
+  const std::vector<int32_t> qo_indptr = indptr_of(lens);
+  const HostPages pages = host_pages(lens, kDecodePageSize);
+  const tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, true);
+  report_plan_time(
+      ctx,
+      [&] {
+        wrapper.plan(host_i32(qo_indptr), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
+                     shape, ctx.stream());
+      },
+      {{"plan", "prefill paged, W4 skewed"}, {"B", batch}, {"Hq", kQoHeads}, {"Hkv", kKvHeads}, {"D", kHeadDim},
+       {"page_size", kDecodePageSize}, {"causal", int64_t{1}}},
+      50);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -387,7 +547,8 @@ const std::vector<Cell>& cells() {
     for (int64_t batch : kW1Batches) {
       for (size_t li = 0; li < std::size(kW1Lengths); ++li) {
         const int64_t len = kW1Lengths[li];
-        const bool quick = (batch == 16 || batch == 64) && (len == 4096 || len == 16384);
+        const bool quick = ((batch == 16 || batch == 64) && (len == 4096 || len == 16384)) ||
+                           (batch == 1 && len == 32768) || (batch == 64 && len == 1024);
         out.push_back({"w1_decode_b" + std::to_string(batch) + "_l" + std::to_string(len),
                        "W1 paged decode B=" + std::to_string(batch) + " L=" + std::to_string(len) +
                            " Hq=32 Hkv=8 D=128 page 16" + (batch == 64 ? " (+ CUDA-core kernel)" : ""),
@@ -400,7 +561,7 @@ const std::vector<Cell>& cells() {
       out.push_back({std::string("w1v_decode_") + (skewed ? "skewed" : "uniform"),
                      std::string("W1v paged decode B=64, ") +
                          (skewed ? "L=32768 every 8th request else 1024" : "L=512+(i*7919)%7681"),
-                     suites_for("decode", false),
+                     suites_for("decode", true),
                      [skewed](BenchContext& ctx, const std::string& name) { run_w1v(ctx, name, skewed); }});
     }
     // W2.
@@ -441,6 +602,13 @@ const std::vector<Cell>& cells() {
                        }});
       }
     }
+    // W8.
+    out.push_back({"w8_plan_decode_b128", "W8 plan() CPU time, decode B=128 L=4096 page 16",
+                   suites_for("runtime", true),
+                   [](BenchContext& ctx, const std::string&) { run_w8_decode(ctx); }});
+    out.push_back({"w8_plan_prefill_w4_skewed", "W8 plan() CPU time, paged prefill W4 skewed (B=16, causal)",
+                   suites_for("runtime", true),
+                   [](BenchContext& ctx, const std::string&) { run_w8_prefill(ctx); }});
     return out;
   }();
   return all;

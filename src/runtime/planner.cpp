@@ -512,7 +512,8 @@ Candidate* plan_auto(const PlannerConfig& config, int64_t lb, int64_t sum_kv, in
   Candidate* best = &s.cand[0];
   Candidate* cur = &s.cand[1];
   bool have_best = false;
-  const int64_t L0 = round_up(std::max<int64_t>(1, ceil_div(sum_kv, C)), kvt);
+  const int64_t min_L = round_up(std::max<int64_t>(kvt, config.min_chunk_rows), kvt);
+  const int64_t L0 = std::max(min_L, round_up(std::max<int64_t>(1, ceil_div(sum_kv, C)), kvt));
   for (int64_t L = L0;;) {
     const ChunkRule rule{SplitMode::kAuto, L};
     bool skip = false;
@@ -540,7 +541,7 @@ Candidate* plan_auto(const PlannerConfig& config, int64_t lb, int64_t sum_kv, in
       }
       if (best->L == L && within_10_percent(best->makespan, lb)) return best;  // accepted
     }
-    const int64_t next = std::max(kvt, round_up(L / 2, kvt));
+    const int64_t next = std::max(min_L, round_up(L / 2, kvt));
     if (next >= L) break;
     L = next;
   }
@@ -551,6 +552,8 @@ Candidate* plan_auto(const PlannerConfig& config, int64_t lb, int64_t sum_kv, in
     best->L = round_up(std::max<int64_t>(1, max_kv), kvt);
     if (within_10_percent(best->makespan, lb)) return best;
   }
+
+  if (min_L > kvt) return best;  // fill pieces could be shorter than the minimum chunk
 
   // Fill fallback: binary search for the smallest capacity T in [lb, best makespan) whose fill plan
   // fits, down to a resolution of lb / 512.

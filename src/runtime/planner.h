@@ -34,6 +34,11 @@ struct PlannerConfig {
   bool causal = false;         ///< clip each tile's KV range to what its last query sees
   SplitMode split_mode = SplitMode::kAuto;
   int32_t fixed_split_size = 0;  ///< kFixed: KV rows per chunk, a positive multiple of kv_tile_rows
+  /// kAuto: the smallest chunk size L the search may choose (rounded up to kv_tile_rows; 0 means
+  /// kv_tile_rows). Above kv_tile_rows it also disables the fill fallback (whose pieces may be
+  /// shorter). For batches whose unsplit work already fills the GPU, where a split costs more
+  /// (merge, per-item start-up) than the balance it buys.
+  int32_t min_chunk_rows = 0;
   int64_t alpha = 1;           ///< cost per valid packed query row of an item, >= 0
   int64_t beta = 1;            ///< cost per KV row of an item, >= 1
   /// kAuto may not produce more split chunks (items with partial >= 0) than this; candidates

@@ -378,6 +378,24 @@ TEST(Planner, LongKvSplitsEvenly) {
   EXPECT_EQ(p.total_cost, 10008);
 }
 
+TEST(Planner, MinimumChunkSizeStopsSmallSplits) {
+  // 16 requests of 1024 keys on 33 CTAs: L0 = round_up(ceil(16384 / 33), 64) = 512 splits every
+  // request in two. With min_chunk_rows = 1024 nothing is split (16 write-through items), and a
+  // long request is still cut, into chunks of >= 1024.
+  PlannerConfig cfg = config(4, 16, 64, 33);
+  const Plan split = plan_checked(std::vector<int32_t>(16, 1), std::vector<int32_t>(16, 1024), cfg);
+  EXPECT_EQ(split.chunk_size, 512);
+  EXPECT_EQ(split.num_partials, 32);
+  cfg.min_chunk_rows = 1000;  // rounded up to 1024
+  const Plan whole = plan_checked(std::vector<int32_t>(16, 1), std::vector<int32_t>(16, 1024), cfg);
+  EXPECT_EQ(whole.num_partials, 0);
+  EXPECT_EQ(whole.items.size(), 16u);
+  EXPECT_EQ(whole.chunk_size, 1024);
+  const Plan one = plan_checked({1}, {65536}, cfg);
+  EXPECT_EQ(one.chunk_size, 2048);  // L0 = round_up(ceil(65536 / 33) = 1986, 64)
+  for (const WorkItem& w : one.items) EXPECT_GE(w.kv_end - w.kv_begin, 1024);
+}
+
 TEST(Planner, PowerOfTwoSplitIsExact) {
   // 4096 keys, 4 CTAs: four chunks of 1024, one per CTA.
   const Plan p = plan_checked({1}, {4096}, config(1, 16, 64, 4));

@@ -1,0 +1,477 @@
+// tessera._C: nanobind bindings of the C++ API for the Python package (python/tessera).
+//
+// This layer is deliberately thin: it converts DLPack tensors (PyTorch tensors through
+// __dlpack__, no copies) into tessera::TensorView, makes the tensors' GPU current for the call,
+// passes the caller's CUDA stream through as a StreamHandle, and maps tessera::Error onto Python
+// exceptions. Argument checking that names FlashInfer's argument names lives in the Python layer;
+// everything else is checked by the C++ library, whose messages reach Python unchanged.
+#include <cuda_runtime_api.h>
+#include <dlpack/dlpack.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/dlpack.h"
+#include "tessera/runtime.h"
+#include "tessera/tessera.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using tessera::DType;
+using tessera::Layout;
+using tessera::StatusCode;
+using tessera::TensorView;
+
+using Array = nb::ndarray<>;
+using OptArray = std::optional<nb::ndarray<>>;
+
+#ifndef TESSERA_PY_CUDA_ARCHS
+#define TESSERA_PY_CUDA_ARCHS ""
+#endif
+
+/// A view of a DLPack-imported array (no copy). `name` prefixes conversion errors.
+TensorView to_view(const Array& a, const char* name) {
+  const size_t ndim = a.ndim();
+  std::vector<int64_t> shape(ndim), strides(ndim);
+  for (size_t d = 0; d < ndim; ++d) {
+    shape[d] = static_cast<int64_t>(a.shape(d));
+    strides[d] = static_cast<int64_t>(a.stride(d));
+  }
+  DLTensor t{};
+  t.data = const_cast<void*>(a.data());  // nanobind has already applied byte_offset
+  t.device.device_type = static_cast<DLDeviceType>(a.device_type());
+  t.device.device_id = a.device_id();
+  t.ndim = static_cast<int>(ndim);
+  t.dtype.code = a.dtype().code;
+  t.dtype.bits = a.dtype().bits;
+  t.dtype.lanes = a.dtype().lanes;
+  t.shape = shape.data();
+  t.strides = strides.data();
+  t.byte_offset = 0;
+  try {
+    return tessera::from_dlpack(t);
+  } catch (const tessera::Error& e) {
+    throw tessera::Error(e.code(), std::string(name) + ": " + e.what());
+  }
+}
+
+TensorView to_view(const OptArray& a, const char* name) { return a ? to_view(*a, name) : TensorView{}; }
+
+tessera::StreamHandle to_stream(uintptr_t stream) { return reinterpret_cast<tessera::StreamHandle>(stream); }
+
+/// Makes the GPU of `t` current for the duration of a call (and restores the previous one). The
+/// library works on the current device; PyTorch's notion of it may live in another copy of the
+/// CUDA runtime, so the binding sets it explicitly.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const TensorView& t) {
+    if (t.device.type != tessera::DeviceType::kCUDA) return;
+    int current = 0;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    if (current == t.device.id) return;
+    if (cudaSetDevice(t.device.id) == cudaSuccess) previous_ = current;
+    else cudaGetLastError();
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+void translate_error(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const tessera::Error& e) {
+    const char* message = e.what();
+    PyObject* type = PyExc_RuntimeError;
+    switch (e.code()) {
+      case StatusCode::kInvalidArgument:
+        // A dtype is a type in Python's terms.
+        type = (std::strstr(message, "dtype") != nullptr) ? PyExc_TypeError : PyExc_ValueError;
+        break;
+      case StatusCode::kUnsupported: type = PyExc_NotImplementedError; break;
+      default: type = PyExc_RuntimeError; break;
+    }
+    PyErr_SetString(type, message);
+  }
+}
+
+tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype,
+                              double sm_scale, bool causal) {
+  tessera::PlanShape s;
+  s.num_qo_heads = num_qo_heads;
+  s.num_kv_heads = num_kv_heads;
+  s.head_dim = head_dim;
+  s.dtype = dtype;
+  s.attention.sm_scale = sm_scale;
+  s.attention.causal = causal;
+  return s;
+}
+
+nb::dict plan_info_dict(const tessera::PlanInfo& i) {
+  nb::dict d;
+  d["batch_size"] = i.batch_size;
+  d["q_tile_rows"] = i.q_tile_rows;
+  d["kv_tile_rows"] = i.kv_tile_rows;
+  d["grid_cols"] = i.grid_cols;
+  d["num_items"] = i.num_items;
+  d["num_partials"] = i.num_partials;
+  d["num_merges"] = i.num_merges;
+  d["chunk_size"] = i.chunk_size;
+  d["makespan"] = i.makespan;
+  d["lower_bound"] = i.lower_bound;
+  d["plan_bytes"] = i.plan_bytes;
+  return d;
+}
+
+/// The paged cache of run(): separate K and V, or one combined tensor (exactly one of the two).
+tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const OptArray& kv, Layout layout,
+                                  const TensorView& indices) {
+  if (kv) return tessera::PagedKVCache::from_combined(to_view(*kv, "paged_kv_cache"), layout, indices);
+  if (!k || !v) throw tessera::Error(StatusCode::kInvalidArgument, "paged_kv_cache: expected (k, v) or one tensor");
+  tessera::PagedKVCache c;
+  c.k = to_view(*k, "paged_kv_cache[0]");
+  c.v = to_view(*v, "paged_kv_cache[1]");
+  c.layout = layout;
+  c.indices = indices;
+  return c;
+}
+
+template <typename W>
+void bind_common(nb::class_<W>& cls) {
+  cls.def(
+         "__init__",
+         [](W* self, const Array& workspace, const tessera::RuntimeBounds& bounds,
+            const tessera::RuntimeOptions& options) {
+           const TensorView ws = to_view(workspace, "float_workspace_buffer");
+           DeviceGuard guard(ws);
+           new (self) W(ws, bounds, options);
+         },
+         "workspace"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{},
+         "Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) "
+         "bytes (needs a GPU).")
+      .def_static(
+          "workspace_size",
+          [](const tessera::RuntimeBounds& bounds, const tessera::RuntimeOptions& options, int device) {
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            return W::workspace_size(bounds, options);
+          },
+          "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
+          "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.")
+      .def(
+          "plan_info", [](const W& w) { return plan_info_dict(w.plan_info()); },
+          "What the last plan() decided, as a dict (for tests, benchmarks and logs).");
+}
+
+nb::dict device_properties(int device) {
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw tessera::Error(StatusCode::kCudaError, std::string("cudaGetDeviceProperties(") + std::to_string(device) +
+                                                     ") failed: " + cudaGetErrorString(err));
+  }
+  nb::dict d;
+  d["name"] = std::string(prop.name);
+  d["major"] = prop.major;
+  d["minor"] = prop.minor;
+  d["multi_processor_count"] = prop.multiProcessorCount;
+  d["total_memory"] = static_cast<int64_t>(prop.totalGlobalMem);
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "Tessera's C++ API (low level; use the functions and classes of the `tessera` package).";
+  nb::register_exception_translator(translate_error);
+  // Wrapper objects referenced from tracebacks or torch's caches can outlive the module at exit;
+  // that is not a leak worth a warning.
+  nb::set_leak_warnings(false);
+
+  // --- enums and plain structs ------------------------------------------------------------------
+  nb::enum_<DType>(m, "DType", "Element types (tessera/dtype.h).")
+      .value("f16", DType::kF16)
+      .value("bf16", DType::kBF16)
+      .value("f32", DType::kF32)
+      .value("e4m3", DType::kE4M3)
+      .value("e5m2", DType::kE5M2)
+      .value("i32", DType::kI32)
+      .value("u8", DType::kU8);
+  nb::enum_<Layout>(m, "Layout", "Paged KV layouts: NHD [pages, slot, head, dim], HND [pages, head, slot, dim].")
+      .value("NHD", Layout::kNHD)
+      .value("HND", Layout::kHND);
+  nb::enum_<tessera::SplitKV>(m, "SplitKV", "How the runtime splits long KV ranges (tessera/runtime.h).")
+      .value("auto", tessera::SplitKV::kAuto)
+      .value("fixed", tessera::SplitKV::kFixed)
+      .value("none", tessera::SplitKV::kNone);
+  nb::enum_<tessera::QueryTile>(m, "QueryTile", "Query tile of the runtime's kernels (tessera/runtime.h).")
+      .value("auto", tessera::QueryTile::kAuto)
+      .value("t16", tessera::QueryTile::k16)
+      .value("t64", tessera::QueryTile::k64)
+      .value("t128", tessera::QueryTile::k128);
+
+  nb::class_<tessera::RuntimeBounds>(m, "RuntimeBounds", "Upper bounds a runtime wrapper is built for.")
+      .def(nb::init<>())
+      .def_rw("max_batch_size", &tessera::RuntimeBounds::max_batch_size)
+      .def_rw("max_total_qo_tokens", &tessera::RuntimeBounds::max_total_qo_tokens)
+      .def_rw("num_qo_heads", &tessera::RuntimeBounds::num_qo_heads)
+      .def_rw("num_kv_heads", &tessera::RuntimeBounds::num_kv_heads)
+      .def_rw("head_dim", &tessera::RuntimeBounds::head_dim);
+  nb::class_<tessera::RuntimeOptions>(m, "RuntimeOptions", "Options of a runtime wrapper, fixed at construction.")
+      .def(nb::init<>())
+      .def_rw("cuda_graph", &tessera::RuntimeOptions::cuda_graph)
+      .def_rw("split_kv", &tessera::RuntimeOptions::split_kv)
+      .def_rw("fixed_split_size", &tessera::RuntimeOptions::fixed_split_size)
+      .def_rw("sm_budget", &tessera::RuntimeOptions::sm_budget)
+      .def_rw("q_tile", &tessera::RuntimeOptions::q_tile)
+      .def_rw("dtype", &tessera::RuntimeOptions::dtype);
+
+  // --- build and device information -------------------------------------------------------------
+  m.def("version", [] { return std::string(tessera::version_string()); },
+        "Version of the linked libtessera (MAJOR.MINOR.PATCH).");
+  m.def("cuda_archs", [] { return std::string(TESSERA_PY_CUDA_ARCHS); },
+        "Comma-separated GPU architectures the kernels were compiled for (TESSERA_CUDA_ARCHS).");
+  m.def("supported_head_dims", [] {
+    std::vector<int64_t> dims(std::begin(tessera::kSupportedHeadDims), std::end(tessera::kSupportedHeadDims));
+    return dims;
+  }, "Head dimensions with compiled attention kernels.");
+  m.def("cuda_runtime_version", [] {
+    int v = 0;
+    if (cudaRuntimeGetVersion(&v) != cudaSuccess) cudaGetLastError();
+    return v;
+  }, "Version of the CUDA runtime in use (1000 * major + 10 * minor).");
+  m.def("cuda_driver_version", [] {
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) cudaGetLastError();
+    return v;
+  }, "CUDA version the installed driver supports (0 when there is no driver).");
+  m.def("cuda_device_count", [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }, "Number of CUDA GPUs visible (0 when there is none or no driver).");
+  m.def("cuda_device_properties", &device_properties, "device"_a,
+        "name, compute capability (major, minor), SM count and memory of GPU `device`.");
+
+  // --- single-request attention -----------------------------------------------------------------
+  m.def(
+      "single_decode",
+      [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
+         double sm_scale, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"), to = to_view(o, "out"),
+                         tl = to_view(lse, "lse");
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
+        tessera::AttentionOptions opt;
+        opt.sm_scale = sm_scale;
+        tessera::single_decode(tq, tk, tv, layout, to, tl, opt, to_stream(stream));
+      },
+      "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a,
+      "tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND).");
+  m.def(
+      "single_prefill",
+      [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
+         double sm_scale, bool causal, uintptr_t stream) {
+        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"), to = to_view(o, "out"),
+                         tl = to_view(lse, "lse");
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
+        tessera::AttentionOptions opt;
+        opt.sm_scale = sm_scale;
+        opt.causal = causal;
+        tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream));
+      },
+      "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
+      "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode.");
+
+  // --- state merge ------------------------------------------------------------------------------
+  m.def(
+      "merge_state",
+      [](const Array& v_a, const Array& s_a, const Array& v_b, const Array& s_b, const Array& v_out,
+         const OptArray& s_out, uintptr_t stream) {
+        const TensorView a = to_view(v_a, "v_a"), sa = to_view(s_a, "s_a"), b = to_view(v_b, "v_b"),
+                         sb = to_view(s_b, "s_b"), o = to_view(v_out, "v_out"), so = to_view(s_out, "s_out");
+        DeviceGuard guard(a);
+        nb::gil_scoped_release release;
+        tessera::merge_state(a, sa, b, sb, o, so, to_stream(stream));
+      },
+      "v_a"_a, "s_a"_a, "v_b"_a, "s_b"_a, "v_out"_a, "s_out"_a.none(), "stream"_a,
+      "tessera::merge_state (base-2 LSE).");
+  m.def(
+      "merge_states",
+      [](const Array& v, const Array& s, const Array& v_out, const OptArray& s_out, uintptr_t stream) {
+        const TensorView tv = to_view(v, "v"), ts = to_view(s, "s"), o = to_view(v_out, "v_out"),
+                         so = to_view(s_out, "s_out");
+        DeviceGuard guard(tv);
+        nb::gil_scoped_release release;
+        tessera::merge_states(tv, ts, o, so, to_stream(stream));
+      },
+      "v"_a, "s"_a, "v_out"_a, "s_out"_a.none(), "stream"_a, "tessera::merge_states (base-2 LSE).");
+  m.def(
+      "merge_states_ragged",
+      [](const Array& v, const Array& s, const Array& indptr, const Array& v_out, const OptArray& s_out,
+         uintptr_t stream) {
+        const TensorView tv = to_view(v, "v"), ts = to_view(s, "s"), ti = to_view(indptr, "indptr"),
+                         o = to_view(v_out, "v_out"), so = to_view(s_out, "s_out");
+        DeviceGuard guard(tv);
+        nb::gil_scoped_release release;
+        tessera::merge_states_ragged(tv, ts, ti, o, so, to_stream(stream));
+      },
+      "v"_a, "s"_a, "indptr"_a, "v_out"_a, "s_out"_a.none(), "stream"_a,
+      "tessera::merge_states_ragged (base-2 LSE).");
+
+  // --- KV cache ---------------------------------------------------------------------------------
+  m.def(
+      "append_paged_kv_cache_at",
+      [](const Array& append_k, const Array& append_v, const Array& batch_indices, const Array& positions,
+         const OptArray& k_cache, const OptArray& v_cache, const OptArray& kv_cache, Layout layout,
+         const Array& indptr, const Array& indices, const Array& last_page_len, uintptr_t stream) {
+        const TensorView ak = to_view(append_k, "append_key"), av = to_view(append_v, "append_value"),
+                         bi = to_view(batch_indices, "batch_indices"), pos = to_view(positions, "positions"),
+                         ip = to_view(indptr, "kv_indptr"), ix = to_view(indices, "kv_indices"),
+                         lp = to_view(last_page_len, "kv_last_page_len");
+        tessera::PagedKV cache;
+        if (kv_cache) {
+          cache = tessera::PagedKV::from_combined(to_view(*kv_cache, "paged_kv_cache"), layout, ip, ix, lp);
+        } else {
+          cache.k = to_view(k_cache, "paged_kv_cache[0]");
+          cache.v = to_view(v_cache, "paged_kv_cache[1]");
+          cache.layout = layout;
+          cache.indptr = ip;
+          cache.indices = ix;
+          cache.last_page_len = lp;
+        }
+        DeviceGuard guard(ak);
+        nb::gil_scoped_release release;
+        tessera::append_paged_kv_cache_at(ak, av, bi, pos, cache, to_stream(stream));
+      },
+      "append_k"_a, "append_v"_a, "batch_indices"_a, "positions"_a, "k_cache"_a.none(), "v_cache"_a.none(),
+      "kv_cache"_a.none(), "layout"_a, "indptr"_a, "indices"_a, "last_page_len"_a, "stream"_a,
+      "tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i].");
+
+  // --- plan/run runtime -------------------------------------------------------------------------
+  nb::class_<tessera::BatchDecodeWrapper> decode(m, "BatchDecodeWrapper",
+                                                 "tessera::BatchDecodeWrapper (paged KV, one query per request).");
+  bind_common(decode);
+  decode
+      .def(
+          "plan",
+          [](tessera::BatchDecodeWrapper& w, const Array& kv_indptr, const Array& last_page_len, int64_t page_size,
+             int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale,
+             uintptr_t stream, int device) {
+            const TensorView ip = to_view(kv_indptr, "indptr"), lp = to_view(last_page_len, "last_page_len");
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            nb::gil_scoped_release release;
+            w.plan(ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false),
+                   to_stream(stream));
+          },
+          "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a,
+          "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a,
+          "Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B].")
+      .def(
+          "run",
+          [](tessera::BatchDecodeWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
+             const OptArray& kv, Layout layout, const Array& indices, const Array& o, const OptArray& lse,
+             uintptr_t stream) {
+            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"));
+            DeviceGuard guard(tq);
+            nb::gil_scoped_release release;
+            w.run(tq, cache, to, tl, to_stream(stream));
+          },
+          "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
+          "stream"_a, "Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).");
+
+  nb::class_<tessera::BatchPrefillPagedWrapper> prefill_paged(
+      m, "BatchPrefillPagedWrapper", "tessera::BatchPrefillPagedWrapper (paged KV, any query length).");
+  bind_common(prefill_paged);
+  prefill_paged
+      .def(
+          "plan",
+          [](tessera::BatchPrefillPagedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
+             const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
+             int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device) {
+            const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
+                             lp = to_view(last_page_len, "paged_kv_last_page_len");
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            nb::gil_scoped_release release;
+            w.plan(qi, ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
+                   to_stream(stream));
+          },
+          "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
+          "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a,
+          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B].")
+      .def(
+          "run",
+          [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
+             const OptArray& kv, Layout layout, const Array& indices, const Array& o, const OptArray& lse,
+             uintptr_t stream) {
+            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"));
+            DeviceGuard guard(tq);
+            nb::gil_scoped_release release;
+            w.run(tq, cache, to, tl, to_stream(stream));
+          },
+          "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
+          "stream"_a, "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
+
+  nb::class_<tessera::BatchPrefillRaggedWrapper> prefill_ragged(
+      m, "BatchPrefillRaggedWrapper", "tessera::BatchPrefillRaggedWrapper (ragged KV, any query length).");
+  bind_common(prefill_ragged);
+  prefill_ragged
+      .def(
+          "plan",
+          [](tessera::BatchPrefillRaggedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
+             int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
+             uintptr_t stream, int device) {
+            const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            nb::gil_scoped_release release;
+            w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
+                   to_stream(stream));
+          },
+          "qo_indptr"_a, "kv_indptr"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a,
+          "causal"_a, "stream"_a, "device"_a, "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1].")
+      .def(
+          "run",
+          [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,
+             const OptArray& lse, uintptr_t stream) {
+            const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"),
+                             to = to_view(o, "out"), tl = to_view(lse, "lse");
+            DeviceGuard guard(tq);
+            nb::gil_scoped_release release;
+            w.run(tq, tk, tv, to, tl, to_stream(stream));
+          },
+          "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a,
+          "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).");
+}

@@ -1,0 +1,269 @@
+"""
+Tessera's C++ API (low level; use the functions and classes of the `tessera` package).
+"""
+
+# Type stub of the extension module tessera._C (generated with `python -m nanobind.stubgen -m
+# tessera._C`, then NDArray made a protocol instead of numpy's: the arrays are any object with
+# __dlpack__, in practice torch tensors).
+
+import enum
+from typing import Any, Protocol
+
+
+class NDArray(Protocol):
+    """Any DLPack-exporting tensor (torch.Tensor)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class DType(enum.Enum):
+    """Element types (tessera/dtype.h)."""
+
+    f16 = 0
+
+    bf16 = 1
+
+    f32 = 2
+
+    e4m3 = 3
+
+    e5m2 = 4
+
+    i32 = 5
+
+    u8 = 6
+
+class Layout(enum.Enum):
+    """
+    Paged KV layouts: NHD [pages, slot, head, dim], HND [pages, head, slot, dim].
+    """
+
+    NHD = 0
+
+    HND = 1
+
+class SplitKV(enum.Enum):
+    """How the runtime splits long KV ranges (tessera/runtime.h)."""
+
+    auto = 0
+
+    fixed = 1
+
+    none = 2
+
+class QueryTile(enum.Enum):
+    """Query tile of the runtime's kernels (tessera/runtime.h)."""
+
+    auto = 0
+
+    t16 = 16
+
+    t64 = 64
+
+    t128 = 128
+
+class RuntimeBounds:
+    """Upper bounds a runtime wrapper is built for."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    @max_batch_size.setter
+    def max_batch_size(self, arg: int, /) -> None: ...
+
+    @property
+    def max_total_qo_tokens(self) -> int: ...
+
+    @max_total_qo_tokens.setter
+    def max_total_qo_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def num_qo_heads(self) -> int: ...
+
+    @num_qo_heads.setter
+    def num_qo_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @num_kv_heads.setter
+    def num_kv_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+class RuntimeOptions:
+    """Options of a runtime wrapper, fixed at construction."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def cuda_graph(self) -> bool: ...
+
+    @cuda_graph.setter
+    def cuda_graph(self, arg: bool, /) -> None: ...
+
+    @property
+    def split_kv(self) -> SplitKV: ...
+
+    @split_kv.setter
+    def split_kv(self, arg: SplitKV, /) -> None: ...
+
+    @property
+    def fixed_split_size(self) -> int: ...
+
+    @fixed_split_size.setter
+    def fixed_split_size(self, arg: int, /) -> None: ...
+
+    @property
+    def sm_budget(self) -> int: ...
+
+    @sm_budget.setter
+    def sm_budget(self, arg: int, /) -> None: ...
+
+    @property
+    def q_tile(self) -> QueryTile: ...
+
+    @q_tile.setter
+    def q_tile(self, arg: QueryTile, /) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+def version() -> str:
+    """Version of the linked libtessera (MAJOR.MINOR.PATCH)."""
+
+def cuda_archs() -> str:
+    """
+    Comma-separated GPU architectures the kernels were compiled for (TESSERA_CUDA_ARCHS).
+    """
+
+def supported_head_dims() -> list[int]:
+    """Head dimensions with compiled attention kernels."""
+
+def cuda_runtime_version() -> int:
+    """Version of the CUDA runtime in use (1000 * major + 10 * minor)."""
+
+def cuda_driver_version() -> int:
+    """
+    CUDA version the installed driver supports (0 when there is no driver).
+    """
+
+def cuda_device_count() -> int:
+    """Number of CUDA GPUs visible (0 when there is none or no driver)."""
+
+def cuda_device_properties(device: int) -> dict:
+    """
+    name, compute capability (major, minor), SM count and memory of GPU `device`.
+    """
+
+def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int) -> None:
+    """
+    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND).
+    """
+
+def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int) -> None:
+    """tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode."""
+
+def merge_state(v_a: NDArray, s_a: NDArray, v_b: NDArray, s_b: NDArray, v_out: NDArray, s_out: NDArray | None, stream: int) -> None:
+    """tessera::merge_state (base-2 LSE)."""
+
+def merge_states(v: NDArray, s: NDArray, v_out: NDArray, s_out: NDArray | None, stream: int) -> None:
+    """tessera::merge_states (base-2 LSE)."""
+
+def merge_states_ragged(v: NDArray, s: NDArray, indptr: NDArray, v_out: NDArray, s_out: NDArray | None, stream: int) -> None:
+    """tessera::merge_states_ragged (base-2 LSE)."""
+
+def append_paged_kv_cache_at(append_k: NDArray, append_v: NDArray, batch_indices: NDArray, positions: NDArray, k_cache: NDArray | None, v_cache: NDArray | None, kv_cache: NDArray | None, layout: Layout, indptr: NDArray, indices: NDArray, last_page_len: NDArray, stream: int) -> None:
+    """
+    tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i].
+    """
+
+class BatchDecodeWrapper:
+    """tessera::BatchDecodeWrapper (paged KV, one query per request)."""
+
+    def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    def plan_info(self) -> dict:
+        """
+        What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int) -> None:
+        """Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]."""
+
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+        """
+        Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).
+        """
+
+class BatchPrefillPagedWrapper:
+    """tessera::BatchPrefillPagedWrapper (paged KV, any query length)."""
+
+    def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    def plan_info(self) -> dict:
+        """
+        What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int) -> None:
+        """
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B].
+        """
+
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+        """Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2)."""
+
+class BatchPrefillRaggedWrapper:
+    """tessera::BatchPrefillRaggedWrapper (ragged KV, any query length)."""
+
+    def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    def plan_info(self) -> dict:
+        """
+        What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int) -> None:
+        """Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]."""
+
+    def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+        """
+        Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).
+        """

@@ -1,0 +1,127 @@
+"""Tessera: an attention engine for LLM serving, with FlashInfer-compatible Python wrappers.
+
+The functions and wrapper classes take PyTorch tensors (passed to the C++ library through
+DLPack, without copies) and queue their work on PyTorch's current CUDA stream. Their names,
+arguments and conventions follow FlashInfer's Python API (0.3): ``kv_layout`` "NHD"/"HND",
+``last_page_len`` page tables, ``sm_scale`` defaulting to ``1/sqrt(head_dim)``, causal masking
+aligned to the last key, and BASE-2 log-sum-exp values. Options Tessera does not implement yet
+raise ``NotImplementedError`` naming the option.
+
+Errors of the C++ library map to Python exceptions: invalid arguments to ``ValueError`` (or
+``TypeError`` for a wrong dtype), unsupported combinations to ``NotImplementedError``, CUDA and
+internal errors to ``RuntimeError``; the message is the library's.
+
+The package imports without a GPU and without torch; ``python -m tessera`` reports the build.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from . import _C
+from .cascade import merge_state, merge_state_in_place, merge_states
+from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+    single_prefill_with_kv_cache_return_lse,
+)
+
+__version__: str = _C.version()
+
+__all__ = [
+    "__version__",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "single_decode_with_kv_cache",
+    "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
+    "get_seq_lens",
+    "build_info",
+]
+
+# The kernel families compiled into libtessera (src/*.cu). Head dims come from the library.
+_KERNEL_FAMILIES = (
+    ("decode", "attention", "CUDA-core decode; tensor-core decode for GQA group >= 4 (paged, ragged, single)"),
+    ("prefill (FA2-class)", "attention", "mma.sync prefill/append over dense, ragged, paged and block-sparse KV"),
+    ("runtime", "attention", "plan/run persistent kernels + split-KV contraction (the Batch*Wrapper classes)"),
+    ("merge", "state", "attention-state merge: merge_state, merge_states, merge_states_ragged"),
+    ("append", "cache", "append_paged_kv_cache into NHD/HND pages, any page size"),
+)
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}" if v > 0 else "none"
+
+
+def _kernels_run_on(major: int, minor: int, archs: List[str]) -> bool:
+    """Whether code compiled for `archs` (TESSERA_CUDA_ARCHS) runs on compute capability major.minor.
+
+    SASS for sm_XY runs on sm_XZ with Z >= Y; arch-specific targets (sm_90a) only on their exact
+    architecture; the PTX embedded for the last entry (when it is not an "a" target, see
+    cmake/TesseraCuda.cmake) is compiled by the driver for any newer GPU.
+    """
+    cc = 10 * major + minor
+    for a in archs:
+        if a.endswith("a"):
+            if int(a[:-1]) == cc:
+                return True
+        elif int(a) // 10 == major and int(a) % 10 <= minor:
+            return True
+    return bool(archs) and not archs[-1].endswith("a") and int(archs[-1]) <= cc
+
+
+def build_info() -> Dict[str, Any]:
+    """What this build of Tessera contains and which GPUs it sees.
+
+    Returns:
+        A dict with ``version``, ``cuda_archs`` (architectures the kernels were compiled for),
+        ``cuda_runtime`` / ``cuda_driver`` versions (``"none"`` without a driver), ``gpus`` (a list
+        of dicts: index, name, compute capability, SMs, memory, whether compiled kernels run on it)
+        and ``kernels`` (the prebuilt families with their head dims and dtypes).
+    """
+    archs = [a for a in _C.cuda_archs().split(",") if a]
+    head_dims = list(_C.supported_head_dims())
+    gpus: List[Dict[str, Any]] = []
+    for i in range(_C.cuda_device_count()):
+        try:
+            p = _C.cuda_device_properties(i)
+        except RuntimeError:
+            continue
+        runs = _kernels_run_on(p["major"], p["minor"], archs)
+        gpus.append({
+            "index": i,
+            "name": p["name"],
+            "compute_capability": (p["major"], p["minor"]),
+            "sm_count": p["multi_processor_count"],
+            "memory_bytes": p["total_memory"],
+            "kernels_compiled_for_it": runs,
+        })
+    kernels = []
+    for name, kind, what in _KERNEL_FAMILIES:
+        if kind == "attention":
+            dims, dtypes = head_dims, ["float16", "bfloat16"]
+        elif kind == "state":
+            dims, dtypes = "any with head_dim * element size a multiple of 16 bytes", ["float16", "bfloat16", "float32"]
+        else:
+            dims, dtypes = "any with head_dim * element size a multiple of 16 bytes", ["float16", "bfloat16", "float32"]
+        kernels.append({"family": name, "head_dims": dims, "dtypes": dtypes, "description": what})
+    return {
+        "version": __version__,
+        "cuda_archs": archs,
+        "cuda_runtime": _cuda_version(_C.cuda_runtime_version()),
+        "cuda_driver": _cuda_version(_C.cuda_driver_version()),
+        "gpus": gpus,
+        "kernels": kernels,
+    }
+
+
+from . import cascade, decode, page, prefill  # noqa: E402,F401  (FlashInfer-style submodules)

@@ -1,0 +1,181 @@
+"""The part the three FlashInfer-style wrappers share: the lazily built C++ plan/run runtime.
+
+A wrapper holds one C++ runtime object (tessera::BatchDecodeWrapper, BatchPrefillPagedWrapper or
+BatchPrefillRaggedWrapper, include/tessera/runtime.h). It is built in the first plan() with
+RuntimeBounds derived from that plan, reused while later plans fit, and rebuilt with larger bounds
+(rounded up to powers of two, so a growing batch does not rebuild at every step) when one does not.
+Every build checks that the caller's float_workspace_buffer holds workspace_size(bounds) bytes.
+
+With use_cuda_graph=True the bounds come from the preallocated index buffers and the first plan,
+the runtime is built once and never rebuilt (a captured run() has its pointers baked in), and a
+later plan beyond those bounds is an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from . import _utils as U
+
+__all__: list = []  # private module
+
+
+class _Need:
+    """What one plan requires of the runtime's bounds."""
+
+    __slots__ = ("batch", "total_qo", "num_qo_heads", "num_kv_heads", "head_dim")
+
+    def __init__(self, batch: int, total_qo: int, num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.batch = max(1, int(batch))
+        self.total_qo = max(1, int(total_qo))
+        self.num_qo_heads = int(num_qo_heads)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = int(head_dim)
+
+    def fits(self, bounds: Any) -> bool:
+        return (
+            self.batch <= bounds.max_batch_size
+            and self.total_qo <= bounds.max_total_qo_tokens
+            and self.num_qo_heads <= bounds.num_qo_heads
+            and self.num_kv_heads <= bounds.num_kv_heads
+            and self.head_dim <= bounds.head_dim
+        )
+
+    def describe(self) -> str:
+        return (
+            f"batch_size={self.batch}, query rows={self.total_qo}, num_qo_heads={self.num_qo_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+        )
+
+
+def _bounds(C: Any, batch: int, total_qo: int, hq: int, hkv: int, d: int) -> Any:
+    b = C.RuntimeBounds()
+    b.max_batch_size = int(batch)
+    b.max_total_qo_tokens = int(total_qo)
+    b.num_qo_heads = int(hq)
+    b.num_kv_heads = int(hkv)
+    b.head_dim = int(d)
+    return b
+
+
+def _describe_bounds(b: Any) -> str:
+    return (
+        f"max_batch_size={b.max_batch_size}, max_total_qo_tokens={b.max_total_qo_tokens}, "
+        f"num_qo_heads={b.num_qo_heads}, num_kv_heads={b.num_kv_heads}, head_dim={b.head_dim}"
+    )
+
+
+class _RuntimeHolder:
+    """Builds, grows and keeps the C++ runtime object of one Python wrapper."""
+
+    def __init__(self, cpp_class_name: str, workspace: Any, use_cuda_graph: bool) -> None:
+        self.cpp_class_name = cpp_class_name
+        self.workspace = workspace
+        self.use_cuda_graph = use_cuda_graph
+        self.cpp: Optional[Any] = None
+        self.bounds: Optional[Any] = None
+        self.options_key: Optional[Tuple[Any, ...]] = None
+        self.builds = 0  # how many times the C++ object was (re)built, for tests
+
+    def workspace_bytes(self) -> int:
+        ws = self.workspace
+        return int(ws.numel()) * int(ws.element_size())
+
+    def ensure(
+        self,
+        need: _Need,
+        dtype: Any,
+        split_kv: str,
+        fixed_split_size: int,
+        graph_bounds: Optional[Tuple[int, int]] = None,
+    ) -> Any:
+        """The C++ runtime for a plan with requirements `need` (built or rebuilt as needed).
+
+        graph_bounds: with use_cuda_graph, (max_batch_size, max_total_qo_tokens) from the
+        preallocated buffers.
+        """
+        U.check_cuda("float_workspace_buffer", self.workspace)
+        C = U._C()
+        cls = getattr(C, self.cpp_class_name)
+        options = C.RuntimeOptions()
+        options.cuda_graph = self.use_cuda_graph
+        options.split_kv = {"auto": C.SplitKV.auto, "fixed": C.SplitKV.fixed, "none": C.SplitKV.none}[split_kv]
+        options.fixed_split_size = int(fixed_split_size)
+        options.dtype = U.tessera_dtype(dtype)
+        key = (split_kv, int(fixed_split_size), dtype if self.use_cuda_graph else None)
+
+        if self.cpp is not None and self.bounds is not None:
+            if self.use_cuda_graph:
+                if key != self.options_key:
+                    raise ValueError(
+                        "use_cuda_graph: this plan changes the dtype or the split options "
+                        f"({key}) the wrapper was built for ({self.options_key}); build a new wrapper"
+                    )
+                if not need.fits(self.bounds):
+                    raise ValueError(
+                        f"use_cuda_graph: this plan ({need.describe()}) exceeds the bounds the wrapper was "
+                        f"built for ({_describe_bounds(self.bounds)}); the preallocated buffers and the first "
+                        "plan fix them"
+                    )
+                return self.cpp
+            if key == self.options_key and need.fits(self.bounds):
+                return self.cpp
+
+        device = U.device_index(self.workspace)
+        if self.use_cuda_graph:
+            assert graph_bounds is not None
+            max_batch, max_total = graph_bounds
+            if need.batch > max_batch or need.total_qo > max_total:
+                raise ValueError(
+                    f"use_cuda_graph: this plan ({need.describe()}) exceeds the preallocated buffers "
+                    f"(max batch_size {max_batch}, max query rows {max_total})"
+                )
+            candidates = [_bounds(C, max_batch, max_total, need.num_qo_heads, need.num_kv_heads, need.head_dim)]
+        else:
+            old = self.bounds
+            grown = _bounds(
+                C,
+                max(U.next_pow2(need.batch), old.max_batch_size if old is not None else 0),
+                max(U.next_pow2(need.total_qo), old.max_total_qo_tokens if old is not None else 0),
+                max(need.num_qo_heads, old.num_qo_heads if old is not None else 0),
+                max(need.num_kv_heads, old.num_kv_heads if old is not None else 0),
+                max(need.head_dim, old.head_dim if old is not None else 0),
+            )
+            exact = _bounds(C, need.batch, need.total_qo, need.num_qo_heads, need.num_kv_heads, need.head_dim)
+            candidates = [grown, exact]
+
+        have = self.workspace_bytes()
+        needed = None
+        for b in candidates:
+            needed = int(cls.workspace_size(b, options, device))
+            if needed <= have:
+                # Drop the old runtime first: its destructor waits for its last plan upload.
+                self.cpp = None
+                self.cpp = U.call(cls, self.workspace, self.workspace, b, options)
+                self.bounds = b
+                self.options_key = key
+                self.builds += 1
+                return self.cpp
+        raise ValueError(
+            f"float_workspace_buffer has {have} bytes, but this plan needs {needed} bytes of workspace "
+            f"({need.describe()}); allocate a float_workspace_buffer of at least {needed} bytes"
+        )
+
+    def plan_info(self) -> Dict[str, Any]:
+        if self.cpp is None:
+            raise RuntimeError("plan() has not been called yet")
+        return dict(self.cpp.plan_info())
+
+
+def split_options(fixed_split_size: Any, disable_split_kv: Any, unit: int, name: str = "fixed_split_size") -> Tuple[str, int]:
+    """FlashInfer's split options -> (split_kv mode, fixed split size in KV tokens)."""
+    if disable_split_kv:
+        return "none", 0
+    if fixed_split_size is None or fixed_split_size == -1:
+        return "auto", 0
+    size = U.check_positive_int(name, fixed_split_size) * unit
+    if size % 128 != 0:
+        raise ValueError(
+            f"{name} = {fixed_split_size} gives a split of {size} KV tokens; Tessera needs a positive multiple of 128"
+        )
+    return "fixed", size

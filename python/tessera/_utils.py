@@ -1,0 +1,412 @@
+"""Shared helpers of the Python layer: lazy torch import, argument checks, dtype/layout mapping.
+
+Everything here runs on the CPU: the checks happen before any GPU work, so a wrong argument is
+reported the same way with or without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__: list = []  # private module
+
+_SUPPORTED_HEAD_DIMS = (64, 128, 256)
+_POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+
+
+def _torch() -> Any:
+    """Imports torch on first use (the package itself imports without it)."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "tessera's attention functions take PyTorch tensors: install torch (pip install torch)"
+        ) from e
+    return torch
+
+
+def _C() -> Any:
+    """The extension module tessera._C."""
+    from . import _C as ext
+
+    return ext
+
+
+# --- option checks -----------------------------------------------------------------------------
+
+
+def unsupported(option: str, value: Any, supported: str) -> NotImplementedError:
+    """The error for a FlashInfer option Tessera does not implement (yet)."""
+    return NotImplementedError(
+        f"{option}={value!r} is not supported by Tessera yet (supported: {supported})"
+    )
+
+
+def check_kv_layout(kv_layout: Any, name: str = "kv_layout") -> Any:
+    """'NHD' or 'HND' -> tessera._C.Layout; anything else raises ValueError."""
+    if not isinstance(kv_layout, str) or kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"{name} = {kv_layout!r}, expected 'NHD' or 'HND'")
+    return _C().Layout.NHD if kv_layout == "NHD" else _C().Layout.HND
+
+
+def check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
+    """Only 'NONE' is implemented; 'ROPE_LLAMA'/'ALIBI' raise NotImplementedError."""
+    if pos_encoding_mode == "NONE":
+        return
+    if pos_encoding_mode in _POS_ENCODING_MODES:
+        raise unsupported("pos_encoding_mode", pos_encoding_mode, "'NONE'")
+    raise ValueError(
+        f"pos_encoding_mode = {pos_encoding_mode!r}, expected one of {', '.join(map(repr, _POS_ENCODING_MODES))}"
+    )
+
+
+def check_window_left(window_left: Any) -> None:
+    """Sliding windows are not implemented: only -1 (or None in run()) is accepted."""
+    if window_left is None or window_left == -1:
+        return
+    if not isinstance(window_left, int) or isinstance(window_left, bool):
+        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+    raise unsupported("window_left", window_left, "-1 (no sliding window)")
+
+
+def check_logits_soft_cap(logits_soft_cap: Any) -> None:
+    """Soft-capping is not implemented: only None or 0 is accepted."""
+    if logits_soft_cap is None or logits_soft_cap == 0:
+        return
+    raise unsupported("logits_soft_cap", logits_soft_cap, "None or 0.0")
+
+
+def check_none(name: str, value: Any, what: str = "None") -> None:
+    """Options Tessera does not implement, accepted only at their default (None)."""
+    if value is not None:
+        raise unsupported(name, _short(value), what)
+
+
+def check_false(name: str, value: Any) -> None:
+    """Boolean options Tessera does not implement, accepted only as False."""
+    if value:
+        raise unsupported(name, value, "False")
+
+
+def check_backend(backend: Any) -> None:
+    """Tessera chooses its kernels itself: backend must be 'auto'."""
+    if backend != "auto":
+        raise unsupported("backend", backend, "'auto' (Tessera picks its kernels)")
+
+
+def check_scale(name: str, value: Any) -> None:
+    """fp8 dequantisation scales (q_scale, k_scale, v_scale): only None or 1.0."""
+    if value is None:
+        return
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == 1.0:
+        return
+    raise unsupported(name, _short(value), "None or 1.0 (fp8 scaling is not implemented)")
+
+
+def check_no_extra_args(args: Sequence[Any]) -> None:
+    """FlashInfer forwards extra positional run() arguments to JIT variants; Tessera has none."""
+    if args:
+        raise NotImplementedError(
+            f"run() got {len(args)} extra positional argument(s); FlashInfer passes them to JIT attention variants, "
+            "which Tessera's wrappers do not support yet"
+        )
+
+
+def _short(value: Any) -> Any:
+    torch = _torch_if_loaded()
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)} {value.dtype}>"
+    return value
+
+
+def _torch_if_loaded() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """An integer >= 1 (anything with __index__: int, numpy or 0-d integer tensor; bools rejected)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < 1:
+        raise ValueError(f"{name} = {value}, expected >= 1")
+    return int(value)
+
+
+def check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dim_name: str = "head_dim") -> Tuple[int, int, int]:
+    """Validates the head configuration: GQA divisibility and a head dim with kernels."""
+    hq = check_positive_int("num_qo_heads", num_qo_heads)
+    hkv = check_positive_int("num_kv_heads", num_kv_heads)
+    d = check_positive_int(head_dim_name, head_dim)
+    if hq % hkv != 0:
+        raise ValueError(
+            f"num_qo_heads = {hq} is not a multiple of num_kv_heads = {hkv} (GQA needs num_qo_heads % num_kv_heads == 0)"
+        )
+    if d not in _SUPPORTED_HEAD_DIMS:
+        raise unsupported(head_dim_name, d, ", ".join(map(str, _SUPPORTED_HEAD_DIMS)))
+    return hq, hkv, d
+
+
+def resolve_sm_scale(sm_scale: Any, head_dim: int) -> float:
+    """None -> 1/sqrt(head_dim); otherwise a finite float > 0."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        value = float(sm_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}") from None
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"sm_scale = {sm_scale!r}, expected a finite value > 0 (or None for 1/sqrt(head_dim))")
+    return value
+
+
+# --- dtypes ------------------------------------------------------------------------------------
+
+_DTYPE_ALIASES = {
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "float8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
+}
+
+
+def canonical_dtype(value: Any, name: str) -> "torch.dtype":
+    """A torch.dtype from a torch.dtype or a string such as 'float16', 'bf16', 'torch.bfloat16'."""
+    torch = _torch()
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        key = value[len("torch."):] if value.startswith("torch.") else value
+        canonical = _DTYPE_ALIASES.get(key)
+        if canonical is not None and hasattr(torch, canonical):
+            return getattr(torch, canonical)
+        raise TypeError(f"{name} = {value!r} is not a dtype Tessera knows (expected e.g. 'float16' or 'bfloat16')")
+    raise TypeError(f"{name} must be a torch.dtype or a string, got {type(value).__name__}")
+
+
+def is_fp8(dtype: "torch.dtype") -> bool:
+    """True for torch's fp8 dtypes."""
+    return "float8" in str(dtype)
+
+
+def check_attention_dtype(dtype: "torch.dtype", name: str) -> None:
+    """Attention inputs are float16 or bfloat16; fp8 raises NotImplementedError, others TypeError."""
+    torch = _torch()
+    if dtype in (torch.float16, torch.bfloat16):
+        return
+    if is_fp8(dtype):
+        raise unsupported(name, dtype, "torch.float16, torch.bfloat16 (fp8 KV caches are not implemented)")
+    raise TypeError(f"{name} = {dtype}, expected torch.float16 or torch.bfloat16")
+
+
+def resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any = None, o_data_type: Any = None) -> "torch.dtype":
+    """FlashInfer's q/kv/o data types -> the single dtype Tessera's kernels use."""
+    if data_type is not None:
+        if q_data_type is None:
+            q_data_type = data_type
+        if kv_data_type is None:
+            kv_data_type = data_type
+    if q_data_type is None:
+        q_data_type = "float16"
+    q = canonical_dtype(q_data_type, "q_data_type")
+    check_attention_dtype(q, "q_data_type")
+    if kv_data_type is not None:
+        kv = canonical_dtype(kv_data_type, "kv_data_type")
+        if is_fp8(kv):
+            raise unsupported("kv_data_type", kv, "the dtype of q (fp8 KV caches are not implemented)")
+        check_attention_dtype(kv, "kv_data_type")
+        if kv != q:
+            raise unsupported("kv_data_type", kv, f"the dtype of q ({q}); mixed q/kv dtypes are not implemented")
+    if o_data_type is not None:
+        o = canonical_dtype(o_data_type, "o_data_type")
+        if o != q:
+            raise unsupported("o_data_type", o, f"the dtype of q ({q})")
+    return q
+
+
+def tessera_dtype(dtype: "torch.dtype") -> Any:
+    """torch.float16/bfloat16/float32 -> tessera._C.DType."""
+    torch = _torch()
+    C = _C()
+    mapping = {torch.float16: C.DType.f16, torch.bfloat16: C.DType.bf16, torch.float32: C.DType.f32}
+    if dtype not in mapping:
+        raise TypeError(f"dtype {dtype} has no Tessera equivalent")
+    return mapping[dtype]
+
+
+# --- tensors -----------------------------------------------------------------------------------
+
+
+def check_tensor(
+    name: str,
+    t: Any,
+    ndim: Optional[int] = None,
+    dtypes: Optional[Sequence["torch.dtype"]] = None,
+    shape_hint: str = "",
+) -> "torch.Tensor":
+    """Requires a torch.Tensor with `ndim` dims and one of `dtypes`; names `name` in errors."""
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        hint = f" {shape_hint}" if shape_hint else ""
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {ndim} dimensions{hint}")
+    if dtypes is not None and t.dtype not in dtypes:
+        expected = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name}.dtype = {t.dtype}, expected {expected}")
+    return t
+
+
+def check_index_tensor(name: str, t: Any, length: Optional[int] = None) -> "torch.Tensor":
+    """A 1-D int32 tensor (optionally of a given length)."""
+    torch = _torch()
+    check_tensor(name, t, ndim=1, dtypes=(torch.int32,))
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} has {t.shape[0]} entries, expected {length}")
+    return t
+
+
+def check_cuda(name: str, t: "torch.Tensor") -> None:
+    """Requires device memory (raises ValueError naming the argument)."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}, expected a CUDA tensor")
+
+
+def check_same_device(name: str, t: "torch.Tensor", ref_name: str, ref: "torch.Tensor") -> None:
+    """Requires `t` on the device of `ref`."""
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device}, expected {ref.device} (the device of {ref_name})")
+
+
+def check_shape(name: str, t: "torch.Tensor", expected: Tuple[int, ...], what: str = "") -> None:
+    """Requires an exact shape."""
+    if tuple(t.shape) != tuple(expected):
+        hint = f" ({what})" if what else ""
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(expected)}{hint}")
+
+
+def to_host_int32(name: str, t: Any, length: Optional[int] = None) -> "torch.Tensor":
+    """A contiguous CPU int32 copy of an index array (blocking when it lives on the GPU, as in FlashInfer)."""
+    check_index_tensor(name, t, length)
+    host = t.to("cpu") if t.device.type != "cpu" else t
+    return host.contiguous()
+
+
+def check_indptr_values(name: str, host: "torch.Tensor") -> None:
+    """indptr[0] == 0 and non-decreasing (host tensor)."""
+    if host.numel() < 1:
+        raise ValueError(f"{name} is empty, expected batch_size + 1 >= 1 entries")
+    first = int(host[0])
+    if first != 0:
+        raise ValueError(f"{name}[0] = {first}, expected 0")
+    if host.numel() > 1:
+        diffs = host[1:] - host[:-1]
+        bad = (diffs < 0).nonzero()
+        if bad.numel() > 0:
+            i = int(bad[0, 0]) + 1
+            raise ValueError(
+                f"{name}[{i}] = {int(host[i])}, expected >= {int(host[i - 1])} ({name} must be non-decreasing)"
+            )
+
+
+def current_stream(device: "torch.device") -> int:
+    """PyTorch's current CUDA stream on `device`, as an integer handle."""
+    torch = _torch()
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def call(fn: Any, device_tensor: "torch.Tensor", *args: Any) -> Any:
+    """Calls into tessera._C with `device_tensor`'s GPU current (PyTorch exports a CUDA tensor
+    through DLPack only from its current device) and tensors that require grad detached (DLPack
+    cannot carry autograd; these kernels are inference-only)."""
+    torch = _torch()
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+    index = device_tensor.device.index
+    if device_tensor.device.type != "cuda" or index is None or index == torch.cuda.current_device():
+        return fn(*args)
+    with torch.cuda.device(index):
+        return fn(*args)
+
+
+def device_index(t: "torch.Tensor") -> int:
+    """The CUDA ordinal of a tensor (current device when unset)."""
+    if t.device.index is not None:
+        return int(t.device.index)
+    return int(_torch().cuda.current_device())
+
+
+def unpack_paged_kv_cache(
+    paged_kv_cache: Any, name: str = "paged_kv_cache"
+) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"], Optional["torch.Tensor"]]:
+    """(k, v) tuple -> (k, v, None); one [num_pages, 2, ...] tensor -> (None, None, kv)."""
+    torch = _torch()
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"{name} has {len(paged_kv_cache)} entries, expected (k_cache, v_cache)")
+        k, v = paged_kv_cache
+        check_tensor(f"{name}[0]", k, ndim=4, shape_hint="([num_pages, page_size, H_kv, D] or HND)")
+        check_tensor(f"{name}[1]", v, ndim=4, shape_hint="([num_pages, page_size, H_kv, D] or HND)")
+        return k, v, None
+    if isinstance(paged_kv_cache, torch.Tensor):
+        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
+            raise ValueError(
+                f"{name} has shape {tuple(paged_kv_cache.shape)}, expected a (k, v) tuple or one tensor "
+                "[num_pages, 2, page_size, H_kv, D] (NHD) / [num_pages, 2, H_kv, page_size, D] (HND)"
+            )
+        return None, None, paged_kv_cache
+    raise TypeError(f"{name} must be a (k, v) tuple of tensors or one tensor, got {type(paged_kv_cache).__name__}")
+
+
+def paged_kv_geometry(
+    k: Optional["torch.Tensor"], kv: Optional["torch.Tensor"], layout_is_nhd: bool
+) -> Tuple["torch.Tensor", int, int, int]:
+    """(reference tensor, page_size, num_kv_heads, head_dim) of a paged cache."""
+    if kv is not None:
+        shape = tuple(kv.shape[:1]) + tuple(kv.shape[2:])
+        ref = kv
+    else:
+        assert k is not None
+        shape = tuple(k.shape)
+        ref = k
+    if layout_is_nhd:
+        return ref, int(shape[1]), int(shape[2]), int(shape[3])
+    return ref, int(shape[2]), int(shape[1]), int(shape[3])
+
+
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= x (x >= 1)."""
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def kv_data_dtype_check(name: str, t: "torch.Tensor", q_dtype: "torch.dtype") -> None:
+    """K/V tensors must have q's dtype (fp8 raises NotImplementedError)."""
+    if t.dtype == q_dtype:
+        return
+    if is_fp8(t.dtype):
+        raise unsupported(f"{name}.dtype", t.dtype, f"{q_dtype} (fp8 KV caches are not implemented)")
+    raise TypeError(f"{name}.dtype = {t.dtype}, expected {q_dtype} (the dtype of q)")
+
+
+Number = Union[int, float]

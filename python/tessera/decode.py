@@ -1,0 +1,435 @@
+"""Decode attention (one query token per request), FlashInfer-compatible.
+
+- :func:`single_decode_with_kv_cache`: one request, contiguous KV.
+- :class:`BatchDecodeWithPagedKVCacheWrapper`: a batch over a paged KV cache with the plan/run
+  runtime (plan once per generation step, run once per layer; CUDA-Graph capturable).
+
+Log-sum-exp values are base 2 (as FlashInfer's Python API): ``lse = log2(sum_j exp(s_j))`` over the
+scaled logits ``s_j = sm_scale * q.k_j``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+
+from . import _utils as U
+from ._runtime import _Need, _RuntimeHolder, split_options
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"]
+
+PagedKVCache = Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]
+
+
+def single_decode_with_kv_cache(
+    q: "torch.Tensor",
+    k: "torch.Tensor",
+    v: "torch.Tensor",
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """Decode attention of one request against its whole KV cache.
+
+    Args:
+        q: ``[num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
+        k, v: ``[kv_len, num_kv_heads, head_dim]`` (``kv_layout="NHD"``) or
+            ``[num_kv_heads, kv_len, head_dim]`` (``"HND"``), q's dtype; any strides with a
+            contiguous last dimension. ``num_qo_heads`` must be a multiple of ``num_kv_heads``.
+        kv_layout: ``"NHD"`` or ``"HND"``.
+        pos_encoding_mode: only ``"NONE"`` (RoPE/ALiBi raise NotImplementedError).
+        use_tensor_cores: accepted for compatibility; Tessera picks the kernel itself.
+        q_scale, k_scale, v_scale: fp8 scales, only ``None``/``1.0``.
+        window_left: only ``-1``.
+        logits_soft_cap: only ``None``/``0``.
+        sm_scale: logit scale, default ``1/sqrt(head_dim)``.
+        rope_scale, rope_theta: ignored (no RoPE).
+        return_lse: also return the base-2 log-sum-exp, float32 ``[num_qo_heads]``.
+
+    Returns:
+        ``out`` ``[num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)`` with ``return_lse``.
+        With ``kv_len == 0`` the output is 0 and the LSE ``-inf``.
+    """
+    torch = U._torch()
+    layout = U.check_kv_layout(kv_layout)
+    U.check_pos_encoding_mode(pos_encoding_mode)
+    U.check_scale("q_scale", q_scale)
+    U.check_scale("k_scale", k_scale)
+    U.check_scale("v_scale", v_scale)
+    U.check_window_left(window_left)
+    U.check_logits_soft_cap(logits_soft_cap)
+    U.check_tensor("q", q, ndim=2, shape_hint="([num_qo_heads, head_dim])")
+    U.check_attention_dtype(q.dtype, "q.dtype")
+    U.check_tensor("k", k, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
+    U.check_tensor("v", v, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
+    U.kv_data_dtype_check("k", k, q.dtype)
+    U.kv_data_dtype_check("v", v, q.dtype)
+    hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
+    U.check_heads(q.shape[0], hkv, q.shape[1])
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
+    if k.shape[2] != q.shape[1]:
+        raise ValueError(f"k has head_dim {k.shape[2]}, expected {q.shape[1]} (the head_dim of q)")
+    scale = U.resolve_sm_scale(sm_scale, int(q.shape[1]))
+    U.check_cuda("q", q)
+    U.check_same_device("k", k, "q", q)
+    U.check_same_device("v", v, "q", q)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[0],), dtype=torch.float32, device=q.device) if return_lse else None
+    U.call(U._C().single_decode, q, q, k, v, layout, out, lse, scale, U.current_stream(q.device))
+    return (out, lse) if return_lse else out
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Batch decode over a paged KV cache (one new token per request), FlashInfer-compatible.
+
+    Per generation step call :meth:`plan` once with the page table, then :meth:`run` once per layer
+    with that layer's queries and KV cache. The plan (work split and balance over all SMs) is made
+    on the CPU from the indptr / last_page_len arrays and uploaded with one asynchronous copy into
+    ``float_workspace_buffer``.
+
+    With ``use_cuda_graph=True`` the wrapper keeps every device pointer fixed: pass the
+    preallocated ``paged_kv_indptr_buffer`` ``[max_batch + 1]``, ``paged_kv_indices_buffer``
+    ``[max_num_pages]`` and ``paged_kv_last_page_len_buffer`` ``[max_batch]`` (int32, CUDA);
+    ``plan()`` copies the page table into them, and a ``run()`` captured in a ``torch.cuda.CUDAGraph``
+    stays valid after any later ``plan()`` within those sizes. q / out / lse must then be fixed
+    buffers of ``max_batch`` rows.
+    """
+
+    def __init__(
+        self,
+        float_workspace_buffer: "torch.Tensor",
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: Optional["torch.Tensor"] = None,
+        paged_kv_indices_buffer: Optional["torch.Tensor"] = None,
+        paged_kv_last_page_len_buffer: Optional["torch.Tensor"] = None,
+        backend: str = "auto",
+        jit_args: Optional[Any] = None,
+    ) -> None:
+        """Creates the wrapper; the C++ runtime is built by the first :meth:`plan`.
+
+        Args:
+            float_workspace_buffer: 1-D contiguous CUDA tensor (e.g. 128 MiB of uint8), 256-byte
+                aligned, kept alive by the wrapper. ``plan()`` raises ValueError naming the
+                bytes needed when it is too small.
+            kv_layout: ``"NHD"`` or ``"HND"``.
+            use_cuda_graph: keep pointers fixed so ``run()`` can be captured (see the class doc).
+            use_tensor_cores: accepted for compatibility; Tessera picks CUDA-core or tensor-core
+                decode kernels itself.
+            paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer:
+                preallocated int32 CUDA buffers, required with ``use_cuda_graph``.
+            backend: only ``"auto"``.
+            jit_args: not supported (must be ``None``).
+        """
+        U.check_kv_layout(kv_layout)
+        U.check_backend(backend)
+        U.check_none("jit_args", jit_args, "None (use Tessera's JIT API for custom variants)")
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        self._kv_layout = kv_layout
+        self._use_tensor_cores = bool(use_tensor_cores)
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._float_workspace_buffer = ws
+        self._holder = _RuntimeHolder("BatchDecodeWrapper", ws, self._use_cuda_graph)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self._fixed_batch_size: Optional[int] = None
+        if self._use_cuda_graph:
+            for name, buf in (
+                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
+            ):
+                if buf is None:
+                    raise ValueError(f"use_cuda_graph=True needs {name} (a preallocated int32 CUDA tensor)")
+                U.check_index_tensor(name, buf)
+            assert paged_kv_indptr_buffer is not None and paged_kv_last_page_len_buffer is not None
+            self._fixed_batch_size = int(paged_kv_last_page_len_buffer.shape[0])
+            if self._fixed_batch_size < 1:
+                raise ValueError("paged_kv_last_page_len_buffer is empty, expected [max_batch_size] entries")
+            if paged_kv_indptr_buffer.shape[0] != self._fixed_batch_size + 1:
+                raise ValueError(
+                    f"paged_kv_indptr_buffer has {paged_kv_indptr_buffer.shape[0]} entries, expected "
+                    f"{self._fixed_batch_size + 1} (len(paged_kv_last_page_len_buffer) + 1)"
+                )
+        self._planned: Optional[Dict[str, Any]] = None
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        """The value given at construction (Tessera chooses the kernel family itself)."""
+        return self._use_tensor_cores
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        """True when built with ``use_cuda_graph=True``."""
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer: "torch.Tensor", int_workspace_buffer: Optional["torch.Tensor"] = None) -> None:
+        """Replaces the workspace (the next :meth:`plan` rebuilds the runtime over it).
+
+        ``int_workspace_buffer`` is accepted for compatibility and unused (Tessera keeps its
+        plan in the float workspace). Not allowed with ``use_cuda_graph``.
+        """
+        if self._use_cuda_graph:
+            raise ValueError("reset_workspace_buffer: not allowed with use_cuda_graph=True (captured pointers)")
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        self._float_workspace_buffer = ws
+        self._holder = _RuntimeHolder("BatchDecodeWrapper", ws, False)
+        self._planned = None
+
+    def plan(
+        self,
+        indptr: "torch.Tensor",
+        indices: "torch.Tensor",
+        last_page_len: "torch.Tensor",
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        q_data_type: Union[str, "torch.dtype"] = "float16",
+        kv_data_type: Optional[Union[str, "torch.dtype"]] = None,
+        data_type: Optional[Union[str, "torch.dtype"]] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        non_blocking: bool = True,
+        block_tables: Optional["torch.Tensor"] = None,
+        seq_lens: Optional["torch.Tensor"] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+        *,
+        o_data_type: Optional[Union[str, "torch.dtype"]] = None,
+    ) -> None:
+        """Plans one generation step; every layer's :meth:`run` of that step reuses the plan.
+
+        Args:
+            indptr: int32 ``[batch_size + 1]``, request b owns pages
+                ``indices[indptr[b]:indptr[b+1]]`` (copied to the CPU here, as FlashInfer does).
+            indices: int32 ``[>= indptr[-1]]`` page ids, on the GPU (used by :meth:`run`).
+            last_page_len: int32 ``[batch_size]``, tokens in each request's last page, in
+                ``[1, page_size]`` (copied to the CPU).
+            num_qo_heads, num_kv_heads, head_dim: head configuration (head_dim 64, 128 or 256).
+            page_size: tokens per page (any value >= 1).
+            pos_encoding_mode: only ``"NONE"``.
+            window_left: only ``-1``.
+            logits_soft_cap: only ``None``/``0``.
+            q_data_type, kv_data_type, data_type, o_data_type: float16 or bfloat16, all equal.
+            sm_scale: default ``1/sqrt(head_dim)``.
+            rope_scale, rope_theta: ignored (no RoPE).
+            non_blocking: accepted; the plan upload is always asynchronous.
+            block_tables, seq_lens: not supported (must be ``None``).
+            fixed_split_size: split long KV ranges at multiples of this many pages (batch-invariant
+                results); ``fixed_split_size * page_size`` must be a multiple of 128.
+            disable_split_kv: never split (batch-invariant, no merge).
+        """
+        U.check_pos_encoding_mode(pos_encoding_mode)
+        U.check_window_left(window_left)
+        U.check_logits_soft_cap(logits_soft_cap)
+        U.check_none("block_tables", block_tables)
+        U.check_none("seq_lens", seq_lens)
+        dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
+        hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim)
+        page_size = U.check_positive_int("page_size", page_size)
+        scale = U.resolve_sm_scale(sm_scale, d)
+        split, split_size = split_options(fixed_split_size, disable_split_kv, page_size)
+
+        indptr_host = U.to_host_int32("indptr", indptr)
+        U.check_indptr_values("indptr", indptr_host)
+        batch = int(indptr_host.shape[0]) - 1
+        last_host = U.to_host_int32("last_page_len", last_page_len, batch)
+        U.check_index_tensor("indices", indices)
+        num_pages = int(indptr_host[-1])
+        if indices.shape[0] < num_pages:
+            raise ValueError(f"indices has {indices.shape[0]} entries, expected >= indptr[-1] = {num_pages}")
+        if self._use_cuda_graph:
+            assert self._fixed_batch_size is not None and self._paged_kv_indices_buf is not None
+            if batch > self._fixed_batch_size:
+                raise ValueError(
+                    f"batch_size {batch} exceeds the {self._fixed_batch_size} requests of the preallocated "
+                    "paged_kv_last_page_len_buffer (use_cuda_graph)"
+                )
+            if num_pages > self._paged_kv_indices_buf.shape[0]:
+                raise ValueError(
+                    f"indptr[-1] = {num_pages} pages exceed the {self._paged_kv_indices_buf.shape[0]} entries of "
+                    "paged_kv_indices_buffer (use_cuda_graph)"
+                )
+
+        # GPU work from here on (a failure below leaves the wrapper unplanned).
+        self._planned = None
+        cpp = self._holder.ensure(
+            _Need(batch, batch, hq, hkv, d),
+            dtype,
+            split,
+            split_size,
+            graph_bounds=(self._fixed_batch_size, self._fixed_batch_size) if self._use_cuda_graph else None,
+        )
+        device = self._float_workspace_buffer.device
+        stream = U.current_stream(device)
+        if self._use_cuda_graph:
+            assert self._paged_kv_indices_buf is not None
+            assert self._paged_kv_indptr_buf is not None and self._paged_kv_last_page_len_buf is not None
+            if indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                self._paged_kv_indices_buf[:num_pages].copy_(indices[:num_pages], non_blocking=True)
+            self._paged_kv_indptr_buf[: batch + 1].copy_(indptr_host, non_blocking=non_blocking)
+            self._paged_kv_last_page_len_buf[:batch].copy_(last_host, non_blocking=non_blocking)
+            run_indices = self._paged_kv_indices_buf
+        else:
+            run_indices = indices if indices.device == device else indices.to(device, non_blocking=True)
+        cpp.plan(indptr_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
+                 U.device_index(self._float_workspace_buffer))
+        self._planned = {
+            "batch": batch,
+            "num_qo_heads": hq,
+            "num_kv_heads": hkv,
+            "head_dim": d,
+            "page_size": page_size,
+            "dtype": dtype,
+            "indices": run_indices,
+            "sm_scale": scale,
+        }
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: "torch.Tensor",
+        paged_kv_cache: PagedKVCache,
+        *args: Any,
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Optional["torch.Tensor"] = None,
+        lse: Optional["torch.Tensor"] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+        window_left: Optional[int] = None,
+    ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+        """Runs the planned step for one layer, on PyTorch's current CUDA stream.
+
+        Args:
+            q: ``[batch_size, num_qo_heads, head_dim]`` (with ``use_cuda_graph``: ``[max_batch, ...]``).
+            paged_kv_cache: ``(k_cache, v_cache)`` each ``[num_pages, page_size, num_kv_heads,
+                head_dim]`` (NHD) or ``[num_pages, num_kv_heads, page_size, head_dim]`` (HND), or
+                one tensor ``[num_pages, 2, ...]``.
+            q_scale, k_scale, v_scale: only ``None``/``1.0``.
+            out: optional output, q's shape and dtype (allocated when ``None``).
+            lse: optional float32 ``[rows of q, num_qo_heads]`` for the base-2 LSE (used when
+                ``return_lse``; allocated when ``None``).
+            return_lse: return ``(out, lse)``.
+            enable_pdl: accepted and ignored (no programmatic dependent launch yet).
+            window_left: only ``None``/``-1``.
+
+        Returns:
+            ``out`` or ``(out, lse)``.
+        """
+        U.check_no_extra_args(args)
+        U.check_scale("q_scale", q_scale)
+        U.check_scale("k_scale", k_scale)
+        U.check_scale("v_scale", v_scale)
+        U.check_window_left(window_left)
+        p = self._planned
+        if p is None:
+            raise RuntimeError("run() before plan(): call plan() with this step's page table first")
+        layout = U.check_kv_layout(self._kv_layout)
+        q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
+        k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
+        U.call(self._holder.cpp.run, q, q, k, v, kv, layout, p["indices"], out, lse if return_lse else None,
+               U.current_stream(q.device))
+        return (out, lse) if return_lse else out
+
+    forward = run
+
+    def run_return_lse(self, q: "torch.Tensor", paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any) -> Tuple["torch.Tensor", "torch.Tensor"]:
+        """``run(..., return_lse=True)``."""
+        kwargs["return_lse"] = True
+        return self.run(q, paged_kv_cache, *args, **kwargs)  # type: ignore[return-value]
+
+    def end_forward(self) -> None:
+        """Kept for compatibility with older FlashInfer code; does nothing."""
+
+    def plan_info(self) -> Dict[str, Any]:
+        """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
+        return self._holder.plan_info()
+
+
+# --- shared run() checks of the paged wrappers ---------------------------------------------------
+
+
+def _check_run_queries(
+    q: Any, out: Any, lse: Any, return_lse: bool, p: Dict[str, Any]
+) -> Tuple["torch.Tensor", "torch.Tensor", Optional["torch.Tensor"]]:
+    torch = U._torch()
+    hq, d, dtype = p["num_qo_heads"], p["head_dim"], p["dtype"]
+    U.check_tensor("q", q, ndim=3, shape_hint="([rows, num_qo_heads, head_dim])")
+    if q.dtype != dtype:
+        raise TypeError(f"q.dtype = {q.dtype}, but the plan was made for q_data_type = {dtype}")
+    if q.shape[1] != hq or q.shape[2] != d:
+        raise ValueError(
+            f"q has shape {tuple(q.shape)}, expected [rows, {hq}, {d}] (num_qo_heads, head_dim of the plan)"
+        )
+    U.check_cuda("q", q)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        U.check_tensor("out", out, ndim=3)
+        if out.dtype != q.dtype:
+            raise TypeError(f"out.dtype = {out.dtype}, expected {q.dtype} (the dtype of q)")
+        U.check_shape("out", out, tuple(q.shape), "the shape of q")
+        U.check_same_device("out", out, "q", q)
+    if return_lse:
+        if lse is None:
+            lse = torch.empty((q.shape[0], hq), dtype=torch.float32, device=q.device)
+        else:
+            U.check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,))
+            U.check_shape("lse", lse, (int(q.shape[0]), hq), "[rows of q, num_qo_heads]")
+            U.check_same_device("lse", lse, "q", q)
+    return q, out, lse
+
+
+def _check_paged_cache(
+    paged_kv_cache: Any, kv_layout: str, q: "torch.Tensor", p: Dict[str, Any]
+) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"], Optional["torch.Tensor"]]:
+    k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
+    if kv is not None:
+        U.kv_data_dtype_check("paged_kv_cache", kv, q.dtype)
+        U.check_same_device("paged_kv_cache", kv, "q", q)
+    else:
+        assert k is not None and v is not None
+        U.kv_data_dtype_check("paged_kv_cache[0]", k, q.dtype)
+        U.kv_data_dtype_check("paged_kv_cache[1]", v, q.dtype)
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(
+                f"paged_kv_cache[1] has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of paged_kv_cache[0])"
+            )
+        U.check_same_device("paged_kv_cache[0]", k, "q", q)
+        U.check_same_device("paged_kv_cache[1]", v, "q", q)
+    _, page_size, hkv, d = U.paged_kv_geometry(k, kv, kv_layout == "NHD")
+    layout_shape = "[num_pages, page_size, num_kv_heads, head_dim]" if kv_layout == "NHD" else "[num_pages, num_kv_heads, page_size, head_dim]"
+    if page_size != p["page_size"] or hkv != p["num_kv_heads"] or d != p["head_dim"]:
+        shape = tuple((kv if kv is not None else k).shape)  # type: ignore[union-attr]
+        raise ValueError(
+            f"paged_kv_cache has shape {shape}; with kv_layout={kv_layout!r} ({layout_shape}) that is page_size "
+            f"{page_size}, num_kv_heads {hkv}, head_dim {d}, but the plan was made for page_size {p['page_size']}, "
+            f"num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
+        )
+    return k, v, kv

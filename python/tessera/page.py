@@ -1,0 +1,135 @@
+"""Paged KV-cache utilities, FlashInfer-compatible.
+
+A paged cache is ``(k_cache, v_cache)``, each ``[num_pages, page_size, num_kv_heads, head_dim]``
+(``kv_layout="NHD"``) or ``[num_pages, num_kv_heads, page_size, head_dim]`` (``"HND"``), or one
+tensor ``[num_pages, 2, ...]`` holding both. Request b owns pages
+``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``; all are full except the last, which holds
+``kv_last_page_len[b]`` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Tuple, Union
+
+from . import _utils as U
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
+
+
+def get_seq_lens(kv_indptr: "torch.Tensor", kv_last_page_len: "torch.Tensor", page_size: int) -> "torch.Tensor":
+    """KV length of each request: ``(num_pages - 1) * page_size + last_page_len`` (0 without pages).
+
+    Args:
+        kv_indptr: int32 ``[batch_size + 1]``.
+        kv_last_page_len: int32 ``[batch_size]``.
+        page_size: tokens per page.
+
+    Returns:
+        int32 ``[batch_size]`` on ``kv_indptr``'s device.
+    """
+    torch = U._torch()
+    U.check_index_tensor("kv_indptr", kv_indptr)
+    U.check_index_tensor("kv_last_page_len", kv_last_page_len, int(kv_indptr.shape[0]) - 1)
+    page_size = U.check_positive_int("page_size", page_size)
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    last = kv_last_page_len.to(kv_indptr.device)
+    lens = (pages - 1).clamp(min=0) * page_size + last
+    return torch.where(pages > 0, lens, torch.zeros_like(lens)).to(torch.int32)
+
+
+def get_batch_indices_positions(
+    append_indptr: "torch.Tensor", seq_lens: "torch.Tensor", nnz: int
+) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """Per appended row, its request and its position in that request (for append_paged_kv_cache).
+
+    Request b appends rows ``append_indptr[b]:append_indptr[b+1]``, which become the last
+    ``append_len_b`` tokens of its ``seq_lens[b]`` (the lengths AFTER the append).
+
+    Args:
+        append_indptr: int32 ``[batch_size + 1]``.
+        seq_lens: int32 ``[batch_size]`` KV lengths after the append.
+        nnz: number of appended rows (``append_indptr[-1]``).
+
+    Returns:
+        ``(batch_indices, positions)``, int32 ``[nnz]`` on ``append_indptr``'s device.
+    """
+    torch = U._torch()
+    U.check_index_tensor("append_indptr", append_indptr)
+    U.check_index_tensor("seq_lens", seq_lens, int(append_indptr.shape[0]) - 1)
+    if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
+        raise ValueError(f"nnz = {nnz!r}, expected an int >= 0")
+    device = append_indptr.device
+    rows = torch.arange(nnz, device=device, dtype=torch.int64)
+    indptr = append_indptr.to(torch.int64)
+    batch = torch.searchsorted(indptr[1:].contiguous(), rows, right=True)
+    batch = batch.clamp(max=max(0, int(append_indptr.shape[0]) - 2))
+    append_len = indptr[1:] - indptr[:-1]
+    lens = seq_lens.to(device=device, dtype=torch.int64)
+    positions = lens[batch] - append_len[batch] + (rows - indptr[batch])
+    return batch.to(torch.int32), positions.to(torch.int32)
+
+
+def append_paged_kv_cache(
+    append_key: "torch.Tensor",
+    append_value: "torch.Tensor",
+    batch_indices: "torch.Tensor",
+    positions: "torch.Tensor",
+    paged_kv_cache: Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]],
+    kv_indices: "torch.Tensor",
+    kv_indptr: "torch.Tensor",
+    kv_last_page_len: "torch.Tensor",
+    kv_layout: str = "NHD",
+) -> None:
+    """Writes new K/V rows into a paged KV cache (on PyTorch's current stream).
+
+    Args:
+        append_key, append_value: ``[nnz, num_kv_heads, head_dim]``, the cache's dtype
+            (float16, bfloat16 or float32), contiguous last dimension.
+        batch_indices, positions: int32 ``[nnz]`` on the GPU: row i goes to request
+            ``batch_indices[i]`` at token position ``positions[i]`` (see
+            :func:`get_batch_indices_positions`).
+        paged_kv_cache: ``(k_cache, v_cache)`` or one ``[num_pages, 2, ...]`` tensor.
+        kv_indices, kv_indptr, kv_last_page_len: the page table AFTER the append (int32, GPU).
+        kv_layout: ``"NHD"`` or ``"HND"``.
+
+    Rows whose target lies outside the request's pages are skipped, never written out of bounds.
+    """
+    torch = U._torch()
+    layout = U.check_kv_layout(kv_layout)
+    half_or_f32 = (torch.float16, torch.bfloat16, torch.float32)
+    U.check_tensor("append_key", append_key, ndim=3, shape_hint="([nnz, num_kv_heads, head_dim])")
+    U.check_tensor("append_value", append_value, ndim=3, shape_hint="([nnz, num_kv_heads, head_dim])")
+    if append_key.dtype not in half_or_f32 and U.is_fp8(append_key.dtype):
+        raise U.unsupported("append_key.dtype", append_key.dtype, "float16, bfloat16, float32")
+    U.check_tensor("append_key", append_key, dtypes=half_or_f32)
+    if append_value.dtype != append_key.dtype:
+        raise TypeError(f"append_value.dtype = {append_value.dtype}, expected {append_key.dtype} (the dtype of append_key)")
+    U.check_shape("append_value", append_value, tuple(append_key.shape), "the shape of append_key")
+    nnz = int(append_key.shape[0])
+    U.check_index_tensor("batch_indices", batch_indices, nnz)
+    U.check_index_tensor("positions", positions, nnz)
+    U.check_index_tensor("kv_indptr", kv_indptr)
+    U.check_index_tensor("kv_indices", kv_indices)
+    U.check_index_tensor("kv_last_page_len", kv_last_page_len, int(kv_indptr.shape[0]) - 1)
+    k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
+    for name, t in (("paged_kv_cache", kv), ("paged_kv_cache[0]", k), ("paged_kv_cache[1]", v)):
+        if t is not None and t.dtype != append_key.dtype:
+            raise TypeError(f"{name}.dtype = {t.dtype}, expected {append_key.dtype} (the dtype of append_key)")
+    _, _, hkv, d = U.paged_kv_geometry(k, kv, kv_layout == "NHD")
+    if append_key.shape[1] != hkv or append_key.shape[2] != d:
+        raise ValueError(
+            f"append_key has shape {tuple(append_key.shape)}, expected [nnz, {hkv}, {d}] (num_kv_heads, head_dim of "
+            f"paged_kv_cache with kv_layout={kv_layout!r})"
+        )
+    U.check_cuda("append_key", append_key)
+    for name, t in (("append_value", append_value), ("batch_indices", batch_indices), ("positions", positions),
+                    ("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len),
+                    ("paged_kv_cache", kv if kv is not None else k)):
+        U.check_same_device(name, t, "append_key", append_key)  # type: ignore[arg-type]
+    U.call(
+        U._C().append_paged_kv_cache_at, append_key, append_key, append_value, batch_indices, positions, k, v, kv, layout, kv_indptr, kv_indices, kv_last_page_len,
+        U.current_stream(append_key.device),
+    )

@@ -1,0 +1,669 @@
+"""Prefill / append attention (any number of query tokens per request), FlashInfer-compatible.
+
+- :func:`single_prefill_with_kv_cache`: one request, contiguous KV.
+- :class:`BatchPrefillWithPagedKVCacheWrapper`: a ragged batch of queries over a paged KV cache.
+- :class:`BatchPrefillWithRaggedKVCacheWrapper`: a ragged batch of queries over ragged (packed) KV.
+
+Causal masking aligns the last query with the last key: query i of a request with ``qo_len``
+queries and ``kv_len`` keys sits at position ``kv_len - qo_len + i`` (FlashInfer's convention).
+Log-sum-exp values are base 2.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+
+from . import _utils as U
+from ._runtime import _Need, _RuntimeHolder, split_options
+from .decode import PagedKVCache, _check_paged_cache, _check_run_queries
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+]
+
+
+def _check_prefill_options(
+    custom_mask: Any,
+    packed_custom_mask: Any,
+    pos_encoding_mode: Any,
+    use_fp16_qk_reduction: Any,
+    window_left: Any,
+    logits_soft_cap: Any,
+) -> None:
+    U.check_none("custom_mask", custom_mask, "None (custom masks are not implemented)")
+    U.check_none("packed_custom_mask", packed_custom_mask, "None (custom masks are not implemented)")
+    U.check_pos_encoding_mode(pos_encoding_mode)
+    U.check_false("use_fp16_qk_reduction", use_fp16_qk_reduction)
+    U.check_window_left(window_left)
+    U.check_logits_soft_cap(logits_soft_cap)
+
+
+def _check_head_dim_vo(head_dim_qk: Any, head_dim_vo: Any) -> None:
+    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+        raise U.unsupported("head_dim_vo", head_dim_vo, f"None or head_dim_qk ({head_dim_qk})")
+
+
+def _check_causal(causal: Any) -> bool:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return causal
+
+
+def single_prefill_with_kv_cache(
+    q: "torch.Tensor",
+    k: "torch.Tensor",
+    v: "torch.Tensor",
+    scale_q: Optional["torch.Tensor"] = None,
+    scale_k: Optional["torch.Tensor"] = None,
+    scale_v: Optional["torch.Tensor"] = None,
+    o_dtype: Optional["torch.dtype"] = None,
+    custom_mask: Optional["torch.Tensor"] = None,
+    packed_custom_mask: Optional["torch.Tensor"] = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """Prefill/append attention of one request against its KV cache.
+
+    Args:
+        q: ``[qo_len, num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
+        k, v: ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
+            (HND), q's dtype, contiguous last dimension.
+        scale_q, scale_k, scale_v: fp8 scales, only ``None``.
+        o_dtype: only ``None`` or q's dtype.
+        custom_mask, packed_custom_mask: only ``None``.
+        causal: hide keys after each query's position (offset ``kv_len - qo_len``).
+        kv_layout: ``"NHD"`` or ``"HND"``.
+        pos_encoding_mode: only ``"NONE"``; use_fp16_qk_reduction: only ``False``.
+        sm_scale: default ``1/sqrt(head_dim)``.
+        window_left: only ``-1``; logits_soft_cap: only ``None``/``0``.
+        rope_scale, rope_theta: ignored. backend: only ``"auto"``.
+        return_lse: also return the base-2 LSE, float32 ``[qo_len, num_qo_heads]``.
+
+    Returns:
+        ``out`` ``[qo_len, num_qo_heads, head_dim]`` or ``(out, lse)``. Rows that see no key get
+        0 and LSE ``-inf``.
+    """
+    torch = U._torch()
+    layout = U.check_kv_layout(kv_layout)
+    U.check_backend(backend)
+    U.check_none("scale_q", scale_q, "None (fp8 scaling is not implemented)")
+    U.check_none("scale_k", scale_k, "None (fp8 scaling is not implemented)")
+    U.check_none("scale_v", scale_v, "None (fp8 scaling is not implemented)")
+    _check_prefill_options(custom_mask, packed_custom_mask, pos_encoding_mode, use_fp16_qk_reduction, window_left,
+                           logits_soft_cap)
+    causal = _check_causal(causal)
+    U.check_tensor("q", q, ndim=3, shape_hint="([qo_len, num_qo_heads, head_dim])")
+    U.check_attention_dtype(q.dtype, "q.dtype")
+    if o_dtype is not None:
+        od = U.canonical_dtype(o_dtype, "o_dtype")
+        if od != q.dtype:
+            raise U.unsupported("o_dtype", od, f"None or the dtype of q ({q.dtype})")
+    U.check_tensor("k", k, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
+    U.check_tensor("v", v, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
+    U.kv_data_dtype_check("k", k, q.dtype)
+    U.kv_data_dtype_check("v", v, q.dtype)
+    hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
+    U.check_heads(q.shape[1], hkv, q.shape[2])
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k has head_dim {k.shape[2]}, expected {q.shape[2]} (the head_dim of q)")
+    scale = U.resolve_sm_scale(sm_scale, int(q.shape[2]))
+    U.check_cuda("q", q)
+    U.check_same_device("k", k, "q", q)
+    U.check_same_device("v", v, "q", q)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
+    U.call(U._C().single_prefill, q, q, k, v, layout, out, lse, scale, causal, U.current_stream(q.device))
+    return (out, lse) if return_lse else out
+
+
+def single_prefill_with_kv_cache_return_lse(
+    q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *args: Any, **kwargs: Any
+) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """``single_prefill_with_kv_cache(..., return_lse=True)``."""
+    kwargs["return_lse"] = True
+    return single_prefill_with_kv_cache(q, k, v, *args, **kwargs)  # type: ignore[return-value]
+
+
+class _PrefillBase:
+    """Constructor checks and plan bookkeeping shared by the two prefill wrappers."""
+
+    _cpp_class = ""
+
+    def _init_base(
+        self,
+        float_workspace_buffer: Any,
+        kv_layout: str,
+        use_cuda_graph: bool,
+        qo_indptr_buf: Any,
+        custom_mask_buf: Any,
+        mask_indptr_buf: Any,
+        backend: str,
+        jit_args: Any,
+    ) -> None:
+        U.check_kv_layout(kv_layout)
+        U.check_backend(backend)
+        U.check_none("jit_args", jit_args, "None (use Tessera's JIT API for custom variants)")
+        U.check_none("custom_mask_buf", custom_mask_buf, "None (custom masks are not implemented)")
+        U.check_none("mask_indptr_buf", mask_indptr_buf, "None (custom masks are not implemented)")
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._float_workspace_buffer = ws
+        self._holder = _RuntimeHolder(self._cpp_class, ws, self._use_cuda_graph)
+        self._qo_indptr_buf = qo_indptr_buf
+        self._max_batch_size: Optional[int] = None
+        self._max_total_num_rows: Optional[int] = None
+        self._planned: Optional[Dict[str, Any]] = None
+        if self._use_cuda_graph:
+            if qo_indptr_buf is None:
+                raise ValueError("use_cuda_graph=True needs qo_indptr_buf (a preallocated int32 CUDA tensor)")
+            U.check_index_tensor("qo_indptr_buf", qo_indptr_buf)
+            if qo_indptr_buf.shape[0] < 2:
+                raise ValueError("qo_indptr_buf has fewer than 2 entries, expected [max_batch_size + 1]")
+            self._max_batch_size = int(qo_indptr_buf.shape[0]) - 1
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        """True when built with ``use_cuda_graph=True``."""
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer: "torch.Tensor", int_workspace_buffer: Optional["torch.Tensor"] = None) -> None:
+        """Replaces the workspace (the next ``plan()`` rebuilds the runtime over it); not with CUDA graphs.
+
+        ``int_workspace_buffer`` is accepted for compatibility and unused.
+        """
+        if self._use_cuda_graph:
+            raise ValueError("reset_workspace_buffer: not allowed with use_cuda_graph=True (captured pointers)")
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        self._float_workspace_buffer = ws
+        self._holder = _RuntimeHolder(self._cpp_class, ws, False)
+        self._planned = None
+
+    def plan_info(self) -> Dict[str, Any]:
+        """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
+        return self._holder.plan_info()
+
+    def end_forward(self) -> None:
+        """Kept for compatibility with older FlashInfer code; does nothing."""
+
+    def _graph_bounds(self, batch: int, total_qo: int) -> Optional[Tuple[int, int]]:
+        """With CUDA graphs: (max batch from qo_indptr_buf, max rows fixed by the first plan)."""
+        if not self._use_cuda_graph:
+            return None
+        assert self._max_batch_size is not None
+        if batch > self._max_batch_size:
+            raise ValueError(
+                f"batch_size {batch} exceeds the {self._max_batch_size} requests of the preallocated qo_indptr_buf "
+                "(use_cuda_graph)"
+            )
+        if self._max_total_num_rows is None:
+            self._max_total_num_rows = max(1, total_qo)
+        elif total_qo > self._max_total_num_rows:
+            raise ValueError(
+                f"qo_indptr[-1] = {total_qo} query rows exceed the {self._max_total_num_rows} of the first plan, which "
+                "fixes them with use_cuda_graph (as in FlashInfer)"
+            )
+        return self._max_batch_size, self._max_total_num_rows
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
+    """Batch prefill/append attention over a paged KV cache, FlashInfer-compatible.
+
+    Queries are ragged (``qo_indptr``); each request attends to its pages of the cache. Call
+    :meth:`plan` once per batch shape and :meth:`run` once per layer. With ``use_cuda_graph=True``
+    pass ``qo_indptr_buf`` ``[max_batch + 1]``, ``paged_kv_indptr_buf`` ``[max_batch + 1]``,
+    ``paged_kv_indices_buf`` ``[max_num_pages]`` and ``paged_kv_last_page_len_buf`` ``[max_batch]``;
+    the first plan fixes the number of query rows (q/out buffers of that many rows).
+    """
+
+    _cpp_class = "BatchPrefillPagedWrapper"
+
+    def __init__(
+        self,
+        float_workspace_buffer: "torch.Tensor",
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional["torch.Tensor"] = None,
+        paged_kv_indptr_buf: Optional["torch.Tensor"] = None,
+        paged_kv_indices_buf: Optional["torch.Tensor"] = None,
+        paged_kv_last_page_len_buf: Optional["torch.Tensor"] = None,
+        custom_mask_buf: Optional["torch.Tensor"] = None,
+        mask_indptr_buf: Optional["torch.Tensor"] = None,
+        backend: str = "auto",
+        jit_args: Optional[Any] = None,
+    ) -> None:
+        """Creates the wrapper; the C++ runtime is built by the first :meth:`plan`.
+
+        Args:
+            float_workspace_buffer: 1-D contiguous CUDA tensor (e.g. 128 MiB of uint8).
+            kv_layout: ``"NHD"`` or ``"HND"``.
+            use_cuda_graph: keep pointers fixed so :meth:`run` can be captured.
+            qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf:
+                preallocated int32 CUDA buffers, required with ``use_cuda_graph``.
+            custom_mask_buf, mask_indptr_buf: only ``None``.
+            backend: only ``"auto"``. jit_args: only ``None``.
+        """
+        self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
+                        mask_indptr_buf, backend, jit_args)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buf
+        self._paged_kv_indices_buf = paged_kv_indices_buf
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
+        if self._use_cuda_graph:
+            for name, buf in (
+                ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+                ("paged_kv_indices_buf", paged_kv_indices_buf),
+                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
+            ):
+                if buf is None:
+                    raise ValueError(f"use_cuda_graph=True needs {name} (a preallocated int32 CUDA tensor)")
+                U.check_index_tensor(name, buf)
+            assert self._max_batch_size is not None
+            assert paged_kv_indptr_buf is not None and paged_kv_last_page_len_buf is not None
+            if paged_kv_indptr_buf.shape[0] != self._max_batch_size + 1:
+                raise ValueError(
+                    f"paged_kv_indptr_buf has {paged_kv_indptr_buf.shape[0]} entries, expected "
+                    f"{self._max_batch_size + 1} (the length of qo_indptr_buf)"
+                )
+            if paged_kv_last_page_len_buf.shape[0] != self._max_batch_size:
+                raise ValueError(
+                    f"paged_kv_last_page_len_buf has {paged_kv_last_page_len_buf.shape[0]} entries, expected "
+                    f"{self._max_batch_size} (len(qo_indptr_buf) - 1)"
+                )
+
+    def plan(
+        self,
+        qo_indptr: "torch.Tensor",
+        paged_kv_indptr: "torch.Tensor",
+        paged_kv_indices: "torch.Tensor",
+        paged_kv_last_page_len: "torch.Tensor",
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        head_dim_vo: Optional[int] = None,
+        custom_mask: Optional["torch.Tensor"] = None,
+        packed_custom_mask: Optional["torch.Tensor"] = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: Union[str, "torch.dtype"] = "float16",
+        kv_data_type: Optional[Union[str, "torch.dtype"]] = None,
+        non_blocking: bool = True,
+        prefix_len_ptr: Optional["torch.Tensor"] = None,
+        token_pos_in_items_ptr: Optional["torch.Tensor"] = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: Optional["torch.Tensor"] = None,
+        seq_lens: Optional["torch.Tensor"] = None,
+        seq_lens_q: Optional["torch.Tensor"] = None,
+        block_tables: Optional["torch.Tensor"] = None,
+        max_token_per_sequence: Optional[int] = None,
+        max_sequence_kv: Optional[int] = None,
+        *,
+        o_data_type: Optional[Union[str, "torch.dtype"]] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None:
+        """Plans one batch shape; every layer's :meth:`run` reuses it.
+
+        Args:
+            qo_indptr: int32 ``[batch_size + 1]``, request b owns query rows
+                ``qo_indptr[b]:qo_indptr[b+1]`` (copied to the CPU).
+            paged_kv_indptr: int32 ``[batch_size + 1]`` page ranges (copied to the CPU).
+            paged_kv_indices: int32 ``[>= paged_kv_indptr[-1]]`` page ids on the GPU.
+            paged_kv_last_page_len: int32 ``[batch_size]`` in ``[1, page_size]`` (copied to the CPU).
+            num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim 64, 128 or 256).
+            page_size: tokens per page (>= 1).
+            head_dim_vo: only ``None`` or ``head_dim_qk``.
+            causal: causal mask with offset ``kv_len - qo_len``.
+            sm_scale: default ``1/sqrt(head_dim_qk)``.
+            q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal.
+            fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
+                128; batch-invariant results). disable_split_kv: never split.
+            custom_mask, packed_custom_mask, pos_encoding_mode != "NONE", use_fp16_qk_reduction,
+            window_left != -1, logits_soft_cap, prefix_len_ptr, token_pos_in_items_ptr,
+            token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q, block_tables,
+            max_token_per_sequence, max_sequence_kv: not supported (NotImplementedError unless
+            left at their defaults). rope_scale, rope_theta: ignored. non_blocking: accepted.
+        """
+        _check_prefill_options(custom_mask, packed_custom_mask, pos_encoding_mode, use_fp16_qk_reduction, window_left,
+                               logits_soft_cap)
+        for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                            ("max_item_len_ptr", max_item_len_ptr), ("seq_lens", seq_lens),
+                            ("seq_lens_q", seq_lens_q), ("block_tables", block_tables),
+                            ("max_token_per_sequence", max_token_per_sequence),
+                            ("max_sequence_kv", max_sequence_kv)):
+            U.check_none(name, value)
+        if token_pos_in_items_len:
+            raise U.unsupported("token_pos_in_items_len", token_pos_in_items_len, "0")
+        causal = _check_causal(causal)
+        _check_head_dim_vo(head_dim_qk, head_dim_vo)
+        dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
+        hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
+        page_size = U.check_positive_int("page_size", page_size)
+        scale = U.resolve_sm_scale(sm_scale, d)
+        split, split_size = split_options(fixed_split_size, disable_split_kv, 1)
+
+        qo_host = U.to_host_int32("qo_indptr", qo_indptr)
+        U.check_indptr_values("qo_indptr", qo_host)
+        batch = int(qo_host.shape[0]) - 1
+        kv_host = U.to_host_int32("paged_kv_indptr", paged_kv_indptr, batch + 1)
+        U.check_indptr_values("paged_kv_indptr", kv_host)
+        last_host = U.to_host_int32("paged_kv_last_page_len", paged_kv_last_page_len, batch)
+        U.check_index_tensor("paged_kv_indices", paged_kv_indices)
+        num_pages = int(kv_host[-1])
+        if paged_kv_indices.shape[0] < num_pages:
+            raise ValueError(
+                f"paged_kv_indices has {paged_kv_indices.shape[0]} entries, expected >= paged_kv_indptr[-1] = {num_pages}"
+            )
+        total_qo = int(qo_host[-1])
+        if self._use_cuda_graph:
+            assert self._paged_kv_indices_buf is not None
+            if num_pages > self._paged_kv_indices_buf.shape[0]:
+                raise ValueError(
+                    f"paged_kv_indptr[-1] = {num_pages} pages exceed the {self._paged_kv_indices_buf.shape[0]} entries "
+                    "of paged_kv_indices_buf (use_cuda_graph)"
+                )
+        graph_bounds = self._graph_bounds(batch, total_qo)
+
+        # GPU work from here on (a failure below leaves the wrapper unplanned).
+        self._planned = None
+        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds)
+        device = self._float_workspace_buffer.device
+        if self._use_cuda_graph:
+            assert self._paged_kv_indices_buf is not None and self._qo_indptr_buf is not None
+            assert self._paged_kv_indptr_buf is not None and self._paged_kv_last_page_len_buf is not None
+            if paged_kv_indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                self._paged_kv_indices_buf[:num_pages].copy_(paged_kv_indices[:num_pages], non_blocking=True)
+            self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
+            self._paged_kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
+            self._paged_kv_last_page_len_buf[:batch].copy_(last_host, non_blocking=non_blocking)
+            run_indices = self._paged_kv_indices_buf
+        else:
+            run_indices = (paged_kv_indices if paged_kv_indices.device == device
+                           else paged_kv_indices.to(device, non_blocking=True))
+        cpp.plan(qo_host, kv_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, causal,
+                 U.current_stream(device), U.device_index(self._float_workspace_buffer))
+        self._planned = {
+            "batch": batch,
+            "total_qo": total_qo,
+            "num_qo_heads": hq,
+            "num_kv_heads": hkv,
+            "head_dim": d,
+            "page_size": page_size,
+            "dtype": dtype,
+            "indices": run_indices,
+            "causal": causal,
+            "sm_scale": scale,
+        }
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: "torch.Tensor",
+        paged_kv_cache: PagedKVCache,
+        *args: Any,
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Optional["torch.Tensor"] = None,
+        lse: Optional["torch.Tensor"] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+        window_left: Optional[int] = None,
+    ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+        """Runs the planned batch for one layer on PyTorch's current CUDA stream.
+
+        Args:
+            q: ``[qo_indptr[-1], num_qo_heads, head_dim]`` (more rows are allowed and ignored).
+            paged_kv_cache: ``(k_cache, v_cache)`` or one ``[num_pages, 2, ...]`` tensor in
+                ``kv_layout``.
+            q_scale, k_scale, v_scale: only ``None``/``1.0``.
+            out, lse, return_lse: as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`.
+            enable_pdl: accepted and ignored. window_left: only ``None``/``-1``.
+
+        Returns:
+            ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
+        """
+        U.check_no_extra_args(args)
+        U.check_scale("q_scale", q_scale)
+        U.check_scale("k_scale", k_scale)
+        U.check_scale("v_scale", v_scale)
+        U.check_window_left(window_left)
+        p = self._planned
+        if p is None:
+            raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        layout = U.check_kv_layout(self._kv_layout)
+        q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
+        k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
+        U.call(self._holder.cpp.run, q, q, k, v, kv, layout, p["indices"], out, lse if return_lse else None,
+               U.current_stream(q.device))
+        return (out, lse) if return_lse else out
+
+    forward = run
+
+    def run_return_lse(self, q: "torch.Tensor", paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any) -> Tuple["torch.Tensor", "torch.Tensor"]:
+        """``run(..., return_lse=True)``."""
+        kwargs["return_lse"] = True
+        return self.run(q, paged_kv_cache, *args, **kwargs)  # type: ignore[return-value]
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
+    """Batch prefill attention over ragged (packed) KV, FlashInfer-compatible.
+
+    Request b's queries are rows ``qo_indptr[b]:qo_indptr[b+1]`` of q and its keys/values rows
+    ``kv_indptr[b]:kv_indptr[b+1]`` of k/v. With ``use_cuda_graph=True`` pass ``qo_indptr_buf``
+    and ``kv_indptr_buf`` ``[max_batch + 1]``; the first plan fixes the number of query rows.
+    """
+
+    _cpp_class = "BatchPrefillRaggedWrapper"
+
+    def __init__(
+        self,
+        float_workspace_buffer: "torch.Tensor",
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional["torch.Tensor"] = None,
+        kv_indptr_buf: Optional["torch.Tensor"] = None,
+        custom_mask_buf: Optional["torch.Tensor"] = None,
+        mask_indptr_buf: Optional["torch.Tensor"] = None,
+        backend: str = "auto",
+        jit_args: Optional[Any] = None,
+    ) -> None:
+        """Creates the wrapper; the C++ runtime is built by the first :meth:`plan`.
+
+        Args:
+            float_workspace_buffer: 1-D contiguous CUDA tensor (e.g. 128 MiB of uint8).
+            kv_layout: ``"NHD"`` (k/v ``[kv_rows, num_kv_heads, head_dim]``) or ``"HND"``
+                (``[num_kv_heads, kv_rows, head_dim]``).
+            use_cuda_graph: keep pointers fixed so :meth:`run` can be captured.
+            qo_indptr_buf, kv_indptr_buf: preallocated int32 CUDA buffers, required with
+                ``use_cuda_graph``.
+            custom_mask_buf, mask_indptr_buf: only ``None``. backend: only ``"auto"``.
+            jit_args: only ``None``.
+        """
+        self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
+                        mask_indptr_buf, backend, jit_args)
+        self._kv_indptr_buf = kv_indptr_buf
+        if self._use_cuda_graph:
+            if kv_indptr_buf is None:
+                raise ValueError("use_cuda_graph=True needs kv_indptr_buf (a preallocated int32 CUDA tensor)")
+            U.check_index_tensor("kv_indptr_buf", kv_indptr_buf)
+            assert self._max_batch_size is not None
+            if kv_indptr_buf.shape[0] != self._max_batch_size + 1:
+                raise ValueError(
+                    f"kv_indptr_buf has {kv_indptr_buf.shape[0]} entries, expected {self._max_batch_size + 1} "
+                    "(the length of qo_indptr_buf)"
+                )
+
+    def plan(
+        self,
+        qo_indptr: "torch.Tensor",
+        kv_indptr: "torch.Tensor",
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        head_dim_vo: Optional[int] = None,
+        custom_mask: Optional["torch.Tensor"] = None,
+        packed_custom_mask: Optional["torch.Tensor"] = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: Union[str, "torch.dtype"] = "float16",
+        kv_data_type: Optional[Union[str, "torch.dtype"]] = None,
+        non_blocking: bool = True,
+        prefix_len_ptr: Optional["torch.Tensor"] = None,
+        token_pos_in_items_ptr: Optional["torch.Tensor"] = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: Optional["torch.Tensor"] = None,
+        *,
+        o_data_type: Optional[Union[str, "torch.dtype"]] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None:
+        """Plans one batch shape; every layer's :meth:`run` reuses it.
+
+        Args:
+            qo_indptr: int32 ``[batch_size + 1]`` query row ranges (copied to the CPU).
+            kv_indptr: int32 ``[batch_size + 1]`` KV row ranges (copied to the CPU).
+            num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim 64, 128 or 256).
+            head_dim_vo: only ``None`` or ``head_dim_qk``.
+            causal: causal mask with offset ``kv_len - qo_len``.
+            sm_scale: default ``1/sqrt(head_dim_qk)``.
+            q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal.
+            fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
+                128). disable_split_kv: never split.
+            custom_mask, packed_custom_mask, pos_encoding_mode != "NONE", use_fp16_qk_reduction,
+            window_left != -1, logits_soft_cap, prefix_len_ptr, token_pos_in_items_ptr,
+            token_pos_in_items_len, max_item_len_ptr: not supported. rope_scale, rope_theta:
+            ignored. non_blocking: accepted.
+        """
+        _check_prefill_options(custom_mask, packed_custom_mask, pos_encoding_mode, use_fp16_qk_reduction, window_left,
+                               logits_soft_cap)
+        for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                            ("max_item_len_ptr", max_item_len_ptr)):
+            U.check_none(name, value)
+        if token_pos_in_items_len:
+            raise U.unsupported("token_pos_in_items_len", token_pos_in_items_len, "0")
+        causal = _check_causal(causal)
+        _check_head_dim_vo(head_dim_qk, head_dim_vo)
+        dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
+        hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
+        scale = U.resolve_sm_scale(sm_scale, d)
+        split, split_size = split_options(fixed_split_size, disable_split_kv, 1)
+
+        qo_host = U.to_host_int32("qo_indptr", qo_indptr)
+        U.check_indptr_values("qo_indptr", qo_host)
+        batch = int(qo_host.shape[0]) - 1
+        kv_host = U.to_host_int32("kv_indptr", kv_indptr, batch + 1)
+        U.check_indptr_values("kv_indptr", kv_host)
+        total_qo = int(qo_host[-1])
+        graph_bounds = self._graph_bounds(batch, total_qo)
+
+        # GPU work from here on (a failure below leaves the wrapper unplanned).
+        self._planned = None
+        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds)
+        device = self._float_workspace_buffer.device
+        if self._use_cuda_graph:
+            assert self._qo_indptr_buf is not None and self._kv_indptr_buf is not None
+            self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
+            self._kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
+        cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
+                 U.device_index(self._float_workspace_buffer))
+        self._planned = {
+            "batch": batch,
+            "total_qo": total_qo,
+            "total_kv": int(kv_host[-1]),
+            "num_qo_heads": hq,
+            "num_kv_heads": hkv,
+            "head_dim": d,
+            "dtype": dtype,
+            "causal": causal,
+            "sm_scale": scale,
+        }
+
+    begin_forward = plan
+
+    def run(
+        self,
+        q: "torch.Tensor",
+        k: "torch.Tensor",
+        v: "torch.Tensor",
+        *args: Any,
+        out: Optional["torch.Tensor"] = None,
+        lse: Optional["torch.Tensor"] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+    ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+        """Runs the planned batch for one layer on PyTorch's current CUDA stream.
+
+        Args:
+            q: ``[qo_indptr[-1], num_qo_heads, head_dim]``.
+            k, v: ``[kv_indptr[-1], num_kv_heads, head_dim]`` (NHD) or
+                ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND), q's dtype.
+            out, lse, return_lse: as in :meth:`BatchPrefillWithPagedKVCacheWrapper.run`.
+            enable_pdl: accepted and ignored.
+
+        Returns:
+            ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
+        """
+        U.check_no_extra_args(args)
+        p = self._planned
+        if p is None:
+            raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
+        U.check_tensor("k", k, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
+        U.check_tensor("v", v, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
+        U.kv_data_dtype_check("k", k, q.dtype)
+        U.kv_data_dtype_check("v", v, q.dtype)
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
+        U.check_same_device("k", k, "q", q)
+        U.check_same_device("v", v, "q", q)
+        if self._kv_layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
+        if k.shape[1] != p["num_kv_heads"] or k.shape[2] != p["head_dim"]:
+            raise ValueError(
+                f"k has {k.shape[1]} KV heads of dim {k.shape[2]} (kv_layout={self._kv_layout!r}), but the plan was made "
+                f"for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
+            )
+        U.call(self._holder.cpp.run, q, q, k, v, out, lse if return_lse else None, U.current_stream(q.device))
+        return (out, lse) if return_lse else out
+
+    forward = run
+
+    def run_return_lse(self, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", *args: Any, **kwargs: Any) -> Tuple["torch.Tensor", "torch.Tensor"]:
+        """``run(..., return_lse=True)``."""
+        kwargs["return_lse"] = True
+        return self.run(q, k, v, *args, **kwargs)  # type: ignore[return-value]

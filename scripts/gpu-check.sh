@@ -28,6 +28,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 cmake_args=(-DTESSERA_CUDA_ARCHS=90a -DCMAKE_BUILD_TYPE=Release)
 [ -d .deps/googletest ] && [ ! -f /usr/include/gtest/gtest.h ] && cmake_args+=(-DTESSERA_GTEST_SOURCE_DIR="$PWD/.deps/googletest")
 [ -d .deps/include/dlpack ] && cmake_args+=(-DTESSERA_DLPACK_INCLUDE_DIR="$PWD/.deps/include")
+# The Python extension when nanobind is importable (the GPU machine has it, with PyTorch).
+python3 -c "import nanobind, torch" 2>/dev/null && cmake_args+=(-DTESSERA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 echo "== build ($BUILD_DIR, sm_90a)" | tee -a "$OUT/gpu-check.log"
 start=$(date +%s)
@@ -77,6 +79,15 @@ if [ "$SANITIZE" = 1 ]; then
     note "compute-sanitizer racecheck" "ok: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   else
     tail -20 "$OUT/racecheck.log"; note "compute-sanitizer racecheck" "FAILED"
+  fi
+fi
+
+if [ -d "$BUILD_DIR/python/tessera" ]; then
+  echo "== pytest tests/python" | tee -a "$OUT/gpu-check.log"
+  if PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q tests/python -p no:cacheprovider >"$OUT/pytest.log" 2>&1; then
+    note "pytest (Python, GPU)" "ok: $(tail -1 "$OUT/pytest.log")"
+  else
+    tail -30 "$OUT/pytest.log"; note "pytest (Python, GPU)" "FAILED: $(tail -1 "$OUT/pytest.log")"
   fi
 fi
 

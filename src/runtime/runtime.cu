@@ -608,18 +608,15 @@ void paged_cache_params(kernels::AttentionParams<T>& p, const PagedKVCache& kv) 
   view.k = kv.k;
   view.v = kv.v;
   view.layout = kv.layout;
-  p.k = kv.k.data_as<const T>();
-  p.v = kv.v.data_as<const T>();
-  p.k_page_stride = view.k_page_stride();
-  p.k_row_stride = view.k_slot_stride();
-  p.k_head_stride = view.k_head_stride();
-  p.v_page_stride = view.v_page_stride();
-  p.v_row_stride = view.v_slot_stride();
-  p.v_head_stride = view.v_head_stride();
-  p.kv_indices = kv.indices.data_as<const int32_t>();
-  p.page_size = static_cast<int32_t>(view.page_size());
-  p.num_pages = static_cast<int32_t>(view.num_pages());
-  p.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
+  view.indices = kv.indices;
+  // The page ranges, last-page lengths and batch bound come from the plan (query_part).
+  const int32_t* indptr = p.kv_indptr;
+  const int32_t* last_page_len = p.last_page_len;
+  const int32_t batch = p.batch_size;
+  paged_kv_params<T>(p, view);
+  p.kv_indptr = indptr;
+  p.last_page_len = last_page_len;
+  p.batch_size = batch;
 }
 
 void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv, const TensorView& o,

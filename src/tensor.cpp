@@ -142,6 +142,19 @@ const char* layout_name(Layout layout) {
   return "unknown_layout";
 }
 
+Status call_catching(void (*fn)(void* context), void* context) noexcept {
+  try {
+    fn(context);
+    return Status::Ok();
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::exception& e) {
+    return Status{StatusCode::kInternal, e.what()};
+  } catch (...) {
+    return Status{StatusCode::kInternal, "unknown C++ exception"};
+  }
+}
+
 const char* status_code_name(StatusCode code) {
   switch (code) {
     case StatusCode::kOk: return "ok";

@@ -38,6 +38,14 @@ class Error : public std::runtime_error {
   StatusCode code_;
 };
 
+/// Runs fn(context) and returns what it threw as a Status: a tessera::Error with its code, any other
+/// std::exception as kInternal. Defined inside libtessera, so an exception is caught by the C++
+/// runtime that threw it. Language bindings call the library through it so that no C++ exception
+/// crosses the library boundary: a process can hold two C++ runtimes (e.g. a libtessera built by a
+/// compiler that links libstdc++ statically, next to the libstdc++ PyTorch loads), and an
+/// exception thrown by one and caught by the other crashes the process.
+Status call_catching(void (*fn)(void* context), void* context) noexcept;
+
 /// Runs `f` and converts a thrown tessera::Error into a Status (for callers that avoid exceptions).
 template <typename F>
 Status status_of(F&& f) {

@@ -9,6 +9,8 @@
 #include <dlpack/dlpack.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+
+#include <type_traits>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -40,6 +42,17 @@ using OptArray = std::optional<nb::ndarray<>>;
 #define TESSERA_PY_CUDA_ARCHS ""
 #endif
 
+/// Runs f() inside libtessera (tessera::call_catching) and rethrows a failure as a tessera::Error
+/// thrown here, so the exception never crosses from libtessera's C++ runtime into this module's
+/// (they can differ: see call_catching). `prefix` is prepended to the message.
+template <typename F>
+void checked(F&& f, const char* prefix = nullptr) {
+  using Fn = std::remove_reference_t<F>;
+  const tessera::Status status = tessera::call_catching([](void* c) { (*static_cast<Fn*>(c))(); }, &f);
+  if (status.ok()) return;
+  throw tessera::Error(status.code, prefix == nullptr ? status.message : std::string(prefix) + ": " + status.message);
+}
+
 /// A view of a DLPack-imported array (no copy). `name` prefixes conversion errors.
 TensorView to_view(const Array& a, const char* name) {
   const size_t ndim = a.ndim();
@@ -59,11 +72,9 @@ TensorView to_view(const Array& a, const char* name) {
   t.shape = shape.data();
   t.strides = strides.data();
   t.byte_offset = 0;
-  try {
-    return tessera::from_dlpack(t);
-  } catch (const tessera::Error& e) {
-    throw tessera::Error(e.code(), std::string(name) + ": " + e.what());
-  }
+  TensorView view;
+  checked([&] { view = tessera::from_dlpack(t); }, name);
+  return view;
 }
 
 TensorView to_view(const OptArray& a, const char* name) { return a ? to_view(*a, name) : TensorView{}; }
@@ -145,7 +156,12 @@ nb::dict plan_info_dict(const tessera::PlanInfo& i) {
 /// The paged cache of run(): separate K and V, or one combined tensor (exactly one of the two).
 tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const OptArray& kv, Layout layout,
                                   const TensorView& indices) {
-  if (kv) return tessera::PagedKVCache::from_combined(to_view(*kv, "paged_kv_cache"), layout, indices);
+  if (kv) {
+    const TensorView combined = to_view(*kv, "paged_kv_cache");
+    tessera::PagedKVCache c;
+    checked([&] { c = tessera::PagedKVCache::from_combined(combined, layout, indices); });
+    return c;
+  }
   if (!k || !v) throw tessera::Error(StatusCode::kInvalidArgument, "paged_kv_cache: expected (k, v) or one tensor");
   tessera::PagedKVCache c;
   c.k = to_view(*k, "paged_kv_cache[0]");
@@ -163,7 +179,7 @@ void bind_common(nb::class_<W>& cls) {
             const tessera::RuntimeOptions& options) {
            const TensorView ws = to_view(workspace, "float_workspace_buffer");
            DeviceGuard guard(ws);
-           new (self) W(ws, bounds, options);
+           checked([&] { new (self) W(ws, bounds, options); });
          },
          "workspace"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{},
          "Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) "
@@ -174,7 +190,9 @@ void bind_common(nb::class_<W>& cls) {
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
-            return W::workspace_size(bounds, options);
+            int64_t bytes = 0;
+            checked([&] { bytes = W::workspace_size(bounds, options); });
+            return bytes;
           },
           "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
           "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.")
@@ -288,7 +306,7 @@ NB_MODULE(_C, m) {
         nb::gil_scoped_release release;
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
-        tessera::single_decode(tq, tk, tv, layout, to, tl, opt, to_stream(stream));
+        checked([&] { tessera::single_decode(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a,
       "tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND).");
@@ -303,7 +321,7 @@ NB_MODULE(_C, m) {
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
         opt.causal = causal;
-        tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream));
+        checked([&] { tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
       "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode.");
@@ -317,7 +335,7 @@ NB_MODULE(_C, m) {
                          sb = to_view(s_b, "s_b"), o = to_view(v_out, "v_out"), so = to_view(s_out, "s_out");
         DeviceGuard guard(a);
         nb::gil_scoped_release release;
-        tessera::merge_state(a, sa, b, sb, o, so, to_stream(stream));
+        checked([&] { tessera::merge_state(a, sa, b, sb, o, so, to_stream(stream)); });
       },
       "v_a"_a, "s_a"_a, "v_b"_a, "s_b"_a, "v_out"_a, "s_out"_a.none(), "stream"_a,
       "tessera::merge_state (base-2 LSE).");
@@ -328,7 +346,7 @@ NB_MODULE(_C, m) {
                          so = to_view(s_out, "s_out");
         DeviceGuard guard(tv);
         nb::gil_scoped_release release;
-        tessera::merge_states(tv, ts, o, so, to_stream(stream));
+        checked([&] { tessera::merge_states(tv, ts, o, so, to_stream(stream)); });
       },
       "v"_a, "s"_a, "v_out"_a, "s_out"_a.none(), "stream"_a, "tessera::merge_states (base-2 LSE).");
   m.def(
@@ -339,7 +357,7 @@ NB_MODULE(_C, m) {
                          o = to_view(v_out, "v_out"), so = to_view(s_out, "s_out");
         DeviceGuard guard(tv);
         nb::gil_scoped_release release;
-        tessera::merge_states_ragged(tv, ts, ti, o, so, to_stream(stream));
+        checked([&] { tessera::merge_states_ragged(tv, ts, ti, o, so, to_stream(stream)); });
       },
       "v"_a, "s"_a, "indptr"_a, "v_out"_a, "s_out"_a.none(), "stream"_a,
       "tessera::merge_states_ragged (base-2 LSE).");
@@ -356,7 +374,8 @@ NB_MODULE(_C, m) {
                          lp = to_view(last_page_len, "kv_last_page_len");
         tessera::PagedKV cache;
         if (kv_cache) {
-          cache = tessera::PagedKV::from_combined(to_view(*kv_cache, "paged_kv_cache"), layout, ip, ix, lp);
+          const TensorView combined = to_view(*kv_cache, "paged_kv_cache");
+          checked([&] { cache = tessera::PagedKV::from_combined(combined, layout, ip, ix, lp); });
         } else {
           cache.k = to_view(k_cache, "paged_kv_cache[0]");
           cache.v = to_view(v_cache, "paged_kv_cache[1]");
@@ -367,7 +386,7 @@ NB_MODULE(_C, m) {
         }
         DeviceGuard guard(ak);
         nb::gil_scoped_release release;
-        tessera::append_paged_kv_cache_at(ak, av, bi, pos, cache, to_stream(stream));
+        checked([&] { tessera::append_paged_kv_cache_at(ak, av, bi, pos, cache, to_stream(stream)); });
       },
       "append_k"_a, "append_v"_a, "batch_indices"_a, "positions"_a, "k_cache"_a.none(), "v_cache"_a.none(),
       "kv_cache"_a.none(), "layout"_a, "indptr"_a, "indices"_a, "last_page_len"_a, "stream"_a,
@@ -388,8 +407,10 @@ NB_MODULE(_C, m) {
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
-            w.plan(ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false),
-                   to_stream(stream));
+            checked([&] {
+              w.plan(ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false),
+                     to_stream(stream));
+            });
           },
           "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a,
           "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a,
@@ -403,7 +424,7 @@ NB_MODULE(_C, m) {
             const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"));
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
-            w.run(tq, cache, to, tl, to_stream(stream));
+            checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
           "stream"_a, "Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).");
@@ -423,8 +444,10 @@ NB_MODULE(_C, m) {
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
-            w.plan(qi, ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
-                   to_stream(stream));
+            checked([&] {
+              w.plan(qi, ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
+                     to_stream(stream));
+            });
           },
           "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
           "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a,
@@ -438,7 +461,7 @@ NB_MODULE(_C, m) {
             const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"));
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
-            w.run(tq, cache, to, tl, to_stream(stream));
+            checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
           "stream"_a, "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
@@ -457,8 +480,10 @@ NB_MODULE(_C, m) {
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
-            w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
-                   to_stream(stream));
+            checked([&] {
+              w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
+                     to_stream(stream));
+            });
           },
           "qo_indptr"_a, "kv_indptr"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a,
           "causal"_a, "stream"_a, "device"_a, "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1].")
@@ -470,7 +495,7 @@ NB_MODULE(_C, m) {
                              to = to_view(o, "out"), tl = to_view(lse, "lse");
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
-            w.run(tq, tk, tv, to, tl, to_stream(stream));
+            checked([&] { w.run(tq, tk, tv, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a,
           "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).");

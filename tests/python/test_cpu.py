@@ -495,11 +495,6 @@ def test_append_checks():
 # --- the C++ layer: DLPack conversion and error mapping ----------------------------------------------
 
 
-# Known bug (issue 6): on the H100 machine, with torch 2.11 imported first, a C++ error raised
-# through some bindings (workspace_size here, the complex64 case below, append_paged_kv_cache)
-# segfaults the process; without torch imported the same call raises NotImplementedError. ldd shows
-# no libstdc++ dependency of _C built there: a C++ runtime mismatch is the first suspect.
-@pytest.mark.skipif(torch.cuda.is_available(), reason="segfaults with torch 2.11 on the GPU machine (issue 6)")
 def test_cpp_errors_map_to_python_exceptions():
     q = torch.randn(8, 128).to(torch.bfloat16)
     k = torch.randn(10, 2, 128).to(torch.bfloat16)[:, :, :]  # strided views convert too
@@ -520,8 +515,6 @@ def test_cpp_errors_map_to_python_exceptions():
         _C.BatchDecodeWrapper.workspace_size(b, _C.RuntimeOptions(), 0)
 
 
-# Known bug (issue 6), as above.
-@pytest.mark.skipif(torch.cuda.is_available(), reason="segfaults with torch 2.11 on the GPU machine (issue 6)")
 def test_unsupported_dlpack_dtype_is_a_type_error():
     q = torch.randn(8, 128).to(torch.bfloat16)
     k = torch.randn(10, 2, 128).to(torch.bfloat16)

@@ -497,9 +497,6 @@ def test_split_kv_by_merge_equals_full_attention():
 # --- append ----------------------------------------------------------------------------------------
 
 
-# Known bug (issue 6): this test segfaults the process on the H100 machine (torch 2.11); the C++
-# append kernels pass their own GPU tests. Skipped until the Python path is fixed.
-@pytest.mark.skip(reason="segfaults on the H100 machine through the Python binding (issue 6)")
 @pytest.mark.parametrize("layout", ("NHD", "HND"))
 @pytest.mark.parametrize("page_size", (1, 16))
 @pytest.mark.parametrize("combined", (False, True))

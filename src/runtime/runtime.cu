@@ -7,7 +7,10 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention/contraction.cuh"
@@ -90,7 +93,20 @@ int kv_tile_rows(int head_dim, QTile t) {
   TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (64, 128, 256)";
 }
 
+/// CTAs of the persistent kernel per SM, from the occupancy API once per (device, dtype, head
+/// dim, format, tile): plan() asks on every call.
 int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, int, int>, int> cache;
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(device, static_cast<int>(dtype), head_dim, static_cast<int>(format),
+                                   static_cast<int>(t));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
   int result = 0;
   TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
     switch (head_dim) {
@@ -103,6 +119,8 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   });
   TESSERA_CHECK(result >= 1, StatusCode::kInternal) << "the persistent kernel does not fit an SM (head_dim "
                                                      << head_dim << ", query tile " << tile_rows(t) << ")";
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.emplace(key, result);
   return result;
 }
 
@@ -538,17 +556,11 @@ std::vector<int32_t> read_host_array(const TensorView& t, const char* name, int6
   return v;
 }
 
-/// A host indptr: [B + 1], starts at 0, non-decreasing, entries < 2^31.
+/// A host indptr: [B + 1], starts at 0, non-decreasing (validate_indptr's checks and messages).
 std::vector<int32_t> read_host_indptr(const TensorView& t, const char* name) {
-  TESSERA_CHECK_ARG(t.ndim == 1 && t.shape[0] >= 1)
-      << name << " must be 1-D with batch_size + 1 >= 1 entries, got " << t.describe();
-  std::vector<int32_t> v = read_host_array(t, name, -1);
-  TESSERA_CHECK_ARG(v[0] == 0) << name << "[0] = " << v[0] << ", expected 0";
-  for (size_t i = 1; i < v.size(); ++i) {
-    TESSERA_CHECK_ARG(v[i] >= v[i - 1]) << name << "[" << i << "] = " << v[i] << ", expected >= " << v[i - 1] << " ("
-                                        << name << "[" << i - 1 << "]; indptr must be non-decreasing)";
-  }
-  return v;
+  TESSERA_CHECK_ARG(t.device.is_host()) << name << " is on " << t.device
+                                        << ", expected host memory (plan() reads it on the CPU)";
+  return validate_indptr(t, name, -1);
 }
 
 void fill_lengths(const std::vector<int32_t>& indptr, std::vector<int32_t>& len) {

@@ -71,6 +71,11 @@ if(NOT TESSERA_CUDA_INCLUDE_DIR)
   message(FATAL_ERROR "cuda_fp16.h not found in ${CUDAToolkit_INCLUDE_DIRS}: the JIT needs the toolkit headers")
 endif()
 message(STATUS "Tessera JIT: CUDA headers for NVRTC from ${TESSERA_CUDA_INCLUDE_DIR}")
+# Host translation units of src/variant read the kernels' parameter block (kernels/**/*.cuh), which
+# includes libcu++: give the host compiler its directory too.
+if(EXISTS ${TESSERA_CUDA_INCLUDE_DIR}/cccl)
+  target_include_directories(tessera SYSTEM PRIVATE ${TESSERA_CUDA_INCLUDE_DIR}/cccl)
+endif()
 
 file(GLOB_RECURSE TESSERA_JIT_KERNEL_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cuh)
 set(_tessera_jit_embedded ${CMAKE_CURRENT_BINARY_DIR}/jit/embedded_headers.cpp)

@@ -117,17 +117,35 @@ double check_qo_indptr(const TensorView& q, const TensorView& qo_indptr, int64_t
 namespace {
 
 using namespace detail;
+/// The call's variant, validated (the default one runs the prebuilt kernels).
+ResolvedVariant call_variant(const AttentionOptions& options, const TensorView& q, const HeadConfig& heads,
+                             int64_t batch, bool block_sparse) {
+  VariantContext ctx;
+  ctx.q = &q;
+  ctx.batch_size = batch;
+  ctx.num_qo_heads = heads.num_qo_heads;
+  ctx.head_dim = heads.head_dim;
+  ctx.sm_scale = resolved_sm_scale(options, heads.head_dim);
+  ctx.block_sparse = block_sparse;
+  return resolve_variant(options.variant, ctx);
+}
+
 template <typename T>
-void run_decode(const AttentionParams<T>& p, KVFormatKind format, const HeadConfig& heads, DecodeKernel kernel,
-                StreamHandle stream) {
+void run_decode(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format,
+                const HeadConfig& heads, DecodeKernel kernel, StreamHandle stream) {
   const int64_t group = heads.num_qo_heads / heads.num_kv_heads;
-  if (kernel == DecodeKernel::kAuto) kernel = group >= 4 ? DecodeKernel::kTensorCores : DecodeKernel::kCudaCores;
+  if (kernel == DecodeKernel::kAuto) {
+    // Variants are hooks of the prefill template, which is also the tensor-core decode family.
+    kernel = group >= 4 || !variant.is_default ? DecodeKernel::kTensorCores : DecodeKernel::kCudaCores;
+  }
   if (kernel == DecodeKernel::kCudaCores) {
+    TESSERA_CHECK(variant.is_default, StatusCode::kUnsupported)
+        << "kernel = kCudaCores runs the default variant only; options.variant is set (use kAuto or kTensorCores)";
     detail::launch_decode_cuda_cores<T>(p, format, static_cast<int>(heads.head_dim), stream);
   } else {
     TESSERA_CHECK_ARG(kernel == DecodeKernel::kTensorCores) << "kernel = " << static_cast<int>(kernel)
                                                             << ", expected kAuto, kCudaCores or kTensorCores";
-    detail::launch_prefill<T>(p, format, static_cast<int>(heads.head_dim), 1, 1.0, stream);
+    detail::launch_prefill<T>(p, variant, format, static_cast<int>(heads.head_dim), 1, 1.0, stream);
   }
 }
 
@@ -149,20 +167,21 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows) {
 }
 
 template <typename T>
-void launch_prefill(const AttentionParams<T>& p, KVFormatKind format, int head_dim, int64_t max_qo_len,
-                    double avg_qo_len, cudaStream_t stream) {
+void launch_prefill(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format, int head_dim,
+                    int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
   const QTile q_tile = choose_q_tile(head_dim, avg_qo_len * p.group_size);
   switch (head_dim) {
-    case 64: return launch_prefill_head_dim<T, 64>(p, format, q_tile, max_qo_len, stream);
-    case 128: return launch_prefill_head_dim<T, 128>(p, format, q_tile, max_qo_len, stream);
-    case 256: return launch_prefill_head_dim<T, 256>(p, format, q_tile, max_qo_len, stream);
+    case 64: return launch_prefill_head_dim<T, 64>(p, variant, format, q_tile, max_qo_len, stream);
+    case 128: return launch_prefill_head_dim<T, 128>(p, variant, format, q_tile, max_qo_len, stream);
+    case 256: return launch_prefill_head_dim<T, 256>(p, variant, format, q_tile, max_qo_len, stream);
   }
   TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (supported: 64, 128, 256)";
 }
 
-template void launch_prefill<__half>(const AttentionParams<__half>&, KVFormatKind, int, int64_t, double, cudaStream_t);
-template void launch_prefill<__nv_bfloat16>(const AttentionParams<__nv_bfloat16>&, KVFormatKind, int, int64_t, double,
-                                            cudaStream_t);
+template void launch_prefill<__half>(const AttentionParams<__half>&, const ResolvedVariant&, KVFormatKind, int,
+                                     int64_t, double, cudaStream_t);
+template void launch_prefill<__nv_bfloat16>(const AttentionParams<__nv_bfloat16>&, const ResolvedVariant&,
+                                            KVFormatKind, int, int64_t, double, cudaStream_t);
 
 }  // namespace detail
 
@@ -183,11 +202,12 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
     check_on_cuda(lse, "lse");
     check_size(lse, "lse", 0, q.shape[0]);
   }
+  const ResolvedVariant variant = call_variant(options, q, heads, 1, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     dense_kv_params<T>(p, k, v, kv_layout);
     p.qo_len_single = 1;
-    run_decode<T>(p, KVFormatKind::kRagged, heads, kernel, stream);
+    run_decode<T>(p, variant, KVFormatKind::kRagged, heads, kernel, stream);
   });
 }
 
@@ -198,11 +218,12 @@ void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView
   const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
   check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
+  const ResolvedVariant variant = call_variant(options, q, heads, q.shape[0], false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     paged_kv_params<T>(p, kv);
     p.qo_len_single = 1;
-    run_decode<T>(p, KVFormatKind::kPaged, heads, kernel, stream);
+    run_decode<T>(p, variant, KVFormatKind::kPaged, heads, kernel, stream);
   });
 }
 
@@ -216,11 +237,12 @@ void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorV
   const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
   check_size(k, "k", 2, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
+  const ResolvedVariant variant = call_variant(options, q, heads, q.shape[0], false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     ragged_kv_params<T>(p, k, v, kv_indptr);
     p.qo_len_single = 1;
-    run_decode<T>(p, KVFormatKind::kRagged, heads, kernel, stream);
+    run_decode<T>(p, variant, KVFormatKind::kRagged, heads, kernel, stream);
   });
 }
 
@@ -232,11 +254,12 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   check_size(k, "k", 2, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
   TESSERA_CHECK_ARG(q.shape[0] <= INT32_MAX) << "q.shape[0] = " << q.shape[0] << " exceeds 2^31 - 1";
+  const ResolvedVariant variant = call_variant(options, q, heads, 1, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     dense_kv_params<T>(p, k, v, kv_layout);
     p.qo_len_single = static_cast<int32_t>(q.shape[0]);
-    detail::launch_prefill<T>(p, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), q.shape[0],
+    detail::launch_prefill<T>(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), q.shape[0],
                               static_cast<double>(q.shape[0]), stream);
   });
 }
@@ -254,11 +277,12 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
   const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
   check_size(k, "k", 2, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
+  const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     ragged_kv_params<T>(p, k, v, kv_indptr);
     p.qo_indptr = qo_indptr.data_as<const int32_t>();
-    detail::launch_prefill<T>(p, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
+    detail::launch_prefill<T>(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
                               stream);
   });
 }
@@ -274,11 +298,12 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
   const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
   check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
+  const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     paged_kv_params<T>(p, kv);
     p.qo_indptr = qo_indptr.data_as<const int32_t>();
-    detail::launch_prefill<T>(p, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
+    detail::launch_prefill<T>(p, variant, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
                               stream);
   });
 }
@@ -302,8 +327,10 @@ void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const Te
   const HeadConfig heads = check_heads(q.shape[1], kv.k.shape[1], q.shape[2]);
   check_size(kv.k, "block_sparse.k", 2, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
+  const ResolvedVariant variant = call_variant(options, q, heads, kv.num_row_blocks(), true);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
+    p.block_flags = kv.block_flags.defined() ? kv.block_flags.data_as<const uint8_t>() : nullptr;
     p.k = kv.k.data_as<const T>();
     p.v = kv.v.data_as<const T>();
     p.k_row_stride = kv.k.strides[0];
@@ -318,7 +345,7 @@ void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const Te
     p.num_kv_rows = static_cast<int32_t>(kv.num_cols());
     p.block_rows = static_cast<int32_t>(kv.block_rows);
     p.batch_size = static_cast<int32_t>(kv.num_row_blocks());
-    detail::launch_prefill<T>(p, KVFormatKind::kBlockSparse, static_cast<int>(heads.head_dim), kv.block_rows,
+    detail::launch_prefill<T>(p, variant, KVFormatKind::kBlockSparse, static_cast<int>(heads.head_dim), kv.block_rows,
                               static_cast<double>(kv.block_rows), stream);
   });
 }

@@ -28,6 +28,15 @@ void check_outputs(const TensorView& q, const TensorView& o, const TensorView& l
 
 HeadConfig check_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim);
 
+/// options.sm_scale, or 1/sqrt(head_dim) when it is negative; checked finite and nonzero (the
+/// kernels take the row max before scaling, so the scale must be > 0).
+inline double resolved_sm_scale(const AttentionOptions& options, int64_t head_dim) {
+  const double sm_scale = options.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : options.sm_scale;
+  TESSERA_CHECK_ARG(std::isfinite(sm_scale) && sm_scale != 0.0)
+      << "options.sm_scale = " << options.sm_scale << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
+  return sm_scale;
+}
+
 /// The part of AttentionParams that does not depend on the KV format. q and o are [rows, Hq, D]
 /// (a 2-D [Hq, D] q of single decode is one row).
 template <typename T>
@@ -50,11 +59,9 @@ AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const 
   p.num_qo_heads = static_cast<int32_t>(heads.num_qo_heads);
   p.num_kv_heads = static_cast<int32_t>(heads.num_kv_heads);
   p.group_size = static_cast<int32_t>(heads.num_qo_heads / heads.num_kv_heads);
-  const double sm_scale = options.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(heads.head_dim)) : options.sm_scale;
-  // sm_scale > 0: the kernels take the row max before scaling.
-  TESSERA_CHECK_ARG(std::isfinite(sm_scale) && sm_scale != 0.0)
-      << "options.sm_scale = " << options.sm_scale << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
+  const double sm_scale = resolved_sm_scale(options, heads.head_dim);
   p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);
+  p.sm_scale = static_cast<float>(sm_scale);
   p.causal = options.causal;
   return p;
 }

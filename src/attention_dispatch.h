@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention/params.cuh"
+#include "src/variant/variant_config.h"
 
 namespace tessera {
 namespace detail {
@@ -16,11 +17,12 @@ template <typename T>
 void launch_decode_cuda_cores(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int head_dim,
                               cudaStream_t stream);
 
-/// Launches the FA2-class prefill kernel (kernels/attention/prefill.cuh) over any format.
-/// max_qo_len bounds every request's query length (BSR: Br); avg_qo_len drives the tile choice.
+/// Launches the FA2-class prefill kernel (kernels/attention/prefill.cuh) over any format, the
+/// prebuilt default variant or a JIT-compiled one. max_qo_len bounds every request's query length
+/// (BSR: Br); avg_qo_len drives the tile choice.
 template <typename T>
-void launch_prefill(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int head_dim,
-                    int64_t max_qo_len, double avg_qo_len, cudaStream_t stream);
+void launch_prefill(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant, kernels::KVFormatKind format,
+                    int head_dim, int64_t max_qo_len, double avg_qo_len, cudaStream_t stream);
 
 }  // namespace detail
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/attention/prefill.cuh"
+#include "src/variant/variant_config.h"
 
 namespace tessera {
 namespace detail {
@@ -48,8 +49,8 @@ struct PrefillConfig<T, HEAD_DIM, QTile::k128> {
 /// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per
 /// head dim in prefill_d*.cu so the 2-core CI builds them in parallel).
 template <typename T, int HEAD_DIM>
-void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
-                             int64_t max_qo_len, cudaStream_t stream);
+void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+                             kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream);
 
 /// A launch of the runtime's persistent kernel: a grid of (grid_cols, H_kv) CTAs reading `work`,
 /// then, when contraction_blocks > 0, the contraction of split tiles over that many blocks.
@@ -60,9 +61,11 @@ struct PersistentLaunch {
 };
 
 /// Launches the persistent kernel (and contraction) of one configuration (prefill_launch.cuh).
+/// The variant's kernel is JIT-compiled unless it is the default one.
 template <typename T, int HEAD_DIM>
-void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
-                                const PersistentLaunch& launch, cudaStream_t stream);
+void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+                                kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
+                                cudaStream_t stream);
 
 /// How many CTAs of that persistent kernel one SM of the current device holds.
 template <typename T, int HEAD_DIM>

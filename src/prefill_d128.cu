@@ -4,14 +4,15 @@
 namespace tessera {
 namespace detail {
 
-template void launch_prefill_head_dim<__half, 128>(const kernels::AttentionParams<__half>&, kernels::KVFormatKind, QTile,
-                                                  int64_t, cudaStream_t);
-template void launch_prefill_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&,
+template void launch_prefill_head_dim<__half, 128>(const kernels::AttentionParams<__half>&, const ResolvedVariant&,
+                                                  kernels::KVFormatKind, QTile, int64_t, cudaStream_t);
+template void launch_prefill_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&, const ResolvedVariant&,
                                                          kernels::KVFormatKind, QTile, int64_t, cudaStream_t);
-template void launch_persistent_head_dim<__half, 128>(const kernels::AttentionParams<__half>&, kernels::KVFormatKind,
+template void launch_persistent_head_dim<__half, 128>(const kernels::AttentionParams<__half>&, const ResolvedVariant&,
+                                                      kernels::KVFormatKind,
                                                       QTile, const PersistentLaunch&, cudaStream_t);
-template void launch_persistent_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&,
-                                                             kernels::KVFormatKind, QTile, const PersistentLaunch&,
+template void launch_persistent_head_dim<__nv_bfloat16, 128>(const kernels::AttentionParams<__nv_bfloat16>&, const ResolvedVariant&,
+                                                      kernels::KVFormatKind, QTile, const PersistentLaunch&,
                                                              cudaStream_t);
 template int persistent_ctas_per_sm<__half, 128>(kernels::KVFormatKind, QTile);
 template int persistent_ctas_per_sm<__nv_bfloat16, 128>(kernels::KVFormatKind, QTile);

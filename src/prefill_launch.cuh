@@ -10,14 +10,40 @@
 #include "src/cuda_utils.h"
 #include "kernels/attention/contraction.cuh"
 #include "src/prefill_config.h"
+#include "src/variant/jit_variant.h"
 
 namespace tessera {
 namespace detail {
 
+/// "tessera::kernels::PrefillTraits<...>, tessera::kernels::KVFormatKind::k..." for the JIT.
+template <typename Traits, kernels::KVFormatKind kFormat>
+std::string prefill_template_args() {
+  const char* format = kFormat == kernels::KVFormatKind::kRagged  ? "kRagged"
+                       : kFormat == kernels::KVFormatKind::kPaged ? "kPaged"
+                                                                   : "kBlockSparse";
+  return str_cat("tessera::kernels::PrefillTraits<", cuda_type_name<typename Traits::DType>(), ", ", Traits::HEAD_DIM,
+                 ", ", Traits::CTA_TILE_Q, ", ", Traits::CTA_TILE_KV, ", ", Traits::NUM_WARPS_Q, ", ",
+                 Traits::NUM_WARPS_KV, ", ", Traits::kStages, ", ", Traits::kMinCtasPerSm,
+                 ">, tessera::kernels::KVFormatKind::", format);
+}
+
+/// The JIT request of one FA2-class kernel template for a non-default variant.
+template <typename Traits, kernels::KVFormatKind kFormat>
+VariantKernelRequest prefill_variant_request(const char* kernel_template, const char* what) {
+  VariantKernelRequest r;
+  r.header = "kernels/attention/prefill.cuh";
+  r.kernel = kernel_template;
+  r.args_before = prefill_template_args<Traits, kFormat>();
+  r.args_after = cuda_type_name<typename Traits::DType>();
+  r.dynamic_smem_bytes = Traits::kSmemBytes;
+  r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV, " ",
+                          static_cast<int>(kFormat), " ", cuda_type_name<typename Traits::DType>());
+  return r;
+}
+
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
-void launch_prefill_config(const kernels::AttentionParams<T>& p, int64_t max_qo_len, cudaStream_t stream) {
-  auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-  ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant, int64_t max_qo_len,
+                           cudaStream_t stream) {
   const int64_t packed_rows = max_qo_len * p.group_size;
   const int64_t q_tiles = (packed_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q;
   TESSERA_CHECK_ARG(q_tiles <= INT32_MAX && p.batch_size <= 65535 && p.num_kv_heads <= 65535)
@@ -26,20 +52,33 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, int64_t max_qo_
   if (q_tiles == 0 || p.batch_size == 0) return;
   const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(p.batch_size),
                   static_cast<unsigned>(p.num_kv_heads));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, static_cast<int32_t>(q_tiles));
-  TESSERA_CHECK_LAUNCH();
+  int32_t num_q_tiles = static_cast<int32_t>(q_tiles);
+  if (variant.is_default) {
+    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, num_q_tiles);
+    TESSERA_CHECK_LAUNCH();
+    return;
+  }
+  const VariantKernelRequest request =
+      prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_prefill_kernel", "prefill");
+  CUfunction fn = variant_kernel(variant, request);
+  kernels::AttentionParams<T> params = p;
+  kernels::VariantParams vp = variant.params;
+  void* args[] = {&params, &vp, &num_q_tiles};
+  launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
 }
 
 template <typename Traits, typename T>
-void launch_prefill_format(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int64_t max_qo_len,
-                           cudaStream_t stream) {
+void launch_prefill_format(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+                           kernels::KVFormatKind format, int64_t max_qo_len, cudaStream_t stream) {
   switch (format) {
     case kernels::KVFormatKind::kRagged:
-      return launch_prefill_config<Traits, kernels::KVFormatKind::kRagged>(p, max_qo_len, stream);
+      return launch_prefill_config<Traits, kernels::KVFormatKind::kRagged>(p, variant, max_qo_len, stream);
     case kernels::KVFormatKind::kPaged:
-      return launch_prefill_config<Traits, kernels::KVFormatKind::kPaged>(p, max_qo_len, stream);
+      return launch_prefill_config<Traits, kernels::KVFormatKind::kPaged>(p, variant, max_qo_len, stream);
     case kernels::KVFormatKind::kBlockSparse:
-      return launch_prefill_config<Traits, kernels::KVFormatKind::kBlockSparse>(p, max_qo_len, stream);
+      return launch_prefill_config<Traits, kernels::KVFormatKind::kBlockSparse>(p, variant, max_qo_len, stream);
   }
   TESSERA_FAIL(StatusCode::kInternal) << "unknown KV format " << static_cast<int>(format);
 }
@@ -80,17 +119,29 @@ void with_format(kernels::KVFormatKind format, F&& f) {
 }
 
 template <typename T, int HEAD_DIM>
-void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
-                                const PersistentLaunch& launch, cudaStream_t stream) {
+void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+                                kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
+                                cudaStream_t stream) {
   with_format(format, [&](auto format_tag) {
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
     with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
-      auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-      ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
       const dim3 grid(static_cast<unsigned>(launch.grid_cols), static_cast<unsigned>(p.num_kv_heads));
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, launch.work);
-      TESSERA_CHECK_LAUNCH();
+      if (variant.is_default) {
+        auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+        ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+        kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
+        TESSERA_CHECK_LAUNCH();
+      } else {
+        const VariantKernelRequest request =
+            prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_persistent_kernel", "persistent");
+        CUfunction fn = variant_kernel(variant, request);
+        kernels::AttentionParams<T> params = p;
+        kernels::VariantParams vp = variant.params;
+        kernels::PlannedWork work = launch.work;
+        void* args[] = {&params, &vp, &work};
+        launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
+      }
       if (launch.contraction_blocks > 0) {
         kernels::merge_planned_kernel<T, kFormat>
             <<<launch.contraction_blocks, kernels::ContractionTraits::kThreadsPerBlock, 0, stream>>>(
@@ -119,21 +170,12 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
 }
 
 template <typename T, int HEAD_DIM>
-void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, QTile q_tile,
-                             int64_t max_qo_len, cudaStream_t stream) {
-  switch (q_tile) {
-    case QTile::k16:
-      return launch_prefill_format<typename PrefillConfig<T, HEAD_DIM, QTile::k16>::Traits>(p, format, max_qo_len, stream);
-    case QTile::k64:
-      return launch_prefill_format<typename PrefillConfig<T, HEAD_DIM, QTile::k64>::Traits>(p, format, max_qo_len, stream);
-    case QTile::k128:
-      if constexpr (HEAD_DIM != 256) {
-        return launch_prefill_format<typename PrefillConfig<T, HEAD_DIM, QTile::k128>::Traits>(p, format, max_qo_len,
-                                                                                             stream);
-      }
-      break;
-  }
-  TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << HEAD_DIM;
+void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+                             kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream) {
+  with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
+    using Traits = typename decltype(traits_tag)::type;
+    launch_prefill_format<Traits>(p, variant, format, max_qo_len, stream);
+  });
 }
 
 }  // namespace detail

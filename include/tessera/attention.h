@@ -23,6 +23,7 @@
 #include "tessera/formats.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
+#include "tessera/variant.h"
 
 namespace tessera {
 
@@ -32,6 +33,9 @@ inline constexpr int64_t kSupportedHeadDims[] = {64, 128, 256};
 struct AttentionOptions {
   double sm_scale = -1.0;  ///< logit scale, > 0; < 0 means 1/sqrt(head_dim); 0 is an error
   bool causal = false;     ///< hide keys after the query's position (offset kv_len - qo_len)
+  /// Built-in and user variants (tessera/variant.h); the default runs the prebuilt kernels, any
+  /// other is compiled just in time on first use.
+  VariantOptions variant;
 };
 
 /// Kernel family chosen for a decode call (exposed for tests and benchmarks).
@@ -88,8 +92,9 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
 
 /// Block-sparse attention: q [M, Hq, D] (M = kv.num_rows); query row r sees the KV columns of
 /// the column blocks listed for block row r / Br, then the causal mask with offset N - M applies
-/// to (row, column) positions. o: [M, Hq, D]; lse: [M, Hq] or undefined. block_flags are not
-/// used yet (every listed block is treated as partial).
+/// to (row, column) positions. o: [M, Hq, D]; lse: [M, Hq] or undefined. KV tiles whose blocks
+/// are all flagged full in kv.block_flags skip every mask (causal, variant masks): the flags must
+/// describe the masks in effect (build_block_mask in tessera/variant.h writes such flags).
 void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const TensorView& o, const TensorView& lse,
                             const AttentionOptions& options = {}, StreamHandle stream = nullptr);
 

@@ -81,7 +81,12 @@ struct PlanShape {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   DType dtype = DType::kBF16;   ///< of q, k, v and o
-  AttentionOptions attention;   ///< sm_scale and causal
+  /// sm_scale, causal and the variant: the built-in softmax variants (window_left,
+  /// num_sink_tokens, logits_soft_cap, alibi_slopes, rope) are supported, JIT-compiled on first
+  /// use; sigmoid, custom masks and user variants are kUnsupported here (split chunks are merged
+  /// by their log-sum-exp) and run through the one-shot entry points of tessera/attention.h. With
+  /// cuda_graph the first plan fixes the variant and its tensors.
+  AttentionOptions attention;
 };
 
 /// What the last plan() decided (for tests, benchmarks and logs).

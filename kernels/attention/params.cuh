@@ -50,7 +50,9 @@ struct AttentionParams {
   int32_t num_kv_heads;
   int32_t group_size;      // num_qo_heads / num_kv_heads
   float sm_scale_log2;     // sm_scale * log2(e): logits are kept in base 2
+  float sm_scale;          // natural units, for variant hooks that transform logits
   bool causal;
+  const uint8_t* block_flags;  // BSR: 1 per listed block whose pairs are all visible, or nullptr
 };
 
 /// Query rows and KV extent of one request.

@@ -25,6 +25,7 @@
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/smem_layout.cuh"
+#include "kernels/common/vec.cuh"
 
 namespace tessera {
 namespace kernels {
@@ -178,6 +179,56 @@ TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const int64_t* row
   }
 }
 
+/// The KV tiles of one work item: the variant's visible span cut into CTA_TILE_KV-row tiles,
+/// first those of the sink segment, then those of the main segment.
+template <int kTileKV>
+struct KVTiles {
+  KVSpan span;
+  int seg0_tiles;
+  int count;
+
+  TESSERA_DEVICE explicit KVTiles(const KVSpan& s) : span(s) {
+    seg0_tiles = s.seg0_end > s.seg0_begin ? (s.seg0_end - s.seg0_begin + kTileKV - 1) / kTileKV : 0;
+    const int main_tiles = s.end > s.begin ? (s.end - s.begin + kTileKV - 1) / kTileKV : 0;
+    count = seg0_tiles + main_tiles;
+  }
+  /// First KV position of tile t and the end of its segment (rows at or past it are masked).
+  TESSERA_DEVICE int begin(int t) const {
+    return t < seg0_tiles ? span.seg0_begin + t * kTileKV : span.begin + (t - seg0_tiles) * kTileKV;
+  }
+  TESSERA_DEVICE int end(int t) const { return t < seg0_tiles ? span.seg0_end : span.end; }
+};
+
+/// Applies a pair transform in place to the rows of a swizzled [ROWS][HEAD_DIM] tile: each step
+/// takes chunk c < kRowChunks / 2 of a row and its partner c + kRowChunks / 2, so f(row, dim,
+/// (x[dim], x[dim + HEAD_DIM / 2])) sees both halves a rotation needs. f returns the new pair.
+template <typename Traits, int ROWS, typename T, typename F>
+TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
+  using Tile = SwizzledTile<Traits::kRowChunks>;
+  constexpr int kHalf = Traits::kRowChunks / 2;
+  for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kThreads) {
+    const int row = i / kHalf, c = i % kHalf;
+    uint4* lo_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c) * 8);
+    uint4* hi_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c + kHalf) * 8);
+    uint4 lo = *lo_ptr, hi = *hi_ptr;
+    T* l = reinterpret_cast<T*>(&lo);  // [8]
+    T* h = reinterpret_cast<T*>(&hi);  // [8]
+    bool changed = false;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float2 x = make_float2(to_float(l[j]), to_float(h[j]));
+      if (!f(row, c * 8 + j, x)) break;  // a row the transform leaves alone (missing, padding)
+      l[j] = from_float<T>(x.x);
+      h[j] = from_float<T>(x.y);
+      changed = true;
+    }
+    if (changed) {
+      *lo_ptr = lo;
+      *hi_ptr = hi;
+    }
+  }
+}
+
 /// Per-thread softmax state of the rows a thread owns: rows g and g+8 of each m16 tile.
 template <int kMmaQ>
 struct RowState {
@@ -194,13 +245,14 @@ struct TileOutput {
 };
 
 /// One query tile (packed rows packed_begin .. + CTA_TILE_Q - 1 of `request`, query heads of
-/// kv_head) against KV positions [kv_begin, kv_end) of the request. The caller has synchronised
-/// the CTA since any earlier use of shared memory.
+/// kv_head) against the KV positions of `span` (clipped by the variant to what the tile's rows may
+/// see). The caller has synchronised the CTA since any earlier use of shared memory.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
-TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExtent& e, const int request,
-                                   const int kv_head, const int packed_begin, const int kv_first, const int kv_end,
+TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
+                                   const int request, const int kv_head, const int packed_begin, const KVSpan span,
                                    const TileOutput out, char* smem_raw) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
+  constexpr bool kSoftmax = Variant::kUseSoftmax;
   using Tile = SwizzledTile<Traits::kRowChunks>;
   PrefillSmem<Traits> smem(smem_raw);
 
@@ -208,10 +260,15 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
   const int warp_q = warp / Traits::NUM_WARPS_KV, warp_kv = warp % Traits::NUM_WARPS_KV;
   const int g = lane / 4, t = lane % 4;
 
-  const int num_kv_tiles = kv_end > kv_first ? (kv_end - kv_first + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
+  const KVTiles<Traits::CTA_TILE_KV> tiles(span);
+  const int num_kv_tiles = tiles.count;
 
   // Packed row r of this thread's m16 tile mq, half h (rows g and g+8).
   auto packed_row = [&](int mq, int h) { return packed_begin + warp_q * Traits::kWarpRowsQ + mq * 16 + g + 8 * h; };
+  // Query positions of the tile's first and last rows (for tile-level mask decisions).
+  const int q_pos_first = e.q_pos_offset + packed_begin / p.group_size;
+  const int q_pos_last =
+      e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
 
   load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q);
   cp_async_commit();
@@ -222,14 +279,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
   // written while tile t + kStages - 1 is being copied from another table, with one barrier per
   // tile: a table's last readers (copies two tiles earlier) always sit behind the previous
   // tile's barrier.
-  int32_t block = load_kv_block_id<Traits, kFormat>(p, e, kv_end, kv_first, threadIdx.x);
+  auto block_id = [&](int tile) {
+    return tile < num_kv_tiles ? load_kv_block_id<Traits, kFormat>(p, e, tiles.end(tile), tiles.begin(tile), threadIdx.x)
+                               : -1;
+  };
+  int32_t block = block_id(0);
   auto resolve = [&](int tile) {
     if (tile < num_kv_tiles) {
-      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, kv_end, kv_first + tile * Traits::CTA_TILE_KV, block,
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tiles.end(tile), tiles.begin(tile), block,
                                        smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
                                        smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV);
     }
-    block = load_kv_block_id<Traits, kFormat>(p, e, kv_end, kv_first + (tile + 1) * Traits::CTA_TILE_KV, threadIdx.x);
+    block = block_id(tile + 1);
   };
   auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
@@ -255,7 +316,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
   for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      st.m[mq][h] = -INFINITY;
+      st.m[mq][h] = kSoftmax ? -INFINITY : 0.f;
       st.d[mq][h] = 0.f;
     }
 #pragma unroll
@@ -265,7 +326,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
   }
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
-    const int kv_begin = kv_first + tile * Traits::CTA_TILE_KV;
+    const int kv_begin = tiles.begin(tile), kv_tile_end = tiles.end(tile);
     cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
     // After this barrier: every thread finished computing tile - 1 (its stage and keys are free)
     // and resolved tile + kStages - 1.
@@ -274,10 +335,38 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
     fill_stage.advance();
     resolve(tile + Traits::kStages);
 
-    const T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
-    const T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     const int32_t* keys = smem.keys + compute_stage.stage * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
     const int warp_col0 = warp_kv * Traits::kWarpColsKV;
+
+    // Variant transforms of the operands, in shared memory, before any warp reads them.
+    if constexpr (Variant::kHasQueryTransform || Variant::kHasKeyTransform || Variant::kHasValueTransform) {
+      if (Variant::kHasQueryTransform && tile == 0) {
+        transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(smem.q, [&](int row, int dim, float2& x) {
+          const int packed = packed_begin + row, qo_idx = packed / p.group_size;
+          if (qo_idx >= e.qo_len) return false;
+          x = Variant::query_transform(vp, e, x, request, e.q_pos_offset + qo_idx, -1,
+                                       kv_head * p.group_size + packed % p.group_size, kv_head, dim, Traits::HEAD_DIM);
+          return true;
+        });
+      }
+      if constexpr (Variant::kHasKeyTransform) {
+        transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(k_tile, [&](int row, int dim, float2& x) {
+          if (keys[row] < 0) return false;
+          x = Variant::key_transform(vp, e, x, request, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
+          return true;
+        });
+      }
+      if constexpr (Variant::kHasValueTransform) {
+        transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
+          if (keys[row] < 0) return false;
+          x = Variant::value_transform(vp, e, x, request, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
+          return true;
+        });
+      }
+      __syncthreads();
+    }
 
     // S = Q K^T for this warp's rows and columns.
     float s[kMmaQ][kN8KV][4];  // [m16 tile][n8 tile of KV][fragment]
@@ -311,51 +400,83 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
     }
 
     // Mask, then fold into the running softmax state. Logits stay unscaled until the exponent,
-    // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it).
-    const bool tile_needs_mask = kFormat == KVFormatKind::kBlockSparse || kv_begin + Traits::CTA_TILE_KV > kv_end ||
-                                 (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > e.q_pos_offset + packed_begin / p.group_size) ||
-                                 Variant::kAlwaysMask;
-    const float scale = p.sm_scale_log2;
+    // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it);
+    // a variant that transforms logits gets them scaled (natural units) and returns them in
+    // base 2 here, so its exponent uses scale 1.
+    bool tile_needs_mask = kv_begin + Traits::CTA_TILE_KV > kv_tile_end ||
+                           (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > q_pos_first) ||
+                           !Variant::tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin,
+                                                   kv_begin + Traits::CTA_TILE_KV - 1);
+    if constexpr (kFormat == KVFormatKind::kBlockSparse) {
+      // Listed blocks flagged full need no mask (the flags cover every mask in effect).
+      bool full = p.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
+      for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV; pos += p.page_size - pos % p.page_size) {
+        full = p.block_flags[e.kv_begin + pos / p.page_size] != 0;
+      }
+      tile_needs_mask = !full;
+    }
+    constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
+    const float scale = kTransformLogits ? (kSoftmax ? detail::kLog2eF : 1.f) : p.sm_scale_log2;
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
-      if (tile_needs_mask) {
+      if (kTransformLogits || tile_needs_mask) {
+        // Row by row, so the row's position and head (one division) and whatever a hook loads per
+        // head (ALiBi's slope) are computed once per row, not per element.
 #pragma unroll
-        for (int n = 0; n < kN8KV; ++n)
+        for (int h = 0; h < 2; ++h) {
+          const int packed = packed_row(mq, h);
+          const int qo_idx = packed / p.group_size;
+          const int qo_pos = e.q_pos_offset + qo_idx;
+          const int qo_head = kv_head * p.group_size + (packed - qo_idx * p.group_size);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int key = keys[warp_col0 + n * 8 + 2 * t + (i & 1)];
-            const int packed = packed_row(mq, i / 2);
-            const bool visible = key >= 0 && Variant::visible(p, request, e.q_pos_offset + packed / p.group_size, key,
-                                                              kv_head * p.group_size + packed % p.group_size, kv_head);
-            if (!visible) s[mq][n][i] = -INFINITY;
-          }
-      }
+          for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float raw_max = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kN8KV; ++n) raw_max = fmaxf(raw_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
-        raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
-        raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 2));
-        const float row_max = fmaxf(st.m[mq][h], raw_max * scale);
-        // All keys so far masked: keep the state empty and make every p exactly 0.
-        const float base = row_max == -INFINITY ? 0.f : row_max;
-        const float rescale = fast_exp2(st.m[mq][h] - base);
-        st.m[mq][h] = row_max;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < kN8KV; ++n) {
-          s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -base));
-          s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -base));
-          sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+            for (int j = 0; j < 2; ++j) {
+              const int col = warp_col0 + n * 8 + 2 * t + j;
+              // Interior tiles of ragged and paged KV hold consecutive positions; edge tiles and
+              // block-sparse columns read the resolved key (-1: missing row).
+              const int key = tile_needs_mask || kFormat == KVFormatKind::kBlockSparse ? keys[col] : kv_begin + col;
+              float& x = s[mq][n][2 * h + j];
+              if constexpr (kTransformLogits) {
+                x = Variant::logits_transform(vp, e, x * p.sm_scale, request, qo_pos, key, qo_head, kv_head);
+              }
+              if (tile_needs_mask) {
+                const bool visible = key >= 0 && (!p.causal || key <= qo_pos) &&
+                                     (!Variant::kHasMask || Variant::logits_mask(vp, e, request, qo_pos, key, qo_head,
+                                                                                 kv_head));
+                if (!visible) x = kSoftmax ? -INFINITY : 0.f;
+              }
+            }
         }
-        st.d[mq][h] = st.d[mq][h] * rescale + sum;
-        // Once the running max settles (most tiles of a long row) no lane rescales.
-        if (!__all_sync(0xffffffffu, rescale == 1.f)) {
+      }
+      if constexpr (kSoftmax) {
 #pragma unroll
-          for (int n = 0; n < kN8D; ++n) {
-            o[mq][n][2 * h] *= rescale;
-            o[mq][n][2 * h + 1] *= rescale;
+        for (int h = 0; h < 2; ++h) {
+          float raw_max = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < kN8KV; ++n) raw_max = fmaxf(raw_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+          raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
+          raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 2));
+          const float row_max = fmaxf(st.m[mq][h], raw_max * scale);
+          // All keys so far masked: keep the state empty and make every p exactly 0.
+          const float base = row_max == -INFINITY ? 0.f : row_max;
+          const float rescale = fast_exp2(st.m[mq][h] - base);
+          st.m[mq][h] = row_max;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < kN8KV; ++n) {
+            s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -base));
+            s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -base));
+            sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+          }
+          st.d[mq][h] = st.d[mq][h] * rescale + sum;
+          // Once the running max settles (most tiles of a long row) no lane rescales.
+          if (!__all_sync(0xffffffffu, rescale == 1.f)) {
+#pragma unroll
+            for (int n = 0; n < kN8D; ++n) {
+              o[mq][n][2 * h] *= rescale;
+              o[mq][n][2 * h + 1] *= rescale;
+            }
           }
         }
       }
@@ -401,6 +522,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
       st.d[mq][h] += __shfl_xor_sync(0xffffffffu, st.d[mq][h], 2);
     }
 
+  // Final value of output element `dim` of query row qo_idx, head `head`, from its accumulator.
+  auto final_value = [&](float acc, float inv, int qo_idx, int head, int dim) {
+    const float value = acc * inv;
+    if constexpr (Variant::kHasOutputTransform) {
+      return Variant::output_transform(vp, e, value, request, e.q_pos_offset + qo_idx, head, dim);
+    }
+    return value;
+  };
+  // Softmax off: the sums are the output (inv 1) and there is no log-sum-exp.
+  auto normaliser = [&](float d) { return !kSoftmax ? 1.f : d > 0.f ? 1.f / d : 0.f; };
+  auto log_sum_exp = [&](float m, float d) { return !kSoftmax ? NAN : d > 0.f ? m + log2f(d) : -INFINITY; };
+
   if constexpr (Traits::NUM_WARPS_KV > 1) {
     // Each warp saw a different slice of every KV tile: merge the warps' states (same rows).
     __syncthreads();
@@ -444,8 +577,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
       const int qo_idx = packed / p.group_size;
       if (qo_idx >= e.qo_len) continue;
       const int head = kv_head * p.group_size + packed % p.group_size;
-      const float inv = d_sum > 0.f ? 1.f / d_sum : 0.f;
-      const float lse = d_sum > 0.f ? m_max + log2f(d_sum) : -INFINITY;
+      const float inv = normaliser(d_sum);
+      const float lse = log_sum_exp(m_max, d_sum);
       if (out.partial_o != nullptr) {
         float* dst = out.partial_o + row * Traits::HEAD_DIM + c0;  // [8] of [CTA_TILE_Q][HEAD_DIM]
         *reinterpret_cast<float4*>(dst) = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
@@ -455,7 +588,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
       }
       uint32_t packed_out[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) packed_out[j] = pack_pair<T>(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+      for (int j = 0; j < 4; ++j) {
+        packed_out[j] = pack_pair<T>(final_value(acc[2 * j], inv, qo_idx, head, c0 + 2 * j),
+                                     final_value(acc[2 * j + 1], inv, qo_idx, head, c0 + 2 * j + 1));
+      }
       T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + c0;
       *reinterpret_cast<uint4*>(dst) = make_uint4(packed_out[0], packed_out[1], packed_out[2], packed_out[3]);
       if (p.lse != nullptr && c0 == 0) {
@@ -470,8 +606,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
         const int packed = packed_row(mq, h);
         const int qo_idx = packed / p.group_size, head = kv_head * p.group_size + packed % p.group_size;
         if (qo_idx >= e.qo_len) continue;
-        const float inv = st.d[mq][h] > 0.f ? 1.f / st.d[mq][h] : 0.f;
-        const float lse = st.d[mq][h] > 0.f ? st.m[mq][h] + log2f(st.d[mq][h]) : -INFINITY;
+        const float inv = normaliser(st.d[mq][h]);
+        const float lse = log_sum_exp(st.m[mq][h], st.d[mq][h]);
         if (out.partial_o != nullptr) {
           const int row = packed - packed_begin;
           float* dst = out.partial_o + row * Traits::HEAD_DIM + 2 * t;  // row of [CTA_TILE_Q][HEAD_DIM]
@@ -485,7 +621,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
         T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + 2 * t;
 #pragma unroll
         for (int n = 0; n < kN8D; ++n) {
-          *reinterpret_cast<uint32_t*>(dst + n * 8) = pack_pair<T>(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+          *reinterpret_cast<uint32_t*>(dst + n * 8) =
+              pack_pair<T>(final_value(o[mq][n][2 * h], inv, qo_idx, head, n * 8 + 2 * t),
+                           final_value(o[mq][n][2 * h + 1], inv, qo_idx, head, n * 8 + 2 * t + 1));
         }
         if (p.lse != nullptr && t == 0) {
           p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = lse;
@@ -494,10 +632,24 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const RequestExt
   }
 }
 
+/// The KV span of a query tile: [kv_first, kv_end) of the request, clipped by causal masking
+/// (nothing past the last row's position; the planner mirrors this clip) and by the variant.
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+TESSERA_DEVICE KVSpan tile_kv_span(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
+                                   int packed_begin, int kv_first, int kv_end) {
+  const int q_pos_first = e.q_pos_offset + packed_begin / p.group_size;
+  const int q_pos_last = e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
+  if (kFormat != KVFormatKind::kBlockSparse) {
+    if (p.causal) kv_end = max(kv_first, min(kv_end, q_pos_last + 1));
+    return Variant::visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end);
+  }
+  return KVSpan{kv_first, kv_first, kv_first, kv_end};  // columns, not positions: no clipping
+}
+
 /// One-shot grid: blockIdx = (query tile, request, KV head), each CTA the tile's whole KV range.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
-attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) {
+attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, const int32_t num_q_tiles) {
   extern __shared__ __align__(128) char smem_raw[];
   // Heaviest causal tiles (the last query rows) are scheduled first.
   const int q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x);
@@ -505,13 +657,8 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
   const RequestExtent e = request_extent<kFormat>(p, request);
   const int packed_begin = q_tile * Traits::CTA_TILE_Q;
   if (packed_begin >= e.qo_len * p.group_size) return;
-  // With causal masking nothing past the last row's position (the planner mirrors this clip).
-  const int last_qo = min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
-  int kv_end = e.kv_len;
-  if (kFormat != KVFormatKind::kBlockSparse && Variant::kCausalSkip && p.causal) {
-    kv_end = max(0, min(kv_end, e.q_pos_offset + last_qo + 1));
-  }
-  attention_tile<Traits, kFormat, Variant>(p, e, request, kv_head, packed_begin, 0, kv_end, TileOutput{nullptr, nullptr},
+  const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, packed_begin, 0, e.kv_len);
+  attention_tile<Traits, kFormat, Variant>(p, vp, e, request, kv_head, packed_begin, span, TileOutput{nullptr, nullptr},
                                            smem_raw);
 }
 
@@ -519,7 +666,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const int32_t num_q_tiles) 
 /// planned items cta_indptr[c] .. cta_indptr[c+1]-1 for its KV head, in order.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
-attention_persistent_kernel(const AttentionParams<T> p, const PlannedWork work) {
+attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
   extern __shared__ __align__(128) char smem_raw[];
   const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
@@ -533,9 +680,10 @@ attention_persistent_kernel(const AttentionParams<T> p, const PlannedWork work) 
       out.partial_o = work.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
       out.partial_lse = work.partial_lse + slot * Traits::CTA_TILE_Q;
     }
+    const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, item.packed_begin, max(item.kv_begin, 0),
+                                                               min(item.kv_end, e.kv_len));
     __syncthreads();  // the previous item's last shared-memory reads are done
-    attention_tile<Traits, kFormat, Variant>(p, e, item.request, kv_head, item.packed_begin, max(item.kv_begin, 0),
-                                             min(item.kv_end, e.kv_len), out, smem_raw);
+    attention_tile<Traits, kFormat, Variant>(p, vp, e, item.request, kv_head, item.packed_begin, span, out, smem_raw);
   }
 }
 

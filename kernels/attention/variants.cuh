@@ -1,28 +1,164 @@
-// Attention variants (DESIGN.md §1.2). A variant is a struct of static hooks the kernel
-// templates call; the kernels know nothing else about masking or logit transforms. This issue
-// ships the default variant (softmax attention, optional causal mask); the variants issue adds
-// the full hook set (query/key/value/output transforms, soft-cap, ALiBi, windows, custom masks)
-// in the same shape, and JIT-generated user variants plug in as further structs.
+// Attention variants (DESIGN.md §1.2). A variant is a struct of static hooks the kernel templates
+// call; the kernels know nothing else about masking or logit transforms:
+//
+//   kUseSoftmax                  false: the transformed logits are the weights (no max, no sum)
+//   kHasQueryTransform ...       which hooks do something (the kernels skip the others' passes)
+//   query_transform / key_transform / value_transform (vp, e, pair, batch, qo_pos, kv_idx,
+//                                qo_head, kv_head, dim) -> float2: elements dim and dim + D/2
+//   logits_transform(vp, e, x, batch, qo_pos, kv_idx, qo_head, kv_head) -> float (x natural units)
+//   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal)
+//   output_transform(vp, e, value, batch, qo_pos, qo_head, dim) -> float
+//   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of
+//                                the rows may see, so whole tiles outside it are never loaded
+//   tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin, kv_last) -> bool: every pair of the tile
+//                                passes logits_mask, so its evaluation is skipped
+//
+// `e` is the request's extent (qo_len, kv_len: a custom mask needs the row width). Every variant
+// kernel takes one VariantParams block by value: the built-in variants' fields and the slots of a
+// user variant's extra parameters, one layout for the host (src/variant), the prebuilt kernels and
+// the JIT-generated ones.
+//
+// The default variant is BuiltinVariant<0>. Built-in features are bits of its template argument
+// and compose: masks AND together, logit transforms apply ALiBi, then soft-cap, then sigmoid.
+// JIT-generated user variants derive from a BuiltinVariant and chain their hooks after its own.
 #pragma once
 
 #include "kernels/attention/params.cuh"
+#include "kernels/attention/variant_params.cuh"
+#include "kernels/common/math.cuh"
 
 namespace tessera {
 namespace kernels {
 
-struct DefaultVariant {
-  /// The kernels may skip KV tiles that lie entirely after a tile's last query position.
-  static constexpr bool kCausalSkip = true;
-  /// Evaluate visible() on every tile, not only on tiles crossing the diagonal or the end.
-  static constexpr bool kAlwaysMask = false;
+namespace detail {
 
-  /// LogitsMask: may query `qo_pos` (absolute position) of head `qo_head` see key `kv_idx`?
-  template <typename T>
-  static TESSERA_DEVICE bool visible(const AttentionParams<T>& p, int /*batch*/, int qo_pos, int kv_idx,
-                                     int /*qo_head*/, int /*kv_head*/) {
-    return !p.causal || kv_idx <= qo_pos;
+constexpr float kLog2eF = 1.4426950408889634f;
+
+TESSERA_DEVICE float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Rotation angle per position unit of frequency index `i` (0 <= i < head_dim / 2).
+TESSERA_DEVICE float rope_frequency(const VariantParams& vp, int i, int head_dim) {
+  float freq = exp2f(-vp.rope_log2_theta * (2.f * static_cast<float>(i) / static_cast<float>(head_dim)));
+  if (vp.rope_kind == static_cast<int32_t>(RopeKind::kLlama31)) {
+    const float wavelen = 6.283185307179586f / freq;
+    if (wavelen > vp.llama31_low_freq_wavelen) {
+      freq = freq / vp.llama31_factor;
+    } else if (wavelen >= vp.llama31_high_freq_wavelen) {
+      const float smooth = vp.llama31_smooth_scale / wavelen - vp.llama31_smooth_bias;
+      freq = (1.f - smooth) * freq / vp.llama31_factor + smooth * freq;
+    }
+  }
+  return freq;
+}
+
+/// Non-interleaved rotation of the pair (x[dim], x[dim + D/2]) at `position`.
+TESSERA_DEVICE float2 rope_rotate(const VariantParams& vp, float2 x, int position, int dim, int head_dim) {
+  const float angle = static_cast<float>(position) * vp.rope_rcp_scale * rope_frequency(vp, dim, head_dim);
+  float s, c;
+  sincosf(angle, &s, &c);
+  return make_float2(x.x * c - x.y * s, x.y * c + x.x * s);
+}
+
+}  // namespace detail
+
+template <uint32_t kFeatures>
+struct BuiltinVariant {
+  static constexpr uint32_t kBuiltinFeatures = kFeatures;
+  static constexpr bool kWindow = (kFeatures & feature::kWindow) != 0;
+  static constexpr bool kSinks = (kFeatures & feature::kSinks) != 0;
+  static constexpr bool kSoftCap = (kFeatures & feature::kSoftCap) != 0;
+  static constexpr bool kAlibi = (kFeatures & feature::kAlibi) != 0;
+  static constexpr bool kSigmoid = (kFeatures & feature::kSigmoid) != 0;
+  static constexpr bool kCustomMask = (kFeatures & feature::kCustomMask) != 0;
+  static constexpr bool kRope = (kFeatures & feature::kRope) != 0;
+  static_assert(!kSinks || kWindow, "attention sinks extend a sliding window");
+
+  static constexpr bool kUseSoftmax = !kSigmoid;
+  static constexpr bool kHasQueryTransform = kRope;
+  static constexpr bool kHasKeyTransform = kRope;
+  static constexpr bool kHasValueTransform = false;
+  static constexpr bool kHasLogitsTransform = kSoftCap || kAlibi || kSigmoid;
+  static constexpr bool kHasMask = kWindow || kCustomMask;
+  static constexpr bool kHasOutputTransform = false;
+
+  static TESSERA_DEVICE float2 query_transform(const VariantParams& vp, const RequestExtent&, float2 x, int batch,
+                                               int qo_pos, int /*kv_idx*/, int /*qo_head*/, int /*kv_head*/, int dim,
+                                               int head_dim) {
+    if constexpr (kRope) {
+      const int offset = vp.rope_q_offset != nullptr ? vp.rope_q_offset[batch] : 0;
+      return detail::rope_rotate(vp, x, qo_pos + offset, dim, head_dim);
+    }
+    return x;
+  }
+  static TESSERA_DEVICE float2 key_transform(const VariantParams& vp, const RequestExtent&, float2 x, int batch,
+                                             int /*qo_pos*/, int kv_idx, int /*qo_head*/, int /*kv_head*/, int dim,
+                                             int head_dim) {
+    if constexpr (kRope) {
+      const int offset = vp.rope_k_offset != nullptr ? vp.rope_k_offset[batch] : 0;
+      return detail::rope_rotate(vp, x, kv_idx + offset, dim, head_dim);
+    }
+    return x;
+  }
+  static TESSERA_DEVICE float2 value_transform(const VariantParams&, const RequestExtent&, float2 x, int, int, int,
+                                               int, int, int, int) {
+    return x;
+  }
+
+  static TESSERA_DEVICE float logits_transform(const VariantParams& vp, const RequestExtent&, float x, int /*batch*/,
+                                               int qo_pos, int kv_idx, int qo_head, int /*kv_head*/) {
+    if constexpr (kAlibi) x += vp.alibi_slopes[qo_head] * static_cast<float>(kv_idx - qo_pos);
+    if constexpr (kSoftCap) x = vp.soft_cap * detail::tanh_approx(x * vp.inv_soft_cap);
+    // Approximate exp2 and reciprocal (MUFU): their ~2^-22 relative error is far below the
+    // 16-bit P the weights are rounded to.
+    if constexpr (kSigmoid) x = fast_rcp(1.f + fast_exp2(-(x + vp.sigmoid_bias) * detail::kLog2eF));
+    return x;
+  }
+
+  static TESSERA_DEVICE bool logits_mask(const VariantParams& vp, const RequestExtent& e, int batch, int qo_pos,
+                                         int kv_idx, int /*qo_head*/, int /*kv_head*/) {
+    bool visible = true;
+    if constexpr (kWindow) {
+      visible = kv_idx >= qo_pos - vp.window_left;
+      if constexpr (kSinks) visible = visible || kv_idx < vp.num_sink_tokens;
+    }
+    if constexpr (kCustomMask) {
+      const int64_t bit = static_cast<int64_t>(qo_pos - e.q_pos_offset) * e.kv_len + kv_idx;
+      const uint8_t byte = vp.custom_mask[vp.custom_mask_indptr[batch] + (bit >> 3)];
+      visible = visible && ((byte >> (bit & 7)) & 1);
+    }
+    return visible;
+  }
+
+  static TESSERA_DEVICE float output_transform(const VariantParams&, const RequestExtent&, float value, int, int, int,
+                                               int) {
+    return value;
+  }
+
+  static TESSERA_DEVICE KVSpan visible_span(const VariantParams& vp, int q_pos_first, int /*q_pos_last*/,
+                                            int kv_first, int kv_end) {
+    KVSpan s{kv_first, kv_first, kv_first, kv_end};
+    if constexpr (kWindow) {
+      // The tile's first row sees the window's lowest keys; nothing before them (but sinks).
+      const int lo = max(kv_first, q_pos_first - vp.window_left);
+      s.begin = min(lo, kv_end);
+      if constexpr (kSinks) s.seg0_end = max(kv_first, min(min(vp.num_sink_tokens, s.begin), kv_end));
+    }
+    return s;
+  }
+
+  static TESSERA_DEVICE bool tile_unmasked(const VariantParams& vp, int /*q_pos_first*/, int q_pos_last,
+                                           int kv_begin, int /*kv_last*/) {
+    if constexpr (kCustomMask) return false;
+    if constexpr (kWindow) return kv_begin >= q_pos_last - vp.window_left;
+    return true;
   }
 };
+
+using DefaultVariant = BuiltinVariant<0>;
 
 }  // namespace kernels
 }  // namespace tessera

@@ -10,6 +10,9 @@
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
 
 #define TESSERA_DEVICE __device__ __forceinline__
 #define TESSERA_HOST_DEVICE __host__ __device__ __forceinline__
@@ -21,6 +24,7 @@ using int32_t = cuda::std::int32_t;
 using int64_t = cuda::std::int64_t;
 using uint32_t = cuda::std::uint32_t;
 using uint64_t = cuda::std::uint64_t;
+using uint8_t = cuda::std::uint8_t;
 
 constexpr int kWarpSize = 32;
 

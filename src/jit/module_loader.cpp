@@ -18,6 +18,8 @@ struct Driver {
   decltype(&cuModuleLoadData) module_load_data = nullptr;
   decltype(&cuModuleGetFunction) module_get_function = nullptr;
   decltype(&cuGetErrorName) get_error_name = nullptr;
+  decltype(&cuFuncSetAttribute) func_set_attribute = nullptr;
+  decltype(&cuLaunchKernel) launch_kernel = nullptr;
 };
 
 template <typename F>
@@ -38,17 +40,23 @@ const Driver& driver() {
     resolve("cuModuleLoadData", &r.module_load_data);
     resolve("cuModuleGetFunction", &r.module_get_function);
     resolve("cuGetErrorName", &r.get_error_name);
+    resolve("cuFuncSetAttribute", &r.func_set_attribute);
+    resolve("cuLaunchKernel", &r.launch_kernel);
     return r;
   }();
   return d;
 }
 
-void check_cu(CUresult result, const char* call, const CachedKernel& kernel) {
-  if (result == CUDA_SUCCESS) return;
+const char* result_name(CUresult result) {
   const char* name = nullptr;
   if (driver().get_error_name(result, &name) != CUDA_SUCCESS || name == nullptr) name = "unknown CUresult";
+  return name;
+}
+
+void check_cu(CUresult result, const char* call, const CachedKernel& kernel) {
+  if (result == CUDA_SUCCESS) return;
   TESSERA_FAIL(StatusCode::kCudaError) << call << " failed for JIT kernel '" << kernel.name << "' (sm_"
-                                       << kernel.arch << ", " << kernel.key << "): " << name << " ("
+                                       << kernel.arch << ", " << kernel.key << "): " << result_name(result) << " ("
                                        << static_cast<int>(result) << ")";
 }
 
@@ -80,6 +88,23 @@ CUfunction get_function(const CachedKernel& kernel, const std::string& name_expr
   CUfunction fn = nullptr;
   check_cu(driver().module_get_function(&fn, module, lowered.c_str()), "cuModuleGetFunction", kernel);
   return fn;
+}
+
+void set_max_dynamic_shared_memory(CUfunction fn, int bytes, const std::string& what) {
+  const CUresult r = driver().func_set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+  TESSERA_CHECK(r == CUDA_SUCCESS, StatusCode::kCudaError)
+      << "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = " << bytes << ") failed for " << what << ": "
+      << result_name(r);
+}
+
+void launch(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, int smem_bytes,
+            CUstream stream, void** args, const std::string& what) {
+  const CUresult r =
+      driver().launch_kernel(fn, grid_x, grid_y, grid_z, block_x, 1, 1, static_cast<unsigned>(smem_bytes), stream, args,
+                             nullptr);
+  TESSERA_CHECK(r == CUDA_SUCCESS, StatusCode::kCudaError)
+      << "cuLaunchKernel failed for " << what << " (grid " << grid_x << " x " << grid_y << " x " << grid_z << ", "
+      << block_x << " threads, " << smem_bytes << " B shared memory): " << result_name(r);
 }
 
 }  // namespace jit

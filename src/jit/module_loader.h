@@ -26,5 +26,12 @@ CUmodule load_module(const CachedKernel& kernel);
 /// The function of `kernel` named by `name_expression` (one of its request's name expressions).
 CUfunction get_function(const CachedKernel& kernel, const std::string& name_expression);
 
+/// Lets `fn` use `bytes` of dynamic shared memory (cuFuncSetAttribute); `what` names it in errors.
+void set_max_dynamic_shared_memory(CUfunction fn, int bytes, const std::string& what);
+
+/// cuLaunchKernel of a 1-D block; errors are tessera::Error(kCudaError) naming `what`.
+void launch(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, int smem_bytes,
+            CUstream stream, void** args, const std::string& what);
+
 }  // namespace jit
 }  // namespace tessera

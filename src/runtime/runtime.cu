@@ -251,7 +251,8 @@ class AttentionRuntime {
     TESSERA_CHECK_ARG(sm_scale != 0.0 && std::isfinite(sm_scale))
         << "shape.attention.sm_scale = " << shape.attention.sm_scale
         << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
-    if (options_.cuda_graph) check_graph_invariants(in, shape);
+    const ResolvedVariant variant = plan_variant(shape, heads, batch);
+    if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
     // Query tile and grid.
     QTile q_tile = graph_tile_;
@@ -324,6 +325,7 @@ class AttentionRuntime {
     planned_ = true;
     plan_stream_ = s;
     shape_ = shape;
+    variant_ = variant;
     q_tile_ = q_tile;
     batch_ = batch;
     total_qo_ = total_qo;
@@ -412,14 +414,41 @@ class AttentionRuntime {
     launch.contraction_blocks =
         merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
     switch (shape_.head_dim) {
-      case 64: return launch_persistent_head_dim<T, 64>(p, format_, q_tile_, launch, s);
-      case 128: return launch_persistent_head_dim<T, 128>(p, format_, q_tile_, launch, s);
-      case 256: return launch_persistent_head_dim<T, 256>(p, format_, q_tile_, launch, s);
+      case 64: return launch_persistent_head_dim<T, 64>(p, variant_, format_, q_tile_, launch, s);
+      case 128: return launch_persistent_head_dim<T, 128>(p, variant_, format_, q_tile_, launch, s);
+      case 256: return launch_persistent_head_dim<T, 256>(p, variant_, format_, q_tile_, launch, s);
     }
     TESSERA_FAIL(StatusCode::kInternal) << "head_dim " << shape_.head_dim;
   }
 
  private:
+  /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants
+  /// without an output transform qualify: the built-in masks and logit transforms and RoPE.
+  ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch) const {
+    const VariantOptions& v = shape.attention.variant;
+    TESSERA_CHECK(!v.sigmoid, StatusCode::kUnsupported)
+        << "shape.attention.variant.sigmoid: softmax-free attention cannot be merged across split KV chunks; "
+           "use the one-shot entry points of tessera/attention.h";
+    TESSERA_CHECK(v.user == nullptr, StatusCode::kUnsupported)
+        << "shape.attention.variant.user: user variants run through the one-shot entry points of "
+           "tessera/attention.h, not the plan/run runtime";
+    TESSERA_CHECK(!v.custom_mask.defined(), StatusCode::kUnsupported)
+        << "shape.attention.variant.custom_mask is not supported by the plan/run runtime yet; use the one-shot "
+           "entry points of tessera/attention.h";
+    int device = 0;
+    TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+    TensorView on_device;  // stands for the tensors of run(): variant tensors must be on this device
+    on_device.device = Device::cuda(device);
+    VariantContext ctx;
+    ctx.q = &on_device;
+    ctx.batch_size = batch;
+    ctx.num_qo_heads = heads.num_qo_heads;
+    ctx.head_dim = heads.head_dim;
+    ctx.sm_scale = resolved_sm_scale(shape.attention, heads.head_dim);
+    ctx.block_sparse = format_ == KVFormatKind::kBlockSparse;
+    return resolve_variant(v, ctx);
+  }
+
   void check_options() const {
     TESSERA_CHECK_ARG(options_.split_kv == SplitKV::kAuto || options_.split_kv == SplitKV::kFixed ||
                       options_.split_kv == SplitKV::kNone)
@@ -454,7 +483,7 @@ class AttentionRuntime {
     return std::max(1, ctas / std::max(1, num_kv_heads));
   }
 
-  void check_graph_invariants(const PlanInput& in, const PlanShape& shape) const {
+  void check_graph_invariants(const PlanInput& in, const PlanShape& shape, const ResolvedVariant& variant) const {
     TESSERA_CHECK_ARG(shape.num_kv_heads == bounds_.num_kv_heads && shape.head_dim == bounds_.head_dim)
         << "cuda_graph: shape has num_kv_heads = " << shape.num_kv_heads << ", head_dim = " << shape.head_dim
         << ", expected the bounds' " << bounds_.num_kv_heads << " and " << bounds_.head_dim
@@ -469,6 +498,10 @@ class AttentionRuntime {
            "shape, which a captured run() has baked in (first plan: num_qo_heads = "
         << shape_.num_qo_heads << ", causal = " << shape_.attention.causal << ", page_size = " << page_size_
         << "; this plan: " << shape.num_qo_heads << ", " << shape.attention.causal << ", " << in.page_size << ")";
+    TESSERA_CHECK_ARG(variant.features == variant_.features &&
+                      std::memcmp(&variant.params, &variant_.params, sizeof(variant.params)) == 0)
+        << "cuda_graph: this plan changes shape.attention.variant (features " << variant.features << ", first plan "
+        << variant_.features << " or one of its values), which a captured run() has baked in";
   }
 
   static WorkspaceLayout compute_layout(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
@@ -535,6 +568,7 @@ class AttentionRuntime {
   bool planned_ = false;
   cudaStream_t plan_stream_ = nullptr;
   PlanShape shape_;
+  ResolvedVariant variant_;
   QTile q_tile_ = QTile::k16;
   int64_t batch_ = 0, total_qo_ = 0, total_kv_units_ = 0;
   int64_t page_size_ = 0, block_rows_ = 0, num_rows_ = 0, num_cols_ = 0;

@@ -1,0 +1,71 @@
+// JIT compilation of variant kernels (DESIGN.md §7): a ResolvedVariant plus a kernel template and
+// its other template arguments give one generated translation unit, compiled by NVRTC for the
+// current GPU through the kernel cache (memory, disk) and loaded with the driver API.
+//
+// The generated unit is:
+//   #include "<kernel header>"
+//   namespace tessera_user {
+//   struct Params { alignas(8) <type> <name>; ... };   // the VariantSpec's params, one 8-byte slot each
+//   #line 1 "user_snippet"
+//   <the user's source>
+//   #line N "generated"
+//   <per hook: a detector (is it defined?) and a caller that falls back to the identity>
+//   }
+//   struct TesseraJitVariant : tessera::kernels::BuiltinVariant<features> {
+//     <each hook: the built-in one, then the user's>
+//   };
+// and the kernel is `&<kernel template><<before>, TesseraJitVariant, <after>>`.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "src/variant/variant_config.h"
+
+namespace tessera {
+namespace detail {
+
+/// The start of the user's namespace in a generated unit: the libc++ headers the generated code
+/// uses, `namespace tessera_user {` (left open), the kernels' integer types, and
+/// `struct Params { alignas(8) <type> <name>; ... };` with one 8-byte slot per parameter in
+/// declaration order (the layout of kernels::VariantParams::extra). The parameters must have been
+/// validated (fill_param_slots): a tensor of another dtype is an internal error here.
+std::string user_params_prologue(const std::vector<VariantParam>& params);
+
+/// One kernel instantiation for a variant.
+struct VariantKernelRequest {
+  std::string header;         ///< kernel header to include, e.g. "kernels/attention/prefill.cuh"
+  std::string kernel;         ///< template name, e.g. "tessera::kernels::attention_prefill_kernel"
+  std::string args_before;    ///< template arguments before the variant
+  std::string args_after;     ///< template arguments after the variant
+  int dynamic_smem_bytes = 0; ///< opted in on the function once loaded
+  std::string description;    ///< for the log line and errors, e.g. "prefill D128 Q128 ragged bf16"
+};
+
+/// The generated translation unit (without the kernel header's contents) and the name expression
+/// of the requested kernel.
+struct VariantSource {
+  std::string text;
+  std::string name_expression;
+  bool has_user_snippet = false;
+  size_t user_line_offset = 0;  ///< line of the unit where the snippet starts (for messages)
+};
+VariantSource variant_source(const ResolvedVariant& variant, const VariantKernelRequest& request);
+
+/// The compiled and loaded kernel for the current device (compiled on first use, then from the
+/// in-process map). Compile errors in the user's snippet are kInvalidArgument with NVRTC's log.
+CUfunction variant_kernel(const ResolvedVariant& variant, const VariantKernelRequest& request);
+
+/// Launches `fn` (from variant_kernel) on a 1-D block.
+void launch_variant_kernel(CUfunction fn, const VariantKernelRequest& request, unsigned grid_x, unsigned grid_y,
+                           unsigned grid_z, unsigned threads, void** args, cudaStream_t stream);
+
+/// "__half" / "__nv_bfloat16" for the kernels' element types.
+template <typename T>
+const char* cuda_type_name();
+
+}  // namespace detail
+}  // namespace tessera

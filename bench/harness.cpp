@@ -420,6 +420,22 @@ void BenchContext::report_tflops(const Timing& t, double flops, Params params,
   report(rate_result(t, flops, 1e12, kTFlops, kGemmCeiling, std::move(params), impl, workload));
 }
 
+void BenchContext::report_time(const Timing& t, const char* unit, Params params, const std::string& impl,
+                               const std::string& workload) {
+  const std::string u = unit;
+  if (u != kMicroseconds && u != kMilliseconds) {
+    throw FatalError("report_time: unit '" + u + "', expected \"us\" or \"ms\"");
+  }
+  Result r;
+  r.workload = workload;
+  r.impl = impl;
+  r.params = std::move(params);
+  r.timing = t;
+  r.metric = u;
+  r.value = u == kMilliseconds ? t.median_us * 1e-3 : t.median_us;
+  report(std::move(r));
+}
+
 // ------------------------------------------------------------------------------------------------
 // Registry
 

@@ -152,6 +152,9 @@ inline constexpr const char* kGemmCeiling = "gemm_bf16";  ///< TFLOP/s, 8192^3 b
 
 inline constexpr const char* kGBps = "GB/s";
 inline constexpr const char* kTFlops = "TFLOP/s";
+/// Wall-time metrics (no ceiling): the value is the median in that unit.
+inline constexpr const char* kMicroseconds = "us";
+inline constexpr const char* kMilliseconds = "ms";
 
 struct Result {
   std::string workload;
@@ -159,7 +162,7 @@ struct Result {
   std::string impl;  ///< "tessera", "cublas", "cudaMemcpy", ...
   Params params;
   Timing timing;
-  std::string metric;  ///< kGBps or kTFlops
+  std::string metric;  ///< kGBps, kTFlops, kMicroseconds or kMilliseconds
   double value = 0;
   std::string ceiling_name;  ///< empty: no ceiling
   double ceiling_value = 0;  ///< NaN when the ceiling was not measured
@@ -249,6 +252,12 @@ class BenchContext {
   /// value = flops / median time in TFLOP/s (1e12), as a fraction of the GEMM ceiling.
   void report_tflops(const Timing& t, double flops, Params params,
                      const std::string& impl = "tessera", const std::string& workload = "");
+
+  /// A wall time, not a rate: value = the median of `t` in `unit` (kMicroseconds or
+  /// kMilliseconds), no ceiling. `t` holds microseconds as every Timing does (host-clock
+  /// samples, e.g. from summarize(), are fine).
+  void report_time(const Timing& t, const char* unit, Params params, const std::string& impl = "tessera",
+                   const std::string& workload = "");
 
   /// Called by main() before each workload.
   void begin_workload(const Workload& w) { current_ = &w; }

@@ -16,11 +16,16 @@ namespace tessera {
 namespace detail {
 
 /// "tessera::kernels::PrefillTraits<...>, tessera::kernels::KVFormatKind::k..." for the JIT.
+template <kernels::KVFormatKind kFormat>
+constexpr const char* format_enumerator() {
+  return kFormat == kernels::KVFormatKind::kRagged  ? "kRagged"
+         : kFormat == kernels::KVFormatKind::kPaged ? "kPaged"
+                                                     : "kBlockSparse";
+}
+
 template <typename Traits, kernels::KVFormatKind kFormat>
 std::string prefill_template_args() {
-  const char* format = kFormat == kernels::KVFormatKind::kRagged  ? "kRagged"
-                       : kFormat == kernels::KVFormatKind::kPaged ? "kPaged"
-                                                                   : "kBlockSparse";
+  const char* format = format_enumerator<kFormat>();
   return str_cat("tessera::kernels::PrefillTraits<", cuda_type_name<typename Traits::DType>(), ", ", Traits::HEAD_DIM,
                  ", ", Traits::CTA_TILE_Q, ", ", Traits::CTA_TILE_KV, ", ", Traits::NUM_WARPS_Q, ", ",
                  Traits::NUM_WARPS_KV, ", ", Traits::kStages, ", ", Traits::kMinCtasPerSm,
@@ -36,8 +41,9 @@ VariantKernelRequest prefill_variant_request(const char* kernel_template, const 
   r.args_before = prefill_template_args<Traits, kFormat>();
   r.args_after = cuda_type_name<typename Traits::DType>();
   r.dynamic_smem_bytes = Traits::kSmemBytes;
+  // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
   r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV, " ",
-                          static_cast<int>(kFormat), " ", cuda_type_name<typename Traits::DType>());
+                          format_enumerator<kFormat>(), " ", cuda_type_name<typename Traits::DType>());
   return r;
 }
 

@@ -95,7 +95,7 @@ inline constexpr int kMaxVariantParams = 16;
 ///
 /// qo_idx is the query's position in its request's sequence (kv_len - qo_len + i, so causal is
 /// `kv_idx <= qo_idx` for prefill, decode and append alike); for block-sparse attention it is
-/// N - M + row and kv_idx the column. batch is the request (block-sparse: the block row).
+/// N - M + row and kv_idx the column. batch is the request (block-sparse: 0, one sequence).
 /// Functions are device functions (NVRTC compiles with -default-device); <cuda_fp16.h>,
 /// <cuda_bf16.h> and the CUDA math functions are available.
 struct VariantSpec {
@@ -174,7 +174,10 @@ VariantSpec flex_variant(std::string name, const MaskMod* mask, const ScoreMod* 
 /// block from being full); in the last column block, columns past kv_len count as hidden pairs, so
 /// such a block is at most partial (the kernels rely on mask evaluation to hide those columns).
 /// Query row r is passed as q_idx = kv_len - q_len + r; `batch` and `head` are passed as
-/// b and h (a mask that depends on h gives the block set of that head).
+/// b and h. block_sparse_attention shares one block set among all heads and passes b = 0: for a
+/// mask that depends on h (or on b), build with block_flags left undefined in the BlockSparse (the
+/// mask is then evaluated in every block) or make sure the set covers every head. Full flags skip
+/// every mask, so fold causal into the mask (and_masks) rather than setting options.causal.
 ///   indptr:      i32 [ceil(q_len / block_rows) + 1] on the device (written)
 ///   indices:     i32 [>= ceil(q_len / block_rows) * ceil(kv_len / block_cols)] (written; entries
 ///                past indptr[last] are left as they were)

@@ -262,6 +262,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 
   const KVTiles<Traits::CTA_TILE_KV> tiles(span);
   const int num_kv_tiles = tiles.count;
+  // The batch index the variant hooks see: block-sparse KV is one sequence whose block rows are
+  // this kernel's "requests".
+  const int batch = kFormat == KVFormatKind::kBlockSparse ? 0 : request;
 
   // Packed row r of this thread's m16 tile mq, half h (rows g and g+8).
   auto packed_row = [&](int mq, int h) { return packed_begin + warp_q * Traits::kWarpRowsQ + mq * 16 + g + 8 * h; };
@@ -346,7 +349,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
         transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(smem.q, [&](int row, int dim, float2& x) {
           const int packed = packed_begin + row, qo_idx = packed / p.group_size;
           if (qo_idx >= e.qo_len) return false;
-          x = Variant::query_transform(vp, e, x, request, e.q_pos_offset + qo_idx, -1,
+          x = Variant::query_transform(vp, e, x, batch, e.q_pos_offset + qo_idx, -1,
                                        kv_head * p.group_size + packed % p.group_size, kv_head, dim, Traits::HEAD_DIM);
           return true;
         });
@@ -354,14 +357,14 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       if constexpr (Variant::kHasKeyTransform) {
         transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(k_tile, [&](int row, int dim, float2& x) {
           if (keys[row] < 0) return false;
-          x = Variant::key_transform(vp, e, x, request, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
+          x = Variant::key_transform(vp, e, x, batch, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
           return true;
         });
       }
       if constexpr (Variant::kHasValueTransform) {
         transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
           if (keys[row] < 0) return false;
-          x = Variant::value_transform(vp, e, x, request, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
+          x = Variant::value_transform(vp, e, x, batch, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
           return true;
         });
       }
@@ -408,10 +411,15 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
                            !Variant::tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin,
                                                    kv_begin + Traits::CTA_TILE_KV - 1);
     if constexpr (kFormat == KVFormatKind::kBlockSparse) {
-      // Listed blocks flagged full need no mask (the flags cover every mask in effect).
+      // Listed blocks flagged full need no mask (the flags cover every mask in effect) as long as
+      // every column exists: an out-of-range block id or the padded last block keeps its mask,
+      // whatever its flag says, so missing columns never join the softmax.
       bool full = p.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
       for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV; pos += p.page_size - pos % p.page_size) {
-        full = p.block_flags[e.kv_begin + pos / p.page_size] != 0;
+        const int entry = e.kv_begin + pos / p.page_size;
+        const int32_t block = p.kv_indices[entry];
+        full = p.block_flags[entry] != 0 && block >= 0 &&
+               static_cast<int64_t>(block + 1) * p.page_size <= p.num_kv_rows;
       }
       tile_needs_mask = !full;
     }
@@ -438,11 +446,11 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
               const int key = tile_needs_mask || kFormat == KVFormatKind::kBlockSparse ? keys[col] : kv_begin + col;
               float& x = s[mq][n][2 * h + j];
               if constexpr (kTransformLogits) {
-                x = Variant::logits_transform(vp, e, x * p.sm_scale, request, qo_pos, key, qo_head, kv_head);
+                x = Variant::logits_transform(vp, e, x * p.sm_scale, batch, qo_pos, key, qo_head, kv_head);
               }
               if (tile_needs_mask) {
                 const bool visible = key >= 0 && (!p.causal || key <= qo_pos) &&
-                                     (!Variant::kHasMask || Variant::logits_mask(vp, e, request, qo_pos, key, qo_head,
+                                     (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head,
                                                                                  kv_head));
                 if (!visible) x = kSoftmax ? -INFINITY : 0.f;
               }
@@ -526,7 +534,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   auto final_value = [&](float acc, float inv, int qo_idx, int head, int dim) {
     const float value = acc * inv;
     if constexpr (Variant::kHasOutputTransform) {
-      return Variant::output_transform(vp, e, value, request, e.q_pos_offset + qo_idx, head, dim);
+      return Variant::output_transform(vp, e, value, batch, e.q_pos_offset + qo_idx, head, dim);
     }
     return value;
   };

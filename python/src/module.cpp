@@ -5,6 +5,12 @@
 // passes the caller's CUDA stream through as a StreamHandle, and maps tessera::Error onto Python
 // exceptions. Argument checking that names FlashInfer's argument names lives in the Python layer;
 // everything else is checked by the C++ library, whose messages reach Python unchanged.
+//
+// The attention entry points take the built-in variant options (tessera/variant.h) as keyword-only
+// arguments after the positional ones: window_left, logits_soft_cap, pos_encoding (with
+// rope_scale / rope_theta) and alibi_slopes (a f32 [num_qo_heads] device tensor the caller keeps
+// alive for as long as the call, or the plan, uses it); single_prefill also takes a packed custom
+// mask with its byte offsets.
 #include <cuda_runtime_api.h>
 #include <dlpack/dlpack.h>
 #include <nanobind/nanobind.h>
@@ -125,8 +131,46 @@ void translate_error(const std::exception_ptr& p, void*) {
   }
 }
 
+/// The built-in variant options the Python layer passes (FlashInfer's names); the defaults give
+/// the default variant (the ahead-of-time kernels).
+struct VariantArgs {
+  int64_t window_left = -1;
+  double logits_soft_cap = 0.0;
+  tessera::PosEncoding pos_encoding = tessera::PosEncoding::kNone;
+  double rope_scale = 1.0;
+  double rope_theta = 1e4;
+  TensorView alibi_slopes;
+  TensorView custom_mask;
+  TensorView custom_mask_indptr;
+
+  tessera::VariantOptions options() const {
+    tessera::VariantOptions v;
+    v.window_left = window_left;
+    v.logits_soft_cap = logits_soft_cap;
+    v.alibi_slopes = alibi_slopes;
+    v.custom_mask = custom_mask;
+    v.custom_mask_indptr = custom_mask_indptr;
+    v.rope.mode = pos_encoding;
+    v.rope.scale = rope_scale;
+    v.rope.theta = rope_theta;
+    return v;
+  }
+};
+
+VariantArgs variant_args(int64_t window_left, double logits_soft_cap, tessera::PosEncoding pos_encoding,
+                         double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
+  VariantArgs a;
+  a.window_left = window_left;
+  a.logits_soft_cap = logits_soft_cap;
+  a.pos_encoding = pos_encoding;
+  a.rope_scale = rope_scale;
+  a.rope_theta = rope_theta;
+  a.alibi_slopes = to_view(alibi_slopes, "alibi_slopes");
+  return a;
+}
+
 tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype,
-                              double sm_scale, bool causal) {
+                              double sm_scale, bool causal, const VariantArgs& variant) {
   tessera::PlanShape s;
   s.num_qo_heads = num_qo_heads;
   s.num_kv_heads = num_kv_heads;
@@ -134,6 +178,7 @@ tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_
   s.dtype = dtype;
   s.attention.sm_scale = sm_scale;
   s.attention.causal = causal;
+  s.attention.variant = variant.options();
   return s;
 }
 
@@ -248,6 +293,11 @@ NB_MODULE(_C, m) {
       .value("t16", tessera::QueryTile::k16)
       .value("t64", tessera::QueryTile::k64)
       .value("t128", tessera::QueryTile::k128);
+  nb::enum_<tessera::PosEncoding>(m, "PosEncoding",
+                                  "Rotary position embedding fused into the attention kernels (tessera/variant.h).")
+      .value("none", tessera::PosEncoding::kNone)
+      .value("rope_llama", tessera::PosEncoding::kRopeLlama)
+      .value("rope_llama31", tessera::PosEncoding::kRopeLlama31);
 
   nb::class_<tessera::RuntimeBounds>(m, "RuntimeBounds", "Upper bounds a runtime wrapper is built for.")
       .def(nb::init<>())
@@ -294,37 +344,66 @@ NB_MODULE(_C, m) {
   }, "Number of CUDA GPUs visible (0 when there is none or no driver).");
   m.def("cuda_device_properties", &device_properties, "device"_a,
         "name, compute capability (major, minor), SM count and memory of GPU `device`.");
+  m.def(
+      "alibi_slopes",
+      [](int64_t num_heads) {
+        std::vector<float> slopes;
+        checked([&] { slopes = tessera::alibi_slopes(num_heads); });
+        return slopes;
+      },
+      "num_heads"_a, "tessera::alibi_slopes: the standard ALiBi slopes of `num_heads` heads (host values).");
 
   // --- single-request attention -----------------------------------------------------------------
   m.def(
       "single_decode",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
-         double sm_scale, uintptr_t stream) {
+         double sm_scale, uintptr_t stream, int64_t window_left, double logits_soft_cap,
+         tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
         const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"), to = to_view(o, "out"),
                          tl = to_view(lse, "lse");
+        const VariantArgs variant =
+            variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
         DeviceGuard guard(tq);
         nb::gil_scoped_release release;
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
+        opt.variant = variant.options();
         checked([&] { tessera::single_decode(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
-      "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a,
-      "tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND).");
+      "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a, nb::kw_only(),
+      "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
+      "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+      "tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword "
+      "options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with "
+      "rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device).");
   m.def(
       "single_prefill",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
-         double sm_scale, bool causal, uintptr_t stream) {
+         double sm_scale, bool causal, uintptr_t stream, int64_t window_left,
+         double logits_soft_cap, tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta,
+         const OptArray& alibi_slopes, const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
         const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"), to = to_view(o, "out"),
                          tl = to_view(lse, "lse");
+        VariantArgs variant =
+            variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
+        variant.custom_mask = to_view(custom_mask, "packed_custom_mask");
+        variant.custom_mask_indptr = to_view(custom_mask_indptr, "custom_mask_indptr");
         DeviceGuard guard(tq);
         nb::gil_scoped_release release;
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
         opt.causal = causal;
+        opt.variant = variant.options();
         checked([&] { tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
-      "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode.");
+      nb::kw_only(), "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+      "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
+      "alibi_slopes"_a.none() = nb::none(), "custom_mask"_a.none() = nb::none(),
+      "custom_mask_indptr"_a.none() = nb::none(),
+      "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for "
+      "single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] "
+      "mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).");
 
   // --- state merge ------------------------------------------------------------------------------
   m.def(
@@ -401,20 +480,27 @@ NB_MODULE(_C, m) {
           "plan",
           [](tessera::BatchDecodeWrapper& w, const Array& kv_indptr, const Array& last_page_len, int64_t page_size,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale,
-             uintptr_t stream, int device) {
+             uintptr_t stream, int device, int64_t window_left, double logits_soft_cap,
+             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
             const TensorView ip = to_view(kv_indptr, "indptr"), lp = to_view(last_page_len, "last_page_len");
+            const VariantArgs variant =
+                variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
             checked([&] {
-              w.plan(ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false),
+              w.plan(ip, lp, page_size,
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false, variant),
                      to_stream(stream));
             });
           },
           "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a,
-          "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a,
-          "Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B].")
+          "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a, nb::kw_only(),
+          "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
+          "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+          "Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in "
+          "variants as for single_decode (alibi_slopes on GPU `device`, kept alive while the plan is used).")
       .def(
           "run",
           [](tessera::BatchDecodeWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
@@ -437,21 +523,29 @@ NB_MODULE(_C, m) {
           "plan",
           [](tessera::BatchPrefillPagedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
              const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
-             int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device) {
+             int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
+             int64_t window_left, double logits_soft_cap, tessera::PosEncoding pos_encoding, double rope_scale,
+             double rope_theta, const OptArray& alibi_slopes) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
                              lp = to_view(last_page_len, "paged_kv_last_page_len");
+            const VariantArgs variant =
+                variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
             checked([&] {
-              w.plan(qi, ip, lp, page_size, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
+              w.plan(qi, ip, lp, page_size,
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant),
                      to_stream(stream));
             });
           },
           "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
-          "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a,
-          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B].")
+          "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
+          "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
+          "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options: the "
+          "built-in variants as for BatchDecodeWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
@@ -474,19 +568,26 @@ NB_MODULE(_C, m) {
           "plan",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
-             uintptr_t stream, int device) {
+             uintptr_t stream, int device, int64_t window_left, double logits_soft_cap,
+             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
+            const VariantArgs variant =
+                variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
             checked([&] {
-              w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal),
+              w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant),
                      to_stream(stream));
             });
           },
           "qo_indptr"_a, "kv_indptr"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a,
-          "causal"_a, "stream"_a, "device"_a, "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1].")
+          "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+          "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
+          "alibi_slopes"_a.none() = nb::none(),
+          "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options: the built-in variants "
+          "as for BatchDecodeWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,

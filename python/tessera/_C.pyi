@@ -62,6 +62,17 @@ class QueryTile(enum.Enum):
 
     t128 = 128
 
+class PosEncoding(enum.Enum):
+    """
+    Rotary position embedding fused into the attention kernels (tessera/variant.h).
+    """
+
+    none = 0
+
+    rope_llama = 1
+
+    rope_llama31 = 2
+
 class RuntimeBounds:
     """Upper bounds a runtime wrapper is built for."""
 
@@ -165,13 +176,20 @@ def cuda_device_properties(device: int) -> dict:
     name, compute capability (major, minor), SM count and memory of GPU `device`.
     """
 
-def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int) -> None:
+def alibi_slopes(num_heads: int) -> list[float]:
     """
-    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND).
+    tessera::alibi_slopes: the standard ALiBi slopes of `num_heads` heads (host values).
     """
 
-def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int) -> None:
-    """tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode."""
+def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+    """
+    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device).
+    """
+
+def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
+    """
+    tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).
+    """
 
 def merge_state(v_a: NDArray, s_a: NDArray, v_b: NDArray, s_b: NDArray, v_out: NDArray, s_out: NDArray | None, stream: int) -> None:
     """tessera::merge_state (base-2 LSE)."""
@@ -206,8 +224,10 @@ class BatchDecodeWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int) -> None:
-        """Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]."""
+    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+        """
+        Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in variants as for single_decode (alibi_slopes on GPU `device`, kept alive while the plan is used).
+        """
 
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
         """
@@ -233,9 +253,9 @@ class BatchPrefillPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B].
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in variants as for BatchDecodeWrapper.plan.
         """
 
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
@@ -260,8 +280,10 @@ class BatchPrefillRaggedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int) -> None:
-        """Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]."""
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+        """
+        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options: the built-in variants as for BatchDecodeWrapper.plan.
+        """
 
     def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
         """

@@ -54,31 +54,152 @@ def check_kv_layout(kv_layout: Any, name: str = "kv_layout") -> Any:
     return _C().Layout.NHD if kv_layout == "NHD" else _C().Layout.HND
 
 
-def check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
-    """Only 'NONE' is implemented; 'ROPE_LLAMA'/'ALIBI' raise NotImplementedError."""
-    if pos_encoding_mode == "NONE":
-        return
-    if pos_encoding_mode in _POS_ENCODING_MODES:
-        raise unsupported("pos_encoding_mode", pos_encoding_mode, "'NONE'")
+def check_pos_encoding_mode(pos_encoding_mode: Any) -> str:
+    """'NONE', 'ROPE_LLAMA' or 'ALIBI' (FlashInfer's names); anything else raises ValueError."""
+    if isinstance(pos_encoding_mode, str) and pos_encoding_mode in _POS_ENCODING_MODES:
+        return pos_encoding_mode
     raise ValueError(
         f"pos_encoding_mode = {pos_encoding_mode!r}, expected one of {', '.join(map(repr, _POS_ENCODING_MODES))}"
     )
 
 
-def check_window_left(window_left: Any) -> None:
-    """Sliding windows are not implemented: only -1 (or None in run()) is accepted."""
-    if window_left is None or window_left == -1:
-        return
-    if not isinstance(window_left, int) or isinstance(window_left, bool):
-        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
-    raise unsupported("window_left", window_left, "-1 (no sliding window)")
+def check_window_left(window_left: Any) -> int:
+    """Sliding window: -1 (off) or the number of keys before the query's position it sees (>= 0).
+
+    An int (anything with __index__; bools rejected, TypeError); below -1 raises ValueError.
+    """
+    if isinstance(window_left, bool):
+        raise TypeError("window_left must be an int, got bool")
+    try:
+        value = operator.index(window_left)
+    except TypeError:
+        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}") from None
+    if value < -1 or value >= 2**31:
+        raise ValueError(f"window_left = {value}, expected -1 (no sliding window) or a value in [0, 2^31)")
+    return int(value)
 
 
-def check_logits_soft_cap(logits_soft_cap: Any) -> None:
-    """Soft-capping is not implemented: only None or 0 is accepted."""
-    if logits_soft_cap is None or logits_soft_cap == 0:
+def check_logits_soft_cap(logits_soft_cap: Any) -> float:
+    """None or 0 -> 0.0 (off); otherwise a finite float > 0 (TypeError / ValueError naming it)."""
+    if logits_soft_cap is None:
+        return 0.0
+    value = _finite_float("logits_soft_cap", logits_soft_cap, "None, 0 (off) or a finite value > 0")
+    if value < 0.0:
+        raise ValueError(f"logits_soft_cap = {logits_soft_cap!r}, expected None, 0 (off) or a finite value > 0")
+    return value
+
+
+def _finite_float(name: str, value: Any, expected: str) -> float:
+    """A real number (int, float, numpy scalar, one-element tensor; not a bool or a string)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}") from None
+    if not math.isfinite(result):
+        raise ValueError(f"{name} = {value!r}, expected {expected}")
+    return result
+
+
+class Variant:
+    """The built-in variant options of one call or plan, validated (FlashInfer's argument names).
+
+    pos_encoding_mode: 'NONE', 'ROPE_LLAMA' (RoPE with rope_scale / rope_theta) or 'ALIBI';
+    window_left: -1 or >= 0; logits_soft_cap: 0.0 (off) or > 0.
+    """
+
+    __slots__ = ("pos_encoding_mode", "window_left", "logits_soft_cap", "rope_scale", "rope_theta")
+
+    def __init__(self, pos_encoding_mode: str, window_left: int, logits_soft_cap: float, rope_scale: float,
+                 rope_theta: float) -> None:
+        self.pos_encoding_mode = pos_encoding_mode
+        self.window_left = window_left
+        self.logits_soft_cap = logits_soft_cap
+        self.rope_scale = rope_scale
+        self.rope_theta = rope_theta
+
+    @property
+    def alibi(self) -> bool:
+        return self.pos_encoding_mode == "ALIBI"
+
+    def kwargs(self, alibi_slopes: Optional["torch.Tensor"]) -> dict:
+        """The keyword arguments of tessera._C's attention entry points (alibi_slopes: the f32
+        [num_qo_heads] device tensor when pos_encoding_mode is 'ALIBI', else None)."""
+        C = _C()
+        rope = self.pos_encoding_mode == "ROPE_LLAMA"
+        return {
+            "window_left": self.window_left,
+            "logits_soft_cap": self.logits_soft_cap,
+            "pos_encoding": C.PosEncoding.rope_llama if rope else C.PosEncoding.none,
+            "rope_scale": self.rope_scale,
+            "rope_theta": self.rope_theta,
+            "alibi_slopes": alibi_slopes if self.alibi else None,
+        }
+
+
+def resolve_variant(
+    pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, rope_scale: Any, rope_theta: Any
+) -> Variant:
+    """Validates FlashInfer's variant options. rope_scale (default 1.0, > 0) and rope_theta (default
+    1e4, > 1) are checked only with pos_encoding_mode='ROPE_LLAMA' (FlashInfer ignores them otherwise)."""
+    mode = check_pos_encoding_mode(pos_encoding_mode)
+    window = check_window_left(window_left)
+    cap = check_logits_soft_cap(logits_soft_cap)
+    scale, theta = 1.0, 1e4
+    if mode == "ROPE_LLAMA":
+        if rope_scale is not None:
+            scale = _finite_float("rope_scale", rope_scale, "None (1.0) or a finite value > 0")
+            if scale <= 0.0:
+                raise ValueError(f"rope_scale = {rope_scale!r}, expected None (1.0) or a finite value > 0")
+        if rope_theta is not None:
+            theta = _finite_float("rope_theta", rope_theta, "None (1e4) or a finite value > 1")
+            if theta <= 1.0:
+                raise ValueError(f"rope_theta = {rope_theta!r}, expected None (1e4) or a finite value > 1")
+    return Variant(mode, window, cap, scale, theta)
+
+
+def check_run_window_left(window_left: Any, planned: int) -> None:
+    """run(window_left=...): None or the plan's value (the plan fixes the variant)."""
+    if window_left is None:
         return
-    raise unsupported("logits_soft_cap", logits_soft_cap, "None or 0.0")
+    value = check_window_left(window_left)
+    if value != planned:
+        raise NotImplementedError(
+            f"window_left={value} in run() differs from the plan's window_left={planned}; Tessera fixes the "
+            "sliding window at plan() (pass it to plan(), or leave run()'s window_left at None)"
+        )
+
+
+_ALIBI_SLOPES: dict = {}
+
+
+def alibi_slopes(num_heads: int, device: "torch.device") -> "torch.Tensor":
+    """The standard ALiBi slopes of `num_heads` heads (tessera::alibi_slopes) as a float32 tensor on
+    `device`. Cached per (heads, device) for the life of the process, as FlashInfer does: the same
+    tensor (and device pointer) every time, which a captured CUDA graph relies on."""
+    torch = _torch()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (int(num_heads), device.type, int(index))
+    t = _ALIBI_SLOPES.get(key)
+    if t is None:
+        t = torch.tensor(_C().alibi_slopes(int(num_heads)), dtype=torch.float32,
+                         device=torch.device(device.type, index))
+        _ALIBI_SLOPES[key] = t
+    return t
+
+
+def packbits_little(bits: "torch.Tensor") -> "torch.Tensor":
+    """A 1-D bool tensor packed into uint8, little bit order (bit k of byte i is element 8 i + k),
+    as flashinfer.packbits(..., bitorder="little"); on the tensor's device."""
+    torch = _torch()
+    b = bits.reshape(-1).to(torch.uint8)
+    pad = (-b.numel()) % 8
+    if pad:
+        b = torch.cat([b, b.new_zeros(pad)])
+    weights = torch.bitwise_left_shift(torch.ones(8, dtype=torch.int32, device=b.device),
+                                       torch.arange(8, dtype=torch.int32, device=b.device))
+    return (b.view(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
 
 
 def check_none(name: str, value: Any, what: str = "None") -> None:
@@ -337,17 +458,22 @@ def current_stream(device: "torch.device") -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def call(fn: Any, device_tensor: "torch.Tensor", *args: Any) -> Any:
+def call(fn: Any, device_tensor: "torch.Tensor", *args: Any, **kwargs: Any) -> Any:
     """Calls into tessera._C with `device_tensor`'s GPU current (PyTorch exports a CUDA tensor
     through DLPack only from its current device) and tensors that require grad detached (DLPack
     cannot carry autograd; these kernels are inference-only)."""
     torch = _torch()
-    args = tuple(a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
+
+    def plain(a: Any) -> Any:
+        return a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
+
+    args = tuple(plain(a) for a in args)
+    kwargs = {k: plain(a) for k, a in kwargs.items()}
     index = device_tensor.device.index
     if device_tensor.device.type != "cuda" or index is None or index == torch.cuda.current_device():
-        return fn(*args)
+        return fn(*args, **kwargs)
     with torch.cuda.device(index):
-        return fn(*args)
+        return fn(*args, **kwargs)
 
 
 def device_index(t: "torch.Tensor") -> int:

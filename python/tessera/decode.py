@@ -5,7 +5,18 @@
   runtime (plan once per generation step, run once per layer; CUDA-Graph capturable).
 
 Log-sum-exp values are base 2 (as FlashInfer's Python API): ``lse = log2(sum_j exp(s_j))`` over the
-scaled logits ``s_j = sm_scale * q.k_j``.
+scaled logits ``s_j = sm_scale * q.k_j`` (after the variant's transforms).
+
+Variants (FlashInfer's options; any non-default one is JIT-compiled on first use and cached): with
+the query at position ``p = kv_len - 1`` and key ``j``,
+
+- ``window_left = w >= 0``: key j is visible only if ``j >= p - w`` (sliding window);
+- ``logits_soft_cap = c > 0``: ``s = c * tanh(s / c)``;
+- ``pos_encoding_mode="ALIBI"``: ``s += slope[h] * (j - p)`` with the standard slopes of
+  ``num_qo_heads`` heads (before the soft-cap);
+- ``pos_encoding_mode="ROPE_LLAMA"``: q and k are rotated ("rotate half", Llama) at positions
+  p and j, angle ``(pos / rope_scale) * rope_theta^(-2d / head_dim)``, before the dot product
+  (the cache keeps un-rotated keys).
 """
 
 from __future__ import annotations
@@ -48,13 +59,16 @@ def single_decode_with_kv_cache(
             ``[num_kv_heads, kv_len, head_dim]`` (``"HND"``), q's dtype; any strides with a
             contiguous last dimension. ``num_qo_heads`` must be a multiple of ``num_kv_heads``.
         kv_layout: ``"NHD"`` or ``"HND"``.
-        pos_encoding_mode: only ``"NONE"`` (RoPE/ALiBi raise NotImplementedError).
+        pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE on q and k) or ``"ALIBI"`` (see the
+            module doc).
         use_tensor_cores: accepted for compatibility; Tessera picks the kernel itself.
         q_scale, k_scale, v_scale: fp8 scales, only ``None``/``1.0``.
-        window_left: only ``-1``.
-        logits_soft_cap: only ``None``/``0``.
+        window_left: sliding window, ``-1`` (off) or the number of keys before the query's
+            position it still sees.
+        logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``: ``cap * tanh(logits / cap)``.
         sm_scale: logit scale, default ``1/sqrt(head_dim)``.
-        rope_scale, rope_theta: ignored (no RoPE).
+        rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
+            ``pos_encoding_mode="ROPE_LLAMA"``.
         return_lse: also return the base-2 log-sum-exp, float32 ``[num_qo_heads]``.
 
     Returns:
@@ -63,12 +77,10 @@ def single_decode_with_kv_cache(
     """
     torch = U._torch()
     layout = U.check_kv_layout(kv_layout)
-    U.check_pos_encoding_mode(pos_encoding_mode)
     U.check_scale("q_scale", q_scale)
     U.check_scale("k_scale", k_scale)
     U.check_scale("v_scale", v_scale)
-    U.check_window_left(window_left)
-    U.check_logits_soft_cap(logits_soft_cap)
+    variant = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
     U.check_tensor("q", q, ndim=2, shape_hint="([num_qo_heads, head_dim])")
     U.check_attention_dtype(q.dtype, "q.dtype")
     U.check_tensor("k", k, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
@@ -87,7 +99,9 @@ def single_decode_with_kv_cache(
     U.check_same_device("v", v, "q", q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0],), dtype=torch.float32, device=q.device) if return_lse else None
-    U.call(U._C().single_decode, q, q, k, v, layout, out, lse, scale, U.current_stream(q.device))
+    slopes = U.alibi_slopes(int(q.shape[0]), q.device) if variant.alibi else None
+    U.call(U._C().single_decode, q, q, k, v, layout, out, lse, scale, U.current_stream(q.device),
+           **variant.kwargs(slopes))
     return (out, lse) if return_lse else out
 
 
@@ -168,6 +182,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     f"{self._fixed_batch_size + 1} (len(paged_kv_last_page_len_buffer) + 1)"
                 )
         self._planned: Optional[Dict[str, Any]] = None
+        self._alibi_slopes: Optional["torch.Tensor"] = None
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -230,21 +245,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 ``[1, page_size]`` (copied to the CPU).
             num_qo_heads, num_kv_heads, head_dim: head configuration (head_dim 64, 128 or 256).
             page_size: tokens per page (any value >= 1).
-            pos_encoding_mode: only ``"NONE"``.
-            window_left: only ``-1``.
-            logits_soft_cap: only ``None``/``0``.
+            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc;
+                the ALiBi slopes live on the workspace's GPU, kept by the wrapper).
+            window_left: sliding window, ``-1`` (off) or ``>= 0``.
+            logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
             q_data_type, kv_data_type, data_type, o_data_type: float16 or bfloat16, all equal.
             sm_scale: default ``1/sqrt(head_dim)``.
-            rope_scale, rope_theta: ignored (no RoPE).
+            rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
+                ``"ROPE_LLAMA"``.
             non_blocking: accepted; the plan upload is always asynchronous.
             block_tables, seq_lens: not supported (must be ``None``).
             fixed_split_size: split long KV ranges at multiples of this many pages (batch-invariant
                 results); ``fixed_split_size * page_size`` must be a multiple of 128.
             disable_split_kv: never split (batch-invariant, no merge).
+
+        The variant options are fixed by the plan: every :meth:`run` of it uses them (with
+        ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        U.check_pos_encoding_mode(pos_encoding_mode)
-        U.check_window_left(window_left)
-        U.check_logits_soft_cap(logits_soft_cap)
+        variant = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
         U.check_none("block_tables", block_tables)
         U.check_none("seq_lens", seq_lens)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
@@ -295,8 +313,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             run_indices = self._paged_kv_indices_buf
         else:
             run_indices = indices if indices.device == device else indices.to(device, non_blocking=True)
+        # The plan keeps the slopes' device pointer: the wrapper keeps the tensor.
+        self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
         cpp.plan(indptr_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
-                 U.device_index(self._float_workspace_buffer))
+                 U.device_index(self._float_workspace_buffer), **variant.kwargs(self._alibi_slopes))
         self._planned = {
             "batch": batch,
             "num_qo_heads": hq,
@@ -306,6 +326,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             "dtype": dtype,
             "indices": run_indices,
             "sm_scale": scale,
+            "window_left": variant.window_left,
         }
 
     begin_forward = plan
@@ -337,7 +358,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 ``return_lse``; allocated when ``None``).
             return_lse: return ``(out, lse)``.
             enable_pdl: accepted and ignored (no programmatic dependent launch yet).
-            window_left: only ``None``/``-1``.
+            window_left: ``None`` or the plan's ``window_left`` (the plan fixes the variant;
+                another value raises NotImplementedError).
 
         Returns:
             ``out`` or ``(out, lse)``.
@@ -346,10 +368,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         U.check_scale("q_scale", q_scale)
         U.check_scale("k_scale", k_scale)
         U.check_scale("v_scale", v_scale)
-        U.check_window_left(window_left)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this step's page table first")
+        U.check_run_window_left(window_left, p["window_left"])
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)

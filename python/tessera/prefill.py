@@ -5,8 +5,21 @@
 - :class:`BatchPrefillWithRaggedKVCacheWrapper`: a ragged batch of queries over ragged (packed) KV.
 
 Causal masking aligns the last query with the last key: query i of a request with ``qo_len``
-queries and ``kv_len`` keys sits at position ``kv_len - qo_len + i`` (FlashInfer's convention).
+queries and ``kv_len`` keys sits at position ``p = kv_len - qo_len + i`` (FlashInfer's convention).
 Log-sum-exp values are base 2.
+
+Variants (FlashInfer's options; any non-default one is JIT-compiled on first use and cached), for
+query position ``p`` and key ``j``:
+
+- ``window_left = w >= 0``: key j is visible only if ``j >= p - w`` (sliding window, combined
+  with the causal mask);
+- ``logits_soft_cap = c > 0``: ``s = c * tanh(s / c)`` on the scaled logits ``s = sm_scale * q.k``;
+- ``pos_encoding_mode="ALIBI"``: ``s += slope[h] * (j - p)`` with the standard slopes of
+  ``num_qo_heads`` heads (before the soft-cap);
+- ``pos_encoding_mode="ROPE_LLAMA"``: q and k are rotated ("rotate half", Llama) at positions
+  p and j, angle ``(pos / rope_scale) * rope_theta^(-2d / head_dim)``, before the dot product;
+- custom masks (:func:`single_prefill_with_kv_cache` only; the plan/run wrappers raise
+  NotImplementedError): a bool ``[qo_len, kv_len]`` mask, True = visible.
 """
 
 from __future__ import annotations
@@ -29,19 +42,62 @@ __all__ = [
 
 
 def _check_prefill_options(
-    custom_mask: Any,
-    packed_custom_mask: Any,
     pos_encoding_mode: Any,
     use_fp16_qk_reduction: Any,
     window_left: Any,
     logits_soft_cap: Any,
-) -> None:
-    U.check_none("custom_mask", custom_mask, "None (custom masks are not implemented)")
-    U.check_none("packed_custom_mask", packed_custom_mask, "None (custom masks are not implemented)")
-    U.check_pos_encoding_mode(pos_encoding_mode)
+    rope_scale: Any,
+    rope_theta: Any,
+) -> U.Variant:
     U.check_false("use_fp16_qk_reduction", use_fp16_qk_reduction)
-    U.check_window_left(window_left)
-    U.check_logits_soft_cap(logits_soft_cap)
+    return U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+
+
+def _check_no_custom_mask(custom_mask: Any, packed_custom_mask: Any) -> None:
+    """The plan/run wrappers: the runtime merges split KV chunks and does not take custom masks."""
+    what = "None (custom masks are not supported by the plan/run wrappers; use single_prefill_with_kv_cache)"
+    U.check_none("custom_mask", custom_mask, what)
+    U.check_none("packed_custom_mask", packed_custom_mask, what)
+
+
+def _check_custom_mask_args(custom_mask: Any, packed_custom_mask: Any, qo_len: int, kv_len: int) -> None:
+    """Type, shape and size of FlashInfer's custom_mask / packed_custom_mask (no device work)."""
+    torch = U._torch()
+    if packed_custom_mask is not None:
+        nbytes = (qo_len * kv_len + 7) // 8
+        U.check_tensor("packed_custom_mask", packed_custom_mask, ndim=1, dtypes=(torch.uint8,),
+                       shape_hint="(packed bits, bitorder 'little')")
+        if packed_custom_mask.shape[0] < nbytes:
+            raise ValueError(
+                f"packed_custom_mask has {packed_custom_mask.shape[0]} bytes, expected >= ceil(qo_len * kv_len / 8) = "
+                f"{nbytes} (qo_len {qo_len}, kv_len {kv_len})"
+            )
+    elif custom_mask is not None:
+        U.check_tensor("custom_mask", custom_mask, ndim=2, dtypes=(torch.bool,),
+                       shape_hint="([qo_len, kv_len], bool)")
+        U.check_shape("custom_mask", custom_mask, (qo_len, kv_len), "[qo_len, kv_len]")
+
+
+def _packed_custom_mask(
+    custom_mask: Any, packed_custom_mask: Any, q: "torch.Tensor", qo_len: int, kv_len: int
+) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"]]:
+    """FlashInfer's custom_mask / packed_custom_mask (checked by _check_custom_mask_args) -> (packed
+    u8 mask, i32 [0, bytes] indptr) on q's device, or (None, None). packed_custom_mask wins when
+    both are given (as in FlashInfer)."""
+    torch = U._torch()
+    if packed_custom_mask is not None:
+        U.check_same_device("packed_custom_mask", packed_custom_mask, "q", q)
+        packed = packed_custom_mask.contiguous()
+    elif custom_mask is not None:
+        U.check_same_device("custom_mask", custom_mask, "q", q)
+        packed = U.packbits_little(custom_mask)
+    else:
+        return None, None
+    if packed.numel() == 0:  # qo_len * kv_len == 0: nothing to mask, but the kernels want a buffer
+        packed = torch.zeros(1, dtype=torch.uint8, device=q.device)
+    # [0, bytes] without a host-to-device copy.
+    indptr = torch.arange(2, dtype=torch.int32, device=q.device) * ((qo_len * kv_len + 7) // 8)
+    return packed, indptr
 
 
 def _check_head_dim_vo(head_dim_qk: Any, head_dim_vo: Any) -> None:
@@ -85,13 +141,22 @@ def single_prefill_with_kv_cache(
             (HND), q's dtype, contiguous last dimension.
         scale_q, scale_k, scale_v: fp8 scales, only ``None``.
         o_dtype: only ``None`` or q's dtype.
-        custom_mask, packed_custom_mask: only ``None``.
+        custom_mask: bool ``[qo_len, kv_len]`` on q's device, True = key visible to the query
+            (packed here; pass ``packed_custom_mask`` to avoid that).
+        packed_custom_mask: uint8 1-D, ``custom_mask`` flattened row-major and packed with
+            little bit order (bit k of byte i is element ``8 i + k``, as
+            ``flashinfer.packbits(mask.view(-1), bitorder="little")``), at least
+            ``ceil(qo_len * kv_len / 8)`` bytes; wins over ``custom_mask`` when both are given.
+            With a custom mask ``causal`` is ignored (the mask decides), as in FlashInfer.
         causal: hide keys after each query's position (offset ``kv_len - qo_len``).
         kv_layout: ``"NHD"`` or ``"HND"``.
-        pos_encoding_mode: only ``"NONE"``; use_fp16_qk_reduction: only ``False``.
+        pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc).
+        use_fp16_qk_reduction: only ``False``.
         sm_scale: default ``1/sqrt(head_dim)``.
-        window_left: only ``-1``; logits_soft_cap: only ``None``/``0``.
-        rope_scale, rope_theta: ignored. backend: only ``"auto"``.
+        window_left: sliding window, ``-1`` (off) or ``>= 0``.
+        logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
+        rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
+            ``"ROPE_LLAMA"``. backend: only ``"auto"``.
         return_lse: also return the base-2 LSE, float32 ``[qo_len, num_qo_heads]``.
 
     Returns:
@@ -104,8 +169,8 @@ def single_prefill_with_kv_cache(
     U.check_none("scale_q", scale_q, "None (fp8 scaling is not implemented)")
     U.check_none("scale_k", scale_k, "None (fp8 scaling is not implemented)")
     U.check_none("scale_v", scale_v, "None (fp8 scaling is not implemented)")
-    _check_prefill_options(custom_mask, packed_custom_mask, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                           logits_soft_cap)
+    variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                                     rope_scale, rope_theta)
     causal = _check_causal(causal)
     U.check_tensor("q", q, ndim=3, shape_hint="([qo_len, num_qo_heads, head_dim])")
     U.check_attention_dtype(q.dtype, "q.dtype")
@@ -124,12 +189,19 @@ def single_prefill_with_kv_cache(
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"k has head_dim {k.shape[2]}, expected {q.shape[2]} (the head_dim of q)")
     scale = U.resolve_sm_scale(sm_scale, int(q.shape[2]))
+    kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
+    _check_custom_mask_args(custom_mask, packed_custom_mask, int(q.shape[0]), kv_len)
     U.check_cuda("q", q)
     U.check_same_device("k", k, "q", q)
     U.check_same_device("v", v, "q", q)
+    mask, mask_indptr = _packed_custom_mask(custom_mask, packed_custom_mask, q, int(q.shape[0]), kv_len)
+    if mask is not None:
+        causal = False  # FlashInfer: a custom mask replaces the causal mask
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
-    U.call(U._C().single_prefill, q, q, k, v, layout, out, lse, scale, causal, U.current_stream(q.device))
+    slopes = U.alibi_slopes(int(q.shape[1]), q.device) if variant.alibi else None
+    U.call(U._C().single_prefill, q, q, k, v, layout, out, lse, scale, causal, U.current_stream(q.device),
+           custom_mask=mask, custom_mask_indptr=mask_indptr, **variant.kwargs(slopes))
     return (out, lse) if return_lse else out
 
 
@@ -160,8 +232,9 @@ class _PrefillBase:
         U.check_kv_layout(kv_layout)
         U.check_backend(backend)
         U.check_none("jit_args", jit_args, "None (use Tessera's JIT API for custom variants)")
-        U.check_none("custom_mask_buf", custom_mask_buf, "None (custom masks are not implemented)")
-        U.check_none("mask_indptr_buf", mask_indptr_buf, "None (custom masks are not implemented)")
+        what = "None (custom masks are not supported by the plan/run wrappers; use single_prefill_with_kv_cache)"
+        U.check_none("custom_mask_buf", custom_mask_buf, what)
+        U.check_none("mask_indptr_buf", mask_indptr_buf, what)
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if not ws.is_contiguous():
             raise ValueError("float_workspace_buffer must be contiguous")
@@ -173,6 +246,7 @@ class _PrefillBase:
         self._max_batch_size: Optional[int] = None
         self._max_total_num_rows: Optional[int] = None
         self._planned: Optional[Dict[str, Any]] = None
+        self._alibi_slopes: Optional["torch.Tensor"] = None  # kept while a plan uses its device pointer
         if self._use_cuda_graph:
             if qo_indptr_buf is None:
                 raise ValueError("use_cuda_graph=True needs qo_indptr_buf (a preallocated int32 CUDA tensor)")
@@ -341,18 +415,28 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             page_size: tokens per page (>= 1).
             head_dim_vo: only ``None`` or ``head_dim_qk``.
             causal: causal mask with offset ``kv_len - qo_len``.
+            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc; the
+                ALiBi slopes live on the workspace's GPU, kept by the wrapper).
             sm_scale: default ``1/sqrt(head_dim_qk)``.
+            window_left: sliding window, ``-1`` (off) or ``>= 0``.
+            logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
+            rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
+                ``"ROPE_LLAMA"``.
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal.
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128; batch-invariant results). disable_split_kv: never split.
-            custom_mask, packed_custom_mask, pos_encoding_mode != "NONE", use_fp16_qk_reduction,
-            window_left != -1, logits_soft_cap, prefix_len_ptr, token_pos_in_items_ptr,
-            token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q, block_tables,
-            max_token_per_sequence, max_sequence_kv: not supported (NotImplementedError unless
-            left at their defaults). rope_scale, rope_theta: ignored. non_blocking: accepted.
+            custom_mask, packed_custom_mask (the plan/run runtime has no custom masks: use
+            :func:`single_prefill_with_kv_cache`), use_fp16_qk_reduction, prefix_len_ptr,
+            token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q,
+            block_tables, max_token_per_sequence, max_sequence_kv: not supported
+            (NotImplementedError unless left at their defaults). non_blocking: accepted.
+
+        The variant options are fixed by the plan: every :meth:`run` of it uses them (with
+        ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        _check_prefill_options(custom_mask, packed_custom_mask, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                               logits_soft_cap)
+        _check_no_custom_mask(custom_mask, packed_custom_mask)
+        variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                                         rope_scale, rope_theta)
         for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                             ("max_item_len_ptr", max_item_len_ptr), ("seq_lens", seq_lens),
                             ("seq_lens_q", seq_lens_q), ("block_tables", block_tables),
@@ -407,8 +491,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         else:
             run_indices = (paged_kv_indices if paged_kv_indices.device == device
                            else paged_kv_indices.to(device, non_blocking=True))
+        self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
         cpp.plan(qo_host, kv_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, causal,
-                 U.current_stream(device), U.device_index(self._float_workspace_buffer))
+                 U.current_stream(device), U.device_index(self._float_workspace_buffer),
+                 **variant.kwargs(self._alibi_slopes))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -420,6 +506,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "indices": run_indices,
             "causal": causal,
             "sm_scale": scale,
+            "window_left": variant.window_left,
         }
 
     begin_forward = plan
@@ -446,7 +533,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 ``kv_layout``.
             q_scale, k_scale, v_scale: only ``None``/``1.0``.
             out, lse, return_lse: as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`.
-            enable_pdl: accepted and ignored. window_left: only ``None``/``-1``.
+            enable_pdl: accepted and ignored.
+            window_left: ``None`` or the plan's ``window_left`` (the plan fixes the variant;
+                another value raises NotImplementedError).
 
         Returns:
             ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
@@ -455,10 +544,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         U.check_scale("q_scale", q_scale)
         U.check_scale("k_scale", k_scale)
         U.check_scale("v_scale", v_scale)
-        U.check_window_left(window_left)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        U.check_run_window_left(window_left, p["window_left"])
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
@@ -560,17 +649,27 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim 64, 128 or 256).
             head_dim_vo: only ``None`` or ``head_dim_qk``.
             causal: causal mask with offset ``kv_len - qo_len``.
+            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc; the
+                ALiBi slopes live on the workspace's GPU, kept by the wrapper).
+            window_left: sliding window, ``-1`` (off) or ``>= 0``.
+            logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
             sm_scale: default ``1/sqrt(head_dim_qk)``.
+            rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
+                ``"ROPE_LLAMA"``.
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal.
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128). disable_split_kv: never split.
-            custom_mask, packed_custom_mask, pos_encoding_mode != "NONE", use_fp16_qk_reduction,
-            window_left != -1, logits_soft_cap, prefix_len_ptr, token_pos_in_items_ptr,
-            token_pos_in_items_len, max_item_len_ptr: not supported. rope_scale, rope_theta:
-            ignored. non_blocking: accepted.
+            custom_mask, packed_custom_mask (the plan/run runtime has no custom masks: use
+            :func:`single_prefill_with_kv_cache`), use_fp16_qk_reduction, prefix_len_ptr,
+            token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr: not supported.
+            non_blocking: accepted.
+
+        The variant options are fixed by the plan: every :meth:`run` of it uses them (with
+        ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        _check_prefill_options(custom_mask, packed_custom_mask, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                               logits_soft_cap)
+        _check_no_custom_mask(custom_mask, packed_custom_mask)
+        variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                                         rope_scale, rope_theta)
         for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                             ("max_item_len_ptr", max_item_len_ptr)):
             U.check_none(name, value)
@@ -599,8 +698,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             assert self._qo_indptr_buf is not None and self._kv_indptr_buf is not None
             self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
             self._kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
+        self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
         cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
-                 U.device_index(self._float_workspace_buffer))
+                 U.device_index(self._float_workspace_buffer), **variant.kwargs(self._alibi_slopes))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -611,6 +711,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "dtype": dtype,
             "causal": causal,
             "sm_scale": scale,
+            "window_left": variant.window_left,
         }
 
     begin_forward = plan

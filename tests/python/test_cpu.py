@@ -269,10 +269,6 @@ PLAN_IDS = ["decode", "prefill_paged", "prefill_ragged"]
 @pytest.mark.parametrize(
     "option,value",
     [
-        ("pos_encoding_mode", "ROPE_LLAMA"),
-        ("pos_encoding_mode", "ALIBI"),
-        ("window_left", 128),
-        ("logits_soft_cap", 30.0),
         ("kv_data_type", torch.float8_e4m3fn),
         ("kv_data_type", "float8_e5m2"),
     ],
@@ -280,6 +276,106 @@ PLAN_IDS = ["decode", "prefill_paged", "prefill_ragged"]
 def test_plan_unsupported_options(cls, plan, option, value):
     with pytest.raises(NotImplementedError, match=option):
         plan(cls(_ws()), **{option: value})
+
+
+# FlashInfer's variant options that Tessera implements: they pass every check, and the plan stops
+# only at its first GPU step (the host workspace).
+VARIANT_OPTIONS = [
+    {"pos_encoding_mode": "ROPE_LLAMA"},
+    {"pos_encoding_mode": "ROPE_LLAMA", "rope_scale": 8.0, "rope_theta": 5e5},
+    {"pos_encoding_mode": "ALIBI"},
+    {"window_left": 128},
+    {"window_left": 0},
+    {"logits_soft_cap": 30.0},
+    {"logits_soft_cap": 0},
+    {"logits_soft_cap": None},
+    {"window_left": 7, "logits_soft_cap": 5.0, "pos_encoding_mode": "ALIBI"},
+    {"pos_encoding_mode": "NONE", "rope_theta": 0.5},  # rope_* are ignored without RoPE (as FlashInfer)
+]
+
+
+def _variant_id(opts):
+    return ",".join(f"{k}={v}" for k, v in opts.items())
+
+
+@pytest.mark.parametrize("cls,plan", PLANS, ids=PLAN_IDS)
+@pytest.mark.parametrize("opts", VARIANT_OPTIONS, ids=_variant_id)
+def test_plan_variant_options_accepted(cls, plan, opts):
+    with pytest.raises(ValueError, match="float_workspace_buffer is on cpu, expected a CUDA tensor"):
+        plan(cls(_ws()), **opts)
+
+
+# Wrong values of the variant options: the error names the option (before any GPU work).
+VARIANT_ERRORS = [
+    ({"window_left": -5}, ValueError, r"window_left = -5, expected -1"),
+    ({"window_left": -2}, ValueError, "window_left"),
+    ({"window_left": 2**31}, ValueError, "window_left"),
+    ({"window_left": 1.5}, TypeError, "window_left must be an int, got float"),
+    ({"window_left": True}, TypeError, "window_left must be an int, got bool"),
+    ({"window_left": "8"}, TypeError, "window_left must be an int"),
+    ({"logits_soft_cap": -1.0}, ValueError, r"logits_soft_cap = -1.0, expected"),
+    ({"logits_soft_cap": float("inf")}, ValueError, "logits_soft_cap"),
+    ({"logits_soft_cap": float("nan")}, ValueError, "logits_soft_cap"),
+    ({"logits_soft_cap": "30"}, TypeError, "logits_soft_cap must be a float"),
+    ({"pos_encoding_mode": "FOO"}, ValueError, r"pos_encoding_mode = 'FOO', expected one of 'NONE', 'ROPE_LLAMA', 'ALIBI'"),
+    ({"pos_encoding_mode": "rope_llama"}, ValueError, "pos_encoding_mode"),
+    ({"pos_encoding_mode": None}, ValueError, "pos_encoding_mode"),
+    ({"pos_encoding_mode": "ROPE_LLAMA", "rope_theta": 1.0}, ValueError, r"rope_theta = 1.0, expected"),
+    ({"pos_encoding_mode": "ROPE_LLAMA", "rope_scale": 0.0}, ValueError, r"rope_scale = 0.0, expected"),
+    ({"pos_encoding_mode": "ROPE_LLAMA", "rope_scale": -2}, ValueError, "rope_scale"),
+    ({"pos_encoding_mode": "ROPE_LLAMA", "rope_theta": float("inf")}, ValueError, "rope_theta"),
+    ({"pos_encoding_mode": "ROPE_LLAMA", "rope_scale": "x"}, TypeError, "rope_scale must be a float"),
+]
+
+
+@pytest.mark.parametrize("cls,plan", PLANS, ids=PLAN_IDS)
+@pytest.mark.parametrize("opts,error,message", VARIANT_ERRORS, ids=[_variant_id(c[0]) for c in VARIANT_ERRORS])
+def test_plan_variant_option_errors(cls, plan, opts, error, message):
+    with pytest.raises(error, match=message):
+        plan(cls(_ws()), **opts)
+
+
+def test_run_window_left_check():
+    from tessera import _utils as U
+
+    U.check_run_window_left(None, 16)
+    U.check_run_window_left(16, 16)
+    U.check_run_window_left(-1, -1)
+    with pytest.raises(NotImplementedError, match=r"window_left=8 in run\(\) differs from the plan's window_left=16"):
+        U.check_run_window_left(8, 16)
+    with pytest.raises(NotImplementedError, match="window_left"):
+        U.check_run_window_left(4, -1)
+    with pytest.raises(ValueError, match="window_left = -3"):
+        U.check_run_window_left(-3, -1)
+    with pytest.raises(TypeError, match="window_left must be an int"):
+        U.check_run_window_left(2.0, -1)
+
+
+def test_alibi_slopes():
+    # The standard slopes (Press et al.): 2^(-8k/n) for the largest power of two n <= heads, then
+    # the odd powers of 2^(-4/n) for the remaining heads.
+    assert _C.alibi_slopes(8) == [2.0 ** -k for k in range(1, 9)]
+    assert _C.alibi_slopes(1) == [2.0 ** -8]
+    s12 = _C.alibi_slopes(12)
+    assert s12[:8] == [2.0 ** -k for k in range(1, 9)]
+    assert s12[8:] == pytest.approx([2.0 ** (-(2 * k - 1) / 2) for k in range(1, 5)], rel=1e-6)
+    with pytest.raises(ValueError, match="num_heads = 0"):
+        _C.alibi_slopes(0)
+
+
+def test_packbits_little():
+    from tessera import _utils as U
+
+    gen = torch.Generator().manual_seed(3)
+    for shape in ((1, 1), (3, 5), (7, 8), (37, 300)):
+        mask = torch.rand(shape, generator=gen) < 0.4
+        packed = U.packbits_little(mask)
+        flat = mask.flatten().tolist()
+        expected = [0] * ((len(flat) + 7) // 8)
+        for i, bit in enumerate(flat):
+            if bit:
+                expected[i >> 3] |= 1 << (i & 7)
+        assert packed.dtype == torch.uint8 and packed.tolist() == expected, shape
 
 
 @pytest.mark.parametrize(
@@ -292,6 +388,7 @@ def test_plan_unsupported_options(cls, plan, option, value):
         (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "block_tables", _i32([0])),
         (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "prefix_len_ptr", _i32([0])),
         (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "custom_mask", torch.ones(4, dtype=torch.bool)),
+        (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "packed_custom_mask", torch.ones(4, dtype=torch.uint8)),
         (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "head_dim_vo", 64),
         (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "token_pos_in_items_len", 3),
         (tessera.BatchDecodeWithPagedKVCacheWrapper, _decode_plan, "block_tables", _i32([0])),
@@ -407,10 +504,15 @@ def test_single_decode_checks():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="kv_layout"):
         f(q, k, v, kv_layout="NDH")
-    for option, value in [("pos_encoding_mode", "ROPE_LLAMA"), ("window_left", 3), ("logits_soft_cap", 1.0),
-                          ("k_scale", 0.5), ("q_scale", 2.0)]:
+    for option, value in [("k_scale", 0.5), ("q_scale", 2.0)]:
         with pytest.raises(NotImplementedError, match=option):
             f(q, k, v, **{option: value})
+    for opts, error, message in VARIANT_ERRORS:
+        with pytest.raises(error, match=message):
+            f(q, k, v, **opts)
+    for opts in VARIANT_OPTIONS:  # valid: only the device stops them
+        with pytest.raises(ValueError, match="q is on cpu, expected a CUDA tensor"):
+            f(q, k, v, **opts)
     with pytest.raises(TypeError, match=r"q.dtype = torch.float32"):
         f(q.float(), k, v)
     with pytest.raises(TypeError, match=r"k.dtype = torch.bfloat16, expected torch.float16"):
@@ -432,13 +534,36 @@ def test_single_decode_checks():
 def test_single_prefill_checks():
     f = tessera.single_prefill_with_kv_cache
     q, k, v = _qkv(qo=5, layout="HND")
-    for option, value in [("custom_mask", torch.ones(5, 33, dtype=torch.bool)),
-                          ("packed_custom_mask", torch.ones(4, dtype=torch.uint8)),
-                          ("pos_encoding_mode", "ALIBI"), ("use_fp16_qk_reduction", True), ("window_left", 7),
-                          ("logits_soft_cap", 50.0), ("backend", "fa3"), ("scale_k", torch.ones(1)),
+    for option, value in [("use_fp16_qk_reduction", True), ("backend", "fa3"), ("scale_k", torch.ones(1)),
                           ("o_dtype", torch.float32)]:
         with pytest.raises(NotImplementedError, match=option):
             f(q, k, v, kv_layout="HND", **{option: value})
+    for opts, error, message in VARIANT_ERRORS:
+        with pytest.raises(error, match=message):
+            f(q, k, v, kv_layout="HND", **opts)
+    # Valid variant options and custom masks (qo_len 5, kv_len 33: 165 bits, 21 bytes) pass every
+    # check; the device is what stops them.
+    for opts in VARIANT_OPTIONS + [{"custom_mask": torch.ones(5, 33, dtype=torch.bool)},
+                                   {"packed_custom_mask": torch.ones(21, dtype=torch.uint8)},
+                                   {"packed_custom_mask": torch.ones(64, dtype=torch.uint8), "causal": True},
+                                   {"custom_mask": torch.ones(5, 33, dtype=torch.bool), "window_left": 3,
+                                    "pos_encoding_mode": "ROPE_LLAMA"}]:
+        with pytest.raises(ValueError, match="q is on cpu"):
+            f(q, k, v, kv_layout="HND", **opts)
+    with pytest.raises(ValueError, match=r"custom_mask has shape \(5, 32\), expected \(5, 33\) \(\[qo_len, kv_len\]\)"):
+        f(q, k, v, kv_layout="HND", custom_mask=torch.ones(5, 32, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"custom_mask has shape \(165,\), expected 2 dimensions"):
+        f(q, k, v, kv_layout="HND", custom_mask=torch.ones(165, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"custom_mask.dtype = torch.uint8, expected torch.bool"):
+        f(q, k, v, kv_layout="HND", custom_mask=torch.ones(5, 33, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="custom_mask must be a torch.Tensor"):
+        f(q, k, v, kv_layout="HND", custom_mask=[[True] * 33] * 5)
+    with pytest.raises(ValueError, match=r"packed_custom_mask has 20 bytes, expected >= ceil\(qo_len \* kv_len / 8\) = 21"):
+        f(q, k, v, kv_layout="HND", packed_custom_mask=torch.ones(20, dtype=torch.uint8))
+    with pytest.raises(TypeError, match=r"packed_custom_mask.dtype = torch.bool, expected torch.uint8"):
+        f(q, k, v, kv_layout="HND", packed_custom_mask=torch.ones(21, dtype=torch.bool))
+    with pytest.raises(ValueError, match="packed_custom_mask has shape"):
+        f(q, k, v, kv_layout="HND", packed_custom_mask=torch.ones(3, 7, dtype=torch.uint8))
     with pytest.raises(ValueError, match="kv_layout"):
         f(q, k, v, kv_layout="hnd")
     with pytest.raises(TypeError, match="causal must be a bool"):
@@ -513,6 +638,26 @@ def test_cpp_errors_map_to_python_exceptions():
     b.head_dim, b.max_batch_size = 128, 0
     with pytest.raises(ValueError, match=r"bounds.max_batch_size = 0, expected in \[1, 2\^31 - 1\)"):
         _C.BatchDecodeWrapper.workspace_size(b, _C.RuntimeOptions(), 0)
+
+
+def test_cpp_variant_keywords():
+    # The built-in variant options are keyword-only arguments of the attention entry points (the
+    # positional order is unchanged); they convert, and the call then fails on the device.
+    q = torch.randn(8, 128).to(torch.bfloat16)
+    k = torch.randn(10, 2, 128).to(torch.bfloat16)
+    NHD = _C.Layout.NHD
+    variant = dict(window_left=3, logits_soft_cap=2.0, pos_encoding=_C.PosEncoding.rope_llama, rope_scale=2.0,
+                   rope_theta=5e5, alibi_slopes=torch.ones(8))
+    with pytest.raises(ValueError, match=r"^q.device = cpu, expected a CUDA device$"):
+        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, **variant)
+    mask = dict(custom_mask=torch.ones(4, dtype=torch.uint8), custom_mask_indptr=torch.tensor([0, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^q.device = cpu, expected a CUDA device$"):
+        _C.single_prefill(q[None], k, k, NHD, q[None], None, 0.1, True, 0, **variant, **mask)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, 3)  # window_left is keyword-only
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, **mask)  # custom masks: single_prefill only
+    assert [e.name for e in _C.PosEncoding] == ["none", "rope_llama", "rope_llama31"]
 
 
 def test_unsupported_dlpack_dtype_is_a_type_error():

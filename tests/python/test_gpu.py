@@ -555,3 +555,344 @@ def test_readme_example():
         v = kv_cache[pages, 1].reshape(-1, 8, 128)[:length]
         ref_o, ref_lse = ref_attention(q[b : b + 1], k, v, False, 1 / math.sqrt(128))
         assert_close(out[b], lse[b], ref_o[0], ref_lse[0], torch.bfloat16, f"README example request {b}")
+
+
+# --- variants: FlashInfer's window_left, logits_soft_cap, pos_encoding_mode, custom masks -----------
+#
+# The reference applies each option from its definition (DESIGN.md §1.2, FlashInfer's semantics),
+# for query i of a request at position p = kv_len - qo_len + i and key j:
+#   RoPE (Llama, "rotate half"): q rotated at position p, k at position j, angle
+#        (pos / rope_scale) * rope_theta^(-2d / D) for the pair (d, d + D/2), before the dot product;
+#        the rotated operands are rounded to the dtype, as the kernels' shared-memory tiles hold them
+#   s = sm_scale * q.k;  ALiBi: s += slope[h] * (j - p);  soft-cap: s = cap * tanh(s / cap)
+#   visible: causal (j <= p), window (j >= p - window_left), custom mask[i, j]
+# Each case also checks that the option changes the result by far more than the tolerance (so a
+# kernel that ignored it would fail). Non-default variants are JIT-compiled on first use (cached
+# on disk): the grid below keeps the distinct kernels few.
+
+
+def alibi_slopes_ref(n):
+    """Press et al.'s slopes: 2^(-8k/m), k = 1..m for the largest power of two m <= n, then the odd
+    powers 2^(-4(2k-1)/m) for the remaining heads."""
+    m = 1 << (n.bit_length() - 1)
+    return [2.0 ** (-8.0 * k / m) for k in range(1, m + 1)] + [2.0 ** (-4.0 * (2 * k - 1) / m) for k in range(1, n - m + 1)]
+
+
+def rope_ref(x, pos, rope_scale, rope_theta, dtype):
+    """x [n, H, D] fp32 rotated at positions pos [n] (Llama, non-interleaved), rounded to dtype."""
+    half = x.shape[-1] // 2
+    d = torch.arange(half, dtype=torch.float64, device=x.device)
+    inv_freq = rope_theta ** (-2.0 * d / x.shape[-1])
+    angle = (pos.to(torch.float64)[:, None] / rope_scale) * inv_freq[None, :]
+    cos, sin = angle.cos().float()[:, None, :], angle.sin().float()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(dtype).float()
+
+
+def ref_variant(q, k, v, causal, sm_scale, window_left=-1, soft_cap=0.0, alibi=False, rope=None, mask=None):
+    """ref_attention with the variant options: q [qo, Hq, D], k/v [kv, Hkv, D] (NHD); rope =
+    (rope_scale, rope_theta); mask bool [qo, kv] (True = visible). -> (o fp32, base-2 lse)."""
+    dtype = q.dtype
+    q, k, v = q.float(), k.float(), v.float()
+    qo, hq, _ = q.shape
+    kv, hkv = k.shape[0], k.shape[1]
+    pos_q = torch.arange(qo, device=q.device) + (kv - qo)
+    pos_k = torch.arange(kv, device=q.device)
+    if rope is not None:
+        q = rope_ref(q, pos_q, rope[0], rope[1], dtype)
+        k = rope_ref(k, pos_k, rope[0], rope[1], dtype)
+    group = hq // hkv
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * sm_scale
+    if alibi:
+        slopes = torch.tensor(alibi_slopes_ref(hq), dtype=torch.float32, device=q.device)
+        s = s + slopes[:, None, None] * (pos_k[None, None, :] - pos_q[None, :, None]).float()
+    if soft_cap > 0:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    visible = torch.ones(qo, kv, dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= pos_k[None, :] <= pos_q[:, None]
+    if window_left >= 0:
+        visible &= pos_k[None, :] >= pos_q[:, None] - window_left
+    if mask is not None:
+        visible &= mask.to(q.device)
+    s = s.masked_fill(~visible[None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    o = torch.einsum("hqk,khd->qhd", p, v)
+    return o, (lse / LN2).transpose(0, 1).contiguous()
+
+
+# name -> (FlashInfer keyword arguments, ref_variant keyword arguments)
+VARIANTS = {
+    "window": ({"window_left": 13}, {"window_left": 13}),
+    "soft_cap": ({"logits_soft_cap": 2.0}, {"soft_cap": 2.0}),
+    "alibi": ({"pos_encoding_mode": "ALIBI"}, {"alibi": True}),
+    "rope": ({"pos_encoding_mode": "ROPE_LLAMA"}, {"rope": (1.0, 1e4)}),
+    "rope_scaled": ({"pos_encoding_mode": "ROPE_LLAMA", "rope_scale": 4.0, "rope_theta": 5e5},
+                    {"rope": (4.0, 5e5)}),
+    "window_cap_alibi": ({"window_left": 40, "logits_soft_cap": 3.0, "pos_encoding_mode": "ALIBI"},
+                         {"window_left": 40, "soft_cap": 3.0, "alibi": True}),
+    "window_cap_rope": ({"window_left": 0, "logits_soft_cap": 8.0, "pos_encoding_mode": "ROPE_LLAMA",
+                         "rope_theta": 5e4}, {"window_left": 0, "soft_cap": 8.0, "rope": (1.0, 5e4)}),
+}
+VARIANT_ENTRIES = ("single_decode", "single_prefill", "batch_decode", "batch_prefill_paged", "batch_prefill_ragged")
+VARIANT_CASES = [
+    {"entry": entry, "variant": name, "dtype": DTYPES[(i + j) % 2], "head_dim": (128, 64)[(i + j // 2) % 2],
+     "group": (1, 4, 5)[(i + j) % 3], "seed": 100 * i + j}
+    for i, entry in enumerate(VARIANT_ENTRIES)
+    for j, name in enumerate(VARIANTS)
+]
+
+
+def _check_variant(outs, refs, plains, dtype, what):
+    """outs/refs/plains: lists of (o, lse) per request; plains: the reference without the option."""
+    for b, ((o, lse), (ro, rl)) in enumerate(zip(outs, refs)):
+        assert_close(o, lse, ro, rl, dtype, f"{what} request {b}")
+    change = max((ro - po).norm().item() / ro.norm().item() for (ro, _), (po, _) in zip(refs, plains)
+                 if ro.norm().item() > 0)
+    assert change > 10 * REL_TOL[dtype], f"{what}: the option barely changes the result (test not sensitive)"
+
+
+def _ref_pair(q, k, v, causal, sm_scale, ref_kw):
+    return ref_variant(q, k, v, causal, sm_scale, **ref_kw), ref_variant(q, k, v, causal, sm_scale)
+
+
+@pytest.mark.parametrize("c", VARIANT_CASES, ids=case_id)
+def test_variant(c, workspace):
+    fi_kw, ref_kw = VARIANTS[c["variant"]]
+    entry, dtype, d, seed = c["entry"], c["dtype"], c["head_dim"], c["seed"]
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    hkv = 2
+    hq = hkv * c["group"]
+    scale = 1 / math.sqrt(d)
+    causal = seed % 2 == 0
+    what = f"{entry} {c['variant']}"
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).to(DEV)
+
+    outs, refs, plains = [], [], []
+    if entry == "single_decode":
+        q, k, v = rand(hq, d), rand(300, hkv, d), rand(300, hkv, d)
+        out, lse = tessera.single_decode_with_kv_cache(q, k, v, return_lse=True, **fi_kw)
+        ref, plain = _ref_pair(q[None], k, v, False, scale, ref_kw)
+        outs, refs, plains = [(out, lse)], [(ref[0][0], ref[1][0])], [(plain[0][0], plain[1][0])]
+    elif entry == "single_prefill":
+        layout = ("NHD", "HND")[seed % 2]
+        q, k, v = rand(37, hq, d), rand(300, hkv, d), rand(300, hkv, d)
+        kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+        out, lse = tessera.single_prefill_with_kv_cache(q, kk, vv, causal=causal, kv_layout=layout, return_lse=True,
+                                                        **fi_kw)
+        ref, plain = _ref_pair(q, k, v, causal, scale, ref_kw)
+        outs, refs, plains = [(out, lse)], [ref], [plain]
+    elif entry in ("batch_decode", "batch_prefill_paged"):
+        decode = entry == "batch_decode"
+        kv_lens = [300, 1, 77, 0] if decode else [300, 17, 3, 64]
+        qo_lens = [1] * len(kv_lens) if decode else [37, 1, 5, 16]
+        layout, ps = ("NHD", "HND")[seed % 2], (16, 1)[rng.randrange(2)]
+        cache = Paged(kv_lens, ps, hkv, d, dtype, layout, seed % 3 == 0, gen)
+        # Split the long request's KV (128 tokens per chunk) in every other case: the partial
+        # states of a variant are merged by their LSE. (Decode counts fixed_split_size in pages,
+        # prefill in KV tokens, as FlashInfer.)
+        split = {"fixed_split_size": 128 // ps if decode else 128} if seed % 4 < 2 else {}
+        qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+        total = int(qo_indptr[-1])
+        if decode:
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, layout)
+            w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, q_data_type=dtype, **split,
+                   **fi_kw)
+        else:
+            w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, layout)
+            w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, causal=causal,
+                   q_data_type=dtype, **split, **fi_kw)
+        q = rand(total, hq, d)
+        out, lse = poisoned(q.shape, dtype), poisoned((total, hq), torch.float32)
+        w.run(q, cache.cache, out=out, lse=lse, return_lse=True)
+        for b in range(len(kv_lens)):
+            rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            k, v = cache.request_kv(b)
+            ref, plain = _ref_pair(q[rows], k, v, causal and not decode, scale, ref_kw)
+            outs.append((out[rows], lse[rows]))
+            refs.append(ref)
+            plains.append(plain)
+    else:
+        layout = ("NHD", "HND")[seed % 2]
+        qo_lens, kv_lens = [37, 1, 5, 16], [300, 17, 3, 64]
+        qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+        kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
+        q, k, v = rand(int(qo_indptr[-1]), hq, d), rand(int(kv_indptr[-1]), hkv, d), rand(int(kv_indptr[-1]), hkv, d)
+        kk, vv = (k, v) if layout == "NHD" else (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+        split = {"fixed_split_size": 128} if seed % 4 < 2 else {}
+        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace, layout)
+        w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype, **split, **fi_kw)
+        out, lse = poisoned(q.shape, dtype), poisoned((q.shape[0], hq), torch.float32)
+        w.run(q, kk, vv, out=out, lse=lse, return_lse=True)
+        for b in range(len(kv_lens)):
+            qs, ks = slice(int(qo_indptr[b]), int(qo_indptr[b + 1])), slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
+            ref, plain = _ref_pair(q[qs], k[ks], v[ks], causal, scale, ref_kw)
+            outs.append((out[qs], lse[qs]))
+            refs.append(ref)
+            plains.append(plain)
+    _check_variant(outs, refs, plains, dtype, what)
+
+
+def test_variant_alibi_slopes_kept_by_wrapper(workspace):
+    """The wrapper keeps the ALiBi slopes its plan points to; single calls reuse one cached tensor."""
+    gen = torch.Generator().manual_seed(77)
+    hq, hkv, d, ps, dtype = 12, 4, 128, 16, torch.bfloat16
+    cache = Paged([50, 200], ps, hkv, d, dtype, "NHD", False, gen)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, q_data_type=dtype,
+           pos_encoding_mode="ALIBI")
+    slopes = w._alibi_slopes
+    assert slopes is not None and slopes.dtype == torch.float32 and slopes.device.type == "cuda"
+    assert slopes.tolist() == pytest.approx(alibi_slopes_ref(hq), rel=1e-6)
+    q = torch.randn(2, hq, d, generator=gen).to(dtype).to(DEV)
+    out = w.run(q, cache.cache)
+    for b in range(2):
+        k, v = cache.request_kv(b)
+        ref_o, _ = ref_variant(q[b : b + 1], k, v, False, 1 / math.sqrt(d), alibi=True)
+        assert_close(out[b], None, ref_o[0], None, dtype, f"alibi request {b}")
+    # Re-planning without ALiBi releases the wrapper's reference.
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, q_data_type=dtype)
+    assert w._alibi_slopes is None
+
+
+def test_variant_run_window_left(workspace):
+    """run(window_left=...) accepts None or the plan's value (the plan fixes the variant)."""
+    gen = torch.Generator().manual_seed(78)
+    hq, hkv, d, ps, dtype = 8, 2, 128, 16, torch.float16
+    cache = Paged([300, 40], ps, hkv, d, dtype, "HND", True, gen)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND")
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, window_left=20, q_data_type=dtype)
+    q = torch.randn(2, hq, d, generator=gen).to(dtype).to(DEV)
+    for wl in (None, 20):
+        out = w.run(q, cache.cache, window_left=wl)
+        for b in range(2):
+            k, v = cache.request_kv(b)
+            ref_o, _ = ref_variant(q[b : b + 1], k, v, False, 1 / math.sqrt(d), window_left=20)
+            assert_close(out[b], None, ref_o[0], None, dtype, f"window_left={wl} request {b}")
+    with pytest.raises(NotImplementedError, match="window_left"):
+        w.run(q, cache.cache, window_left=5)
+    with pytest.raises(NotImplementedError, match="window_left"):
+        w.run(q, cache.cache, window_left=-1)
+    with pytest.raises(ValueError, match="window_left"):
+        w.run(q, cache.cache, window_left=-4)
+
+
+def test_variant_decode_cuda_graph():
+    """A captured run() with ALiBi and a window replays correctly after re-planning; a plan that
+    changes the variant is refused (the captured launch has it baked in)."""
+    gen = torch.Generator().manual_seed(79)
+    batch, hq, hkv, d, ps, dtype = 3, 8, 2, 128, 16, torch.bfloat16
+    max_pages = 40
+    num_pages = batch * max_pages
+    k_cache = torch.randn(num_pages, ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    v_cache = torch.randn(num_pages, ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    owned = torch.randperm(num_pages, generator=gen).view(batch, max_pages).to(torch.int32)
+    variant = {"window_left": 50, "pos_encoding_mode": "ALIBI"}
+
+    def page_table(kv_lens):
+        pages = [math.ceil(n / ps) for n in kv_lens]
+        indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+        indices = torch.cat([owned[b, : pages[b]] for b in range(batch)]).to(DEV)
+        last = torch.tensor([n - (p - 1) * ps for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+        return indptr, indices, last
+
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(
+        ws, "NHD", use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=DEV),
+        paged_kv_indices_buffer=torch.zeros(num_pages, dtype=torch.int32, device=DEV),
+        paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=DEV))
+    q_buf = torch.zeros(batch, hq, d, dtype=dtype, device=DEV)
+    out_buf = torch.zeros(batch, hq, d, dtype=dtype, device=DEV)
+    w.plan(*page_table([100, 7, 300]), hq, hkv, d, ps, q_data_type=dtype, **variant)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.run(q_buf, (k_cache, v_cache), out=out_buf)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q_buf, (k_cache, v_cache), out=out_buf)
+    for kv_lens in ([100, 7, 300], [129, 1, 640]):
+        indptr, indices, last = page_table(kv_lens)
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dtype, **variant)
+        q_buf.copy_(torch.randn(batch, hq, d, generator=gen).to(dtype))
+        out_buf.fill_(float("nan"))
+        graph.replay()
+        for b in range(batch):
+            ids = indices[int(indptr[b]):int(indptr[b + 1])].long()
+            k = k_cache[ids].reshape(-1, hkv, d)[: kv_lens[b]]
+            v = v_cache[ids].reshape(-1, hkv, d)[: kv_lens[b]]
+            ref_o, _ = ref_variant(q_buf[b : b + 1], k, v, False, 1 / math.sqrt(d), window_left=50, alibi=True)
+            assert_close(out_buf[b], None, ref_o[0], None, dtype, f"graph replay {kv_lens} request {b}")
+    with pytest.raises(ValueError, match="variant"):
+        w.plan(*page_table([100, 7, 300]), hq, hkv, d, ps, q_data_type=dtype, window_left=60,
+               pos_encoding_mode="ALIBI")
+    assert w._holder.builds == 1
+
+
+def packbits_ref(mask):
+    """bool [qo, kv] -> uint8 little bit order (flashinfer.packbits(mask.view(-1), bitorder="little"))."""
+    flat = mask.flatten().tolist()
+    out = [0] * ((len(flat) + 7) // 8)
+    for i, bit in enumerate(flat):
+        if bit:
+            out[i >> 3] |= 1 << (i & 7)
+    return torch.tensor(out, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("how", ("bool", "packed", "causal_ignored", "window_rope", "empty_kv"))
+def test_single_prefill_custom_mask(how):
+    gen = torch.Generator().manual_seed(len(how))
+    dtype = torch.bfloat16 if how in ("bool", "window_rope") else torch.float16
+    hq, hkv, d = 8, 2, 128
+    qo, kv = (37, 0) if how == "empty_kv" else (37, 300)
+    q = torch.randn(qo, hq, d, generator=gen).to(dtype).to(DEV)
+    k = torch.randn(kv, hkv, d, generator=gen).to(dtype).to(DEV)
+    v = torch.randn(kv, hkv, d, generator=gen).to(dtype).to(DEV)
+    mask = torch.rand(qo, kv, generator=gen) < 0.3
+    if kv:
+        mask[5] = False   # a row that sees no key: o = 0, lse = -inf
+        mask[6] = True
+    scale = 1 / math.sqrt(d)
+    kwargs, ref_kw = {}, {}
+    if how == "packed":
+        kwargs["packed_custom_mask"] = packbits_ref(mask).to(DEV)
+    else:
+        kwargs["custom_mask"] = mask.to(DEV)
+    causal = how == "causal_ignored"  # FlashInfer: a custom mask replaces the causal mask
+    if how == "window_rope":
+        kwargs.update(window_left=64, pos_encoding_mode="ROPE_LLAMA")
+        ref_kw.update(window_left=64, rope=(1.0, 1e4))
+    out, lse = tessera.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, **kwargs)
+    ref_o, ref_lse = ref_variant(q, k, v, False, scale, mask=mask, **ref_kw)
+    assert_close(out, lse, ref_o, ref_lse, dtype, f"custom mask ({how})")
+    if kv:
+        plain_o, _ = ref_variant(q, k, v, causal, scale, **ref_kw)
+        assert (ref_o - plain_o).norm() > 10 * REL_TOL[dtype] * ref_o.norm(), "the mask barely changes the result"
+        assert (out[5].float() == 0).all() and torch.isneginf(lse[5]).all()
+
+
+@pytest.mark.parametrize("option", ("custom_mask", "packed_custom_mask"))
+def test_wrappers_reject_custom_masks(option, workspace):
+    value = (torch.ones(8, 40, dtype=torch.bool, device=DEV) if option == "custom_mask"
+             else torch.full((40,), 255, dtype=torch.uint8, device=DEV))
+    qo_indptr = torch.tensor([0, 8], dtype=torch.int32)
+    w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace)
+    with pytest.raises(NotImplementedError, match=option):
+        w.plan(qo_indptr, torch.tensor([0, 40], dtype=torch.int32), 8, 2, 128, q_data_type=torch.float16,
+               **{option: value})
+    p = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace)
+    with pytest.raises(NotImplementedError, match=option):
+        p.plan(qo_indptr, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV),
+               torch.tensor([8], dtype=torch.int32), 8, 2, 128, 16, q_data_type=torch.float16, **{option: value})
+    with pytest.raises(NotImplementedError, match="custom_mask_buf"):
+        tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, custom_mask_buf=torch.zeros(64, dtype=torch.uint8,
+                                                                                           device=DEV))

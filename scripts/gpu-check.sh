@@ -6,15 +6,19 @@
 #
 # On the `device` machine (no package manager): run scripts/stage-gpu-deps.sh here first and carry
 # .deps; with a prebuilt build folder, pass it as BUILD_DIR and carry it too.
-#   Options (environment): BUILD_DIR (default build-sm90a), SANITIZE=0 to skip compute-sanitizer,
-#   BENCH_SUITES (default quick), BENCH_ITERS (default 30), TESSERA_GIT_COMMIT (the commit the
-#   tree is at, recorded in the benchmark JSON, for copies of the tree without .git).
+#   Options (environment): BUILD_DIR (default build-sm90a), TESTS=0 to skip CTest, SANITIZE=0 to
+#   skip compute-sanitizer, PYTEST=0 to skip the Python tests, BENCH_SUITES (default quick; empty
+#   skips the benchmarks), BENCH_ITERS (default 30), TESSERA_GIT_COMMIT (the commit the tree is
+#   at, recorded in the benchmark JSON, for copies of the tree without .git). The steps can be
+#   split over several device calls on one warm machine (the build folder and the JIT cache stay).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tessera-gpu-check}
 BUILD_DIR=${BUILD_DIR:-build-sm90a}
+TESTS=${TESTS:-1}
 SANITIZE=${SANITIZE:-1}
-BENCH_SUITES=${BENCH_SUITES:-quick}
+PYTEST=${PYTEST:-1}
+BENCH_SUITES=${BENCH_SUITES-quick}
 BENCH_ITERS=${BENCH_ITERS:-30}
 mkdir -p "$OUT"
 summary=()
@@ -43,6 +47,7 @@ else
   print_summary; exit 1
 fi
 
+if [ "$TESTS" = 1 ]; then
 echo "== tests" | tee -a "$OUT/gpu-check.log"
 ctest --test-dir "$BUILD_DIR" --output-on-failure >"$OUT/ctest.log" 2>&1
 ctest_rc=$?
@@ -55,6 +60,7 @@ for t in "$BUILD_DIR"/tests/gpu/gpu_*_tests; do
   gtest_counts=$(( gtest_counts + $("$t" --gtest_list_tests | grep -c '^  ') ))
 done
 note "GPU test cases" "ok: $gtest_counts cases in $(ls "$BUILD_DIR"/tests/gpu/gpu_*_tests | wc -l) executables"
+fi
 
 if [ "$SANITIZE" = 1 ]; then
   echo "== compute-sanitizer memcheck" | tee -a "$OUT/gpu-check.log"
@@ -62,7 +68,9 @@ if [ "$SANITIZE" = 1 ]; then
   for spec in "gpu_merge_tests:*Pair*/*7_5_128*:*Ragged*:*Errors*:MergeStatesTest*/*8_128" \
               "gpu_page_tests:*_p3_*:*_p16_*:*Errors*" \
               "gpu_attention_tests:*_sanitize*:*Errors*" \
-              "gpu_runtime_tests:*_sanitize*:*Errors*"; do
+              "gpu_runtime_tests:*_sanitize*:*Errors*" \
+              "gpu_variant_tests:*_sanitize*:*Errors*" \
+              "gpu_block_mask_tests:*_sanitize*:*Errors*"; do
     exe=${spec%%:*}; filter=${spec#*:}
     if ! compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/$exe" --gtest_filter="$filter" \
          >"$OUT/sanitize-$exe.log" 2>&1; then
@@ -75,14 +83,18 @@ if [ "$SANITIZE" = 1 ]; then
   if compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_attention_tests" \
        --gtest_filter='*_sanitize*' >"$OUT/racecheck.log" 2>&1 &&
      compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_runtime_tests" \
-       --gtest_filter='*odd_sanitize*:*b16x64_sanitize*' >>"$OUT/racecheck.log" 2>&1; then
+       --gtest_filter='*odd_sanitize*:*b16x64_sanitize*' >>"$OUT/racecheck.log" 2>&1 &&
+     compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_variant_tests" \
+       --gtest_filter='*_sanitize*' >>"$OUT/racecheck.log" 2>&1 &&
+     compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_block_mask_tests" \
+       --gtest_filter='*_sanitize*' >>"$OUT/racecheck.log" 2>&1; then
     note "compute-sanitizer racecheck" "ok: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   else
     tail -20 "$OUT/racecheck.log"; note "compute-sanitizer racecheck" "FAILED"
   fi
 fi
 
-if [ -d "$BUILD_DIR/python/tessera" ]; then
+if [ "$PYTEST" = 1 ] && [ -d "$BUILD_DIR/python/tessera" ]; then
   echo "== pytest tests/python" | tee -a "$OUT/gpu-check.log"
   if PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q tests/python -p no:cacheprovider >"$OUT/pytest.log" 2>&1; then
     note "pytest (Python, GPU)" "ok: $(tail -1 "$OUT/pytest.log")"
@@ -91,9 +103,11 @@ if [ -d "$BUILD_DIR/python/tessera" ]; then
   fi
 fi
 
-echo "== benchmarks ($BENCH_SUITES)" | tee -a "$OUT/gpu-check.log"
 rm -f "$OUT/bench.jsonl"
-if "$BUILD_DIR/bench/tessera-bench" --suite "$BENCH_SUITES" --iters "$BENCH_ITERS" --json "$OUT/bench.jsonl" \
+if [ -z "$BENCH_SUITES" ]; then
+  :
+elif echo "== benchmarks ($BENCH_SUITES)" | tee -a "$OUT/gpu-check.log" &&
+   "$BUILD_DIR/bench/tessera-bench" --suite "$BENCH_SUITES" --iters "$BENCH_ITERS" --json "$OUT/bench.jsonl" \
      >"$OUT/bench.txt" 2>&1; then
   cat "$OUT/bench.txt"; note "tessera-bench $BENCH_SUITES" "ok"
 else

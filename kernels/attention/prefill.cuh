@@ -436,11 +436,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           const int qo_idx = packed / p.group_size;
           const int qo_pos = e.q_pos_offset + qo_idx;
           const int qo_head = kv_head * p.group_size + (packed - qo_idx * p.group_size);
+          // Padding rows of the request's last query tile are never stored; the hooks must not
+          // see them (a custom mask or a user table indexed by the query would read past its end).
+          const bool row_exists = qo_idx < e.qo_len;
 #pragma unroll
           for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const int col = warp_col0 + n * 8 + 2 * t + j;
+              if ((kTransformLogits || Variant::kHasMask) && !row_exists) {
+                s[mq][n][2 * h + j] = kSoftmax ? -INFINITY : 0.f;
+                continue;
+              }
               // Interior tiles of ragged and paged KV hold consecutive positions; edge tiles and
               // block-sparse columns read the resolved key (-1: missing row).
               const int key = tile_needs_mask || kFormat == KVFormatKind::kBlockSparse ? keys[col] : kv_begin + col;

@@ -366,6 +366,7 @@ std::string case_name(const AttentionCase& c) {
   if (!c.with_lse) s += "_nolse";
   if (c.sm_scale >= 0) s += "_scaled";
   if (c.loose_max_qo) s += "_loosemax";
+  s += variant_suffix(c.variant);
   s += c.tag;
   if (c.sanitize) s += "_sanitize";
   return s;
@@ -611,6 +612,325 @@ Lengths request_lengths(const AttentionCase& c, std::mt19937_64& rng) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Variants: the kernel's tessera::VariantOptions and the oracle's view of the same variant.
+
+std::string variant_suffix(const VariantDesc& v) {
+  std::string s;
+  auto num = [](double x) {
+    std::string t = std::to_string(x);
+    t.erase(t.find_last_not_of('0') + 1);
+    if (!t.empty() && t.back() == '.') t.pop_back();
+    for (char& ch : t) ch = ch == '.' ? 'p' : ch == '-' ? 'm' : ch;
+    return t;
+  };
+  if (v.window_left >= 0) s += "_win" + std::to_string(v.window_left);
+  if (v.sinks > 0) s += "_sinks" + std::to_string(v.sinks);
+  if (v.soft_cap > 0) s += "_cap" + num(v.soft_cap);
+  if (v.alibi) s += "_alibi";
+  if (v.mask == MaskKind::kRandom) s += "_mask";
+  if (v.mask == MaskKind::kTree) s += "_tree";
+  if (v.rope != tessera::PosEncoding::kNone) {
+    s += v.rope == tessera::PosEncoding::kRopeLlama ? "_rope" : "_rope31";
+    if (v.rope_theta != 1e4) s += "t" + num(v.rope_theta);
+    if (v.rope_scale != 1.0) s += "s" + num(v.rope_scale);
+    if (v.rope_offsets) s += "off";
+  }
+  if (v.sigmoid) s += "_sigmoid" + num(v.sigmoid_bias);
+  if (v.user == UserVariant::kDocumentMask) s += "_udoc";
+  if (v.user == UserVariant::kTransforms) s += "_uqkvo";
+  return s;
+}
+
+namespace {
+
+// User variant (a): a document mask over a device tensor of document ids plus a score transform
+// (temperature, a per-head linear position bias and a constant bias), all through params.
+constexpr const char* kDocumentMaskSource = R"(// document mask + score transform (variant tests)
+float logits_transform(const Params& params, float logits, int batch, int qo_idx, int kv_idx, int qo_head,
+                       int kv_head) {
+  return logits * params.temperature + params.slope * (float)(qo_head + 1) * (float)(kv_idx - qo_idx) +
+         params.bias;
+}
+bool logits_mask(const Params& params, int batch, int qo_idx, int kv_idx, int qo_head, int kv_head) {
+  if (qo_idx < 0) return false;  // a query before the sequence (qo_len > kv_len) has no document
+  const int32_t* doc = params.docs + (int64_t)batch * params.doc_stride;
+  return doc[qo_idx] == doc[kv_idx];
+}
+)";
+constexpr float kDocTemperature = 0.75f, kDocSlope = 1.f / 512.f, kDocBias = 1.25f;
+
+// User variant (b): query, key, value and output transforms.
+constexpr const char* kTransformsSource = R"(// q/k/v/o transforms (variant tests)
+float2 query_transform(const Params& params, float2 value, int batch, int qo_idx, int kv_idx, int qo_head,
+                       int kv_head, int dim) {
+  const float s = params.q_scale * (1.f + 0.25f * (float)(qo_head & 1));
+  return make_float2(value.x * s, value.y * s);
+}
+float2 key_transform(const Params& params, float2 value, int batch, int qo_idx, int kv_idx, int qo_head,
+                     int kv_head, int dim) {
+  const float s = (kv_idx & 1) ? 1.f : 0.75f;
+  return make_float2(s * (value.x + params.k_mix * value.y), s * (value.y - params.k_mix * value.x));
+}
+float2 value_transform(const Params& params, float2 value, int batch, int qo_idx, int kv_idx, int qo_head,
+                       int kv_head, int dim) {
+  const float* bias = params.v_bias + (int64_t)kv_head * params.head_dim;
+  return make_float2(value.x + bias[dim], value.y + bias[dim + params.head_dim / 2]);
+}
+float output_transform(const Params& params, float value, int batch, int qo_idx, int qo_head, int dim) {
+  return value * (2.f + (float)(qo_idx & 1));
+}
+)";
+constexpr float kQScale = 0.75f, kKMix = 0.375f;
+
+/// Everything a variant case needs beyond the plain inputs: device buffers and views for the
+/// kernel, and the reference side (oracle options, transformed operands, output post-processing).
+struct VariantSetup {
+  bool active = false;
+  tessera::VariantOptions options;  // user is set by the caller (points into `spec`)
+  tessera::VariantSpec spec;
+  bool has_user = false;
+  DeviceBuffer alibi, mask, mask_indptr, q_offset, k_offset, docs, v_bias;
+
+  tessera_ref::Options ref;  // variant fields of the oracle options (sm_scale, causal set by the runner)
+  double ref_scale_factor = 1.0;  // the oracle's sm_scale is the kernel's times this
+  std::vector<std::vector<double>> q_ref, k_ref, v_ref;  // per request; empty: the inputs as they are
+  double lse_shift = 0.0;             // natural-log shift of every finite reference LSE
+  bool output_parity_factor = false;  // o *= 2 + (query position & 1)
+};
+
+TensorView device_view_1d(const DeviceBuffer& buf, DType dtype, int64_t n) {
+  return TensorView(buf.get(), dtype, {n}, Device::cuda(0));
+}
+
+template <typename T>
+DeviceBuffer upload_pod(const std::vector<T>& values) {
+  DeviceBuffer buf(std::max<size_t>(1, values.size()) * sizeof(T));
+  buf.upload(values.data(), values.size() * sizeof(T));
+  return buf;
+}
+
+/// Query position of row i of a request with (qo, kv) lengths.
+int64_t query_position(int64_t qo, int64_t kv, int64_t i) { return kv - qo + i; }
+
+void prepare_variant(VariantSetup& vs, const AttentionCase& c, const Lengths& len,
+                     const std::vector<std::vector<double>>& q_parts, const std::vector<std::vector<double>>& k_parts,
+                     const std::vector<std::vector<double>>& v_parts, std::mt19937_64& rng) {
+  const VariantDesc& d = c.variant;
+  const int64_t B = c.batch, Hq = c.num_qo_heads(), Hkv = c.num_kv_heads, D = c.head_dim;
+  if (d.user == UserVariant::kDocumentMask && (d.soft_cap > 0 || d.sigmoid || d.alibi)) {
+    throw std::logic_error("the document-mask user variant has no oracle form with soft-cap, sigmoid or ALiBi");
+  }
+  vs.active = true;
+  tessera::VariantOptions& o = vs.options;
+  tessera_ref::Options& r = vs.ref;
+
+  o.window_left = d.window_left;
+  r.window_left = d.window_left;
+  o.num_sink_tokens = d.sinks;
+  r.num_sink_tokens = d.sinks;
+  o.logits_soft_cap = d.soft_cap;
+  r.logits_soft_cap = d.soft_cap;
+  if (d.alibi) {
+    const std::vector<float> slopes = tessera::alibi_slopes(Hq);
+    const std::vector<double> want = tessera_ref::alibi_slopes(Hq);
+    EXPECT_EQ(slopes.size(), want.size()) << "tessera::alibi_slopes(" << Hq << ")";
+    for (size_t h = 0; h < std::min(slopes.size(), want.size()); ++h) {
+      EXPECT_NEAR(slopes[h], want[h], 1e-7 * want[h]) << "tessera::alibi_slopes(" << Hq << ")[" << h << "]";
+    }
+    vs.alibi = upload_pod(slopes);
+    o.alibi_slopes = device_view_1d(vs.alibi, DType::kF32, Hq);
+    r.alibi_slopes.assign(slopes.begin(), slopes.end());  // the f32 values the kernel reads
+  }
+  o.sigmoid = d.sigmoid;
+  o.sigmoid_bias = d.sigmoid_bias;
+  r.use_softmax = !d.sigmoid;
+  r.sigmoid_bias = d.sigmoid_bias;
+
+  // Reference masks (byte per element), the custom mask and the user's document mask ANDed.
+  const bool doc = d.user == UserVariant::kDocumentMask;
+  std::vector<std::vector<uint8_t>> masks;  // per request, [qo_b, kv_b]
+  if (d.mask != MaskKind::kNone || doc) {
+    masks.resize(B);
+    for (int64_t b = 0; b < B; ++b) masks[b].assign(len.qo[b] * len.kv[b], 1);
+  }
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  if (d.mask == MaskKind::kRandom) {
+    int64_t row = 0;  // packed query row, across requests
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < len.qo[b]; ++i, ++row) {
+        for (int64_t j = 0; j < len.kv[b]; ++j) {
+          masks[b][i * len.kv[b] + j] = row % 5 != 4 && u01(rng) < 0.7;
+        }
+      }
+    }
+  } else if (d.mask == MaskKind::kTree) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t qo = len.qo[b], kv = len.kv[b], prefix = kv - qo;
+      std::vector<int64_t> parent(qo, -1);
+      for (int64_t i = 1; i < qo; ++i) {
+        parent[i] = std::uniform_int_distribution<int64_t>(std::max<int64_t>(0, i - 4), i - 1)(rng);
+      }
+      for (int64_t i = 0; i < qo; ++i) {
+        for (int64_t j = 0; j < kv; ++j) masks[b][i * kv + j] = j < prefix;
+        for (int64_t a = i; a >= 0; a = parent[a]) {
+          if (prefix + a >= 0 && prefix + a < kv) masks[b][i * kv + prefix + a] = 1;
+        }
+      }
+    }
+  }
+  if (d.mask != MaskKind::kNone) {
+    // Tessera's packed bits: request b from byte custom_mask_indptr[b], little bit order; the
+    // bits past a request's last element are random (a kernel must not read them).
+    std::vector<uint8_t> bytes;
+    std::vector<int32_t> byte_indptr = {0};
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t n = masks[b].size(), start = bytes.size(), nbytes = (n + 7) / 8;
+      bytes.resize(start + nbytes, 0);
+      for (size_t e = 0; e < nbytes * 8; ++e) {
+        const bool bit = e < n ? masks[b][e] != 0 : (rng() & 1) != 0;
+        if (bit) bytes[start + e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+      }
+      byte_indptr.push_back(static_cast<int32_t>(bytes.size()));
+    }
+    vs.mask = upload_pod(bytes);
+    vs.mask_indptr = upload_i32(byte_indptr);
+    o.custom_mask = device_view_1d(vs.mask, DType::kU8, std::max<int64_t>(1, static_cast<int64_t>(bytes.size())));
+    o.custom_mask_indptr = i32_view(vs.mask_indptr, B + 1);
+  }
+
+  // Document ids for the user mask: segments of random length, ids cycling through 4 values so
+  // that equal ids also occur in separate segments.
+  if (doc) {
+    const int64_t stride = std::max<int64_t>(1, *std::max_element(len.kv.begin(), len.kv.end()));
+    std::vector<int32_t> ids(B * stride, -7);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t kv = len.kv[b];
+      int32_t seg = 0;
+      for (int64_t j = 0; j < kv; ++seg) {
+        const int64_t n = std::uniform_int_distribution<int64_t>(1, std::max<int64_t>(1, kv / 6))(rng);
+        for (int64_t t = 0; t < n && j < kv; ++t, ++j) ids[b * stride + j] = seg % 4;
+      }
+      const int64_t qo = len.qo[b];
+      for (int64_t i = 0; i < qo; ++i) {
+        const int64_t p = query_position(qo, kv, i);
+        for (int64_t j = 0; j < kv; ++j) {
+          const bool same = p >= 0 && ids[b * stride + p] == ids[b * stride + j];
+          masks[b][i * kv + j] = masks[b][i * kv + j] && same;
+        }
+      }
+    }
+    vs.docs = upload_pod(ids);
+    vs.spec.name = "test_document_mask";
+    vs.spec.source = kDocumentMaskSource;
+    vs.spec.params = {
+        tessera::VariantParam::device_tensor("docs", device_view_1d(vs.docs, DType::kI32, B * stride)),
+        tessera::VariantParam::scalar_i32("doc_stride", static_cast<int32_t>(stride)),
+        tessera::VariantParam::scalar_f32("temperature", kDocTemperature),
+        tessera::VariantParam::scalar_f32("slope", kDocSlope),
+        tessera::VariantParam::scalar_f32("bias", kDocBias),
+    };
+    vs.has_user = true;
+    vs.ref_scale_factor = kDocTemperature;
+    r.alibi_slopes.resize(Hq);
+    for (int64_t h = 0; h < Hq; ++h) r.alibi_slopes[h] = static_cast<double>(kDocSlope) * static_cast<double>(h + 1);
+    vs.lse_shift = kDocBias;
+  }
+  if (!masks.empty()) {
+    r.custom_mask_indptr = {0};
+    for (int64_t b = 0; b < B; ++b) {
+      r.custom_mask.insert(r.custom_mask.end(), masks[b].begin(), masks[b].end());
+      r.custom_mask_indptr.push_back(static_cast<int64_t>(r.custom_mask.size()));
+    }
+  }
+
+  // RoPE and user q/k/v transforms: the reference gets the transformed operands, rounded to the
+  // dtype as the kernel's shared-memory tiles hold them (the oracle's own RoPE would skip that
+  // rounding, which alone can exceed the LSE tolerance for rows with few keys).
+  std::vector<int64_t> q_off(B, 0), k_off(B, 0);
+  if (d.rope != tessera::PosEncoding::kNone) {
+    o.rope.mode = d.rope;
+    o.rope.theta = d.rope_theta;
+    o.rope.scale = d.rope_scale;
+    if (d.rope_offsets) {
+      std::vector<int32_t> qo32(B), ko32(B);
+      for (int64_t b = 0; b < B; ++b) {
+        qo32[b] = static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, 1000)(rng));
+        ko32[b] = static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, 1000)(rng));
+        q_off[b] = qo32[b];
+        k_off[b] = ko32[b];
+      }
+      vs.q_offset = upload_i32(qo32);
+      vs.k_offset = upload_i32(ko32);
+      o.rope.q_offset = i32_view(vs.q_offset, B);
+      o.rope.k_offset = i32_view(vs.k_offset, B);
+    }
+  }
+  const bool transforms = d.user == UserVariant::kTransforms;
+  std::vector<float> v_bias;
+  if (transforms) {
+    v_bias.resize(Hkv * D);
+    for (float& x : v_bias) x = static_cast<float>(0.1 * std::normal_distribution<double>(0.0, 1.0)(rng));
+    vs.v_bias = upload_pod(v_bias);
+    vs.spec.name = "test_qkvo_transforms";
+    vs.spec.source = kTransformsSource;
+    vs.spec.params = {
+        tessera::VariantParam::scalar_f32("q_scale", kQScale),
+        tessera::VariantParam::scalar_f32("k_mix", kKMix),
+        tessera::VariantParam::device_tensor("v_bias", device_view_1d(vs.v_bias, DType::kF32, Hkv * D)),
+        tessera::VariantParam::scalar_i32("head_dim", static_cast<int32_t>(D)),
+    };
+    vs.has_user = true;
+    vs.output_parity_factor = true;
+  }
+  if (d.rope != tessera::PosEncoding::kNone || transforms) {
+    const tessera_ref::RopeMode mode = d.rope == tessera::PosEncoding::kRopeLlama     ? tessera_ref::RopeMode::Llama
+                                       : d.rope == tessera::PosEncoding::kRopeLlama31 ? tessera_ref::RopeMode::Llama31
+                                                                                      : tessera_ref::RopeMode::None;
+    tessera_ref::RopeParams rp;
+    rp.theta = d.rope_theta;
+    rp.scale = d.rope_scale;
+    const int64_t half = D / 2;
+    vs.q_ref.resize(B);
+    vs.k_ref.resize(B);
+    vs.v_ref.resize(B);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t qo = len.qo[b], kv = len.kv[b];
+      std::vector<int64_t> qpos(qo), kpos(kv);
+      for (int64_t i = 0; i < qo; ++i) qpos[i] = query_position(qo, kv, i) + q_off[b];
+      for (int64_t j = 0; j < kv; ++j) kpos[j] = j + k_off[b];
+      std::vector<double> qx = tessera_ref::apply_rope(q_parts[b], qo, Hq, D, qpos, mode, rp);
+      std::vector<double> kx = tessera_ref::apply_rope(k_parts[b], kv, Hkv, D, kpos, mode, rp);
+      std::vector<double> vx = v_parts[b];
+      if (transforms) {
+        for (int64_t i = 0; i < qo; ++i)
+          for (int64_t h = 0; h < Hq; ++h) {
+            const double s = static_cast<double>(kQScale) * (1.0 + 0.25 * static_cast<double>(h & 1));
+            for (int64_t e = 0; e < D; ++e) qx[(i * Hq + h) * D + e] *= s;
+          }
+        for (int64_t j = 0; j < kv; ++j)
+          for (int64_t h = 0; h < Hkv; ++h) {
+            const double s = (j & 1) ? 1.0 : 0.75;
+            double* kr = &kx[(j * Hkv + h) * D];
+            double* vr = &vx[(j * Hkv + h) * D];
+            for (int64_t e = 0; e < half; ++e) {
+              const double a = kr[e], bb = kr[e + half];
+              kr[e] = s * (a + kKMix * bb);
+              kr[e + half] = s * (bb - kKMix * a);
+              vr[e] += v_bias[h * D + e];
+              vr[e + half] += v_bias[h * D + e + half];
+            }
+          }
+      }
+      vs.q_ref[b] = round_to(c.dtype, qx);
+      vs.k_ref[b] = round_to(c.dtype, kx);
+      vs.v_ref[b] = transforms ? round_to(c.dtype, vx) : vx;
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // The decode / prefill runner.
 
 void run_attention_case(const AttentionCase& c, uint64_t seed) {
@@ -626,6 +946,10 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
     k_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
     v_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
   }
+  // The variant's own data (masks, offsets, parameters) comes after the inputs, so cases without
+  // a variant draw exactly what they always drew.
+  VariantSetup vs;
+  if (c.variant.any()) prepare_variant(vs, c, len, q_parts, k_parts, v_parts, rng);
   const Packed q = pack_rows(q_parts, Hq * D);
   const Packed k = pack_rows(k_parts, Hkv * D);
   const Packed v = pack_rows(v_parts, Hkv * D);
@@ -652,7 +976,15 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   opt.sm_scale = c.sm_scale;
   opt.causal = c.causal;
   tessera_ref::Options ropt;
+  if (vs.active) {
+    opt.variant = vs.options;
+    opt.variant.user = vs.has_user ? &vs.spec : nullptr;
+    ropt = vs.ref;
+  }
   ropt.sm_scale = c.sm_scale;
+  if (vs.ref_scale_factor != 1.0) {
+    ropt.sm_scale = (c.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : c.sm_scale) * vs.ref_scale_factor;
+  }
   ropt.causal = c.causal;
   const tessera_ref::HeadConfig heads{Hq, Hkv, D};
 
@@ -713,18 +1045,51 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   EXPECT_EQ(padding_changes(dout), 0u) << what << ": elements of o's buffer outside the view were written";
 
   tessera_ref::State ref;
-  switch (c.entry) {
-    case Entry::kSingle:
-      ref = tessera_ref::attention_single(q.values, k.values, v.values, len.qo[0], len.kv[0], heads, ropt);
-      break;
-    case Entry::kRagged:
-      ref = tessera_ref::attention_ragged(q.values, q.indptr, k.values, v.values, k.indptr, heads, ropt);
-      break;
-    case Entry::kPaged:
-      ref = tessera_ref::attention_paged(q.values, q.indptr, cache, heads, ropt);
-      break;
+  if (!vs.q_ref.empty()) {
+    // Transformed operands (RoPE, user transforms): the oracle sees what the kernel multiplies;
+    // every KV format has the same ragged reference.
+    const Packed rq = pack_rows(vs.q_ref, Hq * D), rk = pack_rows(vs.k_ref, Hkv * D), rv = pack_rows(vs.v_ref, Hkv * D);
+    if (c.entry == Entry::kSingle) {
+      ref = tessera_ref::attention_single(rq.values, rk.values, rv.values, len.qo[0], len.kv[0], heads, ropt);
+    } else {
+      ref = tessera_ref::attention_ragged(rq.values, rq.indptr, rk.values, rv.values, rk.indptr, heads, ropt);
+    }
+  } else {
+    switch (c.entry) {
+      case Entry::kSingle:
+        ref = tessera_ref::attention_single(q.values, k.values, v.values, len.qo[0], len.kv[0], heads, ropt);
+        break;
+      case Entry::kRagged:
+        ref = tessera_ref::attention_ragged(q.values, q.indptr, k.values, v.values, k.indptr, heads, ropt);
+        break;
+      case Entry::kPaged:
+        ref = tessera_ref::attention_paged(q.values, q.indptr, cache, heads, ropt);
+        break;
+    }
   }
-  expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, ref, what);
+  if (vs.lse_shift != 0.0) {
+    for (double& x : ref.lse) {
+      if (std::isfinite(x)) x += vs.lse_shift;
+    }
+  }
+  if (vs.output_parity_factor) {
+    int64_t row = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < len.qo[b]; ++i, ++row) {
+        const double factor = 2.0 + static_cast<double>(query_position(len.qo[b], len.kv[b], i) & 1);
+        for (int64_t e = 0; e < Hq * D; ++e) ref.o[row * Hq * D + e] *= factor;
+      }
+    }
+  }
+  if (c.variant.sigmoid) {
+    // Softmax off: no log-sum-exp; the kernel writes NaN (the oracle's LSE is NaN too).
+    expect_matches_oracle(c.dtype, o, nullptr, ref, what);
+    size_t not_nan = 0;
+    for (double x : lse) not_nan += !std::isnan(x);
+    EXPECT_EQ(not_nan, 0u) << what << ": sigmoid attention has no LSE; these lse elements are not NaN";
+  } else {
+    expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, ref, what);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // Shared pieces of the attention GPU tests (decode_test.cpp, prefill_test.cpp,
-// block_sparse_test.cpp): the case lists, device tensors with arbitrary strides and padding, paged
+// block_sparse_test.cpp, variant_test.cpp): the case lists, device tensors with arbitrary strides and padding, paged
 // cache upload in both layouts (separate or combined K/V), ragged packing, the runner that checks
 // one decode/prefill case against the fp64 oracle, and the comparison against the oracle's state.
 //
@@ -140,6 +140,55 @@ enum class Entry {
   kPaged,   ///< batch_decode_paged / batch_prefill_paged
 };
 
+/// Custom bit mask of a variant case (tessera::VariantOptions::custom_mask).
+enum class MaskKind {
+  kNone,
+  kRandom,  ///< each (query, key) bit visible with probability 0.7; every 5th query row hides all keys
+  kTree,    ///< tree attention: a query sees the whole prefix, its ancestors in a random tree over
+            ///< the request's last qo_len positions, and itself
+};
+
+/// User variants defined only as source text (attention_test_utils.cpp holds the snippets).
+enum class UserVariant {
+  kNone,
+  /// logits_transform x * temperature + slope * (qo_head + 1) * (kv_idx - qo_idx) + bias and a
+  /// logits_mask "same document" over an i32 device tensor of document ids (scalars f32/i32,
+  /// one tensor). Reference: sm_scale * temperature, ALiBi slopes slope * (h + 1), a custom mask,
+  /// LSE + bias.
+  kDocumentMask,
+  /// query/key/value/output transforms: q scaled per head, k sheared per pair and scaled by key
+  /// parity, v plus a per-(KV head, dim) f32 device tensor, o times (2 + (qo_idx & 1)).
+  /// Reference: the same math on the CPU (transformed operands rounded to the dtype, as the
+  /// kernel's shared-memory tiles are), the oracle, then the output factor.
+  kTransforms,
+};
+
+/// An attention variant of a case: turned by run_attention_case into tessera::VariantOptions for
+/// the kernel and into tessera_ref::Options (plus reference-side input/output transforms) for the
+/// oracle. The default describes no variant (the existing decode/prefill grids).
+struct VariantDesc {
+  int64_t window_left = -1;
+  int64_t sinks = 0;
+  double soft_cap = 0.0;
+  bool alibi = false;  ///< standard slopes (tessera::alibi_slopes)
+  bool sigmoid = false;
+  double sigmoid_bias = 0.0;
+  MaskKind mask = MaskKind::kNone;
+  tessera::PosEncoding rope = tessera::PosEncoding::kNone;
+  bool rope_offsets = false;  ///< random per-request q_offset / k_offset in [0, 1000]
+  double rope_theta = 1e4;
+  double rope_scale = 1.0;
+  UserVariant user = UserVariant::kNone;
+
+  bool any() const {
+    return window_left >= 0 || sinks > 0 || soft_cap > 0 || alibi || sigmoid || mask != MaskKind::kNone ||
+           rope != tessera::PosEncoding::kNone || user != UserVariant::kNone;
+  }
+};
+
+/// "_win37_cap30_alibi_mask_rope31off_sigmoid_sinks4_udoc"-style name suffix ("" for none).
+std::string variant_suffix(const VariantDesc& v);
+
 struct AttentionCase {
   bool decode = false;  ///< decode entry points (one query per request) or prefill
   Entry entry = Entry::kSingle;
@@ -162,6 +211,7 @@ struct AttentionCase {
   double sm_scale = -1.0;
   bool sanitize = false;  ///< member of the compute-sanitizer subset (name suffix _sanitize)
   std::string tag;        ///< extra name suffix (keeps names unique)
+  VariantDesc variant;    ///< attention variant (default: none)
 
   int64_t num_qo_heads() const { return num_kv_heads * group; }
 };
@@ -186,7 +236,8 @@ double oracle_cost(const AttentionCase& c);
 double kv_elements(const AttentionCase& c);
 
 /// Runs one decode or prefill case on fresh inputs drawn from `seed` and checks it against the
-/// oracle (gtest expectations).
+/// oracle (gtest expectations). With a variant, o is compared as usual; the LSE too, except for
+/// sigmoid (softmax off), where every LSE element must be NaN.
 void run_attention_case(const AttentionCase& c, uint64_t seed);
 
 // ---------------------------------------------------------------------------------------------

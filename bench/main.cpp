@@ -44,7 +44,8 @@ void print_usage(FILE* out) {
                "                   stdout after the table)\n"
                "  --iters N        timed runs per workload, >= %d (default 30)\n"
                "  --warmup N       untimed warm-up runs per workload (default 5)\n"
-               "  --filter TEXT    run only workloads whose name contains TEXT (ceilings still run)\n"
+               "  --filter TEXT    run only workloads whose name contains TEXT, or one of A|B|... (ceilings\n"
+               "                   still run)\n"
                "  --device N       CUDA device to use (default 0)\n"
                "  --help           this text\n",
                kDefaultSuite, kMinIters);
@@ -148,6 +149,19 @@ bool in_suite(const tb::Workload& w, const std::string& suite) {
 
 // The ceilings first (registration order), then the workloads of the requested suites that match
 // the filter, grouped by their own suite.
+/// True when `filter` is empty or `name` contains one of its '|'-separated alternatives.
+bool matches_filter(const std::string& name, const std::string& filter) {
+  if (filter.empty()) return true;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = filter.find('|', begin);
+    const std::string part = filter.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    if (!part.empty() && name.find(part) != std::string::npos) return true;
+    if (end == std::string::npos) return false;
+    begin = end + 1;
+  }
+}
+
 std::vector<const tb::Workload*> select_workloads(const Options& opt) {
   std::vector<const tb::Workload*> ceilings, others;
   const bool all = std::find(opt.suites.begin(), opt.suites.end(), kAllSuite) != opt.suites.end();
@@ -158,7 +172,7 @@ std::vector<const tb::Workload*> select_workloads(const Options& opt) {
     }
     const bool requested = all || std::any_of(opt.suites.begin(), opt.suites.end(),
                                               [&](const std::string& s) { return in_suite(w, s); });
-    if (requested && (opt.filter.empty() || w.name.find(opt.filter) != std::string::npos)) {
+    if (requested && matches_filter(w.name, opt.filter)) {
       others.push_back(&w);
     }
   }

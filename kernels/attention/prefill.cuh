@@ -428,41 +428,29 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
       if (kTransformLogits || tile_needs_mask) {
-        // Row by row, so the row's position and head (one division) and whatever a hook loads per
-        // head (ALiBi's slope) are computed once per row, not per element.
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int packed = packed_row(mq, h);
-          const int qo_idx = packed / p.group_size;
-          const int qo_pos = e.q_pos_offset + qo_idx;
-          const int qo_head = kv_head * p.group_size + (packed - qo_idx * p.group_size);
-          // Padding rows of the request's last query tile are never stored; the hooks must not
-          // see them (a custom mask or a user table indexed by the query would read past its end).
-          const bool row_exists = qo_idx < e.qo_len;
+        for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
-          for (int n = 0; n < kN8KV; ++n)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int col = warp_col0 + n * 8 + 2 * t + j;
-              if ((kTransformLogits || Variant::kHasMask) && !row_exists) {
-                s[mq][n][2 * h + j] = kSoftmax ? -INFINITY : 0.f;
-                continue;
-              }
-              // Interior tiles of ragged and paged KV hold consecutive positions; edge tiles and
-              // block-sparse columns read the resolved key (-1: missing row).
-              const int key = tile_needs_mask || kFormat == KVFormatKind::kBlockSparse ? keys[col] : kv_begin + col;
-              float& x = s[mq][n][2 * h + j];
-              if constexpr (kTransformLogits) {
-                x = Variant::logits_transform(vp, e, x * p.sm_scale, batch, qo_pos, key, qo_head, kv_head);
-              }
-              if (tile_needs_mask) {
-                const bool visible = key >= 0 && (!p.causal || key <= qo_pos) &&
-                                     (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head,
-                                                                                 kv_head));
-                if (!visible) x = kSoftmax ? -INFINITY : 0.f;
-              }
+          for (int i = 0; i < 4; ++i) {
+            const int key = keys[warp_col0 + n * 8 + 2 * t + (i & 1)];
+            const int packed = packed_row(mq, i / 2);
+            // Padding rows of the request's last query tile are never stored; the hooks see the
+            // last real row instead, so a custom mask or a user table indexed by the query never
+            // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
+            const int qo_idx = min(packed / p.group_size, e.qo_len - 1);
+            const int qo_pos = e.q_pos_offset + qo_idx;
+            const int qo_head = kv_head * p.group_size + packed % p.group_size;
+            if constexpr (kTransformLogits) {
+              s[mq][n][i] = Variant::logits_transform(vp, e, s[mq][n][i] * p.sm_scale, batch, qo_pos, key, qo_head,
+                                                      kv_head);
             }
-        }
+            if (tile_needs_mask) {
+              const bool visible = key >= 0 && (!p.causal || key <= qo_pos) &&
+                                   (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head,
+                                                                               kv_head));
+              if (!visible) s[mq][n][i] = kSoftmax ? -INFINITY : 0.f;
+            }
+          }
       }
       if constexpr (kSoftmax) {
 #pragma unroll

@@ -11,34 +11,37 @@
 
 namespace tessera {
 
-VariantParam VariantParam::scalar_f32(std::string name, float value) {
+namespace {
+
+VariantParam make_param(std::string name, VariantParam::Kind kind) {
   VariantParam p;
   p.name = std::move(name);
-  p.kind = Kind::kF32;
+  p.kind = kind;
+  return p;
+}
+
+}  // namespace
+
+VariantParam VariantParam::scalar_f32(std::string name, float value) {
+  VariantParam p = make_param(std::move(name), Kind::kF32);
   p.f32 = value;
   return p;
 }
 
 VariantParam VariantParam::scalar_i32(std::string name, int32_t value) {
-  VariantParam p;
-  p.name = std::move(name);
-  p.kind = Kind::kI32;
+  VariantParam p = make_param(std::move(name), Kind::kI32);
   p.i64 = value;
   return p;
 }
 
 VariantParam VariantParam::scalar_i64(std::string name, int64_t value) {
-  VariantParam p;
-  p.name = std::move(name);
-  p.kind = Kind::kI64;
+  VariantParam p = make_param(std::move(name), Kind::kI64);
   p.i64 = value;
   return p;
 }
 
 VariantParam VariantParam::device_tensor(std::string name, const TensorView& tensor) {
-  VariantParam p;
-  p.name = std::move(name);
-  p.kind = Kind::kTensor;
+  VariantParam p = make_param(std::move(name), Kind::kTensor);
   p.tensor = tensor;
   return p;
 }

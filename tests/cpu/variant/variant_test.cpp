@@ -2,6 +2,7 @@
 // built-in and user variants compiled for sm_80 and sm_90a, hook detection, snippet errors with
 // the user's line numbers, and the FlexAttention combinators.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/jit/kernel_cache.h"
 #include "src/jit/nvrtc_compiler.h"
 #include "src/variant/jit_variant.h"
 #include "src/variant/variant_config.h"
@@ -251,6 +253,48 @@ TEST(VariantJit, SnippetErrorCarriesUserLine) {
     EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(StatusCode::kInvalidArgument)) << msg;
     EXPECT_NE(msg.find("user_snippet line 3"), std::string::npos) << msg;
   }
+}
+
+// The disk cache with a real variant unit: a second request is a memory hit, a new cache object
+// over the same directory (a restarted process) loads it from disk without compiling. (Two
+// processes racing for one entry: jit_tests JitCacheConcurrency.TwoProcessesCompileOnce.)
+TEST(VariantJit, CacheHitAndRestart) {
+  char pattern[] = "/tmp/tessera-variant-cache-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  TensorView q = fake_device_tensor(DType::kBF16, 1);
+  VariantSpec spec;
+  spec.name = "cached";
+  spec.source = "float logits_transform(const Params& params, float logits, int batch, int qo_idx, int kv_idx,\n"
+                "                       int qo_head, int kv_head) { return logits * params.s; }\n";
+  spec.params = {VariantParam::scalar_f32("s", 0.5f)};
+  VariantOptions o;
+  o.user = &spec;
+  const ResolvedVariant v = detail::resolve_variant(o, context(q));
+  const detail::VariantSource src = detail::variant_source(v, prefill_request("__nv_bfloat16", "kRagged"));
+  jit::CompileRequest req;
+  req.name = "variant cache test";
+  req.source = jit::GeneratedSource{src.text, src.has_user_snippet};
+  req.arch = "90a";
+  req.name_expressions = {src.name_expression};
+  {
+    jit::KernelCache cache(dir);
+    const auto first = cache.get_or_compile(req);
+    const auto second = cache.get_or_compile(req);
+    EXPECT_EQ(first.get(), second.get());
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_EQ(cache.stats().memory_hits, 1u);
+  }
+  jit::KernelCache restarted(dir);
+  const auto third = restarted.get_or_compile(req);
+  EXPECT_EQ(restarted.stats().compiles, 0u);
+  EXPECT_EQ(restarted.stats().disk_hits, 1u);
+  EXPECT_FALSE(third->lowered_name(src.name_expression).empty());
+  // A different parameter value is the same unit (values travel in VariantParams at launch).
+  spec.params[0].f32 = 2.0;
+  const ResolvedVariant v2 = detail::resolve_variant(o, context(q));
+  EXPECT_EQ(detail::variant_source(v2, prefill_request("__nv_bfloat16", "kRagged")).text, src.text);
+  std::system(("rm -rf '" + dir + "'").c_str());
 }
 
 TEST(FlexFrontEnd, CombinatorsAndVariant) {

@@ -192,6 +192,28 @@ TEST(VariantJit, BuiltinVariantsCompile) {
   }
 }
 
+// The runtime's persistent kernel and the 16-row decode tile take the same variants.
+TEST(VariantJit, PersistentAndDecodeTilesCompile) {
+  ResolvedVariant v;
+  v.is_default = false;
+  v.features = feature::kWindow | feature::kSinks | feature::kSoftCap | feature::kAlibi | feature::kRope;
+  VariantKernelRequest persistent = prefill_request("__half", "kPaged");
+  persistent.kernel = "tessera::kernels::attention_persistent_kernel";
+  VariantKernelRequest decode = prefill_request("__nv_bfloat16", "kPaged");
+  decode.args_before = "tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 16, 64, 1, 4, 3, 1>, "
+                       "tessera::kernels::KVFormatKind::kPaged";
+  for (const VariantKernelRequest& r : {persistent, decode}) {
+    const detail::VariantSource src = detail::variant_source(v, r);
+    jit::CompileRequest req;
+    req.name = "variant test " + r.kernel;
+    req.source = jit::GeneratedSource{src.text, src.has_user_snippet};
+    req.arch = "90a";
+    req.name_expressions = {src.name_expression};
+    const jit::CompileResult res = jit::compile_to_cubin(req);
+    EXPECT_FALSE(res.cubin.empty()) << r.kernel;
+  }
+}
+
 const char* kAllHooks = R"(
 float2 query_transform(const Params& params, float2 value, int batch, int qo_idx, int kv_idx, int qo_head,
                        int kv_head, int dim) {

@@ -426,6 +426,7 @@ class AttentionRuntime {
   /// without an output transform qualify: the built-in masks and logit transforms and RoPE.
   ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch) const {
     const VariantOptions& v = shape.attention.variant;
+    if (v.is_default()) return ResolvedVariant{};  // plan() is a hot path: nothing to resolve
     TESSERA_CHECK(!v.sigmoid, StatusCode::kUnsupported)
         << "shape.attention.variant.sigmoid: softmax-free attention cannot be merged across split KV chunks; "
            "use the one-shot entry points of tessera/attention.h";

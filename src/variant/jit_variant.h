@@ -63,9 +63,13 @@ CUfunction variant_kernel(const ResolvedVariant& variant, const VariantKernelReq
 void launch_variant_kernel(CUfunction fn, const VariantKernelRequest& request, unsigned grid_x, unsigned grid_y,
                            unsigned grid_z, unsigned threads, void** args, cudaStream_t stream);
 
-/// "__half" / "__nv_bfloat16" for the kernels' element types.
+/// "__half" / "__nv_bfloat16" for the kernels' element types (defined for those two only).
 template <typename T>
 const char* cuda_type_name();
+template <>
+const char* cuda_type_name<__half>();
+template <>
+const char* cuda_type_name<__nv_bfloat16>();
 
 }  // namespace detail
 }  // namespace tessera

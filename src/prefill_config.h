@@ -16,11 +16,11 @@ enum class QTile { k16, k64, k128 };
 /// the query tile — up to 16 rows: a 16-row tile with 4 warps splitting each KV tile (decode and
 /// short appends are memory bound: wide KV tiles keep bytes in flight); up to 64 rows, or head_dim
 /// 256 (whose 128-row tile would need 256 accumulator registers per thread): 64 rows, one m16 tile
-/// per warp; longer: 128 rows, two m16 tiles per warp, which halves K/V shared-memory traffic per
-/// FLOP. KV tiles (32, 64 or 128 rows) are as wide as the register budget allows without spills
-/// (S + O accumulators; 128 query rows x head_dim 128 fit only with 32-row KV tiles) and keep the
-/// K/V double buffer at 64 KB or less, so two or three CTAs share an SM; the 16-row tile of
-/// head_dim 256 uses 136 KB (one CTA per SM).
+/// per warp; longer: 128 rows. For head_dim 128 the 128-row tile is 4 warps x 32 rows: each K/V
+/// fragment loaded from shared memory feeds two m16 tiles, which halves that traffic per FLOP
+/// (the O and S accumulators then take 192 of 255 registers, so two CTAs share an SM). KV tiles
+/// (32, 64 or 128 rows) are as wide as the register budget allows without spills and keep the K/V
+/// double buffer at 64 KB or less; the 16-row tile of head_dim 256 uses 136 KB (one CTA per SM).
 /// TESSERA_PREFILL_QTILE=16|64|128 overrides the choice (a tuning aid for benchmarks; a value
 /// without a configuration for the head dim is an error, not a fallback).
 QTile choose_q_tile(int head_dim, double avg_packed_rows);
@@ -29,8 +29,16 @@ template <typename T, int HEAD_DIM, QTile Q>
 struct PrefillConfig;
 
 // Traits: <T, HEAD_DIM, CTA_TILE_Q, CTA_TILE_KV, NUM_WARPS_Q, NUM_WARPS_KV, STAGES, MIN_CTAS_PER_SM>
+// Tuning aids for benchmarks (set through CMAKE_CUDA_FLAGS; the defaults are the measured best,
+// bench/results/LOG.md): the 128-row tile's KV width, warps and stages.
 #ifndef TESSERA_Q128_KV
 #define TESSERA_Q128_KV 64
+#endif
+#ifndef TESSERA_Q128_WARPS
+#define TESSERA_Q128_WARPS 0  // 0: by head dim, see PrefillConfig<k128>
+#endif
+#ifndef TESSERA_Q128_STAGES
+#define TESSERA_Q128_STAGES 2
 #endif
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k16> {
@@ -43,7 +51,10 @@ struct PrefillConfig<T, HEAD_DIM, QTile::k64> {
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k128> {
   static_assert(HEAD_DIM != 256, "head_dim 256 uses 64-row query tiles");
-  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, TESSERA_Q128_KV, 8, 1, 2, 2>;
+  // head_dim 128: 4 warps x 32 rows (two m16 tiles per warp share every K/V fragment; 255
+  // registers, two CTAs per SM); head_dim 64: 8 warps x 16 rows (measured equal or better there).
+  static constexpr int kWarps = TESSERA_Q128_WARPS != 0 ? TESSERA_Q128_WARPS : HEAD_DIM == 128 ? 4 : 8;
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, TESSERA_Q128_KV, kWarps, 1, TESSERA_Q128_STAGES, 2>;
 };
 
 /// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per

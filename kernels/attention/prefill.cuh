@@ -60,7 +60,7 @@ struct PrefillTraits {
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
   // Three row tables in a ring (see the kernel's pipeline comment).
-  static constexpr int kRowTableBytes = 3 * CTA_TILE_KV * (2 * static_cast<int>(sizeof(int64_t)) + 4);
+  static constexpr int kRowTableBytes = 3 * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
   static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kKeysBytes;
@@ -89,7 +89,7 @@ struct PrefillSmem {
   T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
-  int64_t* rows;      // [3][CTA_TILE_KV][2] ring of tables: offsets of K and V rows (-1: missing)
+  uint64_t* rows;     // [3][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [3][CTA_TILE_KV] their keys
   int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
 
@@ -97,7 +97,7 @@ struct PrefillSmem {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
-    rows = reinterpret_cast<int64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
+    rows = reinterpret_cast<uint64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
     row_keys = reinterpret_cast<int32_t*>(rows + 6 * Traits::CTA_TILE_KV);
     keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes +
                                       Traits::kRowTableBytes);
@@ -135,29 +135,43 @@ TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const Reque
   return row < Traits::CTA_TILE_KV && pos < kv_end ? kv_row_block<kFormat>(p, e, pos) : -1;
 }
 
+/// A row-table entry: the global byte address of a K or V row of the CTA's KV head, with bit 0
+/// set when the row is missing (then the address is the tensor's base, never read: the copy
+/// zero-fills). Rows are 16-byte aligned, so the tag bit is free. Keeping whole addresses makes
+/// each 16-byte copy a table load, one add and a predicated cp.async.
+struct RowAddress {
+  static TESSERA_DEVICE uint64_t make(const void* base, int64_t elem_offset, int elem_bytes, bool valid) {
+    const uint64_t b = reinterpret_cast<uint64_t>(base);
+    return valid ? b + static_cast<uint64_t>(elem_offset * elem_bytes) : (b | 1u);
+  }
+  static TESSERA_DEVICE const char* address(uint64_t entry) { return reinterpret_cast<const char*>(entry & ~uint64_t{1}); }
+  static TESSERA_DEVICE bool valid(uint64_t entry) { return (static_cast<uint32_t>(entry) & 1u) == 0u; }
+};
+
 /// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live, thread `row` handling row
-/// `row` with its block id from load_kv_block_id, into the row table; rows at or past kv_end get
-/// offset -1 (zero-filled and masked). A barrier separates this from the copies, so the copying
+/// `row` with its block id from load_kv_block_id, into the row table; rows at or past kv_end are
+/// missing (zero-filled and masked). A barrier separates this from the copies, so the copying
 /// threads hold no per-row registers while the accumulators are live.
 template <typename Traits, KVFormatKind kFormat, typename T>
 TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_end,
-                                    int kv_begin, int32_t block, int64_t* row_table, int32_t* row_keys) {
+                                    int kv_begin, int32_t block, uint64_t* row_table, int32_t* row_keys) {
   static_assert(Traits::CTA_TILE_KV <= Traits::kThreads, "one thread per KV row");
   const int row = threadIdx.x;
   if (row >= Traits::CTA_TILE_KV) return;
   const int pos = kv_begin + row;
   KVRow r{0, 0, -1, false};
   if (pos < kv_end) r = kv_row_in_block<kFormat>(p, e, pos, block);
-  row_table[2 * row] = r.valid ? r.k_offset + kv_head * p.k_head_stride : -1;
-  row_table[2 * row + 1] = r.valid ? r.v_offset + kv_head * p.v_head_stride : -1;
+  constexpr int kElem = static_cast<int>(sizeof(T));
+  row_table[2 * row] = RowAddress::make(p.k, r.k_offset + kv_head * p.k_head_stride, kElem, r.valid);
+  row_table[2 * row + 1] = RowAddress::make(p.v, r.v_offset + kv_head * p.v_head_stride, kElem, r.valid);
   row_keys[row] = r.valid ? r.key : -1;
 }
 
 /// Copies the K and V rows resolved in the row table into one stage, and their keys; missing rows
 /// are zero-filled.
 template <typename Traits, typename T>
-TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const int64_t* row_table, const int32_t* row_keys,
-                                 T* k_smem, T* v_smem, int32_t* keys) {
+TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, const int32_t* row_keys, T* k_smem, T* v_smem,
+                                 int32_t* keys) {
   for (int row = threadIdx.x; row < Traits::CTA_TILE_KV; row += Traits::kThreads) keys[row] = row_keys[row];
   using Tile = SwizzledTile<Traits::kRowChunks>;
   static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
@@ -168,14 +182,16 @@ TESSERA_DEVICE void load_kv_tile(const AttentionParams<T>& p, const int64_t* row
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
     const int row = row0 + j * kRowsPerPass;
-    const int64_t off = row_table[2 * row];
-    cp_async_16_zfill(k_smem + Tile::chunk_offset(row, chunk) * 8, p.k + (off >= 0 ? off + chunk * 8 : 0), off >= 0);
+    const uint64_t entry = row_table[2 * row];  // K
+    cp_async_16_zfill(k_smem + Tile::chunk_offset(row, chunk) * 8, RowAddress::address(entry) + chunk * 16,
+                      RowAddress::valid(entry));
   }
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
     const int row = row0 + j * kRowsPerPass;
-    const int64_t off = row_table[2 * row + 1];
-    cp_async_16_zfill(v_smem + Tile::chunk_offset(row, chunk) * 8, p.v + (off >= 0 ? off + chunk * 8 : 0), off >= 0);
+    const uint64_t entry = row_table[2 * row + 1];
+    cp_async_16_zfill(v_smem + Tile::chunk_offset(row, chunk) * 8, RowAddress::address(entry) + chunk * 16,
+                      RowAddress::valid(entry));
   }
 }
 
@@ -297,12 +313,31 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   };
   auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
-      load_kv_tile<Traits>(p, smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
+      load_kv_tile<Traits>(smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
                            smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV, smem.k + fill * kTileElems,
                            smem.v + fill * kTileElems, smem.keys + fill * Traits::CTA_TILE_KV);
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
+  // ldmatrix addresses. A lane's fragment row is fixed for the whole tile and its rows are 8k +
+  // lane % 8, so the swizzled chunk is (2 * step + half) ^ (lane % 8) = ((half ^ lane % 8)) ^
+  // 2 * step: a k16 step only XORs (step << 5) into the byte address, and a further m16 / k16 / n16
+  // block adds whole rows (an immediate). Exact because every tile base is a multiple of 1024 bytes
+  // (smem_raw is 1024-aligned; tile sizes are multiples of 16 rows of >= 128 bytes) and row bases
+  // leave the chunk bits free. Saves the per-load swizzle arithmetic of the inner loops.
+  constexpr uint32_t kRowBytes = Traits::kRowChunks * 16;
+  if (smem_addr(smem_raw) % 1024 != 0) __trap();  // never: the declaration's alignment; never silently wrong
+  const uint32_t lane_chunk_lo = static_cast<uint32_t>(((lane / 16) ^ (lane % 8)) << 4);        // half = lane / 16
+  const uint32_t lane_chunk_mid = static_cast<uint32_t>((((lane / 8) % 2) ^ (lane % 8)) << 4);  // half = (lane / 8) % 2
+  const uint32_t frag_row = (lane % 8) + 8 * ((lane / 8) % 2);  // row of an A (Q, P) or V^T fragment
+  const int warp_col0 = warp_kv * Traits::kWarpColsKV;
+  // Q: [kWarpRowsQ rows of this warp][HEAD_DIM], A fragments, half = lane / 16
+  const uint32_t q_frag = smem_addr(smem.q) + (warp_q * Traits::kWarpRowsQ + frag_row) * kRowBytes + lane_chunk_lo;
+  // K: B fragments of two n8 tiles, rows lane % 8 + 8 * (lane / 16), half = (lane / 8) % 2
+  const uint32_t k_frag_offset = (warp_col0 + (lane % 8) + 8 * (lane / 16)) * kRowBytes + lane_chunk_mid;
+  // V: transposed B fragments of two n8 tiles of D, rows frag_row, half = lane / 16
+  const uint32_t v_frag_offset = (warp_col0 + frag_row) * kRowBytes + lane_chunk_lo;
+
   PipelineState<Traits::kStages> compute_stage, fill_stage;
 #pragma unroll
   for (int s = 0; s + 1 < Traits::kStages; ++s) {
@@ -341,7 +376,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     const int32_t* keys = smem.keys + compute_stage.stage * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
-    const int warp_col0 = warp_kv * Traits::kWarpColsKV;
+    const uint32_t k_frag = smem_addr(k_tile) + k_frag_offset;
+    const uint32_t v_frag = smem_addr(v_tile) + v_frag_offset;
 
     // Variant transforms of the operands, in shared memory, before any warp reads them.
     if constexpr (Variant::kHasQueryTransform || Variant::kHasKeyTransform || Variant::kHasValueTransform) {
@@ -383,17 +419,11 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
       uint32_t a[kMmaQ][4];
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) {
-        const int row = warp_q * Traits::kWarpRowsQ + mq * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        const int chunk = 2 * kd + lane / 16;
-        ldmatrix_x4(a[mq], smem_addr(smem.q + Tile::chunk_offset(row, chunk) * 8));
-      }
+      for (int mq = 0; mq < kMmaQ; ++mq) ldmatrix_x4(a[mq], (q_frag ^ (kd << 5)) + mq * 16 * kRowBytes);
 #pragma unroll
       for (int nk = 0; nk < kN8KV / 2; ++nk) {
         uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
-        const int row = warp_col0 + nk * 16 + (lane % 8) + 8 * (lane / 16);
-        const int chunk = 2 * kd + (lane / 8) % 2;
-        ldmatrix_x4(b, smem_addr(k_tile + Tile::chunk_offset(row, chunk) * 8));
+        ldmatrix_x4(b, (k_frag ^ (kd << 5)) + nk * 16 * kRowBytes);
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_m16n8k16<T>(s[mq][2 * nk], a[mq], b[0], b[1]);
@@ -502,9 +532,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 #pragma unroll
       for (int nd = 0; nd < kN8D / 2; ++nd) {
         uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
-        const int row = warp_col0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        const int chunk = 2 * nd + lane / 16;
-        ldmatrix_x4_trans(b, smem_addr(v_tile + Tile::chunk_offset(row, chunk) * 8));
+        ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kRowBytes);
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
           mma_m16n8k16<T>(o[mq][2 * nd], pfrag[mq][kk], b[0], b[1]);
@@ -653,7 +681,7 @@ TESSERA_DEVICE KVSpan tile_kv_span(const AttentionParams<T>& p, const VariantPar
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, const int32_t num_q_tiles) {
-  extern __shared__ __align__(128) char smem_raw[];
+  extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
   // Heaviest causal tiles (the last query rows) are scheduled first.
   const int q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x);
   const int request = blockIdx.y, kv_head = blockIdx.z;
@@ -670,7 +698,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
-  extern __shared__ __align__(128) char smem_raw[];
+  extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
   const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
   for (int i = first; i < last; ++i) {

@@ -455,9 +455,13 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     }
     constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
     const float scale = kTransformLogits ? (kSoftmax ? detail::kLog2eF : 1.f) : p.sm_scale_log2;
+    // One branch per tile around the per-element loop and one warp vote for the O rescale, not
+    // one per m16 tile or row: each branch closes a basic block, and the scheduler can only
+    // interleave the rows' independent max / exponent / sum chains (the latency that bounds this
+    // loop between the two MMA phases) within one.
+    if (kTransformLogits || tile_needs_mask) {
 #pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq) {
-      if (kTransformLogits || tile_needs_mask) {
+      for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
@@ -481,8 +485,12 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
               if (!visible) s[mq][n][i] = kSoftmax ? -INFINITY : 0.f;
             }
           }
-      }
-      if constexpr (kSoftmax) {
+    }
+    if constexpr (kSoftmax) {
+      float rescale[kMmaQ][2];  // [m16 tile][row half]
+      bool settled = true;      // no row's max moved in this thread
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float raw_max = -INFINITY;
@@ -493,7 +501,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           const float row_max = fmaxf(st.m[mq][h], raw_max * scale);
           // All keys so far masked: keep the state empty and make every p exactly 0.
           const float base = row_max == -INFINITY ? 0.f : row_max;
-          const float rescale = fast_exp2(st.m[mq][h] - base);
+          rescale[mq][h] = fast_exp2(st.m[mq][h] - base);
+          settled = settled && rescale[mq][h] == 1.f;
           st.m[mq][h] = row_max;
           float sum = 0.f;
 #pragma unroll
@@ -502,16 +511,16 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
             s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -base));
             sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
           }
-          st.d[mq][h] = st.d[mq][h] * rescale + sum;
-          // Once the running max settles (most tiles of a long row) no lane rescales.
-          if (!__all_sync(0xffffffffu, rescale == 1.f)) {
-#pragma unroll
-            for (int n = 0; n < kN8D; ++n) {
-              o[mq][n][2 * h] *= rescale;
-              o[mq][n][2 * h + 1] *= rescale;
-            }
-          }
+          st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + sum;
         }
+      // Once the running maxima settle (most tiles of a long row) no lane rescales.
+      if (!__all_sync(0xffffffffu, settled)) {
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+          for (int n = 0; n < kN8D; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[mq][n][i] *= rescale[mq][i / 2];
       }
     }
 

@@ -73,6 +73,8 @@ struct PrefillTraits {
   static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
   static_assert(kMergeBytes <= 2 * kStages * kKVTileBytes, "the warp merge fits in the K/V buffers");
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
+  static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
+                "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
 };
 
 /// A ring position over the kStages K/V buffers. The kernel keeps two: the buffer being

@@ -111,12 +111,16 @@ template <typename Traits, typename T>
 TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
                                 T* q_smem) {
   using Tile = SwizzledTile<Traits::kRowChunks>;
-  constexpr int kChunks = Traits::CTA_TILE_Q * Traits::kRowChunks;
+  // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass
+  // row/chunk divisions of a flat index are loop-invariant in the persistent kernel, which hoists
+  // them out of its item loop and spilled 15 of them (60 B) with the 4 x 32 tile.
+  static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kThreads / Traits::kRowChunks;
+  const int chunk = threadIdx.x % Traits::kRowChunks, row0 = threadIdx.x / Traits::kRowChunks;
 #pragma unroll
-  for (int it = 0; it < (kChunks + Traits::kThreads - 1) / Traits::kThreads; ++it) {
-    const int i = threadIdx.x + it * Traits::kThreads;
-    if (kChunks % Traits::kThreads != 0 && i >= kChunks) break;
-    const int row = i / Traits::kRowChunks, chunk = i % Traits::kRowChunks;
+  for (int it = 0; it < (Traits::CTA_TILE_Q + kRowsPerPass - 1) / kRowsPerPass; ++it) {
+    const int row = row0 + it * kRowsPerPass;
+    if (Traits::CTA_TILE_Q % kRowsPerPass != 0 && row >= Traits::CTA_TILE_Q) break;
     const int packed = packed_begin + row;
     const int qo_idx = packed / p.group_size;
     const int head = kv_head * p.group_size + packed % p.group_size;

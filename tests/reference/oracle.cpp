@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "reference/oracle_internal.h"
@@ -111,6 +113,23 @@ int64_t packed_rows(const std::vector<double>& t, int64_t heads, int64_t dim, co
   return static_cast<int64_t>(t.size()) / row;
 }
 
+/// Runs fn(begin, end) over [0, n) split into contiguous ranges, one per host thread, when the
+/// work (about `cost` multiply-adds) is large enough to pay for the threads; results do not depend
+/// on the split (every unit is computed the same way by whichever thread owns it).
+void parallel_ranges(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kMinCostPerThread = int64_t{1} << 20;
+  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  const int64_t threads = std::min({hw, n, std::max<int64_t>(1, cost / kMinCostPerThread)});
+  if (threads <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
+  for (int64_t t = 0; t < threads; ++t) pool.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
+  for (std::thread& th : pool) th.join();
+}
+
 void attend_request(const double* q, const double* k, const double* v, int64_t qo_len,
                     int64_t kv_len, const HeadConfig& heads, const Options& opts,
                     int64_t request_index, const KeyFilter* filter, double* o, double* lse) {
@@ -175,26 +194,32 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
     k = k_rot.data();
   }
 
-  std::vector<int64_t> visible;  // local key indices visible to the current row
-  std::vector<double> logits;    // logits of the visible keys, same order
-  std::vector<double> acc(D);
+  // One unit = (query row i, query head h); units are independent, so large requests spread
+  // over the host's cores (the GPU tests spend most of their time here).
+  auto attend_units = [&](int64_t unit_begin, int64_t unit_end) {
+    std::vector<int64_t> visible;  // local key indices visible to row i
+    std::vector<double> logits;    // logits of the visible keys, same order
+    std::vector<double> acc(D);
+    int64_t visible_row = -1;      // the row `visible` was built for
+    for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
+      const int64_t i = unit / Hq, h = unit % Hq;
+      const int64_t p = q_pos0 + i;
 
-  for (int64_t i = 0; i < qo_len; ++i) {
-    const int64_t p = q_pos0 + i;
+      // Mask: which keys does row i see? (Independent of the head.)
+      if (visible_row != i) {
+        visible.clear();
+        for (int64_t j = 0; j < kv_len; ++j) {
+          const int64_t t = kv_off + j;  // absolute key position
+          if (filter != nullptr && !(*filter)(i, j)) continue;
+          if (opts.causal && t > p) continue;
+          const bool is_sink = t < opts.num_sink_tokens;
+          if (opts.window_left >= 0 && t < p - opts.window_left && !is_sink) continue;
+          if (mask != nullptr && mask[i * logical_len + t] == 0) continue;
+          visible.push_back(j);
+        }
+        visible_row = i;
+      }
 
-    // Mask: which keys does row i see? (Independent of the head.)
-    visible.clear();
-    for (int64_t j = 0; j < kv_len; ++j) {
-      const int64_t t = kv_off + j;  // absolute key position
-      if (filter != nullptr && !(*filter)(i, j)) continue;
-      if (opts.causal && t > p) continue;
-      const bool is_sink = t < opts.num_sink_tokens;
-      if (opts.window_left >= 0 && t < p - opts.window_left && !is_sink) continue;
-      if (mask != nullptr && mask[i * logical_len + t] == 0) continue;
-      visible.push_back(j);
-    }
-
-    for (int64_t h = 0; h < Hq; ++h) {
       const int64_t kvh = h / group;
       const double* qi = q + (i * Hq + h) * D;
       double* out = o + (i * Hq + h) * D;
@@ -240,7 +265,8 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
         lse[i * Hq + h] = std::numeric_limits<double>::quiet_NaN();
       }
     }
-  }
+  };
+  parallel_ranges(qo_len * Hq, qo_len * Hq * std::max<int64_t>(kv_len, 1) * D, attend_units);
 }
 
 }  // namespace detail

@@ -153,23 +153,41 @@ void run_decode(const AttentionParams<T>& p, const ResolvedVariant& variant, KVF
 
 namespace detail {
 
-QTile choose_q_tile(int head_dim, double avg_packed_rows) {
+namespace {
+/// TESSERA_PREFILL_QTILE, when set: the configuration it names (read once per process).
+bool q_tile_override(int head_dim, QTile& out) {
   static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
-  if (override_text != nullptr && *override_text != '\0') {
-    const std::string v = override_text;
-    TESSERA_CHECK_ARG(v == "16" || v == "64" || (v == "128" && head_dim != 256))
-        << "TESSERA_PREFILL_QTILE = " << v << ", expected 16, 64 or 128 (128 not with head_dim 256)";
-    return v == "16" ? QTile::k16 : v == "64" ? QTile::k64 : QTile::k128;
-  }
+  if (override_text == nullptr || *override_text == '\0') return false;
+  const std::string v = override_text;
+  TESSERA_CHECK_ARG(v == "16" || ((v == "16w" || v == "128") && head_dim != 256) || v == "64")
+      << "TESSERA_PREFILL_QTILE = " << v << ", expected 16, 16w, 64 or 128 (16w and 128 not with head_dim 256)";
+  out = v == "16" ? QTile::k16 : v == "16w" ? QTile::k16Wide : v == "64" ? QTile::k64 : QTile::k128;
+  return true;
+}
+}  // namespace
+
+QTile choose_q_tile(int head_dim, double avg_packed_rows) {
+  QTile forced;
+  if (q_tile_override(head_dim, forced)) return forced;
   if (avg_packed_rows <= 16.0) return QTile::k16;
   if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
   return QTile::k128;
 }
 
+QTile choose_one_shot_q_tile(int head_dim, double avg_packed_rows, int64_t ctas_at_16_rows) {
+  QTile forced;
+  if (q_tile_override(head_dim, forced)) return forced;
+  const QTile q_tile = choose_q_tile(head_dim, avg_packed_rows);
+  if (q_tile == QTile::k16 && head_dim != 256 && ctas_at_16_rows < current_device_sm_count()) return QTile::k16Wide;
+  return q_tile;
+}
+
 template <typename T>
 void launch_prefill(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format, int head_dim,
                     int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
-  const QTile q_tile = choose_q_tile(head_dim, avg_qo_len * p.group_size);
+  const int64_t q_tiles_at_16 = (max_qo_len * p.group_size + 15) / 16;
+  const QTile q_tile = choose_one_shot_q_tile(head_dim, avg_qo_len * p.group_size,
+                                              q_tiles_at_16 * p.batch_size * p.num_kv_heads);
   switch (head_dim) {
     case 64: return launch_prefill_head_dim<T, 64>(p, variant, format, q_tile, max_qo_len, stream);
     case 128: return launch_prefill_head_dim<T, 128>(p, variant, format, q_tile, max_qo_len, stream);

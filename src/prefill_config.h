@@ -10,7 +10,7 @@ namespace detail {
 
 /// Query rows per CTA. The rows are packed (query, head-in-group) pairs, so a decode step with
 /// GQA group 4 fills 4 rows of a tile.
-enum class QTile { k16, k64, k128 };
+enum class QTile { k16, k16Wide, k64, k128 };
 
 /// Heuristic (DESIGN.md §5): the average packed rows per request, avg_qo_len * group_size, sets
 /// the query tile — up to 16 rows: a 16-row tile with 4 warps splitting each KV tile (decode and
@@ -21,9 +21,18 @@ enum class QTile { k16, k64, k128 };
 /// (the O and S accumulators then take 192 of 255 registers, so two CTAs share an SM). KV tiles
 /// (32, 64 or 128 rows) are as wide as the register budget allows without spills and keep the K/V
 /// double buffer at 64 KB or less; the 16-row tile of head_dim 256 uses 136 KB (one CTA per SM).
-/// TESSERA_PREFILL_QTILE=16|64|128 overrides the choice (a tuning aid for benchmarks; a value
-/// without a configuration for the head dim is an error, not a fallback).
+/// TESSERA_PREFILL_QTILE=16|16w|64|128 overrides the choice (a tuning aid for benchmarks; a value
+/// without a configuration for the head dim, or 16w for the runtime, is an error, not a fallback).
 QTile choose_q_tile(int head_dim, double avg_packed_rows);
+
+/// The one-shot grid's choice: choose_q_tile, then the wide 16-row tile (k16Wide: 8 warps split a
+/// 128-row KV tile) when the grid of 16-row tiles, `ctas_at_16_rows` CTAs, leaves SMs without a
+/// CTA. Such a grid is bounded by each CTA's streaming rate, and a lone 4-warp CTA (one warp per
+/// scheduler) spends its time in the per-tile chain (wait, barrier, copy issue, page lookups,
+/// MMAs), not waiting for bytes: 8 warps over twice the rows move twice the bytes per trip
+/// through the same chain. Not for head_dim 256 (three 128-row K/V stages exceed shared memory),
+/// and not for the runtime, whose persistent kernels fill the SMs by splitting KV instead.
+QTile choose_one_shot_q_tile(int head_dim, double avg_packed_rows, int64_t ctas_at_16_rows);
 
 template <typename T, int HEAD_DIM, QTile Q>
 struct PrefillConfig;
@@ -43,6 +52,11 @@ struct PrefillConfig;
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k16> {
   using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, (HEAD_DIM == 64 ? 128 : 64), 1, 4, (HEAD_DIM == 256 ? 2 : 3)>;
+};
+template <typename T, int HEAD_DIM>
+struct PrefillConfig<T, HEAD_DIM, QTile::k16Wide> {
+  static_assert(HEAD_DIM != 256, "head_dim 256 has no wide 16-row tile");
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 16, 128, 1, 8, 3>;
 };
 template <typename T, int HEAD_DIM>
 struct PrefillConfig<T, HEAD_DIM, QTile::k64> {

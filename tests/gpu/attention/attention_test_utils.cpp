@@ -469,7 +469,10 @@ std::vector<AttentionCase> decode_cases() {
   AttentionCase s3 = small(Entry::kRagged, DecodeKernel::kTensorCores, Layout::kNHD, DType::kF16, 5, 20, 0, 2, 4, 256);
   AttentionCase s4 = small(Entry::kSingle, DecodeKernel::kCudaCores, Layout::kHND, DType::kBF16, 1, 15, 0, 1, 1, 128);
   s4.strided = true;
-  cases.insert(cases.end(), {s1, s2, s3, s4});
+  // 64 x 3 = 192 CTAs of 16-row tiles: more than the SMs of an H100 / H200 (132), so the one-shot
+  // grid keeps the 4-warp 16-row tile; the small batches above take the wide one (8 warps, KV128).
+  AttentionCase s5 = small(Entry::kPaged, DecodeKernel::kTensorCores, Layout::kNHD, DType::kBF16, 64, 37, 3, 3, 4, 128);
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5});
   make_names_unique(cases, case_name);
   return cases;
 }

@@ -174,11 +174,11 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows) {
   return QTile::k128;
 }
 
-QTile choose_one_shot_q_tile(int head_dim, double avg_packed_rows, int64_t ctas_at_16_rows) {
+QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count) {
   QTile forced;
   if (q_tile_override(head_dim, forced)) return forced;
   const QTile q_tile = choose_q_tile(head_dim, avg_packed_rows);
-  if (q_tile == QTile::k16 && head_dim != 256 && ctas_at_16_rows < current_device_sm_count()) return QTile::k16Wide;
+  if (q_tile == QTile::k16 && head_dim != 256 && pairs_at_16_rows < sm_count) return QTile::k16Wide;
   return q_tile;
 }
 
@@ -186,8 +186,8 @@ template <typename T>
 void launch_prefill(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format, int head_dim,
                     int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
   const int64_t q_tiles_at_16 = (max_qo_len * p.group_size + 15) / 16;
-  const QTile q_tile = choose_one_shot_q_tile(head_dim, avg_qo_len * p.group_size,
-                                              q_tiles_at_16 * p.batch_size * p.num_kv_heads);
+  const QTile q_tile = choose_q_tile_for_grid(head_dim, avg_qo_len * p.group_size,
+                                              q_tiles_at_16 * p.batch_size * p.num_kv_heads, current_device_sm_count());
   switch (head_dim) {
     case 64: return launch_prefill_head_dim<T, 64>(p, variant, format, q_tile, max_qo_len, stream);
     case 128: return launch_prefill_head_dim<T, 128>(p, variant, format, q_tile, max_qo_len, stream);

@@ -22,17 +22,19 @@ enum class QTile { k16, k16Wide, k64, k128 };
 /// (32, 64 or 128 rows) are as wide as the register budget allows without spills and keep the K/V
 /// double buffer at 64 KB or less; the 16-row tile of head_dim 256 uses 136 KB (one CTA per SM).
 /// TESSERA_PREFILL_QTILE=16|16w|64|128 overrides the choice (a tuning aid for benchmarks; a value
-/// without a configuration for the head dim, or 16w for the runtime, is an error, not a fallback).
+/// without a configuration for the head dim is an error, not a fallback).
 QTile choose_q_tile(int head_dim, double avg_packed_rows);
 
-/// The one-shot grid's choice: choose_q_tile, then the wide 16-row tile (k16Wide: 8 warps split a
-/// 128-row KV tile) when the grid of 16-row tiles, `ctas_at_16_rows` CTAs, leaves SMs without a
-/// CTA. Such a grid is bounded by each CTA's streaming rate, and a lone 4-warp CTA (one warp per
-/// scheduler) spends its time in the per-tile chain (wait, barrier, copy issue, page lookups,
-/// MMAs), not waiting for bytes: 8 warps over twice the rows move twice the bytes per trip
-/// through the same chain. Not for head_dim 256 (three 128-row K/V stages exceed shared memory),
-/// and not for the runtime, whose persistent kernels fill the SMs by splitting KV instead.
-QTile choose_one_shot_q_tile(int head_dim, double avg_packed_rows, int64_t ctas_at_16_rows);
+/// The choice for a grid: choose_q_tile, then the wide 16-row tile (k16Wide: 8 warps split a
+/// 128-row KV tile) when the batch's 16-row (tile, KV head) pairs, `pairs_at_16_rows`, are fewer
+/// than `sm_count`. The one-shot grid then leaves SMs without a CTA and is bounded by each CTA's
+/// streaming rate, and a lone 4-warp CTA (one warp per scheduler) spends its time in the per-tile
+/// chain (wait, barrier, copy issue, page lookups, MMAs), not waiting for bytes: 8 warps over
+/// twice the rows move twice the bytes per trip through the same chain. The runtime splits such
+/// batches' KV over all SMs, and there too one 8-warp CTA per SM streamed faster than two 4-warp
+/// ones (W1 B=16 and B=1, bench/results/LOG.md; at B=64 it was slower). Not for head_dim 256 (three
+/// 128-row K/V stages exceed shared memory).
+QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count);
 
 template <typename T, int HEAD_DIM, QTile Q>
 struct PrefillConfig;

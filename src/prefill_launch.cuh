@@ -96,16 +96,13 @@ struct TraitsTag {
 
 /// Calls f(TraitsTag<Traits>{}) with the traits of `q_tile` for HEAD_DIM (C++17 stand-in for a
 /// template lambda).
-template <typename T, int HEAD_DIM, bool kOneShot, typename F>
+template <typename T, int HEAD_DIM, typename F>
 void with_q_tile(QTile q_tile, F&& f) {
   switch (q_tile) {
     case QTile::k16:
       return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k16>::Traits>{});
     case QTile::k16Wide:
-      // One-shot grids only (choose_one_shot_q_tile): no persistent kernel is built for it.
-      if constexpr (kOneShot && HEAD_DIM != 256) {
-        return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k16Wide>::Traits>{});
-      }
+      if constexpr (HEAD_DIM != 256) return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k16Wide>::Traits>{});
       break;
     case QTile::k64:
       return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k64>::Traits>{});
@@ -113,8 +110,7 @@ void with_q_tile(QTile q_tile, F&& f) {
       if constexpr (HEAD_DIM != 256) return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k128>::Traits>{});
       break;
   }
-  TESSERA_FAIL(StatusCode::kInternal) << "no " << (kOneShot ? "one-shot" : "persistent")
-                                      << " prefill configuration for head_dim " << HEAD_DIM << ", query tile "
+  TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << HEAD_DIM << ", query tile "
                                       << static_cast<int>(q_tile);
 }
 
@@ -138,7 +134,7 @@ void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const Reso
                                 cudaStream_t stream) {
   with_format(format, [&](auto format_tag) {
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
-    with_q_tile<T, HEAD_DIM, false>(q_tile, [&](auto traits_tag) {
+    with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
       const dim3 grid(static_cast<unsigned>(launch.grid_cols), static_cast<unsigned>(p.num_kv_heads));
       if (variant.is_default) {
@@ -171,7 +167,7 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   int ctas = 0;
   with_format(format, [&](auto format_tag) {
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
-    with_q_tile<T, HEAD_DIM, false>(q_tile, [&](auto traits_tag) {
+    with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
       auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
       ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
@@ -186,7 +182,7 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
 template <typename T, int HEAD_DIM>
 void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream) {
-  with_q_tile<T, HEAD_DIM, true>(q_tile, [&](auto traits_tag) {
+  with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
     using Traits = typename decltype(traits_tag)::type;
     launch_prefill_format<Traits>(p, variant, format, max_qo_len, stream);
   });

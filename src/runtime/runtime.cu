@@ -72,20 +72,14 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 int tile_rows(QTile t) { return t == QTile::k16 || t == QTile::k16Wide ? 16 : t == QTile::k64 ? 64 : 128; }
 
-/// The runtime's tile choice; the wide 16-row tile exists only for one-shot grids.
-QTile runtime_q_tile(int head_dim, double avg_packed_rows) {
-  const QTile t = choose_q_tile(head_dim, avg_packed_rows);
-  TESSERA_CHECK(t != QTile::k16Wide, StatusCode::kUnsupported)
-      << "TESSERA_PREFILL_QTILE = 16w selects the one-shot grid's wide decode tile; the plan/run runtime's "
-         "persistent kernels take 16, 64 or 128";
-  return t;
-}
 
 template <int HEAD_DIM>
 int kv_tile_rows_for(QTile t) {
   switch (t) {
     case QTile::k16: return PrefillConfig<__half, HEAD_DIM, QTile::k16>::Traits::CTA_TILE_KV;
-    case QTile::k16Wide: break;  // one-shot only (runtime_q_tile)
+    case QTile::k16Wide:
+      if constexpr (HEAD_DIM != 256) return PrefillConfig<__half, HEAD_DIM, QTile::k16Wide>::Traits::CTA_TILE_KV;
+      break;
     case QTile::k64: return PrefillConfig<__half, HEAD_DIM, QTile::k64>::Traits::CTA_TILE_KV;
     case QTile::k128:
       if constexpr (HEAD_DIM != 256) return PrefillConfig<__half, HEAD_DIM, QTile::k128>::Traits::CTA_TILE_KV;
@@ -271,7 +265,16 @@ class AttentionRuntime {
         q_tile = to_qtile(options_.q_tile, head_dim);
       } else {
         const double avg_rows = batch > 0 ? static_cast<double>(total_qo) / static_cast<double>(batch) : 1.0;
-        q_tile = runtime_q_tile(head_dim, avg_rows * group);
+        if (options_.split_kv == SplitKV::kAuto) {
+          int64_t pairs_at_16 = 0;
+          for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
+          q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * heads.num_kv_heads,
+                                          sm_budget(options_));
+        } else {
+          // kFixed / kNone promise a request the same bits in any batch: the tile (hence the
+          // KV tile width and the accumulation order) must not depend on the batch's size.
+          q_tile = choose_q_tile(head_dim, avg_rows * group);
+        }
       }
     }
     const int cols = options_.cuda_graph
@@ -486,7 +489,7 @@ class AttentionRuntime {
     const double avg_rows = decode_ ? 1.0
                                     : static_cast<double>(bounds_.max_total_qo_tokens) /
                                           static_cast<double>(bounds_.max_batch_size);
-    return runtime_q_tile(head_dim, avg_rows * group);
+    return choose_q_tile(head_dim, avg_rows * group);
   }
 
   int grid_cols(int per_sm, int num_kv_heads) const {

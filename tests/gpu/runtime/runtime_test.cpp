@@ -308,6 +308,12 @@ std::vector<RuntimeCase> runtime_cases() {
     c.split = SplitKV::kFixed;
     c.fixed_split = 256;
     cases.push_back(named(c, "odd_sanitize"));
+    // Auto split of a small batch takes the wide 16-row tile (8 warps, KV128); the 4-warp tile
+    // also runs under the sanitizer through an explicit q_tile.
+    c.split = SplitKV::kAuto;
+    c.tile = QueryTile::k16;
+    cases.push_back(named(c, "odd_tile16_sanitize"));
+    c.tile = QueryTile::kAuto;
     c = RuntimeCase{};
     c.wrapper = Wrapper::kDecode;
     c.qo.assign(64, 1);

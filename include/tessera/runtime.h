@@ -48,7 +48,9 @@ enum class SplitKV : int32_t {
 
 /// Query tile of the runtime's kernels: packed (query, head-in-group) rows per CTA.
 enum class QueryTile : int32_t {
-  kAuto = 0,  ///< the kernels' heuristic (tessera/attention.h) from the plan's average rows
+  kAuto = 0,  ///< the kernels' heuristic (tessera/attention.h) from the plan's average rows; with
+              ///< split_kv = kAuto, a plan with fewer 16-row (tile, KV head) pairs than SMs gets
+              ///< the wide 16-row tile (8 warps over 128 KV rows; PlanInfo::kv_tile_rows = 128)
   k16 = 16,
   k64 = 64,
   k128 = 128,  ///< not with head_dim 256

@@ -22,6 +22,19 @@ int current_device_sm_count() {
   return sm_counts[device];
 }
 
+bool current_device_has_dependent_launch() {
+  static std::mutex mutex;
+  static std::vector<int> majors;  // compute capability major by device ordinal; 0 = not read yet
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(majors.size()) <= device) majors.resize(device + 1, 0);
+  if (majors[device] == 0) {
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&majors[device], cudaDevAttrComputeCapabilityMajor, device));
+  }
+  return majors[device] >= 9;
+}
+
 void ensure_dynamic_smem(const void* kernel, int bytes) {
   constexpr int kDefaultLimit = 48 * 1024;
   if (bytes <= kDefaultLimit) return;

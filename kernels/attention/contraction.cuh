@@ -5,6 +5,7 @@
 
 #include "kernels/attention/params.cuh"
 #include "kernels/attention/planned_work.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/state.cuh"
 #include "kernels/common/vec.cuh"
@@ -24,6 +25,8 @@ struct ContractionTraits {
 
 /// Grid-stride over (merge, KV head, tile row, 8 columns of head_dim); the grid is fixed by the
 /// runtime and the merge count is read from the workspace, so one captured launch serves any plan.
+/// Launched as a programmatic dependent of the persistent kernel (sm_90+): everything up to the
+/// partial states (the plan, written before that kernel started) is read while it still runs.
 template <typename T, KVFormatKind kFormat>
 __global__ void __launch_bounds__(ContractionTraits::kThreadsPerBlock)
 merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const int q_tile_rows, const int head_dim) {
@@ -45,6 +48,7 @@ merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const i
     if (qo_idx >= e.qo_len) continue;
     const int head = kv_head * p.group_size + packed % p.group_size;
 
+    wait_for_prerequisite_grids();  // the persistent kernel's partial states are complete
     constexpr int kBatch = ContractionTraits::kStatesInFlight;
     StateAccumulator<N> acc;
     for (int base = merge.partial_begin; base < merge.partial_end; base += kBatch) {

@@ -21,6 +21,7 @@
 #include "kernels/attention/planned_work.cuh"
 #include "kernels/attention/variants.cuh"
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/math.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
@@ -714,6 +715,9 @@ template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
+  // The contraction may launch now: its CTAs read the plan's merge descriptors and request
+  // extents while this grid runs, then wait for it before touching the partial states.
+  allow_dependent_launch();
   const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
   for (int i = first; i < last; ++i) {

@@ -1,38 +1,36 @@
 #include "src/cuda_utils.h"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
-#include <vector>
 
 namespace tessera {
 namespace detail {
 
-int current_device_sm_count() {
+namespace {
+/// `attr` of the current device, read once per (device, attribute): launch paths ask per call.
+int cached_device_attribute(cudaDeviceAttr attr) {
   static std::mutex mutex;
-  static std::vector<int> sm_counts;  // by device ordinal; 0 = not read yet
+  static std::map<std::pair<int, int>, int> values;  // (device, attribute) -> value
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::pair<int, int> key{device, static_cast<int>(attr)};
   std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(sm_counts.size()) <= device) sm_counts.resize(device + 1, 0);
-  if (sm_counts[device] == 0) {
-    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_counts[device], cudaDevAttrMultiProcessorCount, device));
-  }
-  return sm_counts[device];
+  const auto it = values.find(key);
+  if (it != values.end()) return it->second;
+  int value = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  values.emplace(key, value);
+  return value;
 }
+}  // namespace
+
+int current_device_sm_count() { return cached_device_attribute(cudaDevAttrMultiProcessorCount); }
 
 bool current_device_has_dependent_launch() {
-  static std::mutex mutex;
-  static std::vector<int> majors;  // compute capability major by device ordinal; 0 = not read yet
-  int device = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(majors.size()) <= device) majors.resize(device + 1, 0);
-  if (majors[device] == 0) {
-    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&majors[device], cudaDevAttrComputeCapabilityMajor, device));
-  }
-  return majors[device] >= 9;
+  return cached_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
 void ensure_dynamic_smem(const void* kernel, int bytes) {

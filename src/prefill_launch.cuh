@@ -25,6 +25,12 @@ constexpr const char* format_enumerator() {
 
 template <typename Traits, kernels::KVFormatKind kFormat>
 std::string prefill_template_args() {
+  // The text names these eight parameters only: a PrefillTraits parameter added later must be
+  // added here too, or the JIT would compile a different configuration than the host launches.
+  static_assert(std::is_same<Traits, kernels::PrefillTraits<typename Traits::DType, Traits::HEAD_DIM, Traits::CTA_TILE_Q,
+                                                            Traits::CTA_TILE_KV, Traits::NUM_WARPS_Q, Traits::NUM_WARPS_KV,
+                                                            Traits::kStages, Traits::kMinCtasPerSm>>::value,
+                "prefill_template_args must spell every PrefillTraits parameter");
   const char* format = format_enumerator<kFormat>();
   return str_cat("tessera::kernels::PrefillTraits<", cuda_type_name<typename Traits::DType>(), ", ", Traits::HEAD_DIM,
                  ", ", Traits::CTA_TILE_Q, ", ", Traits::CTA_TILE_KV, ", ", Traits::NUM_WARPS_Q, ", ",

@@ -465,8 +465,12 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     // One branch per tile around the per-element loop and one warp vote for the O rescale, not
     // one per m16 tile or row: each branch closes a basic block, and the scheduler can only
     // interleave the rows' independent max / exponent / sum chains (the latency that bounds this
-    // loop between the two MMA phases) within one.
-    if (kTransformLogits || tile_needs_mask) {
+    // loop between the two MMA phases) within one. The loop is instantiated twice, with and without
+    // the mask, so the unmasked tiles of a logits-transforming variant (nearly all of them) carry
+    // no per-logit mask predicates: with one body predicated on tile_needs_mask they cost ~5
+    // instructions per logit (SASS) on the softmax's critical path.
+    auto transform_and_mask = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -485,13 +489,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
               s[mq][n][i] = Variant::logits_transform(vp, e, s[mq][n][i] * p.sm_scale, batch, qo_pos, key, qo_head,
                                                       kv_head);
             }
-            if (tile_needs_mask) {
+            if constexpr (kMasked) {
               const bool visible = key >= 0 && (!p.causal || key <= qo_pos) &&
                                    (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head,
                                                                                kv_head));
               if (!visible) s[mq][n][i] = kSoftmax ? -INFINITY : 0.f;
             }
           }
+    };
+    if (tile_needs_mask) {
+      transform_and_mask(BoolConstant<true>{});
+    } else if constexpr (kTransformLogits) {
+      transform_and_mask(BoolConstant<false>{});
     }
     if constexpr (kSoftmax) {
       float rescale[kMmaQ][2];  // [m16 tile][row half]

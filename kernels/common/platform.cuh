@@ -28,6 +28,13 @@ using uint8_t = cuda::std::uint8_t;
 
 constexpr int kWarpSize = 32;
 
+/// A compile-time flag as a type, to instantiate a device lambda's body per value
+/// (`[&](auto flag) { if constexpr (decltype(flag)::value) ... }`).
+template <bool kValue>
+struct BoolConstant {
+  static constexpr bool value = kValue;
+};
+
 template <typename T>
 TESSERA_HOST_DEVICE constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;

@@ -59,12 +59,13 @@ struct PrefillTraits {
 
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
-  static constexpr int kKeysBytes = kStages * CTA_TILE_KV * static_cast<int>(sizeof(int32_t));
-  // Three row tables in a ring (see the kernel's pipeline comment).
-  static constexpr int kRowTableBytes = 3 * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
+  // Row tables (addresses and keys) in a ring of kStages + 1, one per tile from the one being
+  // computed to the one being resolved (see the kernel's pipeline comment).
+  static constexpr int kRowTables = kStages + 1;
+  static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
-  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kKeysBytes;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes;
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
@@ -92,18 +93,15 @@ struct PrefillSmem {
   T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
-  uint64_t* rows;     // [3][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
-  int32_t* row_keys;  // [3][CTA_TILE_KV] their keys
-  int32_t* keys;  // [kStages][CTA_TILE_KV] key index of each KV row (-1: masked)
+  uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
+  int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
     rows = reinterpret_cast<uint64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
-    row_keys = reinterpret_cast<int32_t*>(rows + 6 * Traits::CTA_TILE_KV);
-    keys = reinterpret_cast<int32_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes +
-                                      Traits::kRowTableBytes);
+    row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
   }
 };
 
@@ -144,15 +142,14 @@ TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const Reque
 
 /// A row-table entry: the global byte address of a K or V row of the CTA's KV head, with bit 0
 /// set when the row is missing (then the address is the tensor's base, never read: the copy
-/// zero-fills). Rows are 16-byte aligned, so the tag bit is free. Keeping whole addresses makes
-/// each 16-byte copy a table load, one add and a predicated cp.async.
+/// zero-fills). Rows are 16-byte aligned, so the tag bit is free, and it is the predicate of
+/// cp_async_16_tagged. Keeping whole addresses makes each 16-byte copy a table load, one add and a
+/// tagged cp.async.
 struct RowAddress {
   static TESSERA_DEVICE uint64_t make(const void* base, int64_t elem_offset, int elem_bytes, bool valid) {
     const uint64_t b = reinterpret_cast<uint64_t>(base);
     return valid ? b + static_cast<uint64_t>(elem_offset * elem_bytes) : (b | 1u);
   }
-  static TESSERA_DEVICE const char* address(uint64_t entry) { return reinterpret_cast<const char*>(entry & ~uint64_t{1}); }
-  static TESSERA_DEVICE bool valid(uint64_t entry) { return (static_cast<uint32_t>(entry) & 1u) == 0u; }
 };
 
 /// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live, thread `row` handling row
@@ -174,31 +171,36 @@ TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestEx
   row_keys[row] = r.valid ? r.key : -1;
 }
 
-/// Copies the K and V rows resolved in the row table into one stage, and their keys; missing rows
-/// are zero-filled.
+/// Copies the K and V rows resolved in the row table into one stage; missing rows are
+/// zero-filled.
 template <typename Traits, typename T>
-TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, const int32_t* row_keys, T* k_smem, T* v_smem,
-                                 int32_t* keys) {
-  for (int row = threadIdx.x; row < Traits::CTA_TILE_KV; row += Traits::kThreads) keys[row] = row_keys[row];
+TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem, T* v_smem) {
   using Tile = SwizzledTile<Traits::kRowChunks>;
   static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
   static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
   constexpr int kRowsPerPass = Traits::kThreads / Traits::kRowChunks;
   constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kRowChunks / Traits::kThreads;
+  // Table entries are read in batches before any copy of the batch is issued: ptxas pads an
+  // LDGSTS that closely follows the shared-memory load of its address with three never-executed
+  // LDS (a hazard guard), 3 of ~11 instructions per 16-byte copy when loads and copies alternate.
+  // One 16-byte load fetches a row's K and V entries (adjacent in the table).
+  constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
+  static_assert(kRowsPerThread % kBatch == 0, "whole batches");
   const int chunk = threadIdx.x % Traits::kRowChunks, row0 = threadIdx.x / Traits::kRowChunks;
 #pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    const int row = row0 + j * kRowsPerPass;
-    const uint64_t entry = row_table[2 * row];  // K
-    cp_async_16_zfill(k_smem + Tile::chunk_offset(row, chunk) * 8, RowAddress::address(entry) + chunk * 16,
-                      RowAddress::valid(entry));
-  }
+  for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
+    ulonglong2 entries[kBatch];  // [row of the batch]: {K entry, V entry}
 #pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    const int row = row0 + j * kRowsPerPass;
-    const uint64_t entry = row_table[2 * row + 1];
-    cp_async_16_zfill(v_smem + Tile::chunk_offset(row, chunk) * 8, RowAddress::address(entry) + chunk * 16,
-                      RowAddress::valid(entry));
+    for (int b = 0; b < kBatch; ++b) {
+      entries[b] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + (j0 + b) * kRowsPerPass));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = row0 + (j0 + b) * kRowsPerPass;
+      // chunk * 16 keeps bit 0, the entry's tag
+      cp_async_16_tagged(k_smem + Tile::chunk_offset(row, chunk) * 8, entries[b].x + chunk * 16);
+      cp_async_16_tagged(v_smem + Tile::chunk_offset(row, chunk) * 8, entries[b].y + chunk * 16);
+    }
   }
 }
 
@@ -301,10 +303,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
   // Each KV tile goes through three steps: its page-table entries are loaded into `block` (one
   // per thread and row), resolved into a row table (offsets and keys), and copied into a stage
-  // by cp.async. The row tables form a ring of three, so the lookups for tile t + kStages can be
-  // written while tile t + kStages - 1 is being copied from another table, with one barrier per
-  // tile: a table's last readers (copies two tiles earlier) always sit behind the previous
-  // tile's barrier.
+  // by cp.async. The row tables form a ring of kStages + 1, so the lookups for tile t + kStages
+  // can be written while tile t + kStages - 1 is being copied from another table and tile t's
+  // keys are read by the mask, with one barrier per tile: a table's last readers (the mask of
+  // tile t - 1, copies of earlier tiles) always sit behind the previous tile's barrier.
   auto block_id = [&](int tile) {
     return tile < num_kv_tiles ? load_kv_block_id<Traits, kFormat>(p, e, tiles.end(tile), tiles.begin(tile), threadIdx.x)
                                : -1;
@@ -313,16 +315,15 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   auto resolve = [&](int tile) {
     if (tile < num_kv_tiles) {
       resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tiles.end(tile), tiles.begin(tile), block,
-                                       smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
-                                       smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV);
+                                       smem.rows + (tile % Traits::kRowTables) * 2 * Traits::CTA_TILE_KV,
+                                       smem.row_keys + (tile % Traits::kRowTables) * Traits::CTA_TILE_KV);
     }
     block = block_id(tile + 1);
   };
   auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
-      load_kv_tile<Traits>(smem.rows + (tile % 3) * 2 * Traits::CTA_TILE_KV,
-                           smem.row_keys + (tile % 3) * Traits::CTA_TILE_KV, smem.k + fill * kTileElems,
-                           smem.v + fill * kTileElems, smem.keys + fill * Traits::CTA_TILE_KV);
+      load_kv_tile<Traits>(smem.rows + (tile % Traits::kRowTables) * 2 * Traits::CTA_TILE_KV,
+                           smem.k + fill * kTileElems, smem.v + fill * kTileElems);
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
@@ -373,7 +374,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int kv_begin = tiles.begin(tile), kv_tile_end = tiles.end(tile);
     cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
-    // After this barrier: every thread finished computing tile - 1 (its stage and keys are free)
+    // After this barrier: every thread finished computing tile - 1 (its stage and row table are free)
     // and resolved tile + kStages - 1.
     __syncthreads();
     copy(tile + Traits::kStages - 1, fill_stage.stage);
@@ -382,7 +383,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 
     T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
-    const int32_t* keys = smem.keys + compute_stage.stage * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
+    const int32_t* keys = smem.row_keys + (tile % Traits::kRowTables) * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
     const uint32_t k_frag = smem_addr(k_tile) + k_frag_offset;
     const uint32_t v_frag = smem_addr(v_tile) + v_frag_offset;
 

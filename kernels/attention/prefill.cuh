@@ -99,7 +99,7 @@ struct PrefillSmem {
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
-    v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);
+    v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
     rows = reinterpret_cast<uint64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
   }
@@ -140,15 +140,15 @@ TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const Reque
   return row < Traits::CTA_TILE_KV && pos < kv_end ? kv_row_block<kFormat>(p, e, pos) : -1;
 }
 
-/// A row-table entry: the global byte address of a K or V row of the CTA's KV head, with bit 0
-/// set when the row is missing (then the address is the tensor's base, never read: the copy
-/// zero-fills). Rows are 16-byte aligned, so the tag bit is free, and it is the predicate of
-/// cp_async_16_tagged. Keeping whole addresses makes each 16-byte copy a table load, one add and a
-/// tagged cp.async.
+/// A row-table entry: the global byte address of a K or V row of the CTA's KV head; a missing
+/// row's entry is the tensor's base, never read (the copy zero-fills). The K entry of a missing
+/// row also has bit 0 set (`tag`; rows are 16-byte aligned, so the bit is free): it is the
+/// predicate of both copies of the row (cp_async_16x2_tagged). Keeping whole addresses makes each
+/// 16-byte copy a table load, one add and a predicated cp.async.
 struct RowAddress {
-  static TESSERA_DEVICE uint64_t make(const void* base, int64_t elem_offset, int elem_bytes, bool valid) {
+  static TESSERA_DEVICE uint64_t make(const void* base, int64_t elem_offset, int elem_bytes, bool valid, bool tag) {
     const uint64_t b = reinterpret_cast<uint64_t>(base);
-    return valid ? b + static_cast<uint64_t>(elem_offset * elem_bytes) : (b | 1u);
+    return valid ? b + static_cast<uint64_t>(elem_offset * elem_bytes) : (tag ? b | 1u : b);
   }
 };
 
@@ -166,15 +166,16 @@ TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestEx
   KVRow r{0, 0, -1, false};
   if (pos < kv_end) r = kv_row_in_block<kFormat>(p, e, pos, block);
   constexpr int kElem = static_cast<int>(sizeof(T));
-  row_table[2 * row] = RowAddress::make(p.k, r.k_offset + kv_head * p.k_head_stride, kElem, r.valid);
-  row_table[2 * row + 1] = RowAddress::make(p.v, r.v_offset + kv_head * p.v_head_stride, kElem, r.valid);
+  row_table[2 * row] = RowAddress::make(p.k, r.k_offset + kv_head * p.k_head_stride, kElem, r.valid, true);
+  row_table[2 * row + 1] = RowAddress::make(p.v, r.v_offset + kv_head * p.v_head_stride, kElem, r.valid, false);
   row_keys[row] = r.valid ? r.key : -1;
 }
 
-/// Copies the K and V rows resolved in the row table into one stage; missing rows are
-/// zero-filled.
+/// Copies the K and V rows resolved in the row table into one stage (its K tile at k_smem; its V
+/// tile is kVFromK bytes further, as PrefillSmem lays them out); missing rows are zero-filled.
 template <typename Traits, typename T>
-TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem, T* v_smem) {
+TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
+  constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
   using Tile = SwizzledTile<Traits::kRowChunks>;
   static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
   static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
@@ -187,19 +188,26 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem, T* v_smem
   constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
   static_assert(kRowsPerThread % kBatch == 0, "whole batches");
   const int chunk = threadIdx.x % Traits::kRowChunks, row0 = threadIdx.x / Traits::kRowChunks;
+  // When a pass spans whole 8-row swizzle periods, this thread's swizzled chunk is the same in
+  // every row it copies, and its destinations are one base plus constant strides (immediates).
+  constexpr bool kFixedSwizzle = kRowsPerPass % 8 == 0;
+  const uint32_t k_base = smem_addr(k_smem);
+  auto dst_offset = [&](int j) -> uint32_t {
+    return kFixedSwizzle ? (Tile::chunk_offset(row0, chunk) + j * kRowsPerPass * Traits::kRowChunks) * 16
+                         : Tile::chunk_offset(row0 + j * kRowsPerPass, chunk) * 16;
+  };
 #pragma unroll
   for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
-    ulonglong2 entries[kBatch];  // [row of the batch]: {K entry, V entry}
+    ulonglong2 entries[kBatch];  // [row of the batch]: {K entry (tagged), V entry}
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       entries[b] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + (j0 + b) * kRowsPerPass));
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int row = row0 + (j0 + b) * kRowsPerPass;
-      // chunk * 16 keeps bit 0, the entry's tag
-      cp_async_16_tagged(k_smem + Tile::chunk_offset(row, chunk) * 8, entries[b].x + chunk * 16);
-      cp_async_16_tagged(v_smem + Tile::chunk_offset(row, chunk) * 8, entries[b].y + chunk * 16);
+      // chunk * 16 keeps bit 0, the K entry's tag
+      cp_async_16x2_tagged(k_base + dst_offset(j0 + b), k_base + kVFromK + dst_offset(j0 + b), entries[b].x + chunk * 16,
+                           entries[b].y + chunk * 16);
     }
   }
 }
@@ -254,10 +262,14 @@ TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
   }
 }
 
+/// How far (base 2) a row's logits may exceed the softmax state's reference max before the
+/// reference moves and O is rescaled: weights stay <= 2^8 = 256 (attention_tile).
+constexpr float kStaleMaxSlack = 8.f;
+
 /// Per-thread softmax state of the rows a thread owns: rows g and g+8 of each m16 tile.
 template <int kMmaQ>
 struct RowState {
-  float m[kMmaQ][2];  // running max of base-2 logits
+  float m[kMmaQ][2];  // reference max of base-2 logits (at most kStaleMaxSlack below the true max)
   float d[kMmaQ][2];  // this thread's share of the running sum of 2^(s - m)
 };
 
@@ -322,8 +334,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   };
   auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
-      load_kv_tile<Traits>(smem.rows + (tile % Traits::kRowTables) * 2 * Traits::CTA_TILE_KV,
-                           smem.k + fill * kTileElems, smem.v + fill * kTileElems);
+      load_kv_tile<Traits>(smem.rows + (tile % Traits::kRowTables) * 2 * Traits::CTA_TILE_KV, smem.k + fill * kTileElems);
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
@@ -515,7 +526,13 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           for (int n = 0; n < kN8KV; ++n) raw_max = fmaxf(raw_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 2));
-          const float row_max = fmaxf(st.m[mq][h], raw_max * scale);
+          // The state's max is a reference, not necessarily the true max: it moves only when a
+          // logit exceeds it by more than kStaleMaxSlack (base 2), so after the first tiles of a
+          // row the O rescale below is almost never needed. Weights are then <= 2^kStaleMaxSlack,
+          // exact in fp32 and as 16-bit P (same relative rounding); O / d and m + log2(d) do not
+          // depend on which reference was used.
+          const float tile_max = raw_max * scale;
+          const float row_max = tile_max > st.m[mq][h] + kStaleMaxSlack ? tile_max : st.m[mq][h];
           // All keys so far masked: keep the state empty and make every p exactly 0.
           const float base = row_max == -INFINITY ? 0.f : row_max;
           rescale[mq][h] = fast_exp2(st.m[mq][h] - base);
@@ -530,7 +547,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           }
           st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + sum;
         }
-      // Once the running maxima settle (most tiles of a long row) no lane rescales.
+      // Once the reference maxima settle (all but the first tiles of a row) no lane rescales.
       if (!__all_sync(0xffffffffu, settled)) {
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq)

@@ -41,6 +41,25 @@ TESSERA_DEVICE void cp_async_16_tagged(void* smem, uint64_t tagged_gmem) {
       "l"(tagged_gmem));
 }
 
+/// Two 16-byte copies under one predicate, carried in `tagged_a` as in cp_async_16_tagged:
+/// `tagged_a & ~1` -> smem_a and `gmem_b` -> smem_b, or zero-fills both when bit 0 of
+/// `tagged_a` is set (the K and V chunks of one KV row exist or are missing together).
+TESSERA_DEVICE void cp_async_16x2_tagged(uint32_t smem_a, uint32_t smem_b, uint64_t tagged_a, uint64_t gmem_b) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred ignore;\n"
+      "  .reg .b32 lo;\n"
+      "  .reg .b64 src;\n"
+      "  cvt.u32.u64 lo, %2;\n"
+      "  and.b32 lo, lo, 1;\n"
+      "  setp.ne.u32 ignore, lo, 0;\n"
+      "  and.b64 src, %2, -2;\n"
+      "  cp.async.cg.shared.global [%0], [src], 16, ignore;\n"
+      "  cp.async.cg.shared.global [%1], [%3], 16, ignore;\n"
+      "}\n" ::"r"(smem_a),
+      "r"(smem_b), "l"(tagged_a), "l"(gmem_b));
+}
+
 /// Closes the group of cp.async issued since the last commit.
 TESSERA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

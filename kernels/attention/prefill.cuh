@@ -53,6 +53,7 @@ struct PrefillTraits {
   static constexpr int kWarpColsKV = CTA_TILE_KV / NUM_WARPS_KV;  // KV columns per warp
   static constexpr int kMmaKV = kWarpColsKV / 16;                 // k16 steps of P*V per warp
   static constexpr int kN8KV = kWarpColsKV / 8;                   // n8 tiles of S per warp
+  static_assert((kN8KV & (kN8KV - 1)) == 0, "the softmax's max and sum trees halve kN8KV");
   static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
   static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
   static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks per row
@@ -494,15 +495,19 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
             // Padding rows of the request's last query tile are never stored; the hooks see the
             // last real row instead, so a custom mask or a user table indexed by the query never
             // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
-            const int qo_idx = min(packed / p.group_size, e.qo_len - 1);
+            // Unsigned (both are >= 0): a signed division costs twice the instructions.
+            const int packed_q = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
+            const int qo_idx = min(packed_q, e.qo_len - 1);
             const int qo_pos = e.q_pos_offset + qo_idx;
-            const int qo_head = kv_head * p.group_size + packed % p.group_size;
+            const int qo_head = kv_head * p.group_size + (packed - packed_q * p.group_size);
             if constexpr (kTransformLogits) {
               s[mq][n][i] = Variant::logits_transform(vp, e, s[mq][n][i] * p.sm_scale, batch, qo_pos, key, qo_head,
                                                       kv_head);
             }
             if constexpr (kMasked) {
-              const bool visible = key >= 0 && (!p.causal || key <= qo_pos) &&
+              // 0 <= key < key_end in one unsigned compare (key_end >= 0; per row, hoisted).
+              const int key_end = p.causal ? max(qo_pos + 1, 0) : 0x7fffffff;
+              const bool visible = static_cast<uint32_t>(key) < static_cast<uint32_t>(key_end) &&
                                    (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head,
                                                                                kv_head));
               if (!visible) s[mq][n][i] = kSoftmax ? -INFINITY : 0.f;
@@ -521,9 +526,17 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float raw_max = -INFINITY;
+          // Max and sum over the thread's 2 * kN8KV logits of the row as trees: depth log2, where
+          // a running value made a serial chain of kN8KV dependent instructions (SASS), the
+          // latency between the two MMA phases that 2 warps per scheduler cannot hide.
+          float tree[kN8KV];  // [n8 tile], folded in halves
 #pragma unroll
-          for (int n = 0; n < kN8KV; ++n) raw_max = fmaxf(raw_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+          for (int n = 0; n < kN8KV; ++n) tree[n] = fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]);
+#pragma unroll
+          for (int w = kN8KV / 2; w >= 1; w /= 2)
+#pragma unroll
+            for (int n = 0; n < w; ++n) tree[n] = fmaxf(tree[n], tree[n + w]);
+          float raw_max = tree[0];
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 2));
           // The state's max is a reference, not necessarily the true max: it moves only when a
@@ -538,14 +551,17 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           rescale[mq][h] = fast_exp2(st.m[mq][h] - base);
           settled = settled && rescale[mq][h] == 1.f;
           st.m[mq][h] = row_max;
-          float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kN8KV; ++n) {
             s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -base));
             s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -base));
-            sum += s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+            tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
           }
-          st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + sum;
+#pragma unroll
+          for (int w = kN8KV / 2; w >= 1; w /= 2)
+#pragma unroll
+            for (int n = 0; n < w; ++n) tree[n] += tree[n + w];
+          st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + tree[0];
         }
       // Once the reference maxima settle (all but the first tiles of a row) no lane rescales.
       if (!__all_sync(0xffffffffu, settled)) {

@@ -474,7 +474,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       tile_needs_mask = !full;
     }
     constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
-    const float scale = kTransformLogits ? (kSoftmax ? detail::kLog2eF : 1.f) : p.sm_scale_log2;
+    // Softmax-free variants' transformed logits are the weights themselves (scale 1).
+    const float scale = kTransformLogits ? (kSoftmax ? detail::kLog2eF * Variant::logits_output_scale(vp) : 1.f)
+                                         : p.sm_scale_log2;
+    const float logits_scale = Variant::logits_input_scale(vp, p.sm_scale);
     // One branch per tile around the per-element loop and one warp vote for the O rescale, not
     // one per m16 tile or row: each branch closes a basic block, and the scheduler can only
     // interleave the rows' independent max / exponent / sum chains (the latency that bounds this
@@ -501,7 +504,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
             const int qo_pos = e.q_pos_offset + qo_idx;
             const int qo_head = kv_head * p.group_size + (packed - packed_q * p.group_size);
             if constexpr (kTransformLogits) {
-              s[mq][n][i] = Variant::logits_transform(vp, e, s[mq][n][i] * p.sm_scale, batch, qo_pos, key, qo_head,
+              s[mq][n][i] = Variant::logits_transform(vp, e, s[mq][n][i] * logits_scale, batch, qo_pos, key, qo_head,
                                                       kv_head);
             }
             if constexpr (kMasked) {

@@ -5,7 +5,11 @@
 //   kHasQueryTransform ...       which hooks do something (the kernels skip the others' passes)
 //   query_transform / key_transform / value_transform (vp, e, pair, batch, qo_pos, kv_idx,
 //                                qo_head, kv_head, dim) -> float2: elements dim and dim + D/2
-//   logits_transform(vp, e, x, batch, qo_pos, kv_idx, qo_head, kv_head) -> float (x natural units)
+//   logits_transform(vp, e, x, batch, qo_pos, kv_idx, qo_head, kv_head) -> float: x is q.k times
+//                                logits_input_scale (natural units: sm_scale), the result times
+//                                logits_output_scale is the natural-unit logit (softmax variants)
+//   logits_input_scale(vp, sm_scale), logits_output_scale(vp) -> float: sm_scale and 1 unless a
+//                                built-in variant folds its own scales into the kernel's (soft-cap)
 //   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal)
 //   output_transform(vp, e, value, batch, qo_pos, qo_head, dim) -> float
 //   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of
@@ -20,7 +24,9 @@
 //
 // The default variant is BuiltinVariant<0>. Built-in features are bits of its template argument
 // and compose: masks AND together, logit transforms apply ALiBi, then soft-cap, then sigmoid.
-// JIT-generated user variants derive from a BuiltinVariant and chain their hooks after its own.
+// JIT-generated user variants derive from a BuiltinVariant and chain their hooks after its own;
+// with user hooks they derive from BuiltinVariant<features, false>, whose
+// logits_transform returns natural units (no folded scales) for the user's hook to take.
 #pragma once
 
 #include "kernels/attention/params.cuh"
@@ -65,7 +71,7 @@ TESSERA_DEVICE float2 rope_rotate(const VariantParams& vp, float2 x, int positio
 
 }  // namespace detail
 
-template <uint32_t kFeatures>
+template <uint32_t kFeatures, bool kFoldScales = true>
 struct BuiltinVariant {
   static constexpr uint32_t kBuiltinFeatures = kFeatures;
   static constexpr bool kWindow = (kFeatures & feature::kWindow) != 0;
@@ -76,6 +82,12 @@ struct BuiltinVariant {
   static constexpr bool kCustomMask = (kFeatures & feature::kCustomMask) != 0;
   static constexpr bool kRope = (kFeatures & feature::kRope) != 0;
   static_assert(!kSinks || kWindow, "attention sinks extend a sliding window");
+  // With softmax (sigmoid needs natural units), soft-cap and ALiBi hand their constant factors to
+  // the kernel's own multiplies: the scale of q.k before the transform (logits_input_scale) and
+  // the base-2 exponent's scale after it (logits_output_scale). Per logit that leaves ALiBi one
+  // FADD and one FFMA on raw q.k (its slope divided by sm_scale per row), and soft-cap one FMUL
+  // and the tanh, instead of 3 and 3 FP32 instructions (SASS).
+  static constexpr bool kFold = kFoldScales && !kSigmoid && (kSoftCap || kAlibi);
 
   static constexpr bool kUseSoftmax = !kSigmoid;
   static constexpr bool kHasQueryTransform = kRope;
@@ -108,15 +120,33 @@ struct BuiltinVariant {
     return x;
   }
 
+  // Folded units: ALiBi adds its bias to raw q.k, so the sum is natural / sm_scale; soft-cap
+  // (without ALiBi) takes q.k * sm_scale / cap directly; a capped result is tanh(natural / cap).
+  static TESSERA_DEVICE float logits_input_scale(const VariantParams& vp, float sm_scale) {
+    if constexpr (kFold && kAlibi) return 1.f;
+    if constexpr (kFold) return sm_scale * vp.inv_soft_cap;
+    return sm_scale;
+  }
+  static TESSERA_DEVICE float logits_output_scale(const VariantParams& vp) {
+    if constexpr (kFold && kSoftCap) return vp.soft_cap;
+    if constexpr (kFold) return vp.sm_scale;
+    return 1.f;
+  }
+
   static TESSERA_DEVICE float logits_transform(const VariantParams& vp, const RequestExtent&, float x, int /*batch*/,
                                                int qo_pos, int kv_idx, int qo_head, int /*kv_head*/) {
     // float(kv_idx) - float(qo_pos) rather than float(kv_idx - qo_pos): the kernel's unrolled loop
     // then converts each column's key and each row's position once (CSE) instead of once per
     // logit (I2F issues at a quarter rate). Exact while positions stay below 2^24.
     if constexpr (kAlibi) {
-      x = fmaf(vp.alibi_slopes[qo_head], static_cast<float>(kv_idx) - static_cast<float>(qo_pos), x);
+      const float slope = kFold ? vp.alibi_slopes[qo_head] * fast_rcp(vp.sm_scale) : vp.alibi_slopes[qo_head];
+      x = fmaf(slope, static_cast<float>(kv_idx) - static_cast<float>(qo_pos), x);
     }
-    if constexpr (kSoftCap) x = vp.soft_cap * detail::tanh_approx(x * vp.inv_soft_cap);
+    if constexpr (kFold && kSoftCap) {
+      x = detail::tanh_approx(kAlibi ? x * (vp.sm_scale * vp.inv_soft_cap) : x);  // times logits_output_scale
+    } else if constexpr (kSoftCap) {
+      x = vp.soft_cap * detail::tanh_approx(x * vp.inv_soft_cap);
+    }
     // Approximate exp2 and reciprocal (MUFU): their ~2^-22 relative error is far below the
     // 16-bit P the weights are rounded to.
     if constexpr (kSigmoid) x = fast_rcp(1.f + fast_exp2(-(x + vp.sigmoid_bias) * detail::kLog2eF));

@@ -100,7 +100,10 @@ std::string user_epilogue() {
 
 std::string adapter(const ResolvedVariant& v) {
   std::ostringstream s;
-  const std::string base = "tessera::kernels::BuiltinVariant<" + std::to_string(v.features) + "u>";
+  // A user's logits hook (whether the source defines one is known only when it compiles) chains
+  // after the built-in transform and takes its result in natural units: no folded scales.
+  const std::string base = "tessera::kernels::BuiltinVariant<" + std::to_string(v.features) + "u" +
+                           (v.user != nullptr ? ", false>" : ">");
   s << "struct TesseraJitVariant : " << base << " {\n";
   if (v.user == nullptr) {
     s << "};\n";

@@ -11,7 +11,7 @@
 //   #line N "generated"
 //   <per hook: a detector (is it defined?) and a caller that falls back to the identity>
 //   }
-//   struct TesseraJitVariant : tessera::kernels::BuiltinVariant<features> {
+//   struct TesseraJitVariant : tessera::kernels::BuiltinVariant<features[, false with user hooks]> {
 //     <each hook: the built-in one, then the user's>
 //   };
 // and the kernel is `&<kernel template><<before>, TesseraJitVariant, <after>>`.

@@ -358,6 +358,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // V: transposed B fragments of two n8 tiles of D, rows frag_row, half = lane / 16
   const uint32_t v_frag_offset = (warp_col0 + frag_row) * kRowBytes + lane_chunk_lo;
 
+  constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
+  // Logits-transforming variants take q.k times their input scale. With bf16 the scale goes into
+  // Q once per tile instead of into every logit (one FMUL per logit, ~5% of the loop): bf16 keeps
+  // fp32's exponent range, so q * scale cannot overflow or flush, and its rounding (2^-9 relative)
+  // matches that of the 16-bit P. fp16 could flush small scaled elements, so it keeps the FMUL.
+  constexpr bool kPrescaleQuery = kTransformLogits && HasFloatRange<T>::value;
+  const float logits_input_scale = Variant::logits_input_scale(vp, p.sm_scale);
+  // A bias linear in the key (ALiBi) over consecutive keys (every format but block-sparse) is
+  // split into a per-row term, added in the exponent, and per-column constants: one FFMA per
+  // logit with an immediate instead of the key's conversion, a subtraction and an FFMA.
+  constexpr bool kSplitKeyBias = Variant::kLinearKeyBias && kFormat != KVFormatKind::kBlockSparse;
+
   PipelineState<Traits::kStages> compute_stage, fill_stage;
 #pragma unroll
   for (int s = 0; s + 1 < Traits::kStages; ++s) {
@@ -399,14 +411,20 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     const uint32_t k_frag = smem_addr(k_tile) + k_frag_offset;
     const uint32_t v_frag = smem_addr(v_tile) + v_frag_offset;
 
-    // Variant transforms of the operands, in shared memory, before any warp reads them.
-    if constexpr (Variant::kHasQueryTransform || Variant::kHasKeyTransform || Variant::kHasValueTransform) {
-      if (Variant::kHasQueryTransform && tile == 0) {
+    // Variant transforms of the operands, in shared memory, before any warp reads them. The
+    // query transform also applies the logits' input scale when kPrescaleQuery.
+    if constexpr (Variant::kHasQueryTransform || Variant::kHasKeyTransform || Variant::kHasValueTransform ||
+                  kPrescaleQuery) {
+      if ((Variant::kHasQueryTransform || (kPrescaleQuery && logits_input_scale != 1.f)) && tile == 0) {
         transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(smem.q, [&](int row, int dim, float2& x) {
           const int packed = packed_begin + row, qo_idx = packed / p.group_size;
           if (qo_idx >= e.qo_len) return false;
-          x = Variant::query_transform(vp, e, x, batch, e.q_pos_offset + qo_idx, -1,
-                                       kv_head * p.group_size + packed % p.group_size, kv_head, dim, Traits::HEAD_DIM);
+          if constexpr (Variant::kHasQueryTransform) {
+            x = Variant::query_transform(vp, e, x, batch, e.q_pos_offset + qo_idx, -1,
+                                         kv_head * p.group_size + packed % p.group_size, kv_head, dim,
+                                         Traits::HEAD_DIM);
+          }
+          if constexpr (kPrescaleQuery) x = make_float2(x.x * logits_input_scale, x.y * logits_input_scale);
           return true;
         });
       }
@@ -473,11 +491,30 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       }
       tile_needs_mask = !full;
     }
-    constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
     // Softmax-free variants' transformed logits are the weights themselves (scale 1).
     const float scale = kTransformLogits ? (kSoftmax ? detail::kLog2eF * Variant::logits_output_scale(vp) : 1.f)
                                          : p.sm_scale_log2;
-    const float logits_scale = Variant::logits_input_scale(vp, p.sm_scale);
+    // With the split key bias, s holds q.k + slope * (column - the thread's first column) and
+    // row_bias the rest, slope * (the thread's first key - qo_pos), folded units: a per-lane term.
+    float row_bias[kMmaQ][2];  // [m16 tile][row half]
+    if constexpr (kSplitKeyBias) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int packed = packed_row(mq, h);
+          const int packed_q = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
+          const int qo_pos = e.q_pos_offset + min(packed_q, e.qo_len - 1);
+          const float slope = Variant::logits_key_slope(vp, kv_head * p.group_size + (packed - packed_q * p.group_size));
+          // Exact: the integer difference converts once (positions < 2^24).
+          row_bias[mq][h] = slope * static_cast<float>(kv_begin + warp_col0 + 2 * t - qo_pos);
+#pragma unroll
+          for (int n = 0; n < kN8KV; ++n) {
+            s[mq][n][2 * h] = fmaf(slope, static_cast<float>(n * 8), s[mq][n][2 * h]);
+            s[mq][n][2 * h + 1] = fmaf(slope, static_cast<float>(n * 8 + 1), s[mq][n][2 * h + 1]);
+          }
+        }
+    }
     // One branch per tile around the per-element loop and one warp vote for the O rescale, not
     // one per m16 tile or row: each branch closes a basic block, and the scheduler can only
     // interleave the rows' independent max / exponent / sum chains (the latency that bounds this
@@ -503,9 +540,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
             const int qo_idx = min(packed_q, e.qo_len - 1);
             const int qo_pos = e.q_pos_offset + qo_idx;
             const int qo_head = kv_head * p.group_size + (packed - packed_q * p.group_size);
-            if constexpr (kTransformLogits) {
-              s[mq][n][i] = Variant::logits_transform(vp, e, s[mq][n][i] * logits_scale, batch, qo_pos, key, qo_head,
-                                                      kv_head);
+            if constexpr (kTransformLogits && !kSplitKeyBias) {
+              const float x = kPrescaleQuery ? s[mq][n][i] : s[mq][n][i] * logits_input_scale;
+              s[mq][n][i] = Variant::logits_transform(vp, e, x, batch, qo_pos, key, qo_head, kv_head);
             }
             if constexpr (kMasked) {
               // 0 <= key < key_end in one unsigned compare (key_end >= 0; per row, hoisted).
@@ -519,7 +556,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     };
     if (tile_needs_mask) {
       transform_and_mask(BoolConstant<true>{});
-    } else if constexpr (kTransformLogits) {
+    } else if constexpr (kTransformLogits && !kSplitKeyBias) {
       transform_and_mask(BoolConstant<false>{});
     }
     if constexpr (kSoftmax) {
@@ -539,7 +576,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           for (int w = kN8KV / 2; w >= 1; w /= 2)
 #pragma unroll
             for (int n = 0; n < w; ++n) tree[n] = fmaxf(tree[n], tree[n + w]);
-          float raw_max = tree[0];
+          // The row bias depends on the lane (its first column): added before the lanes combine.
+          float raw_max = kSplitKeyBias ? tree[0] + row_bias[mq][h] : tree[0];
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 2));
           // The state's max is a reference, not necessarily the true max: it moves only when a
@@ -551,13 +589,15 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           const float row_max = tile_max > st.m[mq][h] + kStaleMaxSlack ? tile_max : st.m[mq][h];
           // All keys so far masked: keep the state empty and make every p exactly 0.
           const float base = row_max == -INFINITY ? 0.f : row_max;
+          // The exponent of s is (s + row bias) * scale - base.
+          const float shift = kSplitKeyBias ? fmaf(-row_bias[mq][h], scale, base) : base;
           rescale[mq][h] = fast_exp2(st.m[mq][h] - base);
           settled = settled && rescale[mq][h] == 1.f;
           st.m[mq][h] = row_max;
 #pragma unroll
           for (int n = 0; n < kN8KV; ++n) {
-            s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -base));
-            s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -base));
+            s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -shift));
+            s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -shift));
             tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
           }
 #pragma unroll

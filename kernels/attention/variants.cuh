@@ -10,6 +10,10 @@
 //                                logits_output_scale is the natural-unit logit (softmax variants)
 //   logits_input_scale(vp, sm_scale), logits_output_scale(vp) -> float: sm_scale and 1 unless a
 //                                built-in variant folds its own scales into the kernel's (soft-cap)
+//   kLinearKeyBias, logits_key_slope(vp, qo_head) -> float: when set, logits_transform(x) is
+//                                exactly x + logits_key_slope * (kv_idx - qo_pos), so a kernel
+//                                whose tile holds consecutive keys may add it as a per-row term
+//                                and per-column constants instead of calling logits_transform
 //   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal)
 //   output_transform(vp, e, value, batch, qo_pos, qo_head, dim) -> float
 //   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of
@@ -133,6 +137,12 @@ struct BuiltinVariant {
     return 1.f;
   }
 
+  // ALiBi alone is a bias linear in the key: slope * (kv_idx - qo_pos), folded units.
+  static constexpr bool kLinearKeyBias = kFold && kAlibi && !kSoftCap;
+  static TESSERA_DEVICE float logits_key_slope(const VariantParams& vp, int qo_head) {
+    return vp.alibi_slopes[qo_head] * fast_rcp(vp.sm_scale);
+  }
+
   static TESSERA_DEVICE float logits_transform(const VariantParams& vp, const RequestExtent&, float x, int /*batch*/,
                                                int qo_pos, int kv_idx, int qo_head, int /*kv_head*/) {
     // float(kv_idx) - float(qo_pos) rather than float(kv_idx - qo_pos): the kernel's unrolled loop
@@ -149,7 +159,8 @@ struct BuiltinVariant {
     }
     // Approximate exp2 and reciprocal (MUFU): their ~2^-22 relative error is far below the
     // 16-bit P the weights are rounded to.
-    if constexpr (kSigmoid) x = fast_rcp(1.f + fast_exp2(-(x + vp.sigmoid_bias) * detail::kLog2eF));
+    // e^-(x + bias) as one FFMA and the exp2.
+    if constexpr (kSigmoid) x = fast_rcp(1.f + fast_exp2(fmaf(x, -detail::kLog2eF, -vp.sigmoid_bias * detail::kLog2eF)));
     return x;
   }
 

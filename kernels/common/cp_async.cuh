@@ -21,22 +21,21 @@ TESSERA_DEVICE void cp_async_16_zfill(void* smem, const void* gmem, bool valid) 
       "l"(gmem), "r"(static_cast<uint32_t>(valid)));
 }
 
-/// Two 16-byte copies under one predicate carried in a source address: `tagged_a & ~1` -> smem_a
-/// and `gmem_b` -> smem_b, or zero-fills of both when bit 0 of `tagged_a` is set (sources are
-/// 16-byte aligned, so the bit is free; the K and V chunks of one KV row exist or are missing
-/// together). `smem_*` are shared-window addresses. In PTX, so ptxas tests the bit with one
-/// predicate-setting LOP3; from C++ it compared the 64-bit value (three instructions per copy).
+/// Two 16-byte copies under one predicate carried in a source address: `tagged_a` -> smem_a and
+/// `gmem_b` -> smem_b, or zero-fills of both when bit 0 of `tagged_a` is set (sources are 16-byte
+/// aligned, so the bit is free; the K and V chunks of one KV row exist or are missing together).
+/// A set tag means ignore-src, so the odd address is never dereferenced and needs no clearing.
+/// `smem_*` are shared-window addresses. In PTX, so ptxas tests the bit with one predicate-setting
+/// LOP3; from C++ it compared the 64-bit value (three instructions per copy).
 TESSERA_DEVICE void cp_async_16x2_tagged(uint32_t smem_a, uint32_t smem_b, uint64_t tagged_a, uint64_t gmem_b) {
   asm volatile(
       "{\n"
       "  .reg .pred ignore;\n"
       "  .reg .b32 lo;\n"
-      "  .reg .b64 src;\n"
       "  cvt.u32.u64 lo, %2;\n"
       "  and.b32 lo, lo, 1;\n"
       "  setp.ne.u32 ignore, lo, 0;\n"
-      "  and.b64 src, %2, -2;\n"
-      "  cp.async.cg.shared.global [%0], [src], 16, ignore;\n"
+      "  cp.async.cg.shared.global [%0], [%2], 16, ignore;\n"
       "  cp.async.cg.shared.global [%1], [%3], 16, ignore;\n"
       "}\n" ::"r"(smem_a),
       "r"(smem_b), "l"(tagged_a), "l"(gmem_b));

@@ -35,6 +35,12 @@ TESSERA_DEVICE float to_float(float x) { return x; }
 TESSERA_DEVICE float to_float(__half x) { return __half2float(x); }
 TESSERA_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
+/// 16-bit types with fp32's exponent range: scaling by a normal float never overflows or flushes.
+template <typename T>
+struct HasFloatRange : BoolConstant<false> {};
+template <>
+struct HasFloatRange<__nv_bfloat16> : BoolConstant<true> {};
+
 template <typename T>
 TESSERA_DEVICE T from_float(float x);
 template <>

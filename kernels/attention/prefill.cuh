@@ -224,9 +224,14 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   }
 }
 
-/// The KV tiles of one work item: the variant's visible span cut into CTA_TILE_KV-row tiles,
-/// first those of the sink segment, then those of the main segment.
-template <int kTileKV>
+/// The KV tiles of one work item: the variant's visible span cut into CTA_TILE_KV-row tiles (those
+/// of the sink segment, then those of the main segment), visited in that order or, with
+/// kNearestFirst, last first. A bias that grows towards the diagonal (ALiBi: 65 base-2 units per
+/// 64-key tile at slope 2^-0.5) moves the softmax's reference max, and rescales O, on nearly every
+/// tile when the far keys come first (ncu: 90% of ALiBi's warp-tiles); nearest first, a row's max
+/// is set by its first tiles. Other variants keep the forward order, which measured 1-2% faster
+/// for soft-cap and sigmoid (bench/results/LOG.md, session 14).
+template <int kTileKV, bool kNearestFirst>
 struct KVTiles {
   KVSpan span;
   int seg0_tiles;
@@ -237,11 +242,17 @@ struct KVTiles {
     const int main_tiles = s.end > s.begin ? (s.end - s.begin + kTileKV - 1) / kTileKV : 0;
     count = seg0_tiles + main_tiles;
   }
-  /// First KV position of tile t and the end of its segment (rows at or past it are masked).
+  /// First KV position of the t-th tile visited and the end of its segment (rows at or past it
+  /// are masked).
   TESSERA_DEVICE int begin(int t) const {
-    return t < seg0_tiles ? span.seg0_begin + t * kTileKV : span.begin + (t - seg0_tiles) * kTileKV;
+    const int r = position(t);
+    return r < seg0_tiles ? span.seg0_begin + r * kTileKV : span.begin + (r - seg0_tiles) * kTileKV;
   }
-  TESSERA_DEVICE int end(int t) const { return t < seg0_tiles ? span.seg0_end : span.end; }
+  TESSERA_DEVICE int end(int t) const { return position(t) < seg0_tiles ? span.seg0_end : span.end; }
+
+ private:
+  /// Position in the span of the t-th tile visited.
+  TESSERA_DEVICE int position(int t) const { return kNearestFirst ? count - 1 - t : t; }
 };
 
 /// Applies a pair transform in place to the rows of a swizzled [ROWS][HEAD_DIM] tile: each step
@@ -309,7 +320,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   const int warp_q = warp / Traits::NUM_WARPS_KV, warp_kv = warp % Traits::NUM_WARPS_KV;
   const int g = lane / 4, t = lane % 4;
 
-  const KVTiles<Traits::CTA_TILE_KV> tiles(span);
+  const KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias> tiles(span);
   const int num_kv_tiles = tiles.count;
   // The batch index the variant hooks see: block-sparse KV is one sequence whose block rows are
   // this kernel's "requests".
@@ -382,6 +393,23 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // split into a per-row term, added in the exponent, and per-column constants: one FFMA per
   // logit with an immediate instead of the key's conversion, a subtraction and an FFMA.
   constexpr bool kSplitKeyBias = Variant::kLinearKeyBias && kFormat != KVFormatKind::kBlockSparse;
+  // Per row, fixed for the work item: the slope and the key offset of the thread's first column
+  // from the row's position (row bias = slope * (kv_begin + offset)), so a tile adds one IADD,
+  // I2F and FMUL per row instead of the row's division, head and slope load.
+  float key_slope[kMmaQ][2];        // [m16 tile][row half], folded units
+  int32_t key_offset[kMmaQ][2];     // [m16 tile][row half]
+  if constexpr (kSplitKeyBias) {
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int packed = packed_row(mq, h);
+        const int packed_q = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
+        const int qo_pos = e.q_pos_offset + min(packed_q, e.qo_len - 1);
+        key_slope[mq][h] = Variant::logits_key_slope(vp, kv_head * p.group_size + (packed - packed_q * p.group_size));
+        key_offset[mq][h] = warp_col0 + 2 * t - qo_pos;
+      }
+  }
 
   PipelineState<Traits::kStages> compute_stage, fill_stage;
 #pragma unroll
@@ -515,12 +543,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int packed = packed_row(mq, h);
-          const int packed_q = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
-          const int qo_pos = e.q_pos_offset + min(packed_q, e.qo_len - 1);
-          const float slope = Variant::logits_key_slope(vp, kv_head * p.group_size + (packed - packed_q * p.group_size));
+          const float slope = key_slope[mq][h];
           // Exact: the integer difference converts once (positions < 2^24).
-          row_bias[mq][h] = slope * static_cast<float>(kv_begin + warp_col0 + 2 * t - qo_pos);
+          row_bias[mq][h] = slope * static_cast<float>(kv_begin + key_offset[mq][h]);
 #pragma unroll
           for (int n = 0; n < kN8KV; ++n) {
             // Column 0's offset is 0 (fmaf would still add slope * 0 to keep NaN semantics).

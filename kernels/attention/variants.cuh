@@ -13,7 +13,9 @@
 //   kLinearKeyBias, logits_key_slope(vp, qo_head) -> float: when set, logits_transform(x) is
 //                                exactly x + logits_key_slope * (kv_idx - qo_pos), so a kernel
 //                                whose tile holds consecutive keys may add it as a per-row term
-//                                and per-column constants instead of calling logits_transform
+//                                and per-column constants instead of calling logits_transform;
+//                                such a bias peaks at the diagonal, so kernels visit the nearest
+//                                keys first (the softmax max then rarely moves)
 //   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal)
 //   output_transform(vp, e, value, batch, qo_pos, qo_head, dim) -> float
 //   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of

@@ -106,6 +106,19 @@ struct PrefillSmem {
   }
 };
 
+/// A packed query row (query-major: row = qo_idx * group_size + the head's index in the group)
+/// as its query index and query head.
+struct PackedRow {
+  int qo_idx;
+  int head;
+};
+template <typename T>
+TESSERA_DEVICE PackedRow unpack_row(const AttentionParams<T>& p, int kv_head, int packed) {
+  // Unsigned (both are >= 0): a signed division costs twice the instructions.
+  const int qo_idx = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
+  return PackedRow{qo_idx, kv_head * p.group_size + (packed - qo_idx * p.group_size)};
+}
+
 /// Loads the CTA's query tile; packed rows past the request's queries are zero-filled. Thread r
 /// first resolves packed row r into an element offset of q (-1: past the queries) in `row_offsets`
 /// ([CTA_TILE_Q] int64 of scratch shared memory, free until the caller's next barrier), so each
@@ -117,13 +130,10 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
   using Tile = SwizzledTile<Traits::kRowChunks>;
   static_assert(Traits::CTA_TILE_Q <= Traits::kThreads, "one thread per query row");
   if (threadIdx.x < Traits::CTA_TILE_Q) {
-    const int packed = packed_begin + static_cast<int>(threadIdx.x);
-    // Unsigned (both are >= 0): a signed division costs twice the instructions.
-    const int qo_idx = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
-    const int head = kv_head * p.group_size + (packed - qo_idx * p.group_size);
-    row_offsets[threadIdx.x] = qo_idx < e.qo_len
-                                   ? static_cast<int64_t>(e.q_begin + qo_idx) * p.q_row_stride + head * p.q_head_stride
-                                   : -1;
+    const PackedRow r = unpack_row(p, kv_head, packed_begin + static_cast<int>(threadIdx.x));
+    row_offsets[threadIdx.x] =
+        r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q_row_stride + r.head * p.q_head_stride
+                            : -1;
   }
   __syncthreads();
   // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass
@@ -405,11 +415,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int packed = packed_row(mq, h);
-        const int packed_q = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
-        const int qo_pos = e.q_pos_offset + min(packed_q, e.qo_len - 1);
-        key_slope[mq][h] = Variant::logits_key_slope(vp, kv_head * p.group_size + (packed - packed_q * p.group_size));
-        key_offset[mq][h] = warp_col0 + 2 * t - qo_pos;
+        const PackedRow r = unpack_row(p, kv_head, packed_row(mq, h));
+        key_slope[mq][h] = Variant::logits_key_slope(vp, r.head);
+        key_offset[mq][h] = warp_col0 + 2 * t - (e.q_pos_offset + min(r.qo_idx, e.qo_len - 1));
       }
   }
 
@@ -572,15 +580,12 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int key = keys[warp_col0 + n * 8 + 2 * t + (i & 1)];
-            const int packed = packed_row(mq, i / 2);
+            const PackedRow r = unpack_row(p, kv_head, packed_row(mq, i / 2));
             // Padding rows of the request's last query tile are never stored; the hooks see the
             // last real row instead, so a custom mask or a user table indexed by the query never
             // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
-            // Unsigned (both are >= 0): a signed division costs twice the instructions.
-            const int packed_q = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
-            const int qo_idx = min(packed_q, e.qo_len - 1);
-            const int qo_pos = e.q_pos_offset + qo_idx;
-            const int qo_head = kv_head * p.group_size + (packed - packed_q * p.group_size);
+            const int qo_pos = e.q_pos_offset + min(r.qo_idx, e.qo_len - 1);
+            const int qo_head = r.head;
             if constexpr (kTransformLogits && !kSplitKeyBias) {
               const float x = kPrescaleQuery ? s[mq][n][i] : s[mq][n][i] * logits_input_scale;
               s[mq][n][i] = Variant::logits_transform(vp, e, x, batch, qo_pos, key, qo_head, kv_head);
@@ -778,8 +783,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int packed = packed_row(mq, h);
-        const int qo_idx = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
-        const int head = kv_head * p.group_size + (packed - qo_idx * p.group_size);
+        const PackedRow r = unpack_row(p, kv_head, packed);
+        const int qo_idx = r.qo_idx, head = r.head;
         if (qo_idx >= e.qo_len) continue;
         const float inv = normaliser(st.d[mq][h]);
         const float lse = log_sum_exp(st.m[mq][h], st.d[mq][h]);

@@ -211,6 +211,17 @@ std::vector<AttentionCase> variant_cases() {
     v.window_left = 50;
     add(prefill_paged(HND, {bf16, 64, 1, 2, 5, 17, 513, 3, nocausal}, v));
   }
+  // ALiBi with masks and no soft-cap: the kernels' split key bias, visiting the nearest keys
+  // first, with a window and over the two segments of sinks + window.
+  {
+    VariantDesc v = sinks(4, 100);
+    v.alibi = true;
+    add(prefill_ragged({bf16, 128, 4, 2, 4, 513, 2049, 0, causal}, v));
+    add(nan_pad(decode_paged(NHD, {f16, 64, 5, 1, 7, 1, 2049, 3, causal}, v)));
+    VariantDesc w = window(300);
+    w.alibi = true;
+    add(prefill_paged(HND, {f16, 128, 1, 2, 5, 17, 2049, 16, causal}, w));
+  }
   // RoPE + window + sinks.
   {
     VariantDesc v = sinks(4, 128);

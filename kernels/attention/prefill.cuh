@@ -468,11 +468,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
                   kPrescaleQuery) {
       if ((Variant::kHasQueryTransform || (kPrescaleQuery && logits_input_scale != 1.f)) && tile == 0) {
         transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(smem.q, [&](int row, int dim, float2& x) {
-          const int packed = packed_begin + row, qo_idx = packed / p.group_size;
-          if (qo_idx >= e.qo_len) return false;
+          const PackedRow r = unpack_row(p, kv_head, packed_begin + row);
+          if (r.qo_idx >= e.qo_len) return false;
           if constexpr (Variant::kHasQueryTransform) {
-            x = Variant::query_transform(vp, e, x, batch, e.q_pos_offset + qo_idx, -1,
-                                         kv_head * p.group_size + packed % p.group_size, kv_head, dim,
+            x = Variant::query_transform(vp, e, x, batch, e.q_pos_offset + r.qo_idx, -1, r.head, kv_head, dim,
                                          Traits::HEAD_DIM);
           }
           if constexpr (kPrescaleQuery) x = make_float2(x.x * logits_input_scale, x.y * logits_input_scale);
@@ -752,10 +751,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[j] += wgt * src[j];
       }
-      const int packed = packed_begin + row;
-      const int qo_idx = packed / p.group_size;
-      if (qo_idx >= e.qo_len) continue;
-      const int head = kv_head * p.group_size + packed % p.group_size;
+      const PackedRow r = unpack_row(p, kv_head, packed_begin + row);
+      if (r.qo_idx >= e.qo_len) continue;
       const float inv = normaliser(d_sum);
       const float lse = log_sum_exp(m_max, d_sum);
       if (out.partial_o != nullptr) {
@@ -768,13 +765,13 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       uint32_t packed_out[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        packed_out[j] = pack_pair<T>(final_value(acc[2 * j], inv, qo_idx, head, c0 + 2 * j),
-                                     final_value(acc[2 * j + 1], inv, qo_idx, head, c0 + 2 * j + 1));
+        packed_out[j] = pack_pair<T>(final_value(acc[2 * j], inv, r.qo_idx, r.head, c0 + 2 * j),
+                                     final_value(acc[2 * j + 1], inv, r.qo_idx, r.head, c0 + 2 * j + 1));
       }
-      T* dst = p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + c0;
+      T* dst = p.o + static_cast<int64_t>(e.q_begin + r.qo_idx) * p.o_row_stride + r.head * p.o_head_stride + c0;
       *reinterpret_cast<uint4*>(dst) = make_uint4(packed_out[0], packed_out[1], packed_out[2], packed_out[3]);
       if (p.lse != nullptr && c0 == 0) {
-        p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = lse;
+        p.lse[static_cast<int64_t>(e.q_begin + r.qo_idx) * p.lse_row_stride + r.head * p.lse_head_stride] = lse;
       }
     }
   } else {

@@ -83,6 +83,9 @@ struct DeviceTensor {
 void fill_random_normal(void* data, tessera::DType dtype, int64_t count, uint64_t seed,
                         cudaStream_t stream);
 
+/// Reads `bytes` (a multiple of 16) of device memory, e.g. to fill L2 with clean lines (bench/fill.cu).
+void read_all(const void* data, size_t bytes, unsigned* sink, cudaStream_t stream);
+
 // ------------------------------------------------------------------------------------------------
 // Timing.
 
@@ -272,6 +275,9 @@ class BenchContext {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   DeviceBuffer l2_flush_;
+  // TESSERA_BENCH_L2_FLUSH=clean (a diagnostic, not the default): after the memset, a read of a
+  // second buffer evicts its dirty lines, so timed runs start from a clean L2 (see flush_l2()).
+  DeviceBuffer l2_clean_;
   uint64_t next_seed_ = 0x7e55e7a2026ull;
   std::map<std::string, double> ceilings_;
   const Workload* current_ = nullptr;

@@ -299,10 +299,15 @@ TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
 /// reference moves and O is rescaled: weights stay <= 2^8 = 256 (attention_tile).
 constexpr float kStaleMaxSlack = 8.f;
 
+/// Largest base-2 exponent bound (Variant::logits_exponent_bound) for which a softmax with a
+/// fixed reference of 0 is exact enough: weights in [2^-64, 2^64] are normal in fp32 and bf16
+/// (not fp16), and the sum stays below 2^96 for any KV length that fits an int32.
+constexpr float kZeroReferenceMaxExponent = 64.f;
+
 /// Per-thread softmax state of the rows a thread owns: rows g and g+8 of each m16 tile.
 template <int kMmaQ>
 struct RowState {
-  float m[kMmaQ][2];  // reference max of base-2 logits (at most kStaleMaxSlack below the true max)
+  float m[kMmaQ][2];  // reference max of base-2 logits (at most kStaleMaxSlack below the true max; 0 with a zero reference)
   float d[kMmaQ][2];  // this thread's share of the running sum of 2^(s - m)
 };
 
@@ -405,6 +410,14 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // split into a per-row term, added in the exponent, and per-column constants: one FFMA per
   // logit with an immediate instead of the key's conversion, a subtraction and an FFMA.
   constexpr bool kSplitKeyBias = Variant::kLinearKeyBias && kFormat != KVFormatKind::kBlockSparse;
+  // Bounded logits (soft-cap) in bf16 need no running max: with a fixed reference of 0 each tile
+  // goes straight from S to the exponentials, without the max trees, the lanes' shuffles and the
+  // rescale vote (the chain between the two MMA phases). fp16 P would flush small weights, and a
+  // bound beyond kZeroReferenceMaxExponent (cap > 44) keeps the running max.
+  constexpr bool kMayUseZeroReference = kSoftmax && Variant::kBoundedLogits && HasFloatRange<T>::value;
+  static_assert(!(Variant::kBoundedLogits && kSplitKeyBias), "the zero reference has no row bias");
+  const bool zero_reference =
+      kMayUseZeroReference && Variant::logits_exponent_bound(vp) <= kZeroReferenceMaxExponent;
   // Per row, fixed for the work item: the slope and the key offset of the thread's first column
   // from the row's position (row bias = slope * (kv_begin + offset)), so a tile adds one IADD,
   // I2F and FMUL per row instead of the row's division, head and slope load.
@@ -437,7 +450,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      st.m[mq][h] = kSoftmax ? -INFINITY : 0.f;
+      st.m[mq][h] = kSoftmax && !zero_reference ? -INFINITY : 0.f;
       st.d[mq][h] = 0.f;
     }
 #pragma unroll
@@ -604,7 +617,25 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     } else if constexpr (kTransformLogits && !kSplitKeyBias) {
       transform_and_mask(BoolConstant<false>{});
     }
-    if constexpr (kSoftmax) {
+    if (kMayUseZeroReference && zero_reference) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float tree[kN8KV];  // [n8 tile], folded in halves
+#pragma unroll
+          for (int n = 0; n < kN8KV; ++n) {
+            s[mq][n][2 * h] = fast_exp2(s[mq][n][2 * h] * scale);
+            s[mq][n][2 * h + 1] = fast_exp2(s[mq][n][2 * h + 1] * scale);
+            tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+          }
+#pragma unroll
+          for (int w = kN8KV / 2; w >= 1; w /= 2)
+#pragma unroll
+            for (int n = 0; n < w; ++n) tree[n] += tree[n + w];
+          st.d[mq][h] += tree[0];
+        }
+    } else if constexpr (kSoftmax) {
       float rescale[kMmaQ][2];  // [m16 tile][row half]
       bool settled = true;      // no row's max moved in this thread
 #pragma unroll

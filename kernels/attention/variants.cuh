@@ -16,6 +16,10 @@
 //                                and per-column constants instead of calling logits_transform;
 //                                such a bias peaks at the diagonal, so kernels visit the nearest
 //                                keys first (the softmax max then rarely moves)
+//   kBoundedLogits, logits_exponent_bound(vp) -> float: when set, every transformed logit times
+//                                log2(e) * logits_output_scale lies within +-bound (soft-cap's
+//                                tanh), so a kernel may use a fixed softmax reference of 0
+//                                instead of a running max where 2^+-bound is representable
 //   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal)
 //   output_transform(vp, e, value, batch, qo_pos, qo_head, dim) -> float
 //   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of
@@ -144,6 +148,12 @@ struct BuiltinVariant {
   static TESSERA_DEVICE float logits_key_slope(const VariantParams& vp, int qo_head) {
     return vp.alibi_slopes[qo_head] * fast_rcp(vp.sm_scale);
   }
+
+  // Folded soft-cap (ALiBi, if any, comes before the tanh) gives tanh(...) * cap: at most cap in
+  // magnitude, so base-2 exponents stay within +-cap * log2(e). Unfolded (user hooks chained
+  // after it), nothing bounds the result.
+  static constexpr bool kBoundedLogits = kFold && kSoftCap;
+  static TESSERA_DEVICE float logits_exponent_bound(const VariantParams& vp) { return vp.soft_cap * detail::kLog2eF; }
 
   static TESSERA_DEVICE float logits_transform(const VariantParams& vp, const RequestExtent&, float x, int /*batch*/,
                                                int qo_pos, int kv_idx, int qo_head, int /*kv_head*/) {

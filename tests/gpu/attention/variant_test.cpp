@@ -166,6 +166,11 @@ std::vector<AttentionCase> variant_cases() {
   add(decode_single(NHD, {f16, 128, 4, 2, 1, 1, 2049, 0, nocausal}, soft_cap()));
   add(prefill_ragged({f16, 64, 4, 2, 5, 17, 513, 0, nocausal}, soft_cap()));
   add(nan_pad(prefill_paged(NHD, {bf16, 128, 1, 4, 4, 513, 2049, 16, causal}, soft_cap())));
+  // bf16 soft-cap uses a fixed softmax reference while cap * log2(e) <= 64 (cap 1.5 saturates
+  // the tanh, cap 44 is the edge) and the running max beyond it (cap 50).
+  add(prefill_ragged({bf16, 64, 1, 4, 4, 129, 513, 0, nocausal}, soft_cap(1.5)));
+  add(decode_paged(NHD, {bf16, 128, 4, 2, 7, 1, 16384, 16, nocausal}, soft_cap(44.0)));
+  add(prefill_ragged({bf16, 128, 4, 2, 5, 577, 2049, 0, causal}, soft_cap(50.0)));
   // ALiBi (standard slopes).
   add(decode_paged(NHD, {f16, 64, 5, 1, 7, 1, 2049, 3, nocausal}, alibi()));
   add(decode_ragged({bf16, 128, 1, 4, 7, 1, 513, 0, causal}, alibi()));

@@ -26,9 +26,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iterator>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -104,6 +106,23 @@ void add_anchor(Params& params, const char* key, double value) {
   if (value > 0) params.emplace_back(key, value);
 }
 
+/// TESSERA_BENCH_W3_VARIANTS: a comma-separated subset of the variant names (all when unset), to
+/// time one variant without the thermal history of the others (the causal ratio then needs causal).
+bool variant_selected(const std::string& name) {
+  const char* list = std::getenv("TESSERA_BENCH_W3_VARIANTS");
+  if (list == nullptr || *list == '\0') return true;
+  std::stringstream ss(list);
+  std::string item;
+  bool selected = false;
+  while (std::getline(ss, item, ',')) {
+    bool known = false;
+    for (const VariantDesc& d : kVariants) known = known || item == d.name;
+    if (!known) throw FatalError("TESSERA_BENCH_W3_VARIANTS: '" + item + "' is not a W3 variant name");
+    selected = selected || item == name;
+  }
+  return selected;
+}
+
 std::string result_name(const VariantDesc& v, int64_t len) {
   return std::string("w3_") + v.name + "_s" + std::to_string(len);
 }
@@ -135,6 +154,7 @@ void run_w3(BenchContext& ctx, const std::string& name, int64_t len) {
   int failures = 0;
   std::string first_error;
   for (const VariantDesc& desc : kVariants) {
+    if (!variant_selected(desc.name)) continue;
     const std::string workload = result_name(desc, len);
     tessera::AttentionOptions options;
     options.causal = true;

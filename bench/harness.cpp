@@ -5,12 +5,14 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 namespace tessera_bench {
 
@@ -268,6 +270,7 @@ std::string OutputSink::to_json(const Result& r, const RunInfo& info) {
     << ", \"min_us\": " << json_number(r.timing.min_us)        //
     << ", \"max_us\": " << json_number(r.timing.max_us)        //
     << ", \"iters\": " << r.timing.iters                       //
+    << ", \"cooldown_ms\": " << r.timing.cooldown_ms           //
     << ", \"metric\": " << json_escape(r.metric)               //
     << ", \"value\": " << json_number(r.value)                 //
     << ", \"ceiling_name\": " << (has_ceiling ? json_escape(r.ceiling_name) : "null")
@@ -283,8 +286,8 @@ std::string OutputSink::to_json(const Result& r, const RunInfo& info) {
 // ------------------------------------------------------------------------------------------------
 // BenchContext
 
-BenchContext::BenchContext(int device, int iters, int warmup, OutputSink& sink)
-    : device_(device), iters_(iters), warmup_(warmup), sink_(sink) {
+BenchContext::BenchContext(int device, int iters, int warmup, int cooldown_ms, OutputSink& sink)
+    : device_(device), iters_(iters), cooldown_ms_(cooldown_ms), warmup_(warmup), sink_(sink) {
   BENCH_CUDA(cudaGetDeviceProperties(&props_, device_));
   // >= 2x the L2 size, so a memset over it evicts everything a previous run left in L2.
   constexpr size_t kMiB = size_t{1} << 20;
@@ -371,6 +374,12 @@ void BenchContext::flush_l2() {
 }
 
 Timing BenchContext::measure(const std::function<void(cudaStream_t)>& fn) {
+  // Each measurement starts from the same power state, whatever ran before it. Seconds of dense
+  // kernels at the 700 W software power cap leave the H100's clocks ~10% low for a while after
+  // (nvidia-smi, bench/results/LOG.md session 15); nvbench pauses on throttling for the same reason.
+  BENCH_CUDA(cudaStreamSynchronize(stream_));
+  if (cooldown_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms_));
+
   for (int i = 0; i < warmup_; ++i) {
     flush_l2();
     fn(stream_);
@@ -395,7 +404,9 @@ Timing BenchContext::measure(const std::function<void(cudaStream_t)>& fn) {
   std::vector<double> samples;
   samples.reserve(timers.size());
   for (const Timer& timer : timers) samples.push_back(timer.elapsed_us());
-  return summarize(std::move(samples));
+  Timing t = summarize(std::move(samples));
+  t.cooldown_ms = cooldown_ms_;
+  return t;
 }
 
 void BenchContext::set_ceiling(const std::string& name, double value) { ceilings_[name] = value; }

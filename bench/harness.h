@@ -112,6 +112,7 @@ class Timer {
 /// Timed runs of one workload, in microseconds.
 struct Timing {
   int iters = 0;
+  int cooldown_ms = 0;  ///< idle time before the warm-up runs
   double median_us = 0;
   double min_us = 0;
   double max_us = 0;
@@ -212,7 +213,8 @@ struct Workload;
 
 class BenchContext {
  public:
-  BenchContext(int device, int iters, int warmup, OutputSink& sink);
+  /// `cooldown_ms`: the GPU idles this long before each measurement's warm-up (see measure()).
+  BenchContext(int device, int iters, int warmup, int cooldown_ms, OutputSink& sink);
   ~BenchContext();
   BenchContext(const BenchContext&) = delete;
   BenchContext& operator=(const BenchContext&) = delete;
@@ -237,9 +239,10 @@ class BenchContext {
   DeviceTensor upload_i32(const std::vector<int32_t>& host);
   void synchronize();
 
-  /// Runs fn(stream()) warmup() times, then iters() times, each timed run preceded by an L2 flush
-  /// (cudaMemsetAsync over >= 2x the L2 size, outside the timed region) and timed with a CUDA
-  /// event pair. `fn` must queue all its work on the stream it is given.
+  /// Idles the GPU for the cool-down, runs fn(stream()) warmup() times, then iters() times, each
+  /// timed run preceded by an L2 flush (cudaMemsetAsync over >= 2x the L2 size, outside the timed
+  /// region) and timed with a CUDA event pair. `fn` must queue all its work on the stream it is
+  /// given.
   Timing measure(const std::function<void(cudaStream_t)>& fn);
 
   // Ceilings.
@@ -270,6 +273,7 @@ class BenchContext {
 
   int device_;
   int iters_;
+  int cooldown_ms_;
   int warmup_;
   OutputSink& sink_;
   cudaDeviceProp props_{};

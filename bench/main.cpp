@@ -29,6 +29,7 @@ struct Options {
   std::string filter;     // substring of workload names; empty = all
   int iters = 30;
   int warmup = 5;
+  int cooldown_ms = 1000;
   int device = 0;
   bool list = false;
   bool help = false;
@@ -44,6 +45,8 @@ void print_usage(FILE* out) {
                "                   stdout after the table)\n"
                "  --iters N        timed runs per workload, >= %d (default 30)\n"
                "  --warmup N       untimed warm-up runs per workload (default 5)\n"
+               "  --cooldown-ms N  the GPU idles N ms before each measurement, so no result depends on\n"
+               "                   the power state earlier workloads left (default 1000; 0: none)\n"
                "  --filter TEXT    run only workloads whose name contains TEXT, or one of A|B|... (ceilings\n"
                "                   still run)\n"
                "  --device N       CUDA device to use (default 0)\n"
@@ -103,6 +106,8 @@ Options parse_args(int argc, char** argv) {
       opt.iters = parse_int(arg, take_value());
     } else if (arg == "--warmup") {
       opt.warmup = parse_int(arg, take_value());
+    } else if (arg == "--cooldown-ms") {
+      opt.cooldown_ms = parse_int(arg, take_value());
     } else if (arg == "--device") {
       opt.device = parse_int(arg, take_value());
     } else if (arg == "--filter") {
@@ -210,14 +215,15 @@ int run(const Options& opt) {
     BENCH_CUDA(cudaDriverGetVersion(&driver_version));
 
     sink = std::make_unique<tb::OutputSink>(info, opt.json_path);
-    tb::BenchContext ctx(opt.device, opt.iters, opt.warmup, *sink);
+    tb::BenchContext ctx(opt.device, opt.iters, opt.warmup, opt.cooldown_ms, *sink);
 
     std::printf("tessera-bench %s, %s: %s (sm_%d%d, %d SMs, L2 %d MiB), CUDA runtime %s, driver %s\n",
                 info.commit.c_str(), info.date.c_str(), info.gpu.c_str(), props.major, props.minor,
                 info.sm_count, props.l2CacheSize >> 20, cuda_version_text(runtime_version).c_str(),
                 cuda_version_text(driver_version).c_str());
-    std::printf("suites: %s; median of %d timed runs after %d warm-up, L2 flushed before each\n\n",
-                join(opt.suites, ",").c_str(), opt.iters, opt.warmup);
+    std::printf("suites: %s; median of %d timed runs after %d warm-up, L2 flushed before each, %d ms idle "
+                "before each measurement\n\n",
+                join(opt.suites, ",").c_str(), opt.iters, opt.warmup, opt.cooldown_ms);
     if (tessera::checked_mode()) {
       std::fprintf(stderr, "tessera-bench: warning: checked mode is on (TESSERA_CHECKED); timings "
                            "include host copies of index arrays and synchronisation\n");

@@ -15,6 +15,7 @@ struct PlannedItem {
   int32_t kv_begin;      // KV positions [kv_begin, kv_end) of the request
   int32_t kv_end;
   int32_t partial;       // -1: write the final output; else the partial slot to write
+  int32_t merge;         // -1 with partial == -1; else the index in `merges` of the split tile
 };
 
 /// A split tile: partial slots [partial_begin, partial_end) hold its chunks in KV order.

@@ -36,7 +36,10 @@ static_assert(offsetof(runtime::WorkItem, packed_begin) == offsetof(kernels::Pla
 static_assert(offsetof(runtime::WorkItem, kv_begin) == offsetof(kernels::PlannedItem, kv_begin), "WorkItem layout");
 static_assert(offsetof(runtime::WorkItem, kv_end) == offsetof(kernels::PlannedItem, kv_end), "WorkItem layout");
 static_assert(offsetof(runtime::WorkItem, partial) == offsetof(kernels::PlannedItem, partial), "WorkItem layout");
+static_assert(offsetof(runtime::WorkItem, merge) == offsetof(kernels::PlannedItem, merge), "WorkItem layout");
 static_assert(sizeof(runtime::MergeItem) == sizeof(kernels::PlannedMerge), "MergeItem layout");
+static_assert(offsetof(runtime::MergeItem, request) == offsetof(kernels::PlannedMerge, request), "MergeItem layout");
+static_assert(offsetof(runtime::MergeItem, packed_begin) == offsetof(kernels::PlannedMerge, packed_begin), "layout");
 static_assert(offsetof(runtime::MergeItem, partial_begin) == offsetof(kernels::PlannedMerge, partial_begin), "layout");
 static_assert(offsetof(runtime::MergeItem, partial_end) == offsetof(kernels::PlannedMerge, partial_end), "layout");
 

@@ -29,6 +29,10 @@ int cached_device_attribute(cudaDeviceAttr attr) {
 
 int current_device_sm_count() { return cached_device_attribute(cudaDevAttrMultiProcessorCount); }
 
+bool current_device_has_dependent_launch() {
+  return cached_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+}
+
 void ensure_dynamic_smem(const void* kernel, int bytes) {
   constexpr int kDefaultLimit = 48 * 1024;
   if (bytes <= kDefaultLimit) return;

@@ -13,6 +13,9 @@ namespace detail {
 /// The SM count of the current device (cached per device).
 int current_device_sm_count();
 
+/// Whether the current device runs programmatic dependent launches (sm_90 and later; cached).
+bool current_device_has_dependent_launch();
+
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per
 /// (kernel, device): the opt-in above 48 KB is per device, so a process-wide once-flag would miss
 /// the second GPU, and setting it on every launch costs ~1 us. No-op up to 48 KB.

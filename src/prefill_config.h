@@ -79,14 +79,15 @@ template <typename T, int HEAD_DIM>
 void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream);
 
-/// A launch of the runtime's persistent kernel: a grid of (grid_cols, H_kv) CTAs reading `work`;
-/// the kernel also merges the split tiles (contraction.cuh).
+/// A launch of the runtime's persistent kernel: a grid of (grid_cols, H_kv) CTAs reading `work`,
+/// then, when contraction_blocks > 0, the contraction of split tiles over that many blocks.
 struct PersistentLaunch {
   kernels::PlannedWork work;
   int grid_cols;
+  int contraction_blocks;
 };
 
-/// Launches the persistent kernel of one configuration (prefill_launch.cuh).
+/// Launches the persistent kernel (and contraction) of one configuration (prefill_launch.cuh).
 /// The variant's kernel is JIT-compiled unless it is the default one.
 template <typename T, int HEAD_DIM>
 void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,

@@ -8,10 +8,9 @@
 //      chunks, balances them over a fixed grid of CTAs and copies the plan into the workspace with
 //      one cudaMemcpyAsync on `stream`. plan() also copies the index arrays it was given (indptr,
 //      last_page_len) into the workspace: run() never needs device copies of them.
-//   3. Per layer: run(...) with the tensors. It launches the persistent attention kernel; when
-//      the plan split a tile, one of the CTAs that computed the tile's chunks merges their partial
-//      states in a fixed order once all are done, inside the same kernel. Every layer of a step
-//      reuses the same plan.
+//   3. Per layer: run(...) with the tensors. It launches the persistent attention kernel and, when
+//      the plan split a tile, the contraction that merges the partial states in a fixed order.
+//      Every layer of a step reuses the same plan.
 //
 // Conventions are those of tessera/attention.h: q, k, v, o f16 or bf16 with a contiguous last
 // dimension and 16-byte aligned rows; lse (optional) f32 [rows, num_qo_heads], BASE-2; head_dim 64,

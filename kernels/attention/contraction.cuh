@@ -1,13 +1,11 @@
-// Contraction of the plan/run runtime (DESIGN.md §1.3): folds the fp32 partial states of a split
-// query tile, in KV order, into the final output and LSE. It runs inside the persistent kernel
-// (a stream-K fix-up): once every chunk of a tile has been counted for a KV head, one of the CTAs
-// that computed a chunk of it merges the tile (attention_persistent_kernel). The order is fixed
-// by the plan, so the result is the same bits whichever CTAs computed the chunks and whichever
-// of them merges.
+// Contraction of the plan/run runtime (DESIGN.md §1.3): folds the fp32 partial states of every
+// split query tile, in KV order, into the final output and LSE. The order is fixed by the plan,
+// so the result is the same bits whichever CTAs computed the chunks.
 #pragma once
 
 #include "kernels/attention/params.cuh"
 #include "kernels/attention/planned_work.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/state.cuh"
 #include "kernels/common/vec.cuh"
@@ -16,54 +14,54 @@ namespace tessera {
 namespace kernels {
 
 struct ContractionTraits {
+  static constexpr int kThreadsPerBlock = 256;
   static constexpr int kFloatsPerThread = 8;  // one 16-byte output vector of a 16-bit dtype
   // Partial states loaded before any is folded. A split decode tile has few rows but up to
-  // dozens of chunks, so the fold is a chain of round trips to memory unless loads are batched:
-  // 8 x 36 B in flight per thread. Before sm_90, ptxas spilled in the persistent kernels at 255
-  // registers with 8 (and not with 4). The batch only schedules loads: the fold order, hence
-  // the bits, are the same.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  static constexpr int kStatesInFlight = 4;
-#else
+  // dozens of chunks, so the fold is a chain of DRAM round trips unless loads are batched:
+  // 8 x 36 B in flight per thread.
   static constexpr int kStatesInFlight = 8;
-#endif
+  static_assert(kThreadsPerBlock % kWarpSize == 0, "whole warps");
 };
 
-/// Merges split tile `merge` for `kv_head`: every thread of the CTA takes (tile row, 8 columns of
-/// head_dim) tasks, threadIdx.x strided by blockDim.x, and folds partial slots partial_begin ..
-/// partial_end - 1 in that order. The caller has made the slots of every chunk visible (each
-/// writer fenced before its arrival was counted). No barrier and no shared memory inside.
+/// Grid-stride over (merge, KV head, tile row, 8 columns of head_dim); the grid is fixed by the
+/// runtime and the merge count is read from the workspace, so one captured launch serves any plan.
+/// Launched as a programmatic dependent of the persistent kernel (sm_90+): everything up to the
+/// partial states (the plan, written before that kernel started) is read while it still runs.
 template <typename T, KVFormatKind kFormat>
-TESSERA_DEVICE void merge_split_tile(const AttentionParams<T>& p, const PlannedWork& work, const PlannedMerge& merge,
-                                     const int kv_head, const int q_tile_rows, const int head_dim) {
+__global__ void __launch_bounds__(ContractionTraits::kThreadsPerBlock)
+merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const int q_tile_rows, const int head_dim) {
   constexpr int N = ContractionTraits::kFloatsPerThread;
   static_assert(vec_elems<T>() == N, "16-bit outputs");
-  if (merge.request < 0 || merge.request >= p.batch_size) return;  // never produced by the planner
-  const RequestExtent e = request_extent<kFormat>(p, merge.request);
   const int vecs = head_dim / N;
-  for (int t = threadIdx.x; t < q_tile_rows * vecs; t += blockDim.x) {
-    const int vec = t % vecs;
-    const int row = t / vecs;
+  const int64_t per_merge = static_cast<int64_t>(p.num_kv_heads) * q_tile_rows * vecs;
+  const int64_t total = static_cast<int64_t>(*work.num_merges) * per_merge;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int vec = static_cast<int>(t % vecs);
+    const int row = static_cast<int>((t / vecs) % q_tile_rows);
+    const int kv_head = static_cast<int>((t / (static_cast<int64_t>(vecs) * q_tile_rows)) % p.num_kv_heads);
+    const PlannedMerge merge = work.merges[t / per_merge];
+    if (merge.request < 0 || merge.request >= p.batch_size) continue;  // never produced by the planner
+    const RequestExtent e = request_extent<kFormat>(p, merge.request);
     const int packed = merge.packed_begin + row;
     const int qo_idx = packed / p.group_size;
-    if (qo_idx >= e.qo_len) continue;  // rows past the request: no chunk wrote them
+    if (qo_idx >= e.qo_len) continue;
     const int head = kv_head * p.group_size + packed % p.group_size;
 
+    wait_for_prerequisite_grids();  // the persistent kernel's partial states are complete
     constexpr int kBatch = ContractionTraits::kStatesInFlight;
     StateAccumulator<N> acc;
     for (int base = merge.partial_begin; base < merge.partial_end; base += kBatch) {
       float4 lo[kBatch], hi[kBatch];  // [kBatch] x [N] partial outputs
       float lse[kBatch];              // [kBatch]
-      // Other SMs wrote these states during this grid: the loads go to L2 (__ldcg), where the
-      // writers' fenced stores are, not to an L1 line this SM may hold from before.
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         if (base + k < merge.partial_end) {
           const int64_t slot = static_cast<int64_t>(base + k) * p.num_kv_heads + kv_head;
           const float* src = work.partial_o + (slot * q_tile_rows + row) * head_dim + vec * N;  // [N]
-          lo[k] = __ldcg(reinterpret_cast<const float4*>(src));
-          hi[k] = __ldcg(reinterpret_cast<const float4*>(src + 4));
-          lse[k] = __ldcg(work.partial_lse + slot * q_tile_rows + row);
+          lo[k] = __ldcs(reinterpret_cast<const float4*>(src));
+          hi[k] = __ldcs(reinterpret_cast<const float4*>(src + 4));
+          lse[k] = work.partial_lse[slot * q_tile_rows + row];
         }
       }
 #pragma unroll
@@ -74,7 +72,7 @@ TESSERA_DEVICE void merge_split_tile(const AttentionParams<T>& p, const PlannedW
         }
       }
     }
-    Vec<T> out;  // [N]
+    Vec<T> out;
     const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
 #pragma unroll
     for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);

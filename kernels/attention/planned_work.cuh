@@ -15,7 +15,6 @@ struct PlannedItem {
   int32_t kv_begin;      // KV positions [kv_begin, kv_end) of the request
   int32_t kv_end;
   int32_t partial;       // -1: write the final output; else the partial slot to write
-  int32_t merge;         // -1 with partial == -1; else the index in `merges` of the split tile
 };
 
 /// A split tile: partial slots [partial_begin, partial_end) hold its chunks in KV order.
@@ -29,14 +28,11 @@ struct PlannedMerge {
 /// Device pointers into the workspace. Partial slot s of KV head h is the fp32 state of a whole
 /// query tile: output [q_tile_rows][head_dim] at partial_o + (s * H_kv + h) * q_tile_rows *
 /// head_dim, base-2 LSE [q_tile_rows] at partial_lse + (s * H_kv + h) * q_tile_rows.
-/// merge_arrivals[m * H_kv + h] counts the chunks of split tile m that CTAs of KV head h have
-/// finished; the CTA that claims the full count merges the tile and resets the count to 0, so
-/// every run (and every replay of a captured run) starts from the zeros plan() uploaded.
 struct PlannedWork {
   const int32_t* cta_indptr;  // [gridDim.x + 1]
   const PlannedItem* items;   // [cta_indptr[gridDim.x]]
-  const PlannedMerge* merges; // [merges of the plan], indexed by PlannedItem::merge
-  int32_t* merge_arrivals;    // [max merges][H_kv]
+  const int32_t* num_merges;  // device scalar: merges in this plan
+  const PlannedMerge* merges; // [*num_merges]
   float* partial_o;
   float* partial_lse;
 };

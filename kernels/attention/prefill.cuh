@@ -5,11 +5,11 @@
 // A CTA computes one query tile of one (request, KV head) against a range of the request's KV
 // positions (attention_tile): the whole range in the one-shot grid kernel, planned chunks in the
 // persistent kernel of the plan/run runtime (DESIGN.md §1.3), which writes split chunks as fp32
-// partial states and merges each split tile, once all its chunks are done, in one of the CTAs
-// that computed them (contraction.cuh). With head-group fusion the tile's rows are (query position, head within the
-// KV head's group) pairs, packed position-major: packed row p is query p / group_size of query
-// head kv_head * group_size + p % group_size. Decode with GQA is then a prefill whose tile holds
-// the group's heads (DESIGN.md §5, "decode, tensor cores").
+// partial states for merge_planned_kernel. With head-group fusion the tile's
+// rows are (query position, head within the KV head's group) pairs, packed position-major:
+// packed row p is query p / group_size of query head kv_head * group_size + p % group_size. Decode
+// with GQA is then a prefill whose tile holds the group's heads (DESIGN.md §5, "decode, tensor
+// cores").
 //
 // Warp layout: NUM_WARPS_Q x NUM_WARPS_KV warps. Each warp owns CTA_TILE_Q / NUM_WARPS_Q query
 // rows and CTA_TILE_KV / NUM_WARPS_KV columns of every KV tile; with NUM_WARPS_KV > 1 (small
@@ -17,11 +17,11 @@
 // memory at the end.
 #pragma once
 
-#include "kernels/attention/contraction.cuh"
 #include "kernels/attention/params.cuh"
 #include "kernels/attention/planned_work.cuh"
 #include "kernels/attention/variants.cuh"
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/math.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
@@ -871,15 +871,14 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
 }
 
 /// Persistent grid of the plan/run runtime: blockIdx = (column, KV head); column c runs the
-/// planned items cta_indptr[c] .. cta_indptr[c+1]-1 for its KV head, in order. A chunk of a split
-/// tile writes its partial state and counts its arrival; after its last item, the CTA merges every
-/// split tile it holds a chunk of whose chunks have all arrived, unless another CTA claimed the
-/// tile first (a stream-K fix-up: no CTA waits for another, and no second kernel reads the partial
-/// states). Every tile is merged: the CTA whose chunk arrives last claims after its arrival.
+/// planned items cta_indptr[c] .. cta_indptr[c+1]-1 for its KV head, in order.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
+  // The contraction may launch now: its CTAs read the plan's merge descriptors and request
+  // extents while this grid runs, then wait for it before touching the partial states.
+  allow_dependent_launch();
   const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
   for (int i = first; i < last; ++i) {
@@ -896,41 +895,6 @@ attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, 
                                                                min(item.kv_end, e.kv_len));
     __syncthreads();  // the previous item's last shared-memory reads are done
     attention_tile<Traits, kFormat, Variant>(p, vp, e, item.request, kv_head, item.packed_begin, span, out, smem_raw);
-    // Loaded again rather than kept in a register through attention_tile (see below). -1 exactly
-    // for the items that wrote the final output.
-    const int32_t merge_index = work.items[i].merge;
-    if (merge_index < 0) continue;
-    // Arrival: each thread fences its own partial-state stores before the barrier, so once thread
-    // 0 has counted the chunk, every store of it is visible device-wide.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(work.merge_arrivals + merge_index * p.num_kv_heads + kv_head, 1);
-  }
-
-  // The merges, after the item loop: folded inside it, they made ptxas spill (up to 760 bytes at
-  // 255 registers) in attention_tile's own code, and any value live from the loop into them (the
-  // item range too, hence reloaded) costs attention_tile a register. A claim swaps a full count
-  // (all chunks arrived) for 0: exactly one CTA per (tile, KV head) wins, and the run leaves every
-  // counter at 0 for the next run (a replay without a new plan too). This CTA's own arrivals
-  // precede its claims (thread 0, same addresses), so the last arriver finds its tile full unless
-  // it was claimed.
-  const int claim_first = work.cta_indptr[blockIdx.x], claim_last = work.cta_indptr[blockIdx.x + 1];
-  for (int i = claim_first; i < claim_last; ++i) {
-    const PlannedItem item = work.items[i];
-    if (item.merge < 0) continue;
-    const PlannedMerge merge = work.merges[item.merge];
-    const int chunks = merge.partial_end - merge.partial_begin;
-    bool claimed = false;
-    if (threadIdx.x == 0) {
-      claimed = atomicCAS(work.merge_arrivals + item.merge * p.num_kv_heads + kv_head, chunks, 0) == chunks;
-    }
-    // A barrier that also tells every thread whether thread 0 won the claim. The winner has seen
-    // every chunk's count, each made after its writers' fences: after its own fence, it reads
-    // every chunk's stores.
-    if (__syncthreads_or(claimed)) {
-      __threadfence();
-      merge_split_tile<T, kFormat>(p, work, merge, kv_head, Traits::CTA_TILE_Q, Traits::HEAD_DIM);
-    }
   }
 }
 

@@ -52,7 +52,7 @@ __all__ = [
 _KERNEL_FAMILIES = (
     ("decode", "attention", "CUDA-core decode; tensor-core decode for GQA group >= 4 (paged, ragged, single)"),
     ("prefill (FA2-class)", "attention", "mma.sync prefill/append over dense, ragged, paged and block-sparse KV"),
-    ("runtime", "attention", "plan/run persistent kernels, split-KV merge fused in (the Batch*Wrapper classes)"),
+    ("runtime", "attention", "plan/run persistent kernels + split-KV contraction (the Batch*Wrapper classes)"),
     ("merge", "state", "attention-state merge: merge_state, merge_states, merge_states_ragged"),
     ("append", "cache", "append_paged_kv_cache into NHD/HND pages, any page size"),
 )

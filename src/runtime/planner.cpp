@@ -197,20 +197,19 @@ bool chunk_tiles(const std::vector<Tile>& tiles, const PlannerConfig& cfg, const
     tile_chunks(kv, rule, kvt, n, size);
     if (n == 1) {
       const int64_t cost = q_cost + beta * kv;
-      c.items.push_back(WorkItem{t.request, t.packed_begin, 0, t.kv_end, -1, -1});
+      c.items.push_back(WorkItem{t.request, t.packed_begin, 0, t.kv_end, -1});
       c.cost.push_back(cost);
       total += cost;
       continue;
     }
     if (partials + n > max_partials) return false;
     const int32_t first = static_cast<int32_t>(partials);
-    const int32_t merge = static_cast<int32_t>(c.merges.size());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b = i * size;
       const int64_t e = std::min(b + size, kv);
       const int64_t cost = q_cost + beta * (e - b);
       c.items.push_back(WorkItem{t.request, t.packed_begin, static_cast<int32_t>(b), static_cast<int32_t>(e),
-                                 static_cast<int32_t>(partials + i), merge});
+                                 static_cast<int32_t>(partials + i)});
       c.cost.push_back(cost);
       total += cost;
     }
@@ -418,7 +417,7 @@ void fill_to_candidate(const std::vector<Tile>& tiles, const std::vector<Piece>&
   for (const Piece& p : pieces) {
     const int32_t i = s.counts[p.tile]++;
     const Tile& t = tiles[p.tile];
-    c.items[i] = WorkItem{t.request, t.packed_begin, p.kv_begin, p.kv_end, -1, -1};
+    c.items[i] = WorkItem{t.request, t.packed_begin, p.kv_begin, p.kv_end, -1};
     c.cost[i] = cfg.alpha * t.rows + cfg.beta * (int64_t{p.kv_end} - p.kv_begin);
     piece_cta[i] = p.cta;
   }
@@ -428,11 +427,7 @@ void fill_to_candidate(const std::vector<Tile>& tiles, const std::vector<Piece>&
     const int32_t first = s.piece_first[t];
     const int32_t end = s.piece_first[t + 1];
     if (end - first > 1) {
-      const int32_t merge = static_cast<int32_t>(c.merges.size());
-      for (int32_t i = first; i < end; ++i) {
-        c.items[i].partial = partials + (i - first);
-        c.items[i].merge = merge;
-      }
+      for (int32_t i = first; i < end; ++i) c.items[i].partial = partials + (i - first);
       c.merges.push_back(MergeItem{tiles[t].request, tiles[t].packed_begin, partials, partials + (end - first)});
       partials += end - first;
     }

@@ -56,9 +56,6 @@ struct WorkItem {
   int32_t kv_end;        ///< one past the last; kv_begin == kv_end only for a tile with no keys
   int32_t partial;       ///< -1: write the final output (tile not split); else the partial-state
                          ///< slot (per KV head) this chunk writes, merged by a MergeItem
-  int32_t merge;         ///< -1 with partial == -1; else the index in Plan::merges of the split
-                         ///< tile, whose [partial_begin, partial_end) contains `partial` (the
-                         ///< kernel counts the tile's finished chunks there)
 };
 
 /// A split query tile: its chunks wrote partial slots [partial_begin, partial_end), in KV order;

@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/attention/planned_work.cuh"
+#include "kernels/attention/contraction.cuh"
 #include "src/attention_args.h"
 #include "src/check.h"
 #include "src/cuda_utils.h"
@@ -36,10 +36,7 @@ static_assert(offsetof(runtime::WorkItem, packed_begin) == offsetof(kernels::Pla
 static_assert(offsetof(runtime::WorkItem, kv_begin) == offsetof(kernels::PlannedItem, kv_begin), "WorkItem layout");
 static_assert(offsetof(runtime::WorkItem, kv_end) == offsetof(kernels::PlannedItem, kv_end), "WorkItem layout");
 static_assert(offsetof(runtime::WorkItem, partial) == offsetof(kernels::PlannedItem, partial), "WorkItem layout");
-static_assert(offsetof(runtime::WorkItem, merge) == offsetof(kernels::PlannedItem, merge), "WorkItem layout");
 static_assert(sizeof(runtime::MergeItem) == sizeof(kernels::PlannedMerge), "MergeItem layout");
-static_assert(offsetof(runtime::MergeItem, request) == offsetof(kernels::PlannedMerge, request), "MergeItem layout");
-static_assert(offsetof(runtime::MergeItem, packed_begin) == offsetof(kernels::PlannedMerge, packed_begin), "layout");
 static_assert(offsetof(runtime::MergeItem, partial_begin) == offsetof(kernels::PlannedMerge, partial_begin), "layout");
 static_assert(offsetof(runtime::MergeItem, partial_end) == offsetof(kernels::PlannedMerge, partial_end), "layout");
 
@@ -158,16 +155,15 @@ void check_bounds(const RuntimeBounds& b) {
 }
 
 /// Byte offsets of the workspace sections, fixed by the bounds so a captured run() always finds
-/// the plan at the same addresses. Sections [0, items + items capacity) mirror the pinned buffer;
-/// plan() uploads [0, items + the plan's items), so `items` stays the last of them.
+/// the plan at the same addresses. Sections [0, items + items capacity) mirror the pinned buffer.
 struct WorkspaceLayout {
-  int64_t cta_indptr = 0;      // i32 [max_cols + 1]
-  int64_t qo_indptr = 0;       // i32 [max_batch + 1]
-  int64_t kv_indptr = 0;       // i32 [max_batch + 1]
-  int64_t last_page_len = 0;   // i32 [max_batch]
-  int64_t merges = 0;          // PlannedMerge [max_merges]
-  int64_t merge_arrivals = 0;  // i32 [max_merges][bounds.num_kv_heads], uploaded as zeros
-  int64_t items = 0;           // PlannedItem [max_items]
+  int64_t num_merges = 0;     // i32 scalar
+  int64_t cta_indptr = 0;     // i32 [max_cols + 1]
+  int64_t qo_indptr = 0;      // i32 [max_batch + 1]
+  int64_t kv_indptr = 0;      // i32 [max_batch + 1]
+  int64_t last_page_len = 0;  // i32 [max_batch]
+  int64_t merges = 0;         // PlannedMerge [max_merges]
+  int64_t items = 0;          // PlannedItem [max_items]
   int64_t plan_end = 0;
   int64_t partial_lse = 0;    // f32 [partial_lse_floats]
   int64_t partial_o = 0;      // f32 [partial_floats]
@@ -214,10 +210,6 @@ class AttentionRuntime {
     workspace_ = static_cast<char*>(workspace.data);
     TESSERA_CUDA_CHECK(cudaHostAlloc(&pinned_, static_cast<size_t>(layout_.plan_end), cudaHostAllocDefault))
         << " (pinned plan buffer of " << layout_.plan_end << " bytes)";
-    // The arrival counters' image: plan() never writes it, so every upload resets the counters
-    // to 0 (a run leaves them at 0 too, but a plan must not depend on how the last run ended).
-    std::memset(static_cast<char*>(pinned_) + layout_.merge_arrivals, 0,
-                static_cast<size_t>(layout_.items - layout_.merge_arrivals));
     TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
@@ -328,6 +320,7 @@ class AttentionRuntime {
     TESSERA_CUDA_CHECK(cudaEventSynchronize(copy_done_));
     char* host = static_cast<char*>(pinned_);
     const int32_t num_merges = static_cast<int32_t>(plan.merges.size());
+    std::memcpy(host + layout_.num_merges, &num_merges, sizeof(num_merges));
     std::memcpy(host + layout_.cta_indptr, plan.cta_indptr.data(), plan.cta_indptr.size() * sizeof(int32_t));
     std::memcpy(host + layout_.qo_indptr, in.qo_indptr.data(), in.qo_indptr.size() * sizeof(int32_t));
     std::memcpy(host + layout_.kv_indptr, in.kv_indptr.data(), in.kv_indptr.size() * sizeof(int32_t));
@@ -423,11 +416,16 @@ class AttentionRuntime {
     PersistentLaunch launch;
     launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
     launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
+    launch.work.num_merges = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_merges);
     launch.work.merges = reinterpret_cast<const kernels::PlannedMerge*>(workspace_ + layout_.merges);
-    launch.work.merge_arrivals = reinterpret_cast<int32_t*>(workspace_ + layout_.merge_arrivals);
     launch.work.partial_o = reinterpret_cast<float*>(workspace_ + layout_.partial_o);
     launch.work.partial_lse = reinterpret_cast<float*>(workspace_ + layout_.partial_lse);
     launch.grid_cols = info_.grid_cols;
+    // A captured launch must also contract for later plans that split.
+    const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
+                                  shape_.num_kv_heads * info_.q_tile_rows * (shape_.head_dim / 8);
+    launch.contraction_blocks =
+        merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
     switch (shape_.head_dim) {
       case 64: return launch_persistent_head_dim<T, 64>(p, variant_, format_, q_tile_, launch, s);
       case 128: return launch_persistent_head_dim<T, 128>(p, variant_, format_, q_tile_, launch, s);
@@ -550,22 +548,18 @@ class AttentionRuntime {
     l.max_batch = static_cast<int32_t>(bounds.max_batch_size);
     l.max_items = static_cast<int32_t>(max_items);
     l.max_merges = static_cast<int32_t>(max_partials / 2 + 1);
-    // The kernel indexes the arrival counters as merge * num_kv_heads + kv_head in int32.
-    TESSERA_CHECK_ARG(l.max_merges * bounds.num_kv_heads < INT32_MAX)
-        << "bounds too large: " << l.max_merges << " split tiles x " << bounds.num_kv_heads << " KV heads";
     int64_t at = 0;
     auto section = [&](int64_t bytes) {
       const int64_t offset = at;
       at = align_up(at + bytes);
       return offset;
     };
+    l.num_merges = section(sizeof(int32_t));
     l.cta_indptr = section((l.max_cols + 1) * sizeof(int32_t));
     l.qo_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.kv_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.last_page_len = section(l.max_batch * sizeof(int32_t));
     l.merges = section(l.max_merges * sizeof(kernels::PlannedMerge));
-    // Inside the uploaded prefix (before `items`, whose upload length varies): every plan() zeroes it.
-    l.merge_arrivals = section(l.max_merges * bounds.num_kv_heads * static_cast<int64_t>(sizeof(int32_t)));
     l.items = section(l.max_items * sizeof(kernels::PlannedItem));
     l.plan_end = at;
     l.partial_lse = section(l.partial_lse_floats * sizeof(float));

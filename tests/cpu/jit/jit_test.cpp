@@ -279,11 +279,6 @@ const RealKernel kPrefill = {
     "prefill", "kernels/attention/prefill.cuh",
     "&tessera::kernels::attention_prefill_kernel<tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 64, 64, 4, 1>, "
     "tessera::kernels::KVFormatKind::kPaged, tessera::kernels::DefaultVariant, __nv_bfloat16>"};
-// The runtime's persistent kernel: attention_tile plus the fused contraction (contraction.cuh).
-const RealKernel kPersistent = {
-    "persistent", "kernels/attention/prefill.cuh",
-    "&tessera::kernels::attention_persistent_kernel<tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 64, 64, 4, "
-    "1>, tessera::kernels::KVFormatKind::kPaged, tessera::kernels::DefaultVariant, __nv_bfloat16>"};
 const RealKernel kDecode = {
     "decode", "kernels/attention/decode.cuh",
     "&tessera::kernels::batch_decode_kernel<tessera::kernels::DecodeTraits<__nv_bfloat16, 128>, "
@@ -311,11 +306,6 @@ void compile_real_kernel(const RealKernel& k, const std::string& arch, int sm) {
 TEST(JitNvrtc, PrefillKernelCompilesForSm80AndSm90a) {
   compile_real_kernel(kPrefill, "80", 80);
   compile_real_kernel(kPrefill, "90a", 90);
-}
-
-TEST(JitNvrtc, PersistentKernelCompilesForSm80AndSm90a) {
-  compile_real_kernel(kPersistent, "80", 80);
-  compile_real_kernel(kPersistent, "90a", 90);
 }
 
 TEST(JitNvrtc, DecodeKernelCompilesForSm80AndSm90a) {

@@ -220,30 +220,6 @@ std::string check_plan(const std::vector<int32_t>& qo, const std::vector<int32_t
   for (int32_t p = 0; p < plan.num_partials; ++p) {
     if (listed[p] != 1) return "slot listed by " + std::to_string(listed[p]) + " merges";
   }
-  // Every split chunk names the merge of its tile (the kernel counts its arrivals there);
-  // write-through items name none.
-  for (int64_t i = 0; i < n_items; ++i) {
-    const WorkItem& it = plan.items[i];
-    if (it.partial < 0) {
-      if (it.merge != -1) {
-        err << "write-through item " << i << " has merge " << it.merge;
-        return err.str();
-      }
-      continue;
-    }
-    if (it.merge < 0 || static_cast<size_t>(it.merge) >= plan.merges.size()) {
-      err << "item " << i << " (slot " << it.partial << ") has merge " << it.merge << " of " << plan.merges.size();
-      return err.str();
-    }
-    const MergeItem& mi = plan.merges[it.merge];
-    if (it.partial < mi.partial_begin || it.partial >= mi.partial_end || mi.request != it.request ||
-        mi.packed_begin != it.packed_begin) {
-      err << "item " << i << " (request " << it.request << ", packed_begin " << it.packed_begin << ", slot "
-          << it.partial << ") names merge " << it.merge << " (request " << mi.request << ", packed_begin "
-          << mi.packed_begin << ", slots [" << mi.partial_begin << "," << mi.partial_end << "))";
-      return err.str();
-    }
-  }
 
   // (c) statistics, recomputed.
   auto cost_of = [&](const WorkItem& it) {
@@ -303,7 +279,7 @@ std::string check_plan(const std::vector<int32_t>& qo, const std::vector<int32_t
 
 bool same_plan(const Plan& a, const Plan& b) {
   auto item_tuple = [](const WorkItem& w) {
-    return std::make_tuple(w.request, w.packed_begin, w.kv_begin, w.kv_end, w.partial, w.merge);
+    return std::make_tuple(w.request, w.packed_begin, w.kv_begin, w.kv_end, w.partial);
   };
   auto merge_tuple = [](const MergeItem& m) {
     return std::make_tuple(m.request, m.packed_begin, m.partial_begin, m.partial_end);
@@ -367,7 +343,6 @@ TEST(Planner, DecodeOneRequestNoSplit) {
   EXPECT_EQ(w.kv_begin, 0);
   EXPECT_EQ(w.kv_end, 50);
   EXPECT_EQ(w.partial, -1);
-  EXPECT_EQ(w.merge, -1);
   EXPECT_TRUE(p.merges.empty());
   EXPECT_EQ(p.num_partials, 0);
   EXPECT_EQ(p.chunk_size, 64);
@@ -392,7 +367,6 @@ TEST(Planner, LongKvSplitsEvenly) {
     EXPECT_EQ(w.kv_begin, 1280 * c);
     EXPECT_EQ(w.kv_end, std::min(1280 * (c + 1), 10000));
     EXPECT_EQ(w.partial, c);
-    EXPECT_EQ(w.merge, 0);
   }
   ASSERT_EQ(p.merges.size(), 1u);
   EXPECT_EQ(p.merges[0].request, 0);
@@ -500,7 +474,6 @@ TEST(Planner, NoneNeverSplits) {
   for (const WorkItem& w : p.items) {
     EXPECT_EQ(w.kv_begin, 0);
     EXPECT_EQ(w.partial, -1);
-    EXPECT_EQ(w.merge, -1);
   }
 }
 
@@ -508,12 +481,12 @@ TEST(Planner, FixedBoundariesAtMultiplesOfS) {
   const Plan p = plan_checked({1, 1, 1}, {1000, 300, 256}, config(1, 16, 64, 3, false, SplitMode::kFixed, 256));
   EXPECT_EQ(p.chunk_size, 256);
   EXPECT_EQ(p.num_partials, 6);
-  std::vector<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>> got;
-  for (const WorkItem& w : p.items) got.emplace_back(w.request, w.kv_begin, w.kv_end, w.partial, w.merge);
+  std::vector<std::tuple<int32_t, int32_t, int32_t, int32_t>> got;
+  for (const WorkItem& w : p.items) got.emplace_back(w.request, w.kv_begin, w.kv_end, w.partial);
   std::sort(got.begin(), got.end());
-  const std::vector<std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>> want = {
-      {0, 0, 256, 0, 0}, {0, 256, 512, 1, 0}, {0, 512, 768, 2, 0}, {0, 768, 1000, 3, 0},
-      {1, 0, 256, 4, 1}, {1, 256, 300, 5, 1}, {2, 0, 256, -1, -1}};
+  const std::vector<std::tuple<int32_t, int32_t, int32_t, int32_t>> want = {
+      {0, 0, 256, 0}, {0, 256, 512, 1}, {0, 512, 768, 2}, {0, 768, 1000, 3},
+      {1, 0, 256, 4}, {1, 256, 300, 5}, {2, 0, 256, -1}};
   EXPECT_EQ(got, want);
   ASSERT_EQ(p.merges.size(), 2u);
   EXPECT_EQ(std::make_tuple(p.merges[0].request, p.merges[0].partial_begin, p.merges[0].partial_end),

@@ -585,13 +585,6 @@ TEST(RuntimeCudaGraph, ReplaysCorrectlyAfterReplans) {
     SCOPED_TRACE("step " + std::to_string(step) + ", batch " + std::to_string(batch) + ", partials " +
                  std::to_string(wrapper.plan_info().num_partials));
     expect_matches_oracle(dtype, o_host, &lse_host, ref, "graph replay");
-    // A second replay without a new plan: the first left every merge's arrival counter at 0.
-    ASSERT_CUDA_OK(cudaMemset(o_buf.get(), 0xFF, o_buf.bytes()));
-    ASSERT_CUDA_OK(cudaMemset(lse_buf.get(), 0xFF, lse_buf.bytes()));
-    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
-    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
-    EXPECT_EQ(download_as(dtype, o_buf.get(), batch * hkv * g * d), o_host) << "second replay, same plan";
-    EXPECT_EQ(download_as(DType::kF32, lse_buf.get(), batch * hkv * g), lse_host) << "second replay, same plan";
   }
   ASSERT_CUDA_OK(cudaGraphExecDestroy(exec));
   ASSERT_CUDA_OK(cudaStreamDestroy(stream));

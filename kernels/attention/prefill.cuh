@@ -617,24 +617,29 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     } else if constexpr (kTransformLogits && !kSplitKeyBias) {
       transform_and_mask(BoolConstant<false>{});
     }
+    // The weights of row half (mq, h), p = 2^(s * scale - shift) in place, and their sum (a tree).
+    // Without a shift (the zero reference) one FMUL per logit rather than an FFMA with -0.
+    auto exponentiate = [&](int mq, int h, auto has_shift, float shift) {
+      float tree[kN8KV];  // [n8 tile], folded in halves
+#pragma unroll
+      for (int n = 0; n < kN8KV; ++n) {
+#pragma unroll
+        for (int i = 2 * h; i < 2 * h + 2; ++i) {
+          s[mq][n][i] = fast_exp2(decltype(has_shift)::value ? fmaf(s[mq][n][i], scale, -shift) : s[mq][n][i] * scale);
+        }
+        tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
+      }
+#pragma unroll
+      for (int w = kN8KV / 2; w >= 1; w /= 2)
+#pragma unroll
+        for (int n = 0; n < w; ++n) tree[n] += tree[n + w];
+      return tree[0];
+    };
     if (kMayUseZeroReference && zero_reference) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float tree[kN8KV];  // [n8 tile], folded in halves
-#pragma unroll
-          for (int n = 0; n < kN8KV; ++n) {
-            s[mq][n][2 * h] = fast_exp2(s[mq][n][2 * h] * scale);
-            s[mq][n][2 * h + 1] = fast_exp2(s[mq][n][2 * h + 1] * scale);
-            tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
-          }
-#pragma unroll
-          for (int w = kN8KV / 2; w >= 1; w /= 2)
-#pragma unroll
-            for (int n = 0; n < w; ++n) tree[n] += tree[n + w];
-          st.d[mq][h] += tree[0];
-        }
+        for (int h = 0; h < 2; ++h) st.d[mq][h] += exponentiate(mq, h, BoolConstant<false>{}, 0.f);
     } else if constexpr (kSoftmax) {
       float rescale[kMmaQ][2];  // [m16 tile][row half]
       bool settled = true;      // no row's max moved in this thread
@@ -670,17 +675,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           rescale[mq][h] = fast_exp2(st.m[mq][h] - base);
           settled = settled && rescale[mq][h] == 1.f;
           st.m[mq][h] = row_max;
-#pragma unroll
-          for (int n = 0; n < kN8KV; ++n) {
-            s[mq][n][2 * h] = fast_exp2(fmaf(s[mq][n][2 * h], scale, -shift));
-            s[mq][n][2 * h + 1] = fast_exp2(fmaf(s[mq][n][2 * h + 1], scale, -shift));
-            tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
-          }
-#pragma unroll
-          for (int w = kN8KV / 2; w >= 1; w /= 2)
-#pragma unroll
-            for (int n = 0; n < w; ++n) tree[n] += tree[n + w];
-          st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + tree[0];
+          st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + exponentiate(mq, h, BoolConstant<true>{}, shift);
         }
       // Once the reference maxima settle (all but the first tiles of a row) no lane rescales.
       if (!__all_sync(0xffffffffu, settled)) {

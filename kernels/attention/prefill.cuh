@@ -307,7 +307,8 @@ constexpr float kZeroReferenceMaxExponent = 64.f;
 /// Per-thread softmax state of the rows a thread owns: rows g and g+8 of each m16 tile.
 template <int kMmaQ>
 struct RowState {
-  float m[kMmaQ][2];  // reference max of base-2 logits (at most kStaleMaxSlack below the true max; 0 with a zero reference)
+  // Reference max of base-2 logits: at most kStaleMaxSlack below the true max; 0 with a zero reference.
+  float m[kMmaQ][2];
   float d[kMmaQ][2];  // this thread's share of the running sum of 2^(s - m)
 };
 

@@ -60,12 +60,20 @@ for t in "$BUILD_DIR"/tests/gpu/gpu_*_tests; do
   gtest_counts=$(( gtest_counts + $("$t" --gtest_list_tests | grep -c '^  ') ))
 done
 note "GPU test cases" "ok: $gtest_counts cases in $(ls "$BUILD_DIR"/tests/gpu/gpu_*_tests | wc -l) executables"
+# On sm_90 the 128-row head_dim-128 tile is the wgmma configuration; the prefill suites run again
+# on the mma.sync one (what sm_80 devices run) with TESSERA_PREFILL_WGMMA=0.
+sync_ok=1
+for exe in gpu_attention_tests gpu_variant_tests gpu_runtime_tests gpu_block_mask_tests; do
+  TESSERA_PREFILL_WGMMA=0 "$BUILD_DIR/tests/gpu/$exe" >"$OUT/sync128-$exe.log" 2>&1 || { sync_ok=0; tail -20 "$OUT/sync128-$exe.log"; }
+done
+if [ $sync_ok = 1 ]; then note "mma.sync 128-row tile" "ok: 4 suites with TESSERA_PREFILL_WGMMA=0"; else note "mma.sync 128-row tile" "FAILED"; fi
 fi
 
 if [ "$SANITIZE" = 1 ]; then
   echo "== compute-sanitizer memcheck" | tee -a "$OUT/gpu-check.log"
   san_ok=1
-  for spec in "gpu_merge_tests:*Pair*/*7_5_128*:*Ragged*:*Errors*:MergeStatesTest*/*8_128" \
+  for spec in "gpu_common_tests:*" \
+              "gpu_merge_tests:*Pair*/*7_5_128*:*Ragged*:*Errors*:MergeStatesTest*/*8_128" \
               "gpu_page_tests:*_p3_*:*_p16_*:*Errors*" \
               "gpu_attention_tests:*_sanitize*:*Errors*" \
               "gpu_runtime_tests:*_sanitize*:*Errors*" \

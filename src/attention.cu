@@ -159,9 +159,16 @@ bool q_tile_override(int head_dim, QTile& out) {
   static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
   if (override_text == nullptr || *override_text == '\0') return false;
   const std::string v = override_text;
-  TESSERA_CHECK_ARG(v == "16" || ((v == "16w" || v == "128") && head_dim != 256) || v == "64")
-      << "TESSERA_PREFILL_QTILE = " << v << ", expected 16, 16w, 64 or 128 (16w and 128 not with head_dim 256)";
-  out = v == "16" ? QTile::k16 : v == "16w" ? QTile::k16Wide : v == "64" ? QTile::k64 : QTile::k128;
+  TESSERA_CHECK_ARG(v == "16" || ((v == "16w" || v == "128") && head_dim != 256) || v == "64" ||
+                    (v == "128wg" && head_dim == 128 && current_device_has_wgmma()))
+      << "TESSERA_PREFILL_QTILE = " << v
+      << ", expected 16, 16w, 64, 128 or 128wg (16w and 128 not with head_dim 256; 128wg only with head_dim 128 "
+         "on an sm_90 device)";
+  out = v == "16"    ? QTile::k16
+        : v == "16w" ? QTile::k16Wide
+        : v == "64"  ? QTile::k64
+        : v == "128" ? QTile::k128
+                     : QTile::k128Wgmma;
   return true;
 }
 }  // namespace
@@ -171,7 +178,20 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows) {
   if (q_tile_override(head_dim, forced)) return forced;
   if (avg_packed_rows <= 16.0) return QTile::k16;
   if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
-  return QTile::k128;
+  return q_tile_128(head_dim);
+}
+
+QTile q_tile_128(int head_dim) {
+  // TESSERA_PREFILL_WGMMA=0 keeps the mma.sync tile on sm_90 (tests cover the configuration sm_80
+  // devices run; benchmarks compare the two). Read once per process.
+  static const bool wgmma_allowed = [] {
+    const char* text = std::getenv("TESSERA_PREFILL_WGMMA");
+    if (text == nullptr || *text == '\0') return true;
+    const std::string v = text;
+    TESSERA_CHECK_ARG(v == "0" || v == "1") << "TESSERA_PREFILL_WGMMA = " << v << ", expected 0 or 1";
+    return v == "1";
+  }();
+  return head_dim == 128 && wgmma_allowed && current_device_has_wgmma() ? QTile::k128Wgmma : QTile::k128;
 }
 
 QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count) {

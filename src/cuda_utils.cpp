@@ -33,6 +33,15 @@ bool current_device_has_dependent_launch() {
   return cached_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
+bool current_device_has_wgmma() {
+#ifdef TESSERA_HAS_SM90A_KERNELS
+  return cached_device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         cached_device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
+#else
+  return false;
+#endif
+}
+
 void ensure_dynamic_smem(const void* kernel, int bytes) {
   constexpr int kDefaultLimit = 48 * 1024;
   if (bytes <= kDefaultLimit) return;

@@ -16,6 +16,10 @@ int current_device_sm_count();
 /// Whether the current device runs programmatic dependent launches (sm_90 and later; cached).
 bool current_device_has_dependent_launch();
 
+/// Whether the current device runs the wgmma kernel configurations: an sm_90 device (wgmma is
+/// sm_90a-only, absent from later architectures) and a library built with sm_90a kernels.
+bool current_device_has_wgmma();
+
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per
 /// (kernel, device): the opt-in above 48 KB is per device, so a process-wide once-flag would miss
 /// the second GPU, and setting it on every launch costs ~1 us. No-op up to 48 KB.

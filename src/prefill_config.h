@@ -10,7 +10,8 @@ namespace detail {
 
 /// Query rows per CTA. The rows are packed (query, head-in-group) pairs, so a decode step with
 /// GQA group 4 fills 4 rows of a tile.
-enum class QTile { k16, k16Wide, k64, k128 };
+/// k128Wgmma is the 128-row tile computed with wgmma (sm_90a, head_dim 128).
+enum class QTile { k16, k16Wide, k64, k128, k128Wgmma };
 
 /// Heuristic (DESIGN.md §5): the average packed rows per request, avg_qo_len * group_size, sets
 /// the query tile — up to 16 rows: a 16-row tile with 4 warps splitting each KV tile (decode and
@@ -21,9 +22,16 @@ enum class QTile { k16, k16Wide, k64, k128 };
 /// (the O and S accumulators then take 192 of 255 registers, so two CTAs share an SM). KV tiles
 /// (32, 64 or 128 rows) are as wide as the register budget allows without spills and keep the K/V
 /// double buffer at 64 KB or less; the 16-row tile of head_dim 256 uses 136 KB (one CTA per SM).
-/// TESSERA_PREFILL_QTILE=16|16w|64|128 overrides the choice (a tuning aid for benchmarks; a value
-/// without a configuration for the head dim is an error, not a fallback).
+/// On an sm_90 device (current_device_has_wgmma) with head_dim 128, 128 rows means the wgmma
+/// configuration: two warpgroups of 64 rows, 128-row KV tiles (k128Wgmma).
+/// TESSERA_PREFILL_QTILE=16|16w|64|128|128wg overrides the choice (a tuning aid for benchmarks;
+/// 128 is then the mma.sync tile on any device; a value without a configuration for the head dim
+/// or the device is an error, not a fallback).
 QTile choose_q_tile(int head_dim, double avg_packed_rows);
+
+/// The 128-row configuration for head_dim on the current device: k128Wgmma where it runs (unless
+/// TESSERA_PREFILL_WGMMA=0), else k128.
+QTile q_tile_128(int head_dim);
 
 /// The choice for a grid: choose_q_tile, then the wide 16-row tile (k16Wide: 8 warps split a
 /// 128-row KV tile) when the batch's 16-row (tile, KV head) pairs, `pairs_at_16_rows`, are fewer
@@ -71,6 +79,13 @@ struct PrefillConfig<T, HEAD_DIM, QTile::k128> {
   // registers, two CTAs per SM); head_dim 64: 8 warps x 16 rows (measured equal or better there).
   static constexpr int kWarps = TESSERA_Q128_WARPS != 0 ? TESSERA_Q128_WARPS : HEAD_DIM == 128 ? 4 : 8;
   using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, TESSERA_Q128_KV, kWarps, 1, TESSERA_Q128_STAGES, 2>;
+};
+template <typename T, int HEAD_DIM>
+struct PrefillConfig<T, HEAD_DIM, QTile::k128Wgmma> {
+  static_assert(HEAD_DIM == 128, "the wgmma tile is for head_dim 128");
+  // Two warpgroups of 64 rows (8 warps x 16 rows, as wgmma's accumulators fall), KV128 (the N of
+  // m64n128k16), two stages: 32 KB of Q and 128 KB of K/V, one CTA per SM.
+  using Traits = kernels::PrefillTraits<T, HEAD_DIM, 128, 128, 8, 1, 2, 1, kernels::MmaKind::kWgmma>;
 };
 
 /// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per

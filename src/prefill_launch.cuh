@@ -25,17 +25,17 @@ constexpr const char* format_enumerator() {
 
 template <typename Traits, kernels::KVFormatKind kFormat>
 std::string prefill_template_args() {
-  // The text names these eight parameters only: a PrefillTraits parameter added later must be
+  // The text names these nine parameters only: a PrefillTraits parameter added later must be
   // added here too, or the JIT would compile a different configuration than the host launches.
   static_assert(std::is_same<Traits, kernels::PrefillTraits<typename Traits::DType, Traits::HEAD_DIM, Traits::CTA_TILE_Q,
                                                             Traits::CTA_TILE_KV, Traits::NUM_WARPS_Q, Traits::NUM_WARPS_KV,
-                                                            Traits::kStages, Traits::kMinCtasPerSm>>::value,
+                                                            Traits::kStages, Traits::kMinCtasPerSm, Traits::kMma>>::value,
                 "prefill_template_args must spell every PrefillTraits parameter");
   const char* format = format_enumerator<kFormat>();
   return str_cat("tessera::kernels::PrefillTraits<", cuda_type_name<typename Traits::DType>(), ", ", Traits::HEAD_DIM,
                  ", ", Traits::CTA_TILE_Q, ", ", Traits::CTA_TILE_KV, ", ", Traits::NUM_WARPS_Q, ", ",
-                 Traits::NUM_WARPS_KV, ", ", Traits::kStages, ", ", Traits::kMinCtasPerSm,
-                 ">, tessera::kernels::KVFormatKind::", format);
+                 Traits::NUM_WARPS_KV, ", ", Traits::kStages, ", ", Traits::kMinCtasPerSm, ", tessera::kernels::MmaKind::",
+                 Traits::kWgmma ? "kWgmma" : "kSync", ">, tessera::kernels::KVFormatKind::", format);
 }
 
 /// The JIT request of one FA2-class kernel template for a non-default variant.
@@ -48,8 +48,9 @@ VariantKernelRequest prefill_variant_request(const char* kernel_template, const 
   r.args_after = cuda_type_name<typename Traits::DType>();
   r.dynamic_smem_bytes = Traits::kSmemBytes;
   // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
-  r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV, " ",
-                          format_enumerator<kFormat>(), " ", cuda_type_name<typename Traits::DType>());
+  r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
+                          Traits::kWgmma ? " wgmma " : " ", format_enumerator<kFormat>(), " ",
+                          cuda_type_name<typename Traits::DType>());
   return r;
 }
 
@@ -115,6 +116,13 @@ void with_q_tile(QTile q_tile, F&& f) {
     case QTile::k128:
       if constexpr (HEAD_DIM != 256) return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k128>::Traits>{});
       break;
+    case QTile::k128Wgmma:
+      if constexpr (HEAD_DIM == 128) {
+        TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kInternal)
+            << "the wgmma prefill configuration was chosen on a device without it";
+        return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k128Wgmma>::Traits>{});
+      }
+      break;
   }
   TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << HEAD_DIM << ", query tile "
                                       << static_cast<int>(q_tile);
@@ -134,6 +142,46 @@ void with_format(kernels::KVFormatKind format, F&& f) {
   TESSERA_FAIL(StatusCode::kInternal) << "unknown KV format " << static_cast<int>(format);
 }
 
+/// Launches the persistent kernel of one mma.sync configuration and format (and its contraction).
+template <typename Traits, kernels::KVFormatKind kFormat, typename T>
+void launch_persistent_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+                              const PersistentLaunch& launch, cudaStream_t stream) {
+  constexpr int HEAD_DIM = Traits::HEAD_DIM;
+  const dim3 grid(static_cast<unsigned>(launch.grid_cols), static_cast<unsigned>(p.num_kv_heads));
+  if (variant.is_default) {
+    auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
+    TESSERA_CHECK_LAUNCH();
+  } else {
+    const VariantKernelRequest request =
+        prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_persistent_kernel", "persistent");
+    CUfunction fn = variant_kernel(variant, request);
+    kernels::AttentionParams<T> params = p;
+    kernels::VariantParams vp = variant.params;
+    kernels::PlannedWork work = launch.work;
+    void* args[] = {&params, &vp, &work};
+    launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
+  }
+  if (launch.contraction_blocks > 0) {
+    // A programmatic dependent of the persistent kernel (sm_90+): it starts on the SMs that
+    // kernel leaves free, reads the plan, then waits for the partial states (W1 B=1 L=32k:
+    // the contraction ran 7.6 us after the persistent kernel, mostly dependent plan loads).
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(launch.contraction_blocks));
+    config.blockDim = dim3(kernels::ContractionTraits::kThreadsPerBlock);
+    config.stream = stream;
+    cudaLaunchAttribute dependent;
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &dependent;
+    config.numAttrs = current_device_has_dependent_launch() ? 1 : 0;
+    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<T, kFormat>, p, launch.work,
+                                          static_cast<int>(Traits::CTA_TILE_Q), HEAD_DIM))
+        << " (contraction of the plan/run runtime)";
+  }
+}
+
 template <typename T, int HEAD_DIM>
 void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                                 kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
@@ -142,38 +190,10 @@ void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const Reso
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
     with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
-      const dim3 grid(static_cast<unsigned>(launch.grid_cols), static_cast<unsigned>(p.num_kv_heads));
-      if (variant.is_default) {
-        auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-        ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-        kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
-        TESSERA_CHECK_LAUNCH();
+      if constexpr (Traits::kWgmma) {
+        TESSERA_FAIL(StatusCode::kInternal) << "the runtime's persistent kernel has no wgmma configuration";
       } else {
-        const VariantKernelRequest request =
-            prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_persistent_kernel", "persistent");
-        CUfunction fn = variant_kernel(variant, request);
-        kernels::AttentionParams<T> params = p;
-        kernels::VariantParams vp = variant.params;
-        kernels::PlannedWork work = launch.work;
-        void* args[] = {&params, &vp, &work};
-        launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
-      }
-      if (launch.contraction_blocks > 0) {
-        // A programmatic dependent of the persistent kernel (sm_90+): it starts on the SMs that
-        // kernel leaves free, reads the plan, then waits for the partial states (W1 B=1 L=32k:
-        // the contraction ran 7.6 us after the persistent kernel, mostly dependent plan loads).
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3(static_cast<unsigned>(launch.contraction_blocks));
-        config.blockDim = dim3(kernels::ContractionTraits::kThreadsPerBlock);
-        config.stream = stream;
-        cudaLaunchAttribute dependent;
-        dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        dependent.val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = &dependent;
-        config.numAttrs = current_device_has_dependent_launch() ? 1 : 0;
-        TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<T, kFormat>, p, launch.work,
-                                              static_cast<int>(Traits::CTA_TILE_Q), HEAD_DIM))
-            << " (contraction of the plan/run runtime)";
+        launch_persistent_config<Traits, kFormat>(p, variant, launch, stream);
       }
     });
   });
@@ -186,11 +206,15 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
     with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
-      auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-      ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-      TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
-                                                                       Traits::kSmemBytes))
-          << " (occupancy of the persistent kernel)";
+      if constexpr (Traits::kWgmma) {
+        TESSERA_FAIL(StatusCode::kInternal) << "the runtime's persistent kernel has no wgmma configuration";
+      } else {
+        auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+        ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+        TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
+                                                                         Traits::kSmemBytes))
+            << " (occupancy of the persistent kernel)";
+      }
     });
   });
   return ctas;

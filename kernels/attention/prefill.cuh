@@ -15,6 +15,14 @@
 // rows and CTA_TILE_KV / NUM_WARPS_KV columns of every KV tile; with NUM_WARPS_KV > 1 (small
 // query tiles) each warp keeps its own softmax state and the states are merged through shared
 // memory at the end.
+//
+// On sm_90a one configuration computes the two products with wgmma instead (MmaKind::kWgmma):
+// each warpgroup multiplies its 64 rows by the whole 128-row K tile (m64n128k16, Q and K read
+// from shared memory through descriptors) and P, straight from the S registers, by the V tile.
+// Its accumulators give each warp the same 16-row fragments as the mma.sync path, so masks,
+// softmax, variants and the epilogue are shared. The warps still meet at one barrier per KV tile
+// (the loaders' ring), so a warpgroup's softmax overlaps the other warpgroup's MMAs only as far
+// as they drift apart inside a tile: this is not yet the warp-specialised FA3-class pipeline.
 #pragma once
 
 #include "kernels/attention/params.cuh"
@@ -27,12 +35,19 @@
 #include "kernels/common/platform.cuh"
 #include "kernels/common/smem_layout.cuh"
 #include "kernels/common/vec.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace tessera {
 namespace kernels {
 
+/// The tensor-core instructions of a prefill configuration: mma.sync m16n8k16 fed by ldmatrix
+/// (sm_80+), or wgmma m64n128k16 from shared-memory descriptors (sm_90a; one warpgroup per 64
+/// query rows). Softmax, masks, variants, loaders and epilogue are the same code for both: the
+/// wgmma accumulators hold each warp's 16 rows in the m16n8 fragment layout (wgmma.cuh).
+enum class MmaKind : int { kSync = 0, kWgmma = 1 };
+
 template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_,
-          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1>
+          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync>
 struct PrefillTraits {
   using DType = T;
   static constexpr int HEAD_DIM = HEAD_DIM_;
@@ -47,6 +62,8 @@ struct PrefillTraits {
   // Occupancy the register allocation must allow (__launch_bounds__): latency hiding for the
   // ldmatrix -> mma chains needs >= 8 warps per SM.
   static constexpr int kMinCtasPerSm = MIN_CTAS_PER_SM_;
+  static constexpr MmaKind kMma = MMA_;
+  static constexpr bool kWgmma = MMA_ == MmaKind::kWgmma;
 
   static constexpr int kWarpRowsQ = CTA_TILE_Q / NUM_WARPS_Q;    // query rows per warp
   static constexpr int kMmaQ = kWarpRowsQ / 16;                  // m16 tiles per warp
@@ -57,6 +74,9 @@ struct PrefillTraits {
   static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
   static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
   static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks per row
+  // Shared-memory layout of a ROWS-row Q, K or V tile, as the MMA kind reads it.
+  template <int ROWS>
+  using SmemTile = typename OperandTile<kWgmma, ROWS, kRowChunks>::type;
 
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
@@ -78,6 +98,11 @@ struct PrefillTraits {
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
   static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
+  // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile with
+  // m64n128k16, so the KV tile (N of Q K^T) and the head dim (N of P V) are both 128.
+  static_assert(!kWgmma || (HEAD_DIM == 128 && CTA_TILE_KV == 128 && NUM_WARPS_KV == 1 && kWarpRowsQ == 16 &&
+                            NUM_WARPS_Q % 4 == 0),
+                "wgmma configurations: head_dim 128, 128-row KV tiles, warpgroups of 4 warps x 16 query rows");
 };
 
 /// A ring position over the kStages K/V buffers. The kernel keeps two: the buffer being
@@ -127,7 +152,7 @@ TESSERA_DEVICE PackedRow unpack_row(const AttentionParams<T>& p, int kv_head, in
 template <typename Traits, typename T>
 TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
                                 T* q_smem, int64_t* row_offsets) {
-  using Tile = SwizzledTile<Traits::kRowChunks>;
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
   static_assert(Traits::CTA_TILE_Q <= Traits::kThreads, "one thread per query row");
   if (threadIdx.x < Traits::CTA_TILE_Q) {
     const PackedRow r = unpack_row(p, kv_head, packed_begin + static_cast<int>(threadIdx.x));
@@ -198,7 +223,7 @@ TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestEx
 template <typename Traits, typename T>
 TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
-  using Tile = SwizzledTile<Traits::kRowChunks>;
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
   static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
   static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
   constexpr int kRowsPerPass = Traits::kThreads / Traits::kRowChunks;
@@ -215,7 +240,7 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr bool kFixedSwizzle = kRowsPerPass % 8 == 0;
   const uint32_t k_base = smem_addr(k_smem);
   auto dst_offset = [&](int j) -> uint32_t {
-    return kFixedSwizzle ? (Tile::chunk_offset(row0, chunk) + j * kRowsPerPass * Traits::kRowChunks) * 16
+    return kFixedSwizzle ? (Tile::chunk_offset(row0, chunk) + j * kRowsPerPass * Tile::kRowStrideChunks) * 16
                          : Tile::chunk_offset(row0 + j * kRowsPerPass, chunk) * 16;
   };
 #pragma unroll
@@ -270,7 +295,7 @@ struct KVTiles {
 /// (x[dim], x[dim + HEAD_DIM / 2])) sees both halves a rotation needs. f returns the new pair.
 template <typename Traits, int ROWS, typename T, typename F>
 TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
-  using Tile = SwizzledTile<Traits::kRowChunks>;
+  using Tile = typename Traits::template SmemTile<ROWS>;
   constexpr int kHalf = Traits::kRowChunks / 2;
   for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kThreads) {
     const int row = i / kHalf, c = i % kHalf;
@@ -292,6 +317,18 @@ TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
       *lo_ptr = lo;
       *hi_ptr = hi;
     }
+  }
+}
+
+/// Folds tree[0 .. 2W) into tree[0] in halves (depth log2), combining with op. A template
+/// recursion rather than a halving loop: the compiler left `for (w = N / 2; w >= 1; w /= 2)` rolled,
+/// over local memory, at N = 16.
+template <int W, typename Op>
+TESSERA_DEVICE void fold_halves(float* tree, Op op) {
+  if constexpr (W >= 1) {
+#pragma unroll
+    for (int n = 0; n < W; ++n) tree[n] = op(tree[n], tree[n + W]);
+    fold_halves<W / 2>(tree, op);
   }
 }
 
@@ -329,7 +366,6 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
                                    const TileOutput out, char* smem_raw) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   constexpr bool kSoftmax = Variant::kUseSoftmax;
-  using Tile = SwizzledTile<Traits::kRowChunks>;
   PrefillSmem<Traits> smem(smem_raw);
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -397,6 +433,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   const uint32_t k_frag_offset = (warp_col0 + (lane % 8) + 8 * (lane / 16)) * kRowBytes + lane_chunk_mid;
   // V: transposed B fragments of two n8 tiles of D, rows frag_row, half = lane / 16
   const uint32_t v_frag_offset = (warp_col0 + frag_row) * kRowBytes + lane_chunk_lo;
+  // wgmma descriptors (Sw128Tile operands): Q (this warpgroup's 64 rows) and K are K-major, V
+  // is MN-major (d contiguous).
+  const uint32_t q_tile_addr = smem_addr(smem.q);
+  const int q_wg_row0 = (warp / 4) * 64;
 
   constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
   // Logits-transforming variants take q.k times their input scale. Softmax-free variants in bf16
@@ -463,6 +503,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int kv_begin = tiles.begin(tile), kv_tile_end = tiles.end(tile);
     cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
+    if constexpr (Traits::kWgmma) fence_proxy_async_shared();  // this thread's copies, for wgmma
     // After this barrier: every thread finished computing tile - 1 (its stage and row table are free)
     // and resolved tile + kStages - 1.
     __syncthreads();
@@ -506,30 +547,45 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           return true;
         });
       }
+      if constexpr (Traits::kWgmma) fence_proxy_async_shared();
       __syncthreads();
     }
 
     // S = Q K^T for this warp's rows and columns.
     float s[kMmaQ][kN8KV][4];  // [m16 tile][n8 tile of KV][fragment]
+    if constexpr (Traits::kWgmma) {
+      // The warpgroup's 64 rows against all 128 keys; this warp's share is s[0] (16 rows).
+      float(&s_wg)[64] = reinterpret_cast<float(&)[64]>(s[0]);  // [64] = [n8 tile][fragment]
+      wgmma_fence();
 #pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq)
+      for (int kd = 0; kd < Traits::kMmaD; ++kd) {
+        wgmma_m64n128k16_ss<T>(s_wg, sw128_k_major_desc<Traits::CTA_TILE_Q>(q_tile_addr, q_wg_row0, kd),
+                               sw128_k_major_desc<Traits::CTA_TILE_KV>(smem_addr(k_tile), 0, kd), kd > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s_wg);
+    } else {
 #pragma unroll
-      for (int n = 0; n < kN8KV; ++n)
+      for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[mq][n][i] = 0.f;
+        for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
-    for (int kd = 0; kd < Traits::kMmaD; ++kd) {
-      uint32_t a[kMmaQ][4];
+          for (int i = 0; i < 4; ++i) s[mq][n][i] = 0.f;
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) ldmatrix_x4(a[mq], (q_frag ^ (kd << 5)) + mq * 16 * kRowBytes);
+      for (int kd = 0; kd < Traits::kMmaD; ++kd) {
+        uint32_t a[kMmaQ][4];
 #pragma unroll
-      for (int nk = 0; nk < kN8KV / 2; ++nk) {
-        uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
-        ldmatrix_x4(b, (k_frag ^ (kd << 5)) + nk * 16 * kRowBytes);
+        for (int mq = 0; mq < kMmaQ; ++mq) ldmatrix_x4(a[mq], (q_frag ^ (kd << 5)) + mq * 16 * kRowBytes);
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_m16n8k16<T>(s[mq][2 * nk], a[mq], b[0], b[1]);
-          mma_m16n8k16<T>(s[mq][2 * nk + 1], a[mq], b[2], b[3]);
+        for (int nk = 0; nk < kN8KV / 2; ++nk) {
+          uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
+          ldmatrix_x4(b, (k_frag ^ (kd << 5)) + nk * 16 * kRowBytes);
+#pragma unroll
+          for (int mq = 0; mq < kMmaQ; ++mq) {
+            mma_m16n8k16<T>(s[mq][2 * nk], a[mq], b[0], b[1]);
+            mma_m16n8k16<T>(s[mq][2 * nk + 1], a[mq], b[2], b[3]);
+          }
         }
       }
     }
@@ -630,10 +686,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
         }
         tree[n] = s[mq][n][2 * h] + s[mq][n][2 * h + 1];
       }
-#pragma unroll
-      for (int w = kN8KV / 2; w >= 1; w /= 2)
-#pragma unroll
-        for (int n = 0; n < w; ++n) tree[n] += tree[n + w];
+      fold_halves<kN8KV / 2>(tree, [](float a, float b) { return a + b; });
       return tree[0];
     };
     if (kMayUseZeroReference && zero_reference) {
@@ -654,10 +707,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           float tree[kN8KV];  // [n8 tile], folded in halves
 #pragma unroll
           for (int n = 0; n < kN8KV; ++n) tree[n] = fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]);
-#pragma unroll
-          for (int w = kN8KV / 2; w >= 1; w /= 2)
-#pragma unroll
-            for (int n = 0; n < w; ++n) tree[n] = fmaxf(tree[n], tree[n + w]);
+          fold_halves<kN8KV / 2>(tree, [](float a, float b) { return fmaxf(a, b); });
           // The row bias depends on the lane (its first column): added before the lanes combine.
           float raw_max = kSplitKeyBias ? tree[0] + row_bias[mq][h] : tree[0];
           raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, 1));
@@ -701,16 +751,30 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
         pfrag[mq][kk][2] = pack_pair<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
         pfrag[mq][kk][3] = pack_pair<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
       }
+    if constexpr (Traits::kWgmma) {
+      float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);  // [64] = [n8 tile of D][fragment]
+      wgmma_fence_operands(o_wg);
+      wgmma_fence();  // the rescale's and the packing's register writes precede the reads
 #pragma unroll
-    for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+      for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+        wgmma_m64n128k16_rs<T>(o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk),
+                               true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(o_wg);
+    } else {
 #pragma unroll
-      for (int nd = 0; nd < kN8D / 2; ++nd) {
-        uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
-        ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kRowBytes);
+      for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_m16n8k16<T>(o[mq][2 * nd], pfrag[mq][kk], b[0], b[1]);
-          mma_m16n8k16<T>(o[mq][2 * nd + 1], pfrag[mq][kk], b[2], b[3]);
+        for (int nd = 0; nd < kN8D / 2; ++nd) {
+          uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
+          ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kRowBytes);
+#pragma unroll
+          for (int mq = 0; mq < kMmaQ; ++mq) {
+            mma_m16n8k16<T>(o[mq][2 * nd], pfrag[mq][kk], b[0], b[1]);
+            mma_m16n8k16<T>(o[mq][2 * nd + 1], pfrag[mq][kk], b[2], b[3]);
+          }
         }
       }
     }

@@ -84,6 +84,9 @@ int kv_tile_rows_for(QTile t) {
     case QTile::k128:
       if constexpr (HEAD_DIM != 256) return PrefillConfig<__half, HEAD_DIM, QTile::k128>::Traits::CTA_TILE_KV;
       break;
+    case QTile::k128Wgmma:
+      if constexpr (HEAD_DIM == 128) return PrefillConfig<__half, HEAD_DIM, QTile::k128Wgmma>::Traits::CTA_TILE_KV;
+      break;
   }
   TESSERA_FAIL(StatusCode::kInternal) << "no KV tile for head_dim " << HEAD_DIM;
 }
@@ -127,6 +130,11 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   cache.emplace(key, result);
   return result;
 }
+
+/// The runtime's persistent kernel keeps the mma.sync 128-row tile where the one-shot grid takes
+/// the wgmma one: with one 160 KB wgmma CTA per SM (two mma.sync CTAs fit) the planned W4 ran at
+/// 252-263 TFLOP/s against 275-292 (bench/results/LOG.md, session 16).
+QTile persistent_tile(QTile t) { return t == QTile::k128Wgmma ? QTile::k128 : t; }
 
 QTile to_qtile(QueryTile t, int head_dim) {
   TESSERA_CHECK_ARG(!(t == QueryTile::k128 && head_dim == 256))
@@ -268,12 +276,12 @@ class AttentionRuntime {
         if (options_.split_kv == SplitKV::kAuto) {
           int64_t pairs_at_16 = 0;
           for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
-          q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * heads.num_kv_heads,
-                                          sm_budget(options_));
+          q_tile = persistent_tile(choose_q_tile_for_grid(head_dim, avg_rows * group,
+                                                          pairs_at_16 * heads.num_kv_heads, sm_budget(options_)));
         } else {
           // kFixed / kNone promise a request the same bits in any batch: the tile (hence the
           // KV tile width and the accumulation order) must not depend on the batch's size.
-          q_tile = choose_q_tile(head_dim, avg_rows * group);
+          q_tile = persistent_tile(choose_q_tile(head_dim, avg_rows * group));
         }
       }
     }
@@ -489,7 +497,7 @@ class AttentionRuntime {
     const double avg_rows = decode_ ? 1.0
                                     : static_cast<double>(bounds_.max_total_qo_tokens) /
                                           static_cast<double>(bounds_.max_batch_size);
-    return choose_q_tile(head_dim, avg_rows * group);
+    return persistent_tile(choose_q_tile(head_dim, avg_rows * group));
   }
 
   int grid_cols(int per_sm, int num_kv_heads) const {

@@ -573,7 +573,9 @@ std::vector<AttentionCase> prefill_cases() {
   s3.loose_max_qo = true;
   AttentionCase s4 = small(Entry::kSingle, Layout::kHND, DType::kBF16, 1, 17, 65, 0, 2, 1, 128, true);
   s4.strided = true;
-  cases.insert(cases.end(), {s1, s2, s3, s4});
+  // Long rows at head_dim 128: the 128-row tile (wgmma on sm_90; s1 too, 85 packed rows).
+  AttentionCase s5 = small(Entry::kRagged, Layout::kNHD, DType::kF16, 3, 130, 300, 0, 2, 1, 128, false);
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5});
   make_names_unique(cases, case_name);
   return cases;
 }

@@ -1,0 +1,220 @@
+// Warpgroup tensor-core instructions of sm_90a (wgmma): shared-memory matrix descriptors, the
+// m64n128k16 MMA with fp32 accumulation, and the fences around it. A warpgroup is 4 consecutive
+// warps (128 threads); all of them execute every instruction here together.
+//
+// Accumulator layout of m64nNk16 (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts"
+// of wgmma): warp w of the warpgroup owns rows 16w .. 16w+15, and d[4n .. 4n+3] of a thread holds
+// the n-th 8-column block exactly as mma.sync m16n8's C fragment (rows g and g+8, columns 2t, 2t+1
+// with g = lane / 4, t = lane % 4). A from registers (k16) is laid out as mma.sync m16n8k16's A.
+// So a wgmma S tile converts into P's A operand as the m16n8k16 tiles do (mma.cuh).
+//
+// Shared-memory operands use the 128-byte swizzle: an "atom" is 8 rows of 128 bytes (64 16-bit
+// elements), 1024-byte aligned, with 16-byte chunk c of row r stored at chunk c ^ (r % 8) — the
+// layout Sw128Tile (smem_layout.cuh) writes. The hardware applies the XOR to address bits, so a
+// descriptor may start 32, 64 or 96 bytes into an atom's rows (the k16 steps of a K-major operand).
+#pragma once
+
+#include "kernels/common/platform.cuh"
+
+// The instructions exist on sm_90a only; other targets compile the callers (one source for every
+// architecture) but must never run them.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TESSERA_WGMMA_AVAILABLE 1
+#else
+#define TESSERA_WGMMA_AVAILABLE 0
+#endif
+
+namespace tessera {
+namespace kernels {
+
+/// A wgmma shared-memory descriptor with the 128-byte swizzle. Byte quantities are multiples of
+/// 16. For a K-major operand (rows of the M or N dimension, K contiguous): `stride_bytes` is the
+/// distance between 8-row atoms (1024 for 128-byte rows packed together) and `leading_bytes` is
+/// unused (a k16 step stays inside one atom row). For an MN-major operand (K rows, M or N
+/// contiguous): `leading_bytes` is the distance between 64-element column blocks along M or N and
+/// `stride_bytes` the distance between 8-row atoms along K.
+TESSERA_DEVICE uint64_t smem_desc_sw128(uint32_t smem_address, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((smem_address & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);  // 62-63 = 1: 128-byte swizzle
+}
+
+/// The descriptor of k16 step `kd` of a K-major Sw128Tile operand: rows row0 .. row0 + 63 (A,
+/// M = 64) or all ROWS (B, N = ROWS) of a tile at `tile` (shared-window address, 1024-aligned)
+/// with ROWS rows. Step kd lies in column block kd / 4, 32 * (kd % 4) bytes into its rows.
+template <int ROWS>
+TESSERA_DEVICE uint64_t sw128_k_major_desc(uint32_t tile, int row0, int kd) {
+  return smem_desc_sw128(tile + (kd / 4) * (ROWS * 128) + row0 * 128 + (kd % 4) * 32, 16, 1024);
+}
+
+/// The descriptor of k16 step `kk` (K rows 16kk .. 16kk + 15) of an MN-major Sw128Tile operand
+/// of ROWS K rows and 128 MN columns (two column blocks ROWS * 128 bytes apart).
+template <int ROWS>
+TESSERA_DEVICE uint64_t sw128_mn_major_desc(uint32_t tile, int kk) {
+  return smem_desc_sw128(tile + kk * 16 * 128, ROWS * 128, 1024);
+}
+
+/// Orders this thread's earlier register writes (accumulators, A fragments) before the wgmma
+/// instructions that follow read them.
+TESSERA_DEVICE void wgmma_fence() {
+#if TESSERA_WGMMA_AVAILABLE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+/// Closes the group of wgmma issued since the last commit.
+TESSERA_DEVICE void wgmma_commit() {
+#if TESSERA_WGMMA_AVAILABLE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+/// Waits until at most N committed groups are in flight; their accumulators are then readable.
+template <int N>
+TESSERA_DEVICE void wgmma_wait() {
+#if TESSERA_WGMMA_AVAILABLE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to the
+/// async proxy that wgmma reads through. Each writer fences before the barrier that publishes.
+TESSERA_DEVICE void fence_proxy_async_shared() {
+#if TESSERA_WGMMA_AVAILABLE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/// Ties the accumulators to this point of the program: the compiler may not move their reads or
+/// writes across it, so none lands between a wgmma and the wait that completes it.
+TESSERA_DEVICE void wgmma_fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/// d (64 x 128, fp32) = A * B^T + (accumulate ? d : 0) for one warpgroup: A (64 x 16) and B
+/// (128 x 16) both K-major in shared memory (descriptors from smem_desc_sw128).
+template <typename T>
+TESSERA_DEVICE void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate);
+
+/// d (64 x 128, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) in registers
+/// (four packed pairs, the m16n8k16 A fragment of the thread's warp), B (16 x 128) MN-major in
+/// shared memory (128 contiguous elements per K row, two 64-element column blocks).
+template <typename T>
+TESSERA_DEVICE void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
+                                        bool accumulate);
+
+#if TESSERA_WGMMA_AVAILABLE
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_ss<__nv_bfloat16>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred acc;\n"
+      "  setp.ne.b32 acc, %66, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, acc, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
+}
+
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_rs<__nv_bfloat16>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred acc;\n"
+      "  setp.ne.b32 acc, %69, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, acc, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major), "r"(static_cast<uint32_t>(accumulate)));
+}
+
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_ss<__half>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred acc;\n"
+      "  setp.ne.b32 acc, %66, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, acc, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
+}
+
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_rs<__half>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred acc;\n"
+      "  setp.ne.b32 acc, %69, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, acc, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major), "r"(static_cast<uint32_t>(accumulate)));
+}
+#else
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_ss<__nv_bfloat16>(float (&)[64], uint64_t, uint64_t, bool) {
+  __trap();
+}
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_rs<__nv_bfloat16>(float (&)[64], const uint32_t (&)[4], uint64_t, bool) {
+  __trap();
+}
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_ss<__half>(float (&)[64], uint64_t, uint64_t, bool) {
+  __trap();
+}
+template <>
+TESSERA_DEVICE void wgmma_m64n128k16_rs<__half>(float (&)[64], const uint32_t (&)[4], uint64_t, bool) {
+  __trap();
+}
+#endif
+
+}  // namespace kernels
+}  // namespace tessera

@@ -20,9 +20,12 @@
 // each warpgroup multiplies its 64 rows by the whole 128-row K tile (m64n128k16, Q and K read
 // from shared memory through descriptors) and P, straight from the S registers, by the V tile.
 // Its accumulators give each warp the same 16-row fragments as the mma.sync path, so masks,
-// softmax, variants and the epilogue are shared. The warps still meet at one barrier per KV tile
-// (the loaders' ring), so a warpgroup's softmax overlaps the other warpgroup's MMAs only as far
-// as they drift apart inside a tile: this is not yet the warp-specialised FA3-class pipeline.
+// softmax, variants and the epilogue are shared. It is warp-specialised: a producer warpgroup
+// resolves and copies K/V tiles (cp.async, any KV format) into the ring and signals each stage on
+// an mbarrier, and the two compute warpgroups never meet at a CTA barrier inside the tile loop,
+// so one warpgroup's softmax overlaps the other's MMAs. Not yet: TMA for affine KV, explicit
+// ping-pong ordering of the warpgroups, softmax overlapped with the next tile's Q K^T inside a
+// warpgroup.
 #pragma once
 
 #include "kernels/attention/params.cuh"
@@ -31,6 +34,7 @@
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/math.cuh"
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/smem_layout.cuh"
@@ -55,8 +59,20 @@ struct PrefillTraits {
   static constexpr int CTA_TILE_KV = CTA_TILE_KV_;
   static constexpr int NUM_WARPS_Q = NUM_WARPS_Q_;
   static constexpr int NUM_WARPS_KV = NUM_WARPS_KV_;
-  static constexpr int kNumWarps = NUM_WARPS_Q * NUM_WARPS_KV;
-  static constexpr int kThreads = kNumWarps * kWarpSize;
+  static constexpr int kNumWarps = NUM_WARPS_Q * NUM_WARPS_KV;  // warps that compute
+  // wgmma configurations are warp-specialised: a producer warpgroup after the compute warps
+  // resolves and copies K/V tiles into the ring, and the compute warpgroups wait on mbarriers
+  // instead of meeting the producer (and each other) at a CTA barrier every tile. Elsewhere every
+  // warp computes and loads.
+  static constexpr bool kWarpSpecialized = MMA_ == MmaKind::kWgmma;
+  static constexpr int kProducerWarps = kWarpSpecialized ? 4 : 0;
+  static constexpr int kComputeThreads = kNumWarps * kWarpSize;
+  static constexpr int kThreads = (kNumWarps + kProducerWarps) * kWarpSize;  // launched
+  static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
+  // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
+  // kernel is compiled for 65536 / kThreads registers per thread).
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kComputeRegs = 232;
   // K/V tiles in flight: one computed while kStages - 1 load. Memory-bound decode tiles go deeper.
   static constexpr int kStages = STAGES_;
   // Occupancy the register allocation must allow (__launch_bounds__): latency hiding for the
@@ -86,7 +102,9 @@ struct PrefillTraits {
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
-  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes;
+  // Warp-specialised ring: one "full" and one "empty" mbarrier per stage and one for Q.
+  static constexpr int kBarrierBytes = kWarpSpecialized ? (2 * kStages + 1) * 8 : 0;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kBarrierBytes;
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
@@ -103,14 +121,26 @@ struct PrefillTraits {
   static_assert(!kWgmma || (HEAD_DIM == 128 && CTA_TILE_KV == 128 && NUM_WARPS_KV == 1 && kWarpRowsQ == 16 &&
                             NUM_WARPS_Q % 4 == 0),
                 "wgmma configurations: head_dim 128, 128-row KV tiles, warpgroups of 4 warps x 16 query rows");
+  static_assert(!kWarpSpecialized ||
+                    (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads && CTA_TILE_Q <= kLoaderThreads &&
+                     kProducerRegs * kProducerWarps * kWarpSize + kComputeRegs * kComputeThreads <= 65536 &&
+                     kComputeRegs % 8 == 0 && kProducerRegs % 8 == 0),
+                "one producer warpgroup with a thread per Q and KV row; registers within the SM's 64K");
 };
 
 /// A ring position over the kStages K/V buffers. The kernel keeps two: the buffer being
-/// computed and the buffer being filled, kStages - 1 tiles ahead.
+/// computed and the buffer being filled, kStages - 1 tiles ahead. `phase` counts the passes over
+/// the ring modulo 2: the parity of the stage's mbarrier phase in the warp-specialised kernels.
 template <int kStages>
 struct PipelineState {
   int stage = 0;
-  TESSERA_DEVICE void advance() { stage = stage + 1 == kStages ? 0 : stage + 1; }
+  uint32_t phase = 0;
+  TESSERA_DEVICE void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
 };
 
 template <typename Traits>
@@ -121,6 +151,9 @@ struct PrefillSmem {
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
+  uint64_t* full;     // [kStages] warp-specialised: the stage's copies have landed (kLoaderThreads arrivals)
+  uint64_t* empty;    // [kStages] warp-specialised: the compute warps are done with the stage
+  uint64_t* q_full;   // [1] warp-specialised: the Q tile has landed
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
@@ -128,6 +161,9 @@ struct PrefillSmem {
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
     rows = reinterpret_cast<uint64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
+    full = reinterpret_cast<uint64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes);
+    empty = full + Traits::kStages;
+    q_full = empty + Traits::kStages;
   }
 };
 
@@ -144,6 +180,38 @@ TESSERA_DEVICE PackedRow unpack_row(const AttentionParams<T>& p, int kv_head, in
   return PackedRow{qo_idx, kv_head * p.group_size + (packed - qo_idx * p.group_size)};
 }
 
+/// Named barriers of the warp-specialised configurations (0 is __syncthreads's).
+constexpr uint32_t kComputeBarrier = 1;
+constexpr uint32_t kLoaderBarrier = 2;
+
+/// This thread's index among the threads that load tiles (the producer warpgroup when
+/// warp-specialised, else the whole CTA).
+template <typename Traits>
+TESSERA_DEVICE int loader_thread() {
+  return Traits::kWarpSpecialized ? static_cast<int>(threadIdx.x) - Traits::kComputeThreads
+                                  : static_cast<int>(threadIdx.x);
+}
+
+/// Synchronises the threads that load tiles.
+template <typename Traits>
+TESSERA_DEVICE void loader_sync() {
+  if constexpr (Traits::kWarpSpecialized) {
+    named_barrier_sync(kLoaderBarrier, Traits::kLoaderThreads);
+  } else {
+    __syncthreads();
+  }
+}
+
+/// Synchronises the threads that compute (their shared-memory transforms of Q, K, V).
+template <typename Traits>
+TESSERA_DEVICE void compute_sync() {
+  if constexpr (Traits::kWarpSpecialized) {
+    named_barrier_sync(kComputeBarrier, Traits::kComputeThreads);
+  } else {
+    __syncthreads();
+  }
+}
+
 /// Loads the CTA's query tile; packed rows past the request's queries are zero-filled. Thread r
 /// first resolves packed row r into an element offset of q (-1: past the queries) in `row_offsets`
 /// ([CTA_TILE_Q] int64 of scratch shared memory, free until the caller's next barrier), so each
@@ -153,20 +221,21 @@ template <typename Traits, typename T>
 TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
                                 T* q_smem, int64_t* row_offsets) {
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
-  static_assert(Traits::CTA_TILE_Q <= Traits::kThreads, "one thread per query row");
-  if (threadIdx.x < Traits::CTA_TILE_Q) {
-    const PackedRow r = unpack_row(p, kv_head, packed_begin + static_cast<int>(threadIdx.x));
-    row_offsets[threadIdx.x] =
+  static_assert(Traits::CTA_TILE_Q <= Traits::kLoaderThreads, "one thread per query row");
+  const int tid = loader_thread<Traits>();
+  if (tid < Traits::CTA_TILE_Q) {
+    const PackedRow r = unpack_row(p, kv_head, packed_begin + tid);
+    row_offsets[tid] =
         r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q_row_stride + r.head * p.q_head_stride
                             : -1;
   }
-  __syncthreads();
+  loader_sync<Traits>();
   // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass
   // row/chunk divisions of a flat index are loop-invariant in the persistent kernel, which hoists
   // them out of its item loop and spilled 15 of them (60 B) with the 4 x 32 tile.
-  static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
-  constexpr int kRowsPerPass = Traits::kThreads / Traits::kRowChunks;
-  const int chunk = threadIdx.x % Traits::kRowChunks, row0 = threadIdx.x / Traits::kRowChunks;
+  static_assert(Traits::kLoaderThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kRowChunks;
+  const int chunk = tid % Traits::kRowChunks, row0 = tid / Traits::kRowChunks;
 #pragma unroll
   for (int it = 0; it < (Traits::CTA_TILE_Q + kRowsPerPass - 1) / kRowsPerPass; ++it) {
     const int row = row0 + it * kRowsPerPass;
@@ -206,8 +275,8 @@ struct RowAddress {
 template <typename Traits, KVFormatKind kFormat, typename T>
 TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_end,
                                     int kv_begin, int32_t block, uint64_t* row_table, int32_t* row_keys) {
-  static_assert(Traits::CTA_TILE_KV <= Traits::kThreads, "one thread per KV row");
-  const int row = threadIdx.x;
+  static_assert(Traits::CTA_TILE_KV <= Traits::kLoaderThreads, "one thread per KV row");
+  const int row = loader_thread<Traits>();
   if (row >= Traits::CTA_TILE_KV) return;
   const int pos = kv_begin + row;
   KVRow r{0, 0, -1, false};
@@ -224,17 +293,18 @@ template <typename Traits, typename T>
 TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
-  static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kThreads == 0, "whole passes");
-  static_assert(Traits::kThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
-  constexpr int kRowsPerPass = Traits::kThreads / Traits::kRowChunks;
-  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kRowChunks / Traits::kThreads;
+  static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
+  static_assert(Traits::kLoaderThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kRowChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kRowChunks / Traits::kLoaderThreads;
   // Table entries are read in batches before any copy of the batch is issued: ptxas pads an
   // LDGSTS that closely follows the shared-memory load of its address with three never-executed
   // LDS (a hazard guard), 3 of ~11 instructions per 16-byte copy when loads and copies alternate.
   // One 16-byte load fetches a row's K and V entries (adjacent in the table).
   constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
   static_assert(kRowsPerThread % kBatch == 0, "whole batches");
-  const int chunk = threadIdx.x % Traits::kRowChunks, row0 = threadIdx.x / Traits::kRowChunks;
+  const int tid = loader_thread<Traits>();
+  const int chunk = tid % Traits::kRowChunks, row0 = tid / Traits::kRowChunks;
   // When a pass spans whole 8-row swizzle periods, this thread's swizzled chunk is the same in
   // every row it copies, and its destinations are one base plus constant strides (immediates).
   constexpr bool kFixedSwizzle = kRowsPerPass % 8 == 0;
@@ -297,7 +367,7 @@ template <typename Traits, int ROWS, typename T, typename F>
 TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
   using Tile = typename Traits::template SmemTile<ROWS>;
   constexpr int kHalf = Traits::kRowChunks / 2;
-  for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kThreads) {
+  for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kComputeThreads) {
     const int row = i / kHalf, c = i % kHalf;
     uint4* lo_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c) * 8);
     uint4* hi_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c + kHalf) * 8);
@@ -385,10 +455,23 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   const int q_pos_last =
       e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
 
+  if constexpr (Traits::kWarpSpecialized) {
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < Traits::kStages; ++st) {
+        mbarrier_init(smem.full + st, Traits::kLoaderThreads);
+        mbarrier_init(smem.empty + st, Traits::kComputeThreads);
+      }
+      mbarrier_init(smem.q_full, Traits::kLoaderThreads);
+    }
+    __syncthreads();
+  }
   // The row offsets use the first K buffer, which no copy writes before the prologue's barrier.
   static_assert(Traits::CTA_TILE_Q * sizeof(int64_t) <= Traits::kKVTileBytes, "Q row offsets fit a K buffer");
-  load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q, reinterpret_cast<int64_t*>(smem.k));
-  cp_async_commit();
+  auto load_q = [&] {
+    load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q, reinterpret_cast<int64_t*>(smem.k));
+    cp_async_commit();
+  };
+  if constexpr (!Traits::kWarpSpecialized) load_q();
   constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
   // Each KV tile goes through three steps: its page-table entries are loaded into `block` (one
   // per thread and row), resolved into a row table (offsets and keys), and copied into a stage
@@ -397,10 +480,11 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // keys are read by the mask, with one barrier per tile: a table's last readers (the mask of
   // tile t - 1, copies of earlier tiles) always sit behind the previous tile's barrier.
   auto block_id = [&](int tile) {
-    return tile < num_kv_tiles ? load_kv_block_id<Traits, kFormat>(p, e, tiles.end(tile), tiles.begin(tile), threadIdx.x)
+    return tile < num_kv_tiles ? load_kv_block_id<Traits, kFormat>(p, e, tiles.end(tile), tiles.begin(tile),
+                                                                   loader_thread<Traits>())
                                : -1;
   };
-  int32_t block = block_id(0);
+  int32_t block = Traits::kWarpSpecialized ? -1 : block_id(0);
   auto resolve = [&](int tile) {
     if (tile < num_kv_tiles) {
       resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tiles.end(tile), tiles.begin(tile), block,
@@ -415,6 +499,38 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
+  if constexpr (Traits::kWarpSpecialized) {
+    if (warp >= Traits::kNumWarps) {
+      // The producer warpgroup: Q, then every K/V tile through the ring. A tile's row table is
+      // resolved before its stage is free (the table ring is a slot deeper than the stages, and
+      // the compute warps released the slot's previous tile two waits ago), then the copies wait
+      // for the stage (`empty`). The stage's `full` arrival follows the copies' landing and a
+      // proxy fence (wgmma reads shared memory through the async proxy), so the compute warps
+      // wait for the copies only, never for the producer's next tile.
+      warpgroup_registers_decrease<Traits::kProducerRegs>();
+      load_q();
+      block = block_id(0);
+      PipelineState<Traits::kStages> fill;
+      for (int tile = 0; tile < num_kv_tiles; ++tile) {
+        resolve(tile);
+        loader_sync<Traits>();  // the row table, for every copying thread
+        mbarrier_wait(smem.empty + fill.stage, fill.phase ^ 1u);
+        copy(tile, fill.stage);
+        cp_async_wait<0>();
+        fence_proxy_async_shared();
+        if (tile == 0) mbarrier_arrive(smem.q_full);
+        mbarrier_arrive(smem.full + fill.stage);
+        fill.advance();
+      }
+      if (num_kv_tiles == 0) {
+        cp_async_wait<0>();
+        fence_proxy_async_shared();
+        mbarrier_arrive(smem.q_full);
+      }
+      return;
+    }
+    warpgroup_registers_increase<Traits::kComputeRegs>();
+  }
   // ldmatrix addresses. A lane's fragment row is fixed for the whole tile and its rows are 8k +
   // lane % 8, so the swizzled chunk is (2 * step + half) ^ (lane % 8) = ((half ^ lane % 8)) ^
   // 2 * step: a k16 step only XORs (step << 5) into the byte address, and a further m16 / k16 / n16
@@ -476,14 +592,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   }
 
   PipelineState<Traits::kStages> compute_stage, fill_stage;
+  if constexpr (Traits::kWarpSpecialized) {
+    mbarrier_wait(smem.q_full, 0);
+  } else {
 #pragma unroll
-  for (int s = 0; s + 1 < Traits::kStages; ++s) {
-    resolve(s);
-    __syncthreads();
-    copy(s, fill_stage.stage);
-    fill_stage.advance();
+    for (int s = 0; s + 1 < Traits::kStages; ++s) {
+      resolve(s);
+      __syncthreads();
+      copy(s, fill_stage.stage);
+      fill_stage.advance();
+    }
+    resolve(Traits::kStages - 1);
   }
-  resolve(Traits::kStages - 1);
 
   float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
   RowState<kMmaQ> st;
@@ -502,14 +622,17 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 
   for (int tile = 0; tile < num_kv_tiles; ++tile) {
     const int kv_begin = tiles.begin(tile), kv_tile_end = tiles.end(tile);
-    cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
-    if constexpr (Traits::kWgmma) fence_proxy_async_shared();  // this thread's copies, for wgmma
-    // After this barrier: every thread finished computing tile - 1 (its stage and row table are free)
-    // and resolved tile + kStages - 1.
-    __syncthreads();
-    copy(tile + Traits::kStages - 1, fill_stage.stage);
-    fill_stage.advance();
-    resolve(tile + Traits::kStages);
+    if constexpr (Traits::kWarpSpecialized) {
+      mbarrier_wait(smem.full + compute_stage.stage, compute_stage.phase);
+    } else {
+      cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
+      // After this barrier: every thread finished computing tile - 1 (its stage and row table are
+      // free) and resolved tile + kStages - 1.
+      __syncthreads();
+      copy(tile + Traits::kStages - 1, fill_stage.stage);
+      fill_stage.advance();
+      resolve(tile + Traits::kStages);
+    }
 
     T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
@@ -548,7 +671,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
         });
       }
       if constexpr (Traits::kWgmma) fence_proxy_async_shared();
-      __syncthreads();
+      compute_sync<Traits>();
     }
 
     // S = Q K^T for this warp's rows and columns.
@@ -763,6 +886,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(o_wg);
+      if constexpr (Traits::kWarpSpecialized) mbarrier_arrive(smem.empty + compute_stage.stage);
     } else {
 #pragma unroll
       for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
@@ -827,7 +951,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     __syncthreads();
     // All threads now combine: thread -> (row, 8-element column group).
     constexpr int kGroups = Traits::kWarpRowsQ * Traits::HEAD_DIM / 8;
-    for (int i = threadIdx.x; i < kGroups; i += Traits::kThreads) {
+    for (int i = threadIdx.x; i < kGroups; i += Traits::kComputeThreads) {
       const int row = i / (Traits::HEAD_DIM / 8), c0 = (i % (Traits::HEAD_DIM / 8)) * 8;
       float m_max = -INFINITY;
 #pragma unroll
@@ -935,6 +1059,9 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
+  // The mbarrier ring of a warp-specialised tile is initialised per call and not drained across
+  // items; the runtime uses the mma.sync configurations.
+  static_assert(!Traits::kWarpSpecialized, "the persistent kernel has no warp-specialised configuration");
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
   // The contraction may launch now: its CTAs read the plan's merge descriptors and request
   // extents while this grid runs, then wait for it before touching the partial states.

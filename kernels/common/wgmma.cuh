@@ -84,6 +84,22 @@ TESSERA_DEVICE void fence_proxy_async_shared() {
 #endif
 }
 
+/// Warpgroup register reallocation (setmaxnreg): the calling warpgroup's per-thread register
+/// limit moves to kRegs (a multiple of 8, 24-256), returning registers to the SM's pool or taking
+/// them from it, so a producer warpgroup can hand its share to the consumers.
+template <int kRegs>
+TESSERA_DEVICE void warpgroup_registers_decrease() {
+#if TESSERA_WGMMA_AVAILABLE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+TESSERA_DEVICE void warpgroup_registers_increase() {
+#if TESSERA_WGMMA_AVAILABLE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 /// Ties the accumulators to this point of the program: the compiler may not move their reads or
 /// writes across it, so none lands between a wgmma and the wait that completes it.
 TESSERA_DEVICE void wgmma_fence_operands(float (&d)[64]) {

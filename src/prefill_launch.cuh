@@ -142,7 +142,7 @@ void with_format(kernels::KVFormatKind format, F&& f) {
   TESSERA_FAIL(StatusCode::kInternal) << "unknown KV format " << static_cast<int>(format);
 }
 
-/// Launches the persistent kernel of one mma.sync configuration and format (and its contraction).
+/// Launches the persistent kernel of one configuration and format (and its contraction).
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_persistent_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                               const PersistentLaunch& launch, cudaStream_t stream) {
@@ -190,11 +190,7 @@ void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const Reso
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
     with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
-      if constexpr (Traits::kWgmma) {
-        TESSERA_FAIL(StatusCode::kInternal) << "the runtime's persistent kernel has no wgmma configuration";
-      } else {
-        launch_persistent_config<Traits, kFormat>(p, variant, launch, stream);
-      }
+      launch_persistent_config<Traits, kFormat>(p, variant, launch, stream);
     });
   });
 }
@@ -206,15 +202,11 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
     with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
-      if constexpr (Traits::kWgmma) {
-        TESSERA_FAIL(StatusCode::kInternal) << "the runtime's persistent kernel has no wgmma configuration";
-      } else {
-        auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-        ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-        TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
-                                                                         Traits::kSmemBytes))
-            << " (occupancy of the persistent kernel)";
-      }
+      auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+      ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+      TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
+                                                                       Traits::kSmemBytes))
+          << " (occupancy of the persistent kernel)";
     });
   });
   return ctas;

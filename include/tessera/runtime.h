@@ -53,7 +53,7 @@ enum class QueryTile : int32_t {
               ///< the wide 16-row tile (8 warps over 128 KV rows; PlanInfo::kv_tile_rows = 128)
   k16 = 16,
   k64 = 64,
-  k128 = 128,  ///< not with head_dim 256
+  k128 = 128,  ///< not with head_dim 256; on sm_90 with head_dim 128 the wgmma kernel (kAuto keeps mma.sync)
 };
 
 /// Upper bounds a wrapper is built for; they size the workspace (workspace_size). A plan beyond

@@ -102,9 +102,13 @@ struct PrefillTraits {
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
-  // Warp-specialised ring: one "full" and one "empty" mbarrier per stage and one for Q.
-  static constexpr int kBarrierBytes = kWarpSpecialized ? (2 * kStages + 1) * 8 : 0;
-  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kBarrierBytes;
+  // Warp-specialised: the Q loader's row offsets get their own scratch (the producer loads the
+  // next item's Q while K/V stages are in use), and the ring has a "full" and an "empty"
+  // mbarrier per stage and a pair for Q.
+  static constexpr int kQRowScratchBytes = kWarpSpecialized ? CTA_TILE_Q * 8 : 0;
+  static constexpr int kBarrierBytes = kWarpSpecialized ? (2 * kStages + 2) * 8 : 0;
+  static constexpr int kSmemBytes =
+      kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kQRowScratchBytes + kBarrierBytes;
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
@@ -154,6 +158,8 @@ struct PrefillSmem {
   uint64_t* full;     // [kStages] warp-specialised: the stage's copies have landed (kLoaderThreads arrivals)
   uint64_t* empty;    // [kStages] warp-specialised: the compute warps are done with the stage
   uint64_t* q_full;   // [1] warp-specialised: the Q tile has landed
+  uint64_t* q_empty;  // [1] warp-specialised: the compute warps are done with the Q tile
+  int64_t* q_rows;    // [CTA_TILE_Q] scratch of load_q_tile: the K buffers unless warp-specialised
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
@@ -164,6 +170,11 @@ struct PrefillSmem {
     full = reinterpret_cast<uint64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes);
     empty = full + Traits::kStages;
     q_full = empty + Traits::kStages;
+    q_empty = q_full + 1;
+    q_rows = Traits::kWarpSpecialized
+                 ? reinterpret_cast<int64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes -
+                                              Traits::kQRowScratchBytes)
+                 : reinterpret_cast<int64_t*>(k);
   }
 };
 
@@ -427,13 +438,49 @@ struct TileOutput {
   float* partial_lse;
 };
 
+/// Where a CTA's warp-specialised ring stands: the producer's next stage to fill, the compute
+/// warps' next stage to read, the parity of the Q barriers' next phase and the tiles of earlier
+/// items (row tables are indexed by the CTA's running tile count). Each role keeps its own copy
+/// and advances it as the other does, so the mbarrier phases carry on from one work item of the
+/// persistent kernel to the next and the producer runs into the next item while the compute
+/// warps finish the current one.
+template <int kStages>
+struct RingPosition {
+  PipelineState<kStages> fill, read;
+  uint32_t q_phase = 0;
+  uint32_t tiles = 0;
+};
+
+/// Once per warp-specialised CTA, before its first tile: the mbarriers, then each warpgroup's
+/// register limit (the producer gives registers up, the compute warpgroups take them).
+template <typename Traits>
+TESSERA_DEVICE void warp_specialised_setup(char* smem_raw) {
+  if constexpr (Traits::kWarpSpecialized) {
+    PrefillSmem<Traits> smem(smem_raw);
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < Traits::kStages; ++st) {
+        mbarrier_init(smem.full + st, Traits::kLoaderThreads);
+        mbarrier_init(smem.empty + st, Traits::kComputeThreads);
+      }
+      mbarrier_init(smem.q_full, Traits::kLoaderThreads);
+      mbarrier_init(smem.q_empty, Traits::kComputeThreads);
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) >= Traits::kComputeThreads) {
+      warpgroup_registers_decrease<Traits::kProducerRegs>();
+    } else {
+      warpgroup_registers_increase<Traits::kComputeRegs>();
+    }
+  }
+}
+
 /// One query tile (packed rows packed_begin .. + CTA_TILE_Q - 1 of `request`, query heads of
 /// kv_head) against the KV positions of `span` (clipped by the variant to what the tile's rows may
 /// see). The caller has synchronised the CTA since any earlier use of shared memory.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
                                    const int request, const int kv_head, const int packed_begin, const KVSpan span,
-                                   const TileOutput out, char* smem_raw) {
+                                   const TileOutput out, char* smem_raw, RingPosition<Traits::kStages>& ring) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   constexpr bool kSoftmax = Variant::kUseSoftmax;
   PrefillSmem<Traits> smem(smem_raw);
@@ -455,20 +502,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   const int q_pos_last =
       e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
 
-  if constexpr (Traits::kWarpSpecialized) {
-    if (threadIdx.x == 0) {
-      for (int st = 0; st < Traits::kStages; ++st) {
-        mbarrier_init(smem.full + st, Traits::kLoaderThreads);
-        mbarrier_init(smem.empty + st, Traits::kComputeThreads);
-      }
-      mbarrier_init(smem.q_full, Traits::kLoaderThreads);
-    }
-    __syncthreads();
-  }
   // The row offsets use the first K buffer, which no copy writes before the prologue's barrier.
   static_assert(Traits::CTA_TILE_Q * sizeof(int64_t) <= Traits::kKVTileBytes, "Q row offsets fit a K buffer");
   auto load_q = [&] {
-    load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q, reinterpret_cast<int64_t*>(smem.k));
+    load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q, smem.q_rows);
     cp_async_commit();
   };
   if constexpr (!Traits::kWarpSpecialized) load_q();
@@ -479,6 +516,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // can be written while tile t + kStages - 1 is being copied from another table and tile t's
   // keys are read by the mask, with one barrier per tile: a table's last readers (the mask of
   // tile t - 1, copies of earlier tiles) always sit behind the previous tile's barrier.
+  // Row-table ring slot of the item's tile: counted over the CTA's items when warp-specialised.
+  const uint32_t tiles_before = Traits::kWarpSpecialized ? ring.tiles : 0u;
+  auto table_slot = [&](int tile) { return static_cast<int>((tiles_before + tile) % Traits::kRowTables); };
   auto block_id = [&](int tile) {
     return tile < num_kv_tiles ? load_kv_block_id<Traits, kFormat>(p, e, tiles.end(tile), tiles.begin(tile),
                                                                    loader_thread<Traits>())
@@ -488,14 +528,14 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   auto resolve = [&](int tile) {
     if (tile < num_kv_tiles) {
       resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tiles.end(tile), tiles.begin(tile), block,
-                                       smem.rows + (tile % Traits::kRowTables) * 2 * Traits::CTA_TILE_KV,
-                                       smem.row_keys + (tile % Traits::kRowTables) * Traits::CTA_TILE_KV);
+                                       smem.rows + table_slot(tile) * 2 * Traits::CTA_TILE_KV,
+                                       smem.row_keys + table_slot(tile) * Traits::CTA_TILE_KV);
     }
     block = block_id(tile + 1);
   };
   auto copy = [&](int tile, int fill) {
     if (tile < num_kv_tiles) {
-      load_kv_tile<Traits>(smem.rows + (tile % Traits::kRowTables) * 2 * Traits::CTA_TILE_KV, smem.k + fill * kTileElems);
+      load_kv_tile<Traits>(smem.rows + table_slot(tile) * 2 * Traits::CTA_TILE_KV, smem.k + fill * kTileElems);
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
@@ -507,10 +547,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       // for the stage (`empty`). The stage's `full` arrival follows the copies' landing and a
       // proxy fence (wgmma reads shared memory through the async proxy), so the compute warps
       // wait for the copies only, never for the producer's next tile.
-      warpgroup_registers_decrease<Traits::kProducerRegs>();
+      mbarrier_wait(smem.q_empty, ring.q_phase ^ 1u);  // the previous item's Q K^T are done
       load_q();
       block = block_id(0);
-      PipelineState<Traits::kStages> fill;
+      PipelineState<Traits::kStages>& fill = ring.fill;
       for (int tile = 0; tile < num_kv_tiles; ++tile) {
         resolve(tile);
         loader_sync<Traits>();  // the row table, for every copying thread
@@ -527,9 +567,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
         fence_proxy_async_shared();
         mbarrier_arrive(smem.q_full);
       }
+      ring.q_phase ^= 1u;
+      ring.tiles += num_kv_tiles;
       return;
     }
-    warpgroup_registers_increase<Traits::kComputeRegs>();
   }
   // ldmatrix addresses. A lane's fragment row is fixed for the whole tile and its rows are 8k +
   // lane % 8, so the swizzled chunk is (2 * step + half) ^ (lane % 8) = ((half ^ lane % 8)) ^
@@ -591,9 +632,11 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       }
   }
 
-  PipelineState<Traits::kStages> compute_stage, fill_stage;
+  PipelineState<Traits::kStages> local_read, fill_stage;
+  PipelineState<Traits::kStages>& compute_stage = Traits::kWarpSpecialized ? ring.read : local_read;
   if constexpr (Traits::kWarpSpecialized) {
-    mbarrier_wait(smem.q_full, 0);
+    mbarrier_wait(smem.q_full, ring.q_phase);
+    ring.q_phase ^= 1u;
   } else {
 #pragma unroll
     for (int s = 0; s + 1 < Traits::kStages; ++s) {
@@ -636,7 +679,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 
     T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
     T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
-    const int32_t* keys = smem.row_keys + (tile % Traits::kRowTables) * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
+    const int32_t* keys = smem.row_keys + table_slot(tile) * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
     const uint32_t k_frag = smem_addr(k_tile) + k_frag_offset;
     const uint32_t v_frag = smem_addr(v_tile) + v_frag_offset;
 
@@ -905,6 +948,10 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     compute_stage.advance();
   }
   cp_async_wait<0>();
+  if constexpr (Traits::kWarpSpecialized) {
+    mbarrier_arrive(smem.q_empty);  // the last Q K^T has completed: the producer may load the next Q
+    ring.tiles += num_kv_tiles;
+  }
 
   // Row sums: each thread holds a quarter of every row's terms.
 #pragma unroll
@@ -1050,8 +1097,10 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
   const int packed_begin = q_tile * Traits::CTA_TILE_Q;
   if (packed_begin >= e.qo_len * p.group_size) return;
   const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, packed_begin, 0, e.kv_len);
+  warp_specialised_setup<Traits>(smem_raw);
+  RingPosition<Traits::kStages> ring;
   attention_tile<Traits, kFormat, Variant>(p, vp, e, request, kv_head, packed_begin, span, TileOutput{nullptr, nullptr},
-                                           smem_raw);
+                                           smem_raw, ring);
 }
 
 /// Persistent grid of the plan/run runtime: blockIdx = (column, KV head); column c runs the
@@ -1059,13 +1108,12 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
-  // The mbarrier ring of a warp-specialised tile is initialised per call and not drained across
-  // items; the runtime uses the mma.sync configurations.
-  static_assert(!Traits::kWarpSpecialized, "the persistent kernel has no warp-specialised configuration");
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
   // The contraction may launch now: its CTAs read the plan's merge descriptors and request
   // extents while this grid runs, then wait for it before touching the partial states.
   allow_dependent_launch();
+  warp_specialised_setup<Traits>(smem_raw);
+  RingPosition<Traits::kStages> ring;  // continues across the items
   const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
   for (int i = first; i < last; ++i) {
@@ -1080,8 +1128,11 @@ attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, 
     }
     const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, item.packed_begin, max(item.kv_begin, 0),
                                                                min(item.kv_end, e.kv_len));
-    __syncthreads();  // the previous item's last shared-memory reads are done
-    attention_tile<Traits, kFormat, Variant>(p, vp, e, item.request, kv_head, item.packed_begin, span, out, smem_raw);
+    // The previous item's last shared-memory reads are done. The warp-specialised ring orders
+    // items through its mbarriers instead, so the producer starts the next item early.
+    if constexpr (!Traits::kWarpSpecialized) __syncthreads();
+    attention_tile<Traits, kFormat, Variant>(p, vp, e, item.request, kv_head, item.packed_begin, span, out, smem_raw,
+                                             ring);
   }
 }
 

@@ -131,9 +131,10 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   return result;
 }
 
-/// The runtime's persistent kernel keeps the mma.sync 128-row tile where the one-shot grid takes
-/// the wgmma one: with one 160 KB wgmma CTA per SM (two mma.sync CTAs fit) the planned W4 ran at
-/// 252-263 TFLOP/s against 275-292 (bench/results/LOG.md, session 16).
+/// The automatic choice for the persistent kernel: the mma.sync 128-row tile where the one-shot
+/// grid takes the wgmma one. With one wgmma CTA per SM the planned W4 (16 x 1024, causal) ran at
+/// 266.7 TFLOP/s against 292.0 for two mma.sync CTAs per SM, even with the producer running into
+/// the next item (bench/results/LOG.md, session 16). QueryTile::k128 still selects the wgmma tile.
 QTile persistent_tile(QTile t) { return t == QTile::k128Wgmma ? QTile::k128 : t; }
 
 QTile to_qtile(QueryTile t, int head_dim) {
@@ -142,7 +143,7 @@ QTile to_qtile(QueryTile t, int head_dim) {
   switch (t) {
     case QueryTile::k16: return QTile::k16;
     case QueryTile::k64: return QTile::k64;
-    case QueryTile::k128: return QTile::k128;
+    case QueryTile::k128: return q_tile_128(head_dim);
     case QueryTile::kAuto: break;
   }
   TESSERA_FAIL(StatusCode::kInternal) << "unresolved query tile";

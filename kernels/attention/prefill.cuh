@@ -452,7 +452,12 @@ struct RingPosition {
 };
 
 /// Once per warp-specialised CTA, before its first tile: the mbarriers, then each warpgroup's
-/// register limit (the producer gives registers up, the compute warpgroups take them).
+/// register limit (the producer gives registers up, the compute warpgroups take them). Known
+/// issue: here, in the kernels' prologue, ptxas drops both setmaxnreg (C7507, "ignored to
+/// maintain minimum register requirements"), so every warp keeps 168 registers; the default
+/// variant's compute code fits (164), the JIT-compiled sigmoid kernel spills 48 bytes. In the
+/// tile function's producer branch (c7d48b2) ptxas kept them; a per-role tile function called
+/// from the kernels would keep them and serve the persistent kernel too.
 template <typename Traits>
 TESSERA_DEVICE void warp_specialised_setup(char* smem_raw) {
   if constexpr (Traits::kWarpSpecialized) {

@@ -120,114 +120,58 @@ TESSERA_DEVICE void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], 
                                         bool accumulate);
 
 #if TESSERA_WGMMA_AVAILABLE
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_ss<__nv_bfloat16>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  asm volatile(
-      "{\n"
-      "  .reg .pred acc;\n"
-      "  setp.ne.b32 acc, %66, 0;\n"
-      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, acc, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
-}
+// The 64 fp32 accumulators of a thread's share of an m64n128 tile, as asm operands %0 .. %63.
+#define TESSERA_WGMMA_D_REGS                                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define TESSERA_WGMMA_D_OPERANDS                                                                                      \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                     \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),               \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),             \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),             \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),             \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),             \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),             \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_rs<__nv_bfloat16>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
-                                                 bool accumulate) {
-  asm volatile(
-      "{\n"
-      "  .reg .pred acc;\n"
-      "  setp.ne.b32 acc, %69, 0;\n"
-      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, acc, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major), "r"(static_cast<uint32_t>(accumulate)));
-}
-
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_ss<__half>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  asm volatile(
-      "{\n"
-      "  .reg .pred acc;\n"
-      "  setp.ne.b32 acc, %66, 0;\n"
-      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, acc, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));
-}
-
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_rs<__half>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
-                                                 bool accumulate) {
-  asm volatile(
-      "{\n"
-      "  .reg .pred acc;\n"
-      "  setp.ne.b32 acc, %69, 0;\n"
-      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, acc, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major), "r"(static_cast<uint32_t>(accumulate)));
-}
+// The two operand forms for one 16-bit input type (PTX name PTX_TYPE). Accumulate is the
+// scale-d predicate; scale-a/b are 1; SS takes both operands K-major (no transpose); RS takes B
+// MN-major (transpose-b = 1).
+#define TESSERA_WGMMA_M64N128K16(TYPE, PTX_TYPE)                                                                      \
+  template <>                                                                                                         \
+  TESSERA_DEVICE void wgmma_m64n128k16_ss<TYPE>(float(&d)[64], uint64_t desc_a, uint64_t desc_b,                      \
+                                                bool accumulate) {                                                    \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, %66, 0;\n"                                                   \
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " " TESSERA_WGMMA_D_REGS       \
+                 ", %64, %65, acc, 1, 1, 0, 0;\n}\n"                                                                  \
+                 : TESSERA_WGMMA_D_OPERANDS                                                                           \
+                 : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));                                 \
+  }                                                                                                                   \
+  template <>                                                                                                         \
+  TESSERA_DEVICE void wgmma_m64n128k16_rs<TYPE>(float(&d)[64], const uint32_t(&a)[4],                                 \
+                                                uint64_t desc_b_mn_major, bool accumulate) {                          \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, %69, 0;\n"                                                   \
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " " TESSERA_WGMMA_D_REGS       \
+                 ", {%64, %65, %66, %67}, %68, acc, 1, 1, 1;\n}\n"                                                    \
+                 : TESSERA_WGMMA_D_OPERANDS                                                                           \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major),                                  \
+                   "r"(static_cast<uint32_t>(accumulate)));                                                           \
+  }
+TESSERA_WGMMA_M64N128K16(__nv_bfloat16, "bf16")
+TESSERA_WGMMA_M64N128K16(__half, "f16")
+#undef TESSERA_WGMMA_M64N128K16
+#undef TESSERA_WGMMA_D_OPERANDS
+#undef TESSERA_WGMMA_D_REGS
 #else
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_ss<__nv_bfloat16>(float (&)[64], uint64_t, uint64_t, bool) {
+// Other targets compile the callers but never run them.
+template <typename T>
+TESSERA_DEVICE void wgmma_m64n128k16_ss(float (&)[64], uint64_t, uint64_t, bool) {
   __trap();
 }
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_rs<__nv_bfloat16>(float (&)[64], const uint32_t (&)[4], uint64_t, bool) {
-  __trap();
-}
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_ss<__half>(float (&)[64], uint64_t, uint64_t, bool) {
-  __trap();
-}
-template <>
-TESSERA_DEVICE void wgmma_m64n128k16_rs<__half>(float (&)[64], const uint32_t (&)[4], uint64_t, bool) {
+template <typename T>
+TESSERA_DEVICE void wgmma_m64n128k16_rs(float (&)[64], const uint32_t (&)[4], uint64_t, bool) {
   __trap();
 }
 #endif

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -108,6 +109,18 @@ class WgmmaTest : public ::testing::TestWithParam<DType> {};
 // ~1e-5 of the fp64 sum, far inside this bound, while a wrong layout moves entries by O(1).
 constexpr double kMaxAbsError = 1e-3;
 
+/// Largest |reference(i, j) - c[i][j]| over the 64 x 128 result (infinity if any entry is NaN).
+template <typename F>
+double max_abs_error(const std::vector<float>& c, F reference) {
+  double worst = 0;
+  for (int i = 0; i < kM; ++i)
+    for (int j = 0; j < kN; ++j) {
+      const double err = std::fabs(reference(i, j) - c[i * kN + j]);
+      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+    }
+  return worst;
+}
+
 template <typename T>
 void run_ss(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -122,14 +135,11 @@ void run_ss(uint64_t seed) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> c(kM * kN);
   dc.download(c.data(), c.size() * sizeof(float));
-  double worst = 0;
-  for (int i = 0; i < kM; ++i)
-    for (int j = 0; j < kN; ++j) {
-      double ref = 0;
-      for (int k = 0; k < kK; ++k) ref += a[i * kK + k] * b[j * kK + k];
-      const double err = std::fabs(ref - c[i * kN + j]);
-      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    }
+  const double worst = max_abs_error(c, [&](int i, int j) {
+    double ref = 0;
+    for (int k = 0; k < kK; ++k) ref += a[i * kK + k] * b[j * kK + k];
+    return ref;
+  });
   EXPECT_LE(worst, kMaxAbsError) << "seed " << seed;
 }
 
@@ -151,14 +161,11 @@ void run_rs(uint64_t seed) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> c(kM * kN);
   dc.download(c.data(), c.size() * sizeof(float));
-  double worst = 0;
-  for (int i = 0; i < kM; ++i)
-    for (int j = 0; j < kN; ++j) {
-      double ref = c_init[i * kN + j];
-      for (int k = 0; k < kK; ++k) ref += p[i * kK + k] * v[k * kN + j];
-      const double err = std::fabs(ref - c[i * kN + j]);
-      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    }
+  const double worst = max_abs_error(c, [&](int i, int j) {
+    double ref = c_init[i * kN + j];
+    for (int k = 0; k < kK; ++k) ref += p[i * kK + k] * v[k * kN + j];
+    return ref;
+  });
   EXPECT_LE(worst, kMaxAbsError) << "seed " << seed;
 }
 

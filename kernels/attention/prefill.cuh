@@ -50,6 +50,16 @@ namespace kernels {
 /// wgmma accumulators hold each warp's 16 rows in the m16n8 fragment layout (wgmma.cuh).
 enum class MmaKind : int { kSync = 0, kWgmma = 1 };
 
+/// What a warp does in attention_tile: everything (every configuration but the warp-specialised
+/// ones), or one side of the warp-specialised split, each instantiated on its own so that the
+/// producer's code runs within its reduced register limit.
+enum class WarpRole : int { kAll = 0, kProducer = 1, kCompute = 2 };
+
+template <WarpRole kRole>
+struct RoleTag {
+  static constexpr WarpRole value = kRole;
+};
+
 template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_,
           int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync>
 struct PrefillTraits {
@@ -71,8 +81,8 @@ struct PrefillTraits {
   static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
   // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
   // kernel is compiled for 65536 / kThreads registers per thread).
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kComputeRegs = 232;
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kComputeRegs = 224;
   // K/V tiles in flight: one computed while kStages - 1 load. Memory-bound decode tiles go deeper.
   static constexpr int kStages = STAGES_;
   // Occupancy the register allocation must allow (__launch_bounds__): latency hiding for the
@@ -451,15 +461,12 @@ struct RingPosition {
   uint32_t tiles = 0;
 };
 
-/// Once per warp-specialised CTA, before its first tile: the mbarriers, then each warpgroup's
-/// register limit (the producer gives registers up, the compute warpgroups take them). Known
-/// issue: here, in the kernels' prologue, ptxas drops both setmaxnreg (C7507, "ignored to
-/// maintain minimum register requirements"), so every warp keeps 168 registers; the default
-/// variant's compute code fits (164), the JIT-compiled sigmoid kernel spills 48 bytes. In the
-/// tile function's producer branch (c7d48b2) ptxas kept them; a per-role tile function called
-/// from the kernels would keep them and serve the persistent kernel too.
-template <typename Traits>
-TESSERA_DEVICE void warp_specialised_setup(char* smem_raw) {
+/// Runs f(RoleTag<role>{}) for this warp's role: kAll, or, warp-specialised, after the mbarriers
+/// are initialised, kProducer (the last warpgroup, its register limit lowered) or kCompute (the
+/// limit raised). The roles' code paths are disjoint from here on: ptxas keeps the setmaxnreg
+/// only then (it ignored them, C7507, when both roles went on through shared code).
+template <typename Traits, typename F>
+TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
   if constexpr (Traits::kWarpSpecialized) {
     PrefillSmem<Traits> smem(smem_raw);
     if (threadIdx.x == 0) {
@@ -473,16 +480,20 @@ TESSERA_DEVICE void warp_specialised_setup(char* smem_raw) {
     __syncthreads();
     if (static_cast<int>(threadIdx.x) >= Traits::kComputeThreads) {
       warpgroup_registers_decrease<Traits::kProducerRegs>();
+      f(RoleTag<WarpRole::kProducer>{});
     } else {
       warpgroup_registers_increase<Traits::kComputeRegs>();
+      f(RoleTag<WarpRole::kCompute>{});
     }
+  } else {
+    f(RoleTag<WarpRole::kAll>{});
   }
 }
 
 /// One query tile (packed rows packed_begin .. + CTA_TILE_Q - 1 of `request`, query heads of
 /// kv_head) against the KV positions of `span` (clipped by the variant to what the tile's rows may
 /// see). The caller has synchronised the CTA since any earlier use of shared memory.
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+template <typename Traits, KVFormatKind kFormat, typename Variant, WarpRole kRole, typename T>
 TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
                                    const int request, const int kv_head, const int packed_begin, const KVSpan span,
                                    const TileOutput out, char* smem_raw, RingPosition<Traits::kStages>& ring) {
@@ -544,8 +555,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     }
     cp_async_commit();  // possibly empty: keeps one group per tile for the wait count
   };
-  if constexpr (Traits::kWarpSpecialized) {
-    if (warp >= Traits::kNumWarps) {
+  static_assert((kRole == WarpRole::kAll) == !Traits::kWarpSpecialized, "roles split warp-specialised tiles only");
+  if constexpr (kRole == WarpRole::kProducer) {
+    {
       // The producer warpgroup: Q, then every K/V tile through the ring. A tile's row table is
       // resolved before its stage is free (the table ring is a slot deeper than the stages, and
       // the compute warps released the slot's previous tile two waits ago), then the copies wait
@@ -1102,10 +1114,11 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
   const int packed_begin = q_tile * Traits::CTA_TILE_Q;
   if (packed_begin >= e.qo_len * p.group_size) return;
   const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, packed_begin, 0, e.kv_len);
-  warp_specialised_setup<Traits>(smem_raw);
-  RingPosition<Traits::kStages> ring;
-  attention_tile<Traits, kFormat, Variant>(p, vp, e, request, kv_head, packed_begin, span, TileOutput{nullptr, nullptr},
-                                           smem_raw, ring);
+  with_warp_role<Traits>(smem_raw, [&](auto role) {
+    RingPosition<Traits::kStages> ring;
+    attention_tile<Traits, kFormat, Variant, decltype(role)::value>(p, vp, e, request, kv_head, packed_begin, span,
+                                                                    TileOutput{nullptr, nullptr}, smem_raw, ring);
+  });
 }
 
 /// Persistent grid of the plan/run runtime: blockIdx = (column, KV head); column c runs the
@@ -1117,28 +1130,30 @@ attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, 
   // The contraction may launch now: its CTAs read the plan's merge descriptors and request
   // extents while this grid runs, then wait for it before touching the partial states.
   allow_dependent_launch();
-  warp_specialised_setup<Traits>(smem_raw);
-  RingPosition<Traits::kStages> ring;  // continues across the items
   const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
-  for (int i = first; i < last; ++i) {
-    const PlannedItem item = work.items[i];
-    if (item.request < 0 || item.request >= p.batch_size) continue;  // never produced by the planner
-    const RequestExtent e = request_extent<kFormat>(p, item.request);
-    TileOutput out{nullptr, nullptr};
-    if (item.partial >= 0) {
-      const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + kv_head;
-      out.partial_o = work.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
-      out.partial_lse = work.partial_lse + slot * Traits::CTA_TILE_Q;
+  with_warp_role<Traits>(smem_raw, [&](auto role) {
+    constexpr WarpRole kRole = decltype(role)::value;
+    RingPosition<Traits::kStages> ring;  // continues across the items
+    for (int i = first; i < last; ++i) {
+      const PlannedItem item = work.items[i];
+      if (item.request < 0 || item.request >= p.batch_size) continue;  // never produced by the planner
+      const RequestExtent e = request_extent<kFormat>(p, item.request);
+      TileOutput out{nullptr, nullptr};
+      if (item.partial >= 0) {
+        const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + kv_head;
+        out.partial_o = work.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+        out.partial_lse = work.partial_lse + slot * Traits::CTA_TILE_Q;
+      }
+      const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, item.packed_begin, max(item.kv_begin, 0),
+                                                                 min(item.kv_end, e.kv_len));
+      // The previous item's last shared-memory reads are done. The warp-specialised ring orders
+      // items through its mbarriers instead, so the producer starts the next item early.
+      if constexpr (kRole == WarpRole::kAll) __syncthreads();
+      attention_tile<Traits, kFormat, Variant, kRole>(p, vp, e, item.request, kv_head, item.packed_begin, span, out,
+                                                      smem_raw, ring);
     }
-    const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, item.packed_begin, max(item.kv_begin, 0),
-                                                               min(item.kv_end, e.kv_len));
-    // The previous item's last shared-memory reads are done. The warp-specialised ring orders
-    // items through its mbarriers instead, so the producer starts the next item early.
-    if constexpr (!Traits::kWarpSpecialized) __syncthreads();
-    attention_tile<Traits, kFormat, Variant>(p, vp, e, item.request, kv_head, item.packed_begin, span, out, smem_raw,
-                                             ring);
-  }
+  });
 }
 
 }  // namespace kernels

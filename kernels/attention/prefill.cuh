@@ -80,7 +80,8 @@ struct PrefillTraits {
   static constexpr int kThreads = (kNumWarps + kProducerWarps) * kWarpSize;  // launched
   static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
   // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
-  // kernel is compiled for 65536 / kThreads registers per thread).
+  // kernel is compiled for 65536 / kThreads registers per thread). At 40 the persistent kernel's
+  // producer, which carries the item loop, spilled 16-24 bytes.
   static constexpr int kProducerRegs = 56;
   static constexpr int kComputeRegs = 224;
   // K/V tiles in flight: one computed while kStages - 1 load. Memory-bound decode tiles go deeper.

@@ -171,6 +171,7 @@ void add_plan_info(Params& params, const tessera::PlanInfo& info) {
   params.emplace_back("items", static_cast<int64_t>(info.num_items));
   params.emplace_back("split_chunks", static_cast<int64_t>(info.num_partials));
   params.emplace_back("chunk", static_cast<int64_t>(info.chunk_size));
+  params.emplace_back("grouped", static_cast<int64_t>(info.grouped_by_request));
   params.emplace_back("makespan_over_bound",
                       info.lower_bound > 0 ? static_cast<double>(info.makespan) / info.lower_bound : 0.0);
 }

@@ -53,7 +53,7 @@ enum class QueryTile : int32_t {
               ///< the wide 16-row tile (8 warps over 128 KV rows; PlanInfo::kv_tile_rows = 128)
   k16 = 16,
   k64 = 64,
-  k128 = 128,  ///< not with head_dim 256; on sm_90 with head_dim 128 the wgmma kernel (kAuto keeps mma.sync)
+  k128 = 128,  ///< not with head_dim 256; on sm_90 with head_dim 128 the wgmma kernel
 };
 
 /// Upper bounds a wrapper is built for; they size the workspace (workspace_size). A plan beyond
@@ -104,6 +104,8 @@ struct PlanInfo {
   int64_t makespan = 0;        ///< largest per-CTA cost (cost units of DESIGN.md §6)
   int64_t lower_bound = 0;     ///< max(average cost per CTA, largest indivisible item)
   int64_t plan_bytes = 0;      ///< bytes the plan's cudaMemcpyAsync moved
+  bool grouped_by_request = false;  ///< items assigned request by request, so a request's query tiles
+                                    ///< run together and share its K/V in L2 (else longest first)
 };
 
 /// The device side of a paged KV cache at run(): the page pool and the page table. The page

@@ -195,6 +195,7 @@ nb::dict plan_info_dict(const tessera::PlanInfo& i) {
   d["makespan"] = i.makespan;
   d["lower_bound"] = i.lower_bound;
   d["plan_bytes"] = i.plan_bytes;
+  d["grouped_by_request"] = i.grouped_by_request;
   return d;
 }
 

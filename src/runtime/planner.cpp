@@ -14,6 +14,9 @@
 //   3. LPT: items sorted by cost descending (ties in (request, packed_begin, kv_begin) order, which is
 //      the order items are generated in), each given to the least loaded CTA (ties: lowest index)
 //      through a binary min-heap; then items are emitted grouped by CTA in assignment order.
+//   4. Locality (PlannerConfig::group_by_request): when a request has several query tiles, the
+//      chosen LPT candidate is also assigned request by request, and that assignment kept if its
+//      makespan is within 1/32 of LPT's (regroup_by_request).
 //
 // kAuto fallback: water-filling. When no candidate is within 10% (uniform chunks can pack badly
 // when a CTA gets only a few items: e.g. 215 equal tiles on 132 CTAs, or 5 long decode requests on
@@ -24,7 +27,7 @@
 // filled with whole tiles taken from the cheap end of the order. T is binary-searched between the
 // lower bound and the best LPT makespan. Each CTA boundary cuts at most one tile, so a fill plan has
 // at most 2 * num_ctas partial slots; its chunks differ in length and its chunk_size reports the
-// longest chunk rounded up to kv_tile_rows. Every plan's items still come grouped by CTA in
+// longest chunk rounded up to kv_tile_rows. Fill plans keep their items grouped by CTA in
 // decreasing cost, with partial slots in (request, tile, chunk) order.
 //
 // kAuto with a small max_partials: the number of partial slots a candidate needs only grows as L
@@ -77,6 +80,8 @@ struct Candidate {
   int64_t total = 0;
   int64_t makespan = 0;
   int32_t num_partials = 0;
+  bool grouped = false;        // order is by request (regroup_by_request), not by cost
+  bool fill = false;           // a fill plan (fill_to_candidate): its CTAs are cut to capacity
 };
 
 /// A piece of a fill plan: KV range [kv_begin, kv_end) of tile `tile` on CTA `cta`.
@@ -107,6 +112,9 @@ struct Scratch {
   std::vector<HeapEntry> heap;
   std::vector<uint64_t> packed_heap;
   std::vector<int32_t> counts;
+  std::vector<int64_t> request_total;
+  std::vector<int32_t> request_rank_order, request_rank;
+  std::vector<int32_t> saved_order, saved_cta;
 
   /// Drops buffers that a huge batch grew, so one outlier does not pin memory for the thread's life.
   void trim() {
@@ -129,6 +137,11 @@ struct Scratch {
     trim_one(piece_first);
     trim_one(keys);
     trim_one(keys_tmp);
+    trim_one(request_total);
+    trim_one(request_rank_order);
+    trim_one(request_rank);
+    trim_one(saved_order);
+    trim_one(saved_cta);
   }
 };
 
@@ -185,6 +198,7 @@ bool chunk_tiles(const std::vector<Tile>& tiles, const PlannerConfig& cfg, const
   c.items.clear();
   c.cost.clear();
   c.merges.clear();
+  c.fill = false;
   const int64_t kvt = cfg.kv_tile_rows;
   const int64_t alpha = cfg.alpha;
   const int64_t beta = cfg.beta;
@@ -278,11 +292,15 @@ void sort_by_cost_desc(const std::vector<int64_t>& cost, std::vector<int32_t>& o
   }
 }
 
-/// Longest-processing-time-first assignment of c's items to num_ctas CTAs: fills c.order, c.cta
-/// and c.makespan. c.total must be set.
-void run_lpt(Candidate& c, int32_t num_ctas, Scratch& s) {
+/// 10 * makespan <= 11 * bound without overflow (both >= 0).
+inline bool within_10_percent(int64_t makespan, int64_t bound) {
+  return makespan <= bound || makespan - bound <= bound / 10;
+}
+
+/// Assigns c's items, taken in c.order, each to the least loaded CTA (ties: lowest index): fills
+/// c.cta and c.makespan. c.total must be set.
+void assign_greedy(Candidate& c, int32_t num_ctas, Scratch& s) {
   const size_t n = c.items.size();
-  sort_by_cost_desc(c.cost, c.order, s);
   c.cta.resize(n);
   c.makespan = 0;
   if (n == 0) return;
@@ -339,6 +357,56 @@ void run_lpt(Candidate& c, int32_t num_ctas, Scratch& s) {
     for (int32_t i = 0; i < C; ++i) makespan = std::max(makespan, heap[i].load);
   }
   c.makespan = makespan;
+}
+
+/// Longest-processing-time-first assignment of c's items to num_ctas CTAs: fills c.order, c.cta
+/// and c.makespan. c.total must be set.
+void run_lpt(Candidate& c, int32_t num_ctas, Scratch& s) {
+  sort_by_cost_desc(c.cost, c.order, s);
+  c.grouped = false;
+  assign_greedy(c, num_ctas, s);
+}
+
+/// c.order (the LPT order: cost descending, ties in generation order) regrouped by request:
+/// requests in decreasing total cost (ties: lower request first), each request's items in their
+/// LPT order. A stable counting sort of the LPT order on the request's rank.
+void order_by_request(Candidate& c, int32_t num_requests, Scratch& s) {
+  const size_t n = c.items.size();
+  const size_t B = static_cast<size_t>(num_requests);
+  s.request_total.assign(B, 0);
+  s.counts.assign(B + 1, 0);
+  for (size_t i = 0; i < n; ++i) s.request_total[c.items[i].request] += c.cost[i];
+  sort_by_cost_desc(s.request_total, s.request_rank_order, s);  // rank -> request
+  s.request_rank.resize(B);
+  for (size_t k = 0; k < B; ++k) s.request_rank[s.request_rank_order[k]] = static_cast<int32_t>(k);
+  for (size_t i = 0; i < n; ++i) ++s.counts[s.request_rank[c.items[i].request] + 1];
+  for (size_t k = 0; k < B; ++k) s.counts[k + 1] += s.counts[k];  // first position of each rank
+  s.saved_order.swap(c.order);
+  c.order.resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    const int32_t i = s.saved_order[k];
+    c.order[s.counts[s.request_rank[c.items[i].request]]++] = i;
+  }
+}
+
+/// The request-grouped assignment (see planner.h, PlannerConfig::group_by_request) of an LPT
+/// candidate: kept when its makespan is at most 1/32 above the LPT one and it stays within 10% of
+/// the lower bound whenever the LPT plan is; else the LPT assignment is restored.
+void regroup_by_request(Candidate& c, int32_t num_ctas, int32_t num_requests, int64_t lb, Scratch& s) {
+  s.saved_cta.assign(c.cta.begin(), c.cta.end());
+  const int64_t lpt_makespan = c.makespan;
+  order_by_request(c, num_requests, s);  // the LPT order moves to s.saved_order
+  assign_greedy(c, num_ctas, s);
+  const bool keep = c.makespan - lpt_makespan <= lpt_makespan / 32 &&
+                    (within_10_percent(c.makespan, lb) || !within_10_percent(lpt_makespan, lb));
+  if (keep) {
+    c.grouped = true;
+    return;
+  }
+  c.order.swap(s.saved_order);
+  c.cta.swap(s.saved_cta);
+  c.makespan = lpt_makespan;
+  c.grouped = false;
 }
 
 /// Water-filling with CTA capacity T (see the top of the file): fills `pieces` in placement order and
@@ -444,11 +512,8 @@ void fill_to_candidate(const std::vector<Tile>& tiles, const std::vector<Piece>&
   c.total = total;
   c.makespan = makespan;
   c.num_partials = partials;
-}
-
-/// 10 * makespan <= 11 * bound without overflow (both >= 0).
-inline bool within_10_percent(int64_t makespan, int64_t bound) {
-  return makespan <= bound || makespan - bound <= bound / 10;
+  c.grouped = false;
+  c.fill = true;
 }
 
 void emit_plan(const Candidate& c, const PlannerConfig& cfg, Scratch& s, Plan& plan) {
@@ -612,6 +677,7 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
   const int32_t B = static_cast<int32_t>(qo_len.size());
   int64_t worst_total = 0;
   int64_t num_tiles = 0;
+  bool shared_kv = false;  // some request has two query tiles, which read the same KV
   for (int32_t b = 0; b < B; ++b) {
     const int64_t kv = kv_len[b];
     const int64_t tiles = ceil_div(int64_t{qo_len[b]} * G, Tq);
@@ -625,6 +691,7 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
     TESSERA_CHECK_ARG(!overflow) << "config.alpha = " << alpha << ", config.beta = " << beta
                                  << ": the plan's cost up to request " << b << " overflows int64";
     num_tiles += tiles;
+    shared_kv |= tiles >= 2;
   }
   TESSERA_CHECK_ARG(num_tiles <= INT32_MAX)
       << "batch of " << B << " requests has " << num_tiles << " query tiles, expected <= " << INT32_MAX;
@@ -696,7 +763,11 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
       chosen = plan_auto(config, plan.lower_bound, sum_kv, max_kv, max_partials, s);
       break;
   }
+  if (config.group_by_request && shared_kv && !chosen->fill && C > 1) {
+    regroup_by_request(*chosen, config.num_ctas, B, plan.lower_bound, s);
+  }
   emit_plan(*chosen, config, s, plan);
+  plan.grouped_by_request = chosen->grouped;
   s.trim();
   return plan;
 }

@@ -44,6 +44,15 @@ struct PlannerConfig {
   /// kAuto may not produce more split chunks (items with partial >= 0) than this; candidates
   /// that would are skipped. kFixed plans that need more fail (Plan::ok = false).
   int32_t max_partials = INT32_MAX;
+  /// Keep the query tiles of one request, which read the same KV, running at the same time on
+  /// different CTAs, so their K/V stays in L2: when some request has two or more tiles, the items
+  /// are also assigned request by request (requests in decreasing total cost, each request's items
+  /// in decreasing cost, each to the least loaded CTA), and that assignment replaces the LPT one
+  /// when its makespan is at most 1/32 above it and within 10% of the lower bound whenever the LPT
+  /// plan is. Under LPT, all CTAs run the same cost level at once, i.e. one tile of every request:
+  /// the whole batch's KV is live, which overflowed L2 on W4 (bench/results/LOG.md, session 17).
+  /// Fill plans (see planner.cpp) keep their order.
+  bool group_by_request = true;
 };
 
 /// One chunk of one query tile. The kernel computes query tile rows [packed_begin,
@@ -72,9 +81,11 @@ struct Plan {
                            ///< the plan then has no items (cta_indptr all 0, lower_bound set)
   const char* error = "";  ///< why ok is false
   std::vector<int32_t> cta_indptr;  ///< [num_ctas + 1]: CTA c runs items[cta_indptr[c] .. cta_indptr[c+1])
-  std::vector<WorkItem> items;      ///< grouped by CTA, each CTA's in decreasing cost
+  std::vector<WorkItem> items;      ///< grouped by CTA; each CTA's in decreasing cost, or with
+                                    ///< grouped_by_request in the request-grouped order
   std::vector<MergeItem> merges;    ///< one per split tile, in (request, packed_begin) order
   int32_t num_partials = 0;         ///< partial slots used (per KV head)
+  bool grouped_by_request = false;  ///< the request-grouped assignment (PlannerConfig::group_by_request)
   int32_t chunk_size = 0;           ///< the chunk size L chosen (KV rows), 0 with kNone; no chunk is
                                     ///< longer. kAuto fallbacks: the no-split plan reports the
                                     ///< smallest multiple of kv_tile_rows covering every tile, the

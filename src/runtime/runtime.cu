@@ -62,6 +62,19 @@ int64_t cost_alpha() {
   return alpha;
 }
 
+// TESSERA_PLAN_ORDER=cost turns off the planner's request-grouped assignment
+// (PlannerConfig::group_by_request), =request (the default) keeps it: a tuning aid for the ablation.
+bool plan_group_by_request() {
+  static const bool grouped = [] {
+    const char* text = std::getenv("TESSERA_PLAN_ORDER");
+    if (text == nullptr || *text == '\0') return true;
+    const std::string v = text;
+    TESSERA_CHECK_ARG(v == "cost" || v == "request") << "TESSERA_PLAN_ORDER = " << v << ", expected cost or request";
+    return v == "request";
+  }();
+  return grouped;
+}
+
 // Splitting a batch whose (query tile, KV head) pairs already occupy at least half the SMs buys
 // little balance but costs the merge and a start-up per chunk: the chunk size then stays >= this
 // many KV rows. Measured (W1 B=16 L=1024: 128 pairs on 132 SMs, H100): 512-row chunks 1497 GB/s,
@@ -130,12 +143,6 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   cache.emplace(key, result);
   return result;
 }
-
-/// The automatic choice for the persistent kernel: the mma.sync 128-row tile where the one-shot
-/// grid takes the wgmma one. With one wgmma CTA per SM the planned W4 (16 x 1024, causal) ran at
-/// 266.7 TFLOP/s against 292.0 for two mma.sync CTAs per SM, even with the producer running into
-/// the next item (bench/results/LOG.md, session 16). QueryTile::k128 still selects the wgmma tile.
-QTile persistent_tile(QTile t) { return t == QTile::k128Wgmma ? QTile::k128 : t; }
 
 QTile to_qtile(QueryTile t, int head_dim) {
   TESSERA_CHECK_ARG(!(t == QueryTile::k128 && head_dim == 256))
@@ -277,12 +284,12 @@ class AttentionRuntime {
         if (options_.split_kv == SplitKV::kAuto) {
           int64_t pairs_at_16 = 0;
           for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
-          q_tile = persistent_tile(choose_q_tile_for_grid(head_dim, avg_rows * group,
-                                                          pairs_at_16 * heads.num_kv_heads, sm_budget(options_)));
+          q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * heads.num_kv_heads,
+                                          sm_budget(options_));
         } else {
           // kFixed / kNone promise a request the same bits in any batch: the tile (hence the
           // KV tile width and the accumulation order) must not depend on the batch's size.
-          q_tile = persistent_tile(choose_q_tile(head_dim, avg_rows * group));
+          q_tile = choose_q_tile(head_dim, avg_rows * group);
         }
       }
     }
@@ -302,6 +309,7 @@ class AttentionRuntime {
                                                                : runtime::SplitMode::kNone;
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
     config.alpha = cost_alpha();
+    config.group_by_request = plan_group_by_request();
     int64_t tile_pairs = 0;
     for (const int32_t qo : in.qo_len) {
       tile_pairs += (static_cast<int64_t>(qo) * group + config.q_tile_rows - 1) / config.q_tile_rows;
@@ -368,6 +376,7 @@ class AttentionRuntime {
     info_.makespan = plan.makespan;
     info_.lower_bound = plan.lower_bound;
     info_.plan_bytes = plan_bytes;
+    info_.grouped_by_request = plan.grouped_by_request;
   }
 
   /// Checks run()'s common arguments against the plan: q [rows, Hq, D], o like q, lse.
@@ -498,7 +507,7 @@ class AttentionRuntime {
     const double avg_rows = decode_ ? 1.0
                                     : static_cast<double>(bounds_.max_total_qo_tokens) /
                                           static_cast<double>(bounds_.max_batch_size);
-    return persistent_tile(choose_q_tile(head_dim, avg_rows * group));
+    return choose_q_tile(head_dim, avg_rows * group);
   }
 
   int grid_cols(int per_sm, int num_kv_heads) const {

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <random>
 #include <sstream>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -226,14 +227,30 @@ std::string check_plan(const std::vector<int32_t>& qo, const std::vector<int32_t
     const RefTile& tile = rt.tiles[rt.first[it.request] + it.packed_begin / cfg.q_tile_rows];
     return cfg.alpha * tile.rows + cfg.beta * (int64_t{it.kv_end} - it.kv_begin);
   };
+  // Order within a CTA: decreasing cost, or with grouped_by_request requests in decreasing total
+  // cost (ties: lower request first), then decreasing cost.
+  std::vector<int64_t> request_total(qo.size(), 0);
+  for (const WorkItem& it : plan.items) request_total[it.request] += cost_of(it);
+  auto request_before = [&](int32_t a, int32_t b) {
+    return request_total[a] > request_total[b] || (request_total[a] == request_total[b] && a < b);
+  };
+  if (plan.grouped_by_request && !cfg.group_by_request) return "grouped_by_request set but not asked for";
   int64_t total = 0, makespan = 0;
   for (int c = 0; c < cfg.num_ctas; ++c) {
     int64_t load = 0;
     for (int32_t i = plan.cta_indptr[c]; i < plan.cta_indptr[c + 1]; ++i) {
       const int64_t cost = cost_of(plan.items[i]);
-      if (i > plan.cta_indptr[c] && cost > cost_of(plan.items[i - 1])) {
-        err << "CTA " << c << " items not in decreasing cost";
-        return err.str();
+      if (i > plan.cta_indptr[c]) {
+        const WorkItem& prev = plan.items[i - 1];
+        const bool same_request = prev.request == plan.items[i].request;
+        const bool in_order = plan.grouped_by_request
+                                  ? (same_request ? cost <= cost_of(prev) : request_before(prev.request, plan.items[i].request))
+                                  : cost <= cost_of(prev);
+        if (!in_order) {
+          err << "CTA " << c << " items out of "
+              << (plan.grouped_by_request ? "request-grouped order" : "decreasing cost");
+          return err.str();
+        }
       }
       load += cost;
     }
@@ -287,7 +304,7 @@ bool same_plan(const Plan& a, const Plan& b) {
   if (a.ok != b.ok || std::string(a.error) != b.error || a.cta_indptr != b.cta_indptr ||
       a.items.size() != b.items.size() || a.merges.size() != b.merges.size() || a.num_partials != b.num_partials ||
       a.chunk_size != b.chunk_size || a.makespan != b.makespan || a.total_cost != b.total_cost ||
-      a.lower_bound != b.lower_bound) {
+      a.lower_bound != b.lower_bound || a.grouped_by_request != b.grouped_by_request) {
     return false;
   }
   for (size_t i = 0; i < a.items.size(); ++i) {
@@ -435,6 +452,44 @@ TEST(Planner, CausalClipsEachTile) {
     EXPECT_EQ(r[1], std::make_pair(0, 2));
     EXPECT_EQ(r[2], std::make_pair(0, 4));
   }
+}
+
+TEST(Planner, RequestGroupedKeepsTilesOfARequestTogether) {
+  // W4 constant on the wgmma tile: 16 causal requests of 1024 tokens, group 4, Tq 128, KV tiles of
+  // 128, 16 CTAs per KV head. LPT runs one cost level (one tile of every request) at a time; the
+  // grouped plan runs request by request, with the same makespan here.
+  const std::vector<int32_t> len(16, 1024);
+  PlannerConfig cfg = config(4, 128, 128, 16, true);
+  cfg.min_chunk_rows = 1024;
+  const Plan g = plan_checked(len, len, cfg);
+  cfg.group_by_request = false;
+  const Plan l = plan_checked(len, len, cfg);
+  EXPECT_TRUE(g.grouped_by_request);
+  EXPECT_FALSE(l.grouped_by_request);
+  EXPECT_EQ(g.makespan, l.makespan);
+  EXPECT_EQ(g.makespan, g.lower_bound);
+  // The k-th item of every CTA: the grouped plan's come from at most 2 requests, LPT's from all 16.
+  auto requests_at = [](const Plan& p, int32_t k) {
+    std::set<int32_t> r;
+    for (size_t c = 0; c + 1 < p.cta_indptr.size(); ++c) {
+      if (p.cta_indptr[c] + k < p.cta_indptr[c + 1]) r.insert(p.items[p.cta_indptr[c] + k].request);
+    }
+    return r.size();
+  };
+  for (int32_t k = 0; k < 32; ++k) {
+    EXPECT_LE(requests_at(g, k), 2u) << "item " << k;
+    EXPECT_EQ(requests_at(l, k), 16u) << "item " << k;
+  }
+}
+
+TEST(Planner, RequestGroupedYieldsToLptWhenItPacksWorse) {
+  // Tq 1, causal, alpha 0: request 0 (3 x 3) has tiles costing 1, 2, 3, request 1 one tile of 5.
+  // By request on 2 CTAs: 3, 2, 1 then 5 -> makespan 8; LPT: 5, 3, 2, 1 -> 6. LPT is kept.
+  PlannerConfig cfg = config(1, 1, 1, 2, true, SplitMode::kNone);
+  cfg.alpha = 0;
+  const Plan p = plan_checked({3, 1}, {3, 5}, cfg);
+  EXPECT_FALSE(p.grouped_by_request);
+  EXPECT_EQ(p.makespan, 6);
 }
 
 TEST(Planner, EmptyQueriesProduceNothing) {
@@ -597,7 +652,7 @@ TEST(Planner, RandomBatches) {
   const int64_t alphas[] = {1, 1, 1, 0, 2, 8};
   const int64_t betas[] = {1, 1, 1, 2};
   BalanceStats st;
-  int64_t fixed_failed = 0, invariance_checks = 0;
+  int64_t fixed_failed = 0, invariance_checks = 0, grouped_plans = 0;
   auto pick = [&](const auto& arr) {
     return arr[std::uniform_int_distribution<size_t>(0, std::size(arr) - 1)(rng)];
   };
@@ -615,6 +670,7 @@ TEST(Planner, RandomBatches) {
     cfg.beta = pick(betas);
     const bool limited = rng() % 10 == 0;
     if (limited) cfg.max_partials = static_cast<int32_t>(rng() % 64);
+    cfg.group_by_request = rng() % 4 != 0;
 
     const int32_t want_b = rng() % 4 == 0 ? static_cast<int32_t>(1 + rng() % 8)
                                           : std::uniform_int_distribution<int32_t>(1, 512)(rng);
@@ -662,6 +718,7 @@ TEST(Planner, RandomBatches) {
     }
     // (a), (b), (c).
     ASSERT_EQ(check_plan(qo, kv, cfg, p), "") << what;
+    grouped_plans += p.grouped_by_request;
     if (limited) {
       ASSERT_LE(p.num_partials, cfg.max_partials) << what;
     }
@@ -734,7 +791,8 @@ TEST(Planner, RandomBatches) {
             << "[planner] of those with unsplit cost >= 10 * num_ctas * (alpha * Tq + beta * kv_tile): "
             << st.larger_batches << ", within 10%: " << st.larger_within << ", worst ratio: " << st.worst_larger << "\n"
             << "[planner] kFixed plans over max_partials (ok = false): " << fixed_failed
-            << ", kFixed invariance checks: " << invariance_checks << std::endl;
+            << ", kFixed invariance checks: " << invariance_checks << "\n"
+            << "[planner] plans assigned request by request: " << grouped_plans << std::endl;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,9 +23,10 @@
 // softmax, variants and the epilogue are shared. It is warp-specialised: a producer warpgroup
 // resolves and copies K/V tiles (cp.async, any KV format) into the ring and signals each stage on
 // an mbarrier, and the two compute warpgroups never meet at a CTA barrier inside the tile loop,
-// so one warpgroup's softmax overlaps the other's MMAs. Not yet: TMA for affine KV, explicit
-// ping-pong ordering of the warpgroups, softmax overlapped with the next tile's Q K^T inside a
-// warpgroup.
+// so one warpgroup's softmax overlaps the other's MMAs. Inside a warpgroup, P V of tile t is
+// issued after Q K^T of tile t + 1 and runs while the softmax of tile t + 1 does (K and V stages
+// have their own barriers: a K stage frees after its Q K^T, a V stage after its P V). Not yet:
+// TMA for affine KV, explicit ping-pong ordering of the warpgroups.
 #pragma once
 
 #include "kernels/attention/params.cuh"
@@ -107,19 +108,26 @@ struct PrefillTraits {
 
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
-  // Row tables (addresses and keys) in a ring of kStages + 1, one per tile from the one being
-  // computed to the one being resolved (see the kernel's pipeline comment).
-  static constexpr int kRowTables = kStages + 1;
+  // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
+  // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
+  // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
+  static constexpr int kPvLag = kWarpSpecialized ? 1 : 0;
+  // Row tables (addresses and keys) in a ring, one per tile from the one being computed to the
+  // one being resolved (see the kernel's pipeline comment): kStages + 1, and one more when the
+  // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies.
+  static constexpr int kRowTables = kStages + 1 + kPvLag;
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
   // Warp-specialised: the Q loader's row offsets get their own scratch (the producer loads the
   // next item's Q while K/V stages are in use), and the ring has a "full" and an "empty"
-  // mbarrier per stage and a pair for Q.
+  // mbarrier per stage for K and for V, and a pair for Q.
   static constexpr int kQRowScratchBytes = kWarpSpecialized ? CTA_TILE_Q * 8 : 0;
-  static constexpr int kBarrierBytes = kWarpSpecialized ? (2 * kStages + 2) * 8 : 0;
-  static constexpr int kSmemBytes =
-      kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kQRowScratchBytes + kBarrierBytes;
+  // A word per compute thread that wgmma_wait_after stores to (the lagged P V's wait).
+  static constexpr int kWaitAnchorBytes = kPvLag == 1 ? kNumWarps * kWarpSize * 4 : 0;
+  static constexpr int kBarrierBytes = kWarpSpecialized ? (4 * kStages + 2) * 8 : 0;
+  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kQRowScratchBytes +
+                                    kWaitAnchorBytes + kBarrierBytes;
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
@@ -166,11 +174,14 @@ struct PrefillSmem {
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
-  uint64_t* full;     // [kStages] warp-specialised: the stage's copies have landed (kLoaderThreads arrivals)
-  uint64_t* empty;    // [kStages] warp-specialised: the compute warps are done with the stage
+  uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (kLoaderThreads arrivals)
+  uint64_t* full_v;   // [kStages] ... its V copies
+  uint64_t* empty_k;  // [kStages] warp-specialised: the compute warps are done with the stage's K
+  uint64_t* empty_v;  // [kStages] ... with its V
   uint64_t* q_full;   // [1] warp-specialised: the Q tile has landed
   uint64_t* q_empty;  // [1] warp-specialised: the compute warps are done with the Q tile
   int64_t* q_rows;    // [CTA_TILE_Q] scratch of load_q_tile: the K buffers unless warp-specialised
+  float* wait_anchor;  // [kNumWarps * kWarpSize] lagged P V: wgmma_wait_after's slots
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
@@ -178,14 +189,18 @@ struct PrefillSmem {
     v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
     rows = reinterpret_cast<uint64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
-    full = reinterpret_cast<uint64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes);
-    empty = full + Traits::kStages;
-    q_full = empty + Traits::kStages;
+    full_k = reinterpret_cast<uint64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes);
+    full_v = full_k + Traits::kStages;
+    empty_k = full_v + Traits::kStages;
+    empty_v = empty_k + Traits::kStages;
+    q_full = empty_v + Traits::kStages;
     q_empty = q_full + 1;
     q_rows = Traits::kWarpSpecialized
                  ? reinterpret_cast<int64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes -
                                               Traits::kQRowScratchBytes)
                  : reinterpret_cast<int64_t*>(k);
+    wait_anchor = reinterpret_cast<float*>(base + Traits::kSmemBytes - Traits::kBarrierBytes -
+                                           Traits::kQRowScratchBytes - Traits::kWaitAnchorBytes);
   }
 };
 
@@ -309,9 +324,13 @@ TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestEx
   row_keys[row] = r.valid ? r.key : -1;
 }
 
+/// Which rows load_kv_tile copies: K and V together, or (warp-specialised tiles, whose V stages
+/// free later than their K stages) only one of them.
+enum class KVPart : int { kBoth = 0, kK = 1, kV = 2 };
+
 /// Copies the K and V rows resolved in the row table into one stage (its K tile at k_smem; its V
 /// tile is kVFromK bytes further, as PrefillSmem lays them out); missing rows are zero-filled.
-template <typename Traits, typename T>
+template <typename Traits, KVPart kPart = KVPart::kBoth, typename T>
 TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
@@ -322,7 +341,8 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   // Table entries are read in batches before any copy of the batch is issued: ptxas pads an
   // LDGSTS that closely follows the shared-memory load of its address with three never-executed
   // LDS (a hazard guard), 3 of ~11 instructions per 16-byte copy when loads and copies alternate.
-  // One 16-byte load fetches a row's K and V entries (adjacent in the table).
+  // One 16-byte load fetches a row's K and V entries (adjacent in the table; a V copy takes its
+  // predicate from the K entry's tag).
   constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
   static_assert(kRowsPerThread % kBatch == 0, "whole batches");
   const int tid = loader_thread<Traits>();
@@ -345,8 +365,15 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       // chunk * 16 keeps bit 0, the K entry's tag
-      cp_async_16x2_tagged(k_base + dst_offset(j0 + b), k_base + kVFromK + dst_offset(j0 + b), entries[b].x + chunk * 16,
-                           entries[b].y + chunk * 16);
+      const uint64_t k_src = entries[b].x + chunk * 16, v_src = entries[b].y + chunk * 16;
+      const uint32_t dst = k_base + dst_offset(j0 + b);
+      if constexpr (kPart == KVPart::kBoth) {
+        cp_async_16x2_tagged(dst, dst + kVFromK, k_src, v_src);
+      } else if constexpr (kPart == KVPart::kK) {
+        cp_async_16_tagged(dst, k_src, k_src);
+      } else {
+        cp_async_16_tagged(dst + kVFromK, k_src, v_src);
+      }
     }
   }
 }
@@ -449,15 +476,15 @@ struct TileOutput {
   float* partial_lse;
 };
 
-/// Where a CTA's warp-specialised ring stands: the producer's next stage to fill, the compute
-/// warps' next stage to read, the parity of the Q barriers' next phase and the tiles of earlier
-/// items (row tables are indexed by the CTA's running tile count). Each role keeps its own copy
-/// and advances it as the other does, so the mbarrier phases carry on from one work item of the
-/// persistent kernel to the next and the producer runs into the next item while the compute
-/// warps finish the current one.
+/// Where a CTA's warp-specialised ring stands: the producer's next K and V stages to fill, the
+/// compute warps' next K and V stages to read (V trails K by a tile), the parity of the Q
+/// barriers' next phase and the tiles of earlier items (row tables are indexed by the CTA's
+/// running tile count). Each role keeps its own copy and advances it as the other does, so the
+/// mbarrier phases carry on from one work item of the persistent kernel to the next and the
+/// producer runs into the next item while the compute warps finish the current one.
 template <int kStages>
 struct RingPosition {
-  PipelineState<kStages> fill, read;
+  PipelineState<kStages> fill_k, fill_v, read_k, read_v;
   uint32_t q_phase = 0;
   uint32_t tiles = 0;
 };
@@ -472,8 +499,10 @@ TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
     PrefillSmem<Traits> smem(smem_raw);
     if (threadIdx.x == 0) {
       for (int st = 0; st < Traits::kStages; ++st) {
-        mbarrier_init(smem.full + st, Traits::kLoaderThreads);
-        mbarrier_init(smem.empty + st, Traits::kComputeThreads);
+        mbarrier_init(smem.full_k + st, Traits::kLoaderThreads);
+        mbarrier_init(smem.full_v + st, Traits::kLoaderThreads);
+        mbarrier_init(smem.empty_k + st, Traits::kComputeThreads);
+        mbarrier_init(smem.empty_v + st, Traits::kComputeThreads);
       }
       mbarrier_init(smem.q_full, Traits::kLoaderThreads);
       mbarrier_init(smem.q_empty, Traits::kComputeThreads);
@@ -559,26 +588,49 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   static_assert((kRole == WarpRole::kAll) == !Traits::kWarpSpecialized, "roles split warp-specialised tiles only");
   if constexpr (kRole == WarpRole::kProducer) {
     {
-      // The producer warpgroup: Q, then every K/V tile through the ring. A tile's row table is
-      // resolved before its stage is free (the table ring is a slot deeper than the stages, and
-      // the compute warps released the slot's previous tile two waits ago), then the copies wait
-      // for the stage (`empty`). The stage's `full` arrival follows the copies' landing and a
-      // proxy fence (wgmma reads shared memory through the async proxy), so the compute warps
-      // wait for the copies only, never for the producer's next tile.
+      // The producer warpgroup: Q, then every K/V tile through the ring, K of tile `step` and V of
+      // tile step - 1 per step (P V runs a tile behind Q K^T). A tile's row table is resolved
+      // before its stages are free (the table ring has kStages + 2 slots: see kRowTables), then
+      // each copy waits for its stage (`empty_k`, `empty_v`). A stage's `full` arrival follows
+      // the copies' landing and a proxy fence (wgmma reads shared memory through the async
+      // proxy), so the compute warps wait for the copies only, never for the producer's next step.
       mbarrier_wait(smem.q_empty, ring.q_phase ^ 1u);  // the previous item's Q K^T are done
       load_q();
       block = block_id(0);
-      PipelineState<Traits::kStages>& fill = ring.fill;
-      for (int tile = 0; tile < num_kv_tiles; ++tile) {
-        resolve(tile);
-        loader_sync<Traits>();  // the row table, for every copying thread
-        mbarrier_wait(smem.empty + fill.stage, fill.phase ^ 1u);
-        copy(tile, fill.stage);
-        cp_async_wait<0>();
-        fence_proxy_async_shared();
-        if (tile == 0) mbarrier_arrive(smem.q_full);
-        mbarrier_arrive(smem.full + fill.stage);
-        fill.advance();
+      for (int step = 0; step <= num_kv_tiles; ++step) {
+        const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
+        if (copies_k) {
+          resolve(step);
+          loader_sync<Traits>();  // the row table, for every copying thread
+          mbarrier_wait(smem.empty_k + ring.fill_k.stage, ring.fill_k.phase ^ 1u);
+          load_kv_tile<Traits, KVPart::kK>(smem.rows + table_slot(step) * 2 * Traits::CTA_TILE_KV,
+                                          smem.k + ring.fill_k.stage * kTileElems);
+          cp_async_commit();
+        }
+        if (copies_v) {
+          mbarrier_wait(smem.empty_v + ring.fill_v.stage, ring.fill_v.phase ^ 1u);
+          load_kv_tile<Traits, KVPart::kV>(smem.rows + table_slot(step - 1) * 2 * Traits::CTA_TILE_KV,
+                                          smem.k + ring.fill_v.stage * kTileElems);
+          cp_async_commit();
+        }
+        if (copies_k) {
+          // K (and Q, committed before) has landed when at most the V group is in flight.
+          if (copies_v) {
+            cp_async_wait<1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          fence_proxy_async_shared();
+          if (step == 0) mbarrier_arrive(smem.q_full);
+          mbarrier_arrive(smem.full_k + ring.fill_k.stage);
+          ring.fill_k.advance();
+        }
+        if (copies_v) {
+          cp_async_wait<0>();
+          fence_proxy_async_shared();
+          mbarrier_arrive(smem.full_v + ring.fill_v.stage);
+          ring.fill_v.advance();
+        }
       }
       if (num_kv_tiles == 0) {
         cp_async_wait<0>();
@@ -650,8 +702,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       }
   }
 
+  // The stage the iteration's Q K^T reads (without the P V lag, its P V too).
   PipelineState<Traits::kStages> local_read, fill_stage;
-  PipelineState<Traits::kStages>& compute_stage = Traits::kWarpSpecialized ? ring.read : local_read;
+  PipelineState<Traits::kStages>& compute_stage = Traits::kWarpSpecialized ? ring.read_k : local_read;
   if constexpr (Traits::kWarpSpecialized) {
     mbarrier_wait(smem.q_full, ring.q_phase);
     ring.q_phase ^= 1u;
@@ -681,10 +734,65 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       for (int i = 0; i < 4; ++i) o[mq][n][i] = 0.f;
   }
 
-  for (int tile = 0; tile < num_kv_tiles; ++tile) {
+  // P of the tile whose P V comes next, as A fragments (16-bit pairs). With the lag (wgmma), it
+  // waits a whole iteration: packed at the end of tile t, read by the P V issued in tile t + 1.
+  uint32_t pfrag[kMmaQ][Traits::kMmaKV][4];  // [m16 tile][k16 step][A fragment]
+  // wgmma: O += P V of tile `v_tile_index` from V stage ring.read_v, issued after the next tile's
+  // Q K^T so that the next softmax runs while the tensor cores work (the caller commits);
+  // wait_lagged_pv waits for it, release_lagged_pv frees the stage. O and pfrag stay untouched
+  // in between (the softmax only reads S).
+  [[maybe_unused]] auto issue_lagged_pv = [&](int v_tile_index) {
+    if constexpr (Traits::kWgmma) {
+      mbarrier_wait(smem.full_v + ring.read_v.stage, ring.read_v.phase);
+      T* v_tile = smem.v + ring.read_v.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+      if constexpr (Variant::kHasValueTransform) {
+        const int32_t* keys = smem.row_keys + table_slot(v_tile_index) * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
+        transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
+          if (keys[row] < 0) return false;
+          x = Variant::value_transform(vp, e, x, batch, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
+          return true;
+        });
+        fence_proxy_async_shared();
+        compute_sync<Traits>();
+      }
+      float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);  // [64] = [n8 tile of D][fragment]
+      wgmma_fence_operands(o_wg);
+      wgmma_fence();  // the rescale's and the packing's register writes precede the reads
+#pragma unroll
+      for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+        wgmma_m64n128k16_rs<T>(o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk),
+                               true);
+      }
+    }
+  };
+  // `after`: a value computed by the softmax, which the wait must follow (wgmma_wait_after).
+  [[maybe_unused]] auto wait_lagged_pv = [&](float after) {
+    if constexpr (Traits::kWgmma) {
+      wgmma_wait_after<0>(after, smem_addr(smem.wait_anchor + threadIdx.x));
+      float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);
+      wgmma_fence_operands(o_wg);
+      // P's registers were read by the P V in flight: keep them allocated until here.
+      uint32_t(&p_wg)[Traits::kMmaKV * 4] = reinterpret_cast<uint32_t(&)[Traits::kMmaKV * 4]>(pfrag[0]);
+      wgmma_fence_operands(p_wg);
+    }
+  };
+  [[maybe_unused]] auto release_lagged_pv = [&] {
+    if constexpr (Traits::kWgmma) {
+      mbarrier_arrive(smem.empty_v + ring.read_v.stage);
+      ring.read_v.advance();
+    }
+  };
+
+  // One KV tile. With kLagged (wgmma, every tile but the first) it also issues the previous
+  // tile's P V after this tile's Q K^T. The first tile is a separate instantiation rather than a
+  // branch on `tile > 0` around the wgmma issue and waits: ptxas then ends the P V's pipeline
+  // stage before the softmax (or serialises every wgmma, C7514).
+  auto kv_tile_step = [&](const int tile, auto lagged) {
+    constexpr bool kLagged = decltype(lagged)::value;
+    static_assert(!kLagged || Traits::kPvLag == 1, "only warp-specialised tiles lag P V");
     const int kv_begin = tiles.begin(tile), kv_tile_end = tiles.end(tile);
     if constexpr (Traits::kWarpSpecialized) {
-      mbarrier_wait(smem.full + compute_stage.stage, compute_stage.phase);
+      mbarrier_wait(smem.full_k + compute_stage.stage, compute_stage.phase);
     } else {
       cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
       // After this barrier: every thread finished computing tile - 1 (its stage and row table are
@@ -696,7 +804,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     }
 
     T* k_tile = smem.k + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
-    T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    T* v_tile = smem.v + compute_stage.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM] (mma.sync)
     const int32_t* keys = smem.row_keys + table_slot(tile) * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
     const uint32_t k_frag = smem_addr(k_tile) + k_frag_offset;
     const uint32_t v_frag = smem_addr(v_tile) + v_frag_offset;
@@ -724,7 +832,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           return true;
         });
       }
-      if constexpr (Variant::kHasValueTransform) {
+      if constexpr (Variant::kHasValueTransform && !Traits::kWgmma) {  // wgmma: in issue_lagged_pv
         transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
           if (keys[row] < 0) return false;
           x = Variant::value_transform(vp, e, x, batch, -1, keys[row], -1, kv_head, dim, Traits::HEAD_DIM);
@@ -747,8 +855,15 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
                                sw128_k_major_desc<Traits::CTA_TILE_KV>(smem_addr(k_tile), 0, kd), kd > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (kLagged) {
+        issue_lagged_pv(tile - 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // this tile's Q K^T (committed first) is done; the P V may still run
+      } else {
+        wgmma_wait<0>();
+      }
       wgmma_fence_operands(s_wg);
+      mbarrier_arrive(smem.empty_k + compute_stage.stage);
     } else {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
@@ -873,14 +988,15 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       fold_halves<kN8KV / 2>(tree, [](float a, float b) { return a + b; });
       return tree[0];
     };
+    // O's rescale for a moved reference max waits for the P V in flight (wgmma).
+    float rescale[kMmaQ][2];  // [m16 tile][row half]
+    bool settled = true;      // no row's max moved in this thread
     if (kMayUseZeroReference && zero_reference) {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int h = 0; h < 2; ++h) st.d[mq][h] += exponentiate(mq, h, BoolConstant<false>{}, 0.f);
     } else if constexpr (kSoftmax) {
-      float rescale[kMmaQ][2];  // [m16 tile][row half]
-      bool settled = true;      // no row's max moved in this thread
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -912,20 +1028,23 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           st.m[mq][h] = row_max;
           st.d[mq][h] = st.d[mq][h] * rescale[mq][h] + exponentiate(mq, h, BoolConstant<true>{}, shift);
         }
-      // Once the reference maxima settle (all but the first tiles of a row) no lane rescales.
-      if (!__all_sync(0xffffffffu, settled)) {
+    }
+    if constexpr (kLagged) {
+      wait_lagged_pv(st.d[0][0] + st.d[0][1]);  // O and P are free again (after every exponential)
+      release_lagged_pv();
+    }
+    // Once the reference maxima settle (all but the first tiles of a row) no lane rescales.
+    if (kSoftmax && !(kMayUseZeroReference && zero_reference) && !__all_sync(0xffffffffu, settled)) {
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq)
+      for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-          for (int n = 0; n < kN8D; ++n)
+        for (int n = 0; n < kN8D; ++n)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) o[mq][n][i] *= rescale[mq][i / 2];
-      }
+          for (int i = 0; i < 4; ++i) o[mq][n][i] *= rescale[mq][i / 2];
     }
 
-    // O += P V: P goes from the S accumulators straight into A fragments, packed to 16 bits
-    // first so the fp32 S registers are free during the P*V loop.
-    uint32_t pfrag[kMmaQ][Traits::kMmaKV][4];  // [m16 tile][k16 step][A fragment]
+    // P goes from the S accumulators straight into A fragments, packed to 16 bits first so the
+    // fp32 S registers are free during the P V loop.
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -935,20 +1054,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
         pfrag[mq][kk][2] = pack_pair<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
         pfrag[mq][kk][3] = pack_pair<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
       }
-    if constexpr (Traits::kWgmma) {
-      float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);  // [64] = [n8 tile of D][fragment]
-      wgmma_fence_operands(o_wg);
-      wgmma_fence();  // the rescale's and the packing's register writes precede the reads
-#pragma unroll
-      for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-        wgmma_m64n128k16_rs<T>(o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk),
-                               true);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(o_wg);
-      if constexpr (Traits::kWarpSpecialized) mbarrier_arrive(smem.empty + compute_stage.stage);
-    } else {
+    // O += P V: with wgmma in the next iteration (issue_lagged_pv), with mma.sync here.
+    if constexpr (!Traits::kWgmma) {
 #pragma unroll
       for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
 #pragma unroll
@@ -964,6 +1071,18 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       }
     }
     compute_stage.advance();
+  };
+  if constexpr (Traits::kPvLag == 1) {
+    if (num_kv_tiles > 0) {
+      kv_tile_step(0, BoolConstant<false>{});
+      for (int tile = 1; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<true>{});
+      issue_lagged_pv(num_kv_tiles - 1);
+      wgmma_commit();
+      wait_lagged_pv(0.f);
+      release_lagged_pv();
+    }
+  } else {
+    for (int tile = 0; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<false>{});
   }
   cp_async_wait<0>();
   if constexpr (Traits::kWarpSpecialized) {

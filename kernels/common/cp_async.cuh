@@ -41,6 +41,22 @@ TESSERA_DEVICE void cp_async_16x2_tagged(uint32_t smem_a, uint32_t smem_b, uint6
       "r"(smem_b), "l"(tagged_a), "l"(gmem_b));
 }
 
+/// One 16-byte copy `gmem` -> smem under the predicate of cp_async_16x2_tagged: a zero-fill when
+/// bit 0 of `tag` is set. `tag` may be gmem itself (the K entry of a row) or the row's K entry
+/// guarding its V copy.
+TESSERA_DEVICE void cp_async_16_tagged(uint32_t smem, uint64_t tag, uint64_t gmem) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred ignore;\n"
+      "  .reg .b32 lo;\n"
+      "  cvt.u32.u64 lo, %1;\n"
+      "  and.b32 lo, lo, 1;\n"
+      "  setp.ne.u32 ignore, lo, 0;\n"
+      "  cp.async.cg.shared.global [%0], [%2], 16, ignore;\n"
+      "}\n" ::"r"(smem),
+      "l"(tag), "l"(gmem));
+}
+
 /// Closes the group of cp.async issued since the last commit.
 TESSERA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

@@ -107,6 +107,23 @@ TESSERA_DEVICE void wgmma_fence_operands(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/// The same for A fragments in registers (a register-A wgmma reads them until its wait), N words.
+template <int N>
+TESSERA_DEVICE void wgmma_fence_operands(uint32_t (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+/// wgmma_wait<N> that ptxas keeps after the computation of `value`: the value is first stored to
+/// `slot` (a shared-memory word of this thread's own, never read). ptxas schedules register-only
+/// instructions freely across a wgmma wait and put a softmax that was meant to overlap an MMA in
+/// flight after its wait; a store it cannot move past the wait carries that dependency.
+template <int N>
+TESSERA_DEVICE void wgmma_wait_after(float value, uint32_t slot) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slot), "f"(value) : "memory");
+  wgmma_wait<N>();
+}
+
 /// d (64 x 128, fp32) = A * B^T + (accumulate ? d : 0) for one warpgroup: A (64 x 16) and B
 /// (128 x 16) both K-major in shared memory (descriptors from smem_desc_sw128).
 template <typename T>

@@ -44,22 +44,28 @@ constexpr int64_t kAlign = 256;
 constexpr int kMinTileRows = 16;       // the smallest query tile
 constexpr int kSplitMultiple = 128;    // fixed split sizes are multiples of every KV tile
 // Cost model of DESIGN.md §6 in KV-row units: an item's fixed work (query tile load, output
-// store, pipeline fill) is charged per valid packed query row. TESSERA_PLAN_ALPHA overrides alpha
-// (a tuning aid for benchmarks, like TESSERA_PREFILL_QTILE).
+// store, pipeline fill) is charged per valid packed query row. The wgmma tile's fixed work is a
+// larger share of a short item (its tile loop is faster, and its first Q K^T and last P V do not
+// overlap the softmax): on W4 uniform (H100, bench/results/LOG.md, session 17) alpha 4 and 8 put
+// the runtime at 292-295 TFLOP/s against 269-272 at alpha 1 and 283 at 16, other W4 sets level;
+// the mma.sync tiles measured best at 1 (LOG.md, "Plan/run runtime"). TESSERA_PLAN_ALPHA overrides
+// both (a tuning aid for benchmarks, like TESSERA_PREFILL_QTILE).
 constexpr int64_t kCostAlpha = 1;
+constexpr int64_t kCostAlphaWgmma = 4;
 constexpr int64_t kCostBeta = 1;
 
-int64_t cost_alpha() {
-  static const int64_t alpha = [] {
+int64_t cost_alpha(QTile t) {
+  static const int64_t forced = [] {
     const char* text = std::getenv("TESSERA_PLAN_ALPHA");
-    if (text == nullptr || *text == '\0') return kCostAlpha;
+    if (text == nullptr || *text == '\0') return int64_t{-1};
     char* end = nullptr;
     const long long v = std::strtoll(text, &end, 10);
     TESSERA_CHECK_ARG(end != text && *end == '\0' && v >= 0 && v <= 1000000)
         << "TESSERA_PLAN_ALPHA = " << text << ", expected an integer in [0, 1000000]";
     return static_cast<int64_t>(v);
   }();
-  return alpha;
+  if (forced >= 0) return forced;
+  return t == QTile::k128Wgmma ? kCostAlphaWgmma : kCostAlpha;
 }
 
 // TESSERA_PLAN_ORDER=cost turns off the planner's request-grouped assignment
@@ -308,7 +314,7 @@ class AttentionRuntime {
                         : options_.split_kv == SplitKV::kFixed ? runtime::SplitMode::kFixed
                                                                : runtime::SplitMode::kNone;
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
-    config.alpha = cost_alpha();
+    config.alpha = cost_alpha(q_tile);
     config.group_by_request = plan_group_by_request();
     int64_t tile_pairs = 0;
     for (const int32_t qo : in.qo_len) {

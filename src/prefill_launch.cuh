@@ -40,18 +40,31 @@ std::string prefill_template_args() {
 
 /// The JIT request of one FA2-class kernel template for a non-default variant.
 template <typename Traits, kernels::KVFormatKind kFormat>
-VariantKernelRequest prefill_variant_request(const char* kernel_template, const char* what) {
+VariantKernelRequest prefill_variant_request(const char* kernel_template, const char* what, int smem_bytes) {
   VariantKernelRequest r;
   r.header = "kernels/attention/prefill.cuh";
   r.kernel = kernel_template;
   r.args_before = prefill_template_args<Traits, kFormat>();
   r.args_after = cuda_type_name<typename Traits::DType>();
-  r.dynamic_smem_bytes = Traits::kSmemBytes;
+  r.dynamic_smem_bytes = smem_bytes;
   // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
   r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
                           Traits::kWgmma ? " wgmma " : " ", format_enumerator<kFormat>(), " ",
                           cuda_type_name<typename Traits::DType>());
   return r;
+}
+
+/// The JIT requests of the one-shot kernel (one work item per CTA: the first Q buffer only) and
+/// of the persistent kernel (every Q buffer).
+template <typename Traits, kernels::KVFormatKind kFormat>
+VariantKernelRequest oneshot_variant_request() {
+  return prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_prefill_kernel", "prefill",
+                                                  Traits::kOneItemSmemBytes);
+}
+template <typename Traits, kernels::KVFormatKind kFormat>
+VariantKernelRequest persistent_variant_request() {
+  return prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_persistent_kernel", "persistent",
+                                                  Traits::kSmemBytes);
 }
 
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
@@ -68,13 +81,13 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
   int32_t num_q_tiles = static_cast<int32_t>(q_tiles);
   if (variant.is_default) {
     auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, num_q_tiles);
+    // One work item per CTA: only the first Q buffer (kOneItemSmemBytes).
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kOneItemSmemBytes);
+    kernel<<<grid, Traits::kThreads, Traits::kOneItemSmemBytes, stream>>>(p, variant.params, num_q_tiles);
     TESSERA_CHECK_LAUNCH();
     return;
   }
-  const VariantKernelRequest request =
-      prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_prefill_kernel", "prefill");
+  const VariantKernelRequest request = oneshot_variant_request<Traits, kFormat>();
   CUfunction fn = variant_kernel(variant, request);
   kernels::AttentionParams<T> params = p;
   kernels::VariantParams vp = variant.params;
@@ -154,8 +167,7 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
     kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
     TESSERA_CHECK_LAUNCH();
   } else {
-    const VariantKernelRequest request =
-        prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_persistent_kernel", "persistent");
+    const VariantKernelRequest request = persistent_variant_request<Traits, kFormat>();
     CUfunction fn = variant_kernel(variant, request);
     kernels::AttentionParams<T> params = p;
     kernels::VariantParams vp = variant.params;

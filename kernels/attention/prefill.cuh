@@ -107,6 +107,11 @@ struct PrefillTraits {
   using SmemTile = typename OperandTile<kWgmma, ROWS, kRowChunks>::type;
 
   static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
+  // Q buffers. Warp-specialised: two, so the producer copies the next work item's Q while the
+  // compute warps still read the current one (the persistent kernel's items are short: W4's
+  // causal 1k requests average ~5 KV tiles, and a single buffer left each item's Q copy exposed
+  // behind the previous item's last P V and epilogue). Elsewhere one.
+  static constexpr int kQStages = kWarpSpecialized ? 2 : 1;
   static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
@@ -125,9 +130,21 @@ struct PrefillTraits {
   static constexpr int kQRowScratchBytes = kWarpSpecialized ? CTA_TILE_Q * 8 : 0;
   // A word per compute thread that wgmma_wait_after stores to (the lagged P V's wait).
   static constexpr int kWaitAnchorBytes = kPvLag == 1 ? kNumWarps * kWarpSize * 4 : 0;
-  static constexpr int kBarrierBytes = kWarpSpecialized ? (4 * kStages + 2) * 8 : 0;
-  static constexpr int kSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes + kQRowScratchBytes +
-                                    kWaitAnchorBytes + kBarrierBytes;
+  static constexpr int kBarrierBytes = kWarpSpecialized ? (4 * kStages + 2 * kQStages) * 8 : 0;
+  // Layout: Q buffer 0, the K and V stages, row tables, scratch, barriers, then the other Q
+  // buffers. A kernel that runs one work item per CTA (the one-shot grid) uses only Q buffer 0 and
+  // launches with kOneItemSmemBytes: the second buffer's 32 KB would come out of the L1 carveout
+  // (measured: W4 one-shot -1%).
+  static constexpr int kOneItemSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes +
+                                           kQRowScratchBytes + kWaitAnchorBytes + kBarrierBytes;
+  static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
+  static constexpr int kSmemBytes = kQStages > 1 ? kExtraQOffset + (kQStages - 1) * kQTileBytes : kOneItemSmemBytes;
+  // Offsets of the regions (PrefillSmem), tied to the sizes above.
+  static constexpr int kKOffset = kQTileBytes;
+  static constexpr int kRowTableOffset = kKOffset + 2 * kStages * kKVTileBytes;
+  static constexpr int kBarrierOffset = kOneItemSmemBytes - kBarrierBytes;
+  static_assert(kRowTableOffset + kRowTableBytes + kWaitAnchorBytes + kQRowScratchBytes == kBarrierOffset,
+                "regions tile [0, kOneItemSmemBytes) without overlap");
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
@@ -169,7 +186,8 @@ struct PipelineState {
 template <typename Traits>
 struct PrefillSmem {
   using T = typename Traits::DType;
-  T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled
+  T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled: Q buffer 0
+  T* extra_q;   // [kQStages - 1][CTA_TILE_Q][HEAD_DIM], swizzled: the other Q buffers, after the barriers
   T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
@@ -178,29 +196,29 @@ struct PrefillSmem {
   uint64_t* full_v;   // [kStages] ... its V copies
   uint64_t* empty_k;  // [kStages] warp-specialised: the compute warps are done with the stage's K
   uint64_t* empty_v;  // [kStages] ... with its V
-  uint64_t* q_full;   // [1] warp-specialised: the Q tile has landed
-  uint64_t* q_empty;  // [1] warp-specialised: the compute warps are done with the Q tile
+  uint64_t* q_full;   // [kQStages] warp-specialised: the buffer's Q tile has landed
+  uint64_t* q_empty;  // [kQStages] warp-specialised: the compute warps are done with the buffer's Q tile
   int64_t* q_rows;    // [CTA_TILE_Q] scratch of load_q_tile: the K buffers unless warp-specialised
   float* wait_anchor;  // [kNumWarps * kWarpSize] lagged P V: wgmma_wait_after's slots
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
-    k = reinterpret_cast<T*>(base + Traits::kQTileBytes);
-    v = reinterpret_cast<T*>(base + Traits::kQTileBytes + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
-    rows = reinterpret_cast<uint64_t*>(base + Traits::kQTileBytes + 2 * Traits::kStages * Traits::kKVTileBytes);
+    k = reinterpret_cast<T*>(base + Traits::kKOffset);
+    v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
+    rows = reinterpret_cast<uint64_t*>(base + Traits::kRowTableOffset);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
-    full_k = reinterpret_cast<uint64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes);
+    extra_q = reinterpret_cast<T*>(base + Traits::kExtraQOffset);
+    full_k = reinterpret_cast<uint64_t*>(base + Traits::kBarrierOffset);
     full_v = full_k + Traits::kStages;
     empty_k = full_v + Traits::kStages;
     empty_v = empty_k + Traits::kStages;
     q_full = empty_v + Traits::kStages;
-    q_empty = q_full + 1;
+    q_empty = q_full + Traits::kQStages;
     q_rows = Traits::kWarpSpecialized
-                 ? reinterpret_cast<int64_t*>(base + Traits::kSmemBytes - Traits::kBarrierBytes -
-                                              Traits::kQRowScratchBytes)
+                 ? reinterpret_cast<int64_t*>(base + Traits::kBarrierOffset - Traits::kQRowScratchBytes)
                  : reinterpret_cast<int64_t*>(k);
-    wait_anchor = reinterpret_cast<float*>(base + Traits::kSmemBytes - Traits::kBarrierBytes -
-                                           Traits::kQRowScratchBytes - Traits::kWaitAnchorBytes);
+    wait_anchor = reinterpret_cast<float*>(base + Traits::kBarrierOffset - Traits::kQRowScratchBytes -
+                                           Traits::kWaitAnchorBytes);
   }
 };
 
@@ -476,16 +494,17 @@ struct TileOutput {
   float* partial_lse;
 };
 
-/// Where a CTA's warp-specialised ring stands: the producer's next K and V stages to fill, the
-/// compute warps' next K and V stages to read (V trails K by a tile), the parity of the Q
-/// barriers' next phase and the tiles of earlier items (row tables are indexed by the CTA's
-/// running tile count). Each role keeps its own copy and advances it as the other does, so the
-/// mbarrier phases carry on from one work item of the persistent kernel to the next and the
-/// producer runs into the next item while the compute warps finish the current one.
-template <int kStages>
+/// Where a CTA's warp-specialised ring stands: the producer's next K, V and Q buffers to fill,
+/// the compute warps' next K, V and Q buffers to read (V trails K by a tile; Q advances once per
+/// work item) and the tiles of earlier items (row tables are indexed by the CTA's running tile
+/// count). Each role keeps its own copy and advances it as the other does, so the mbarrier
+/// phases carry on from one work item of the persistent kernel to the next and the producer runs
+/// into the next item (its Q, then its K/V tiles as stages free) while the compute warps finish
+/// the current one.
+template <typename Traits>
 struct RingPosition {
-  PipelineState<kStages> fill_k, fill_v, read_k, read_v;
-  uint32_t q_phase = 0;
+  PipelineState<Traits::kStages> fill_k, fill_v, read_k, read_v;
+  PipelineState<Traits::kQStages> fill_q, read_q;
   uint32_t tiles = 0;
 };
 
@@ -504,8 +523,10 @@ TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
         mbarrier_init(smem.empty_k + st, Traits::kComputeThreads);
         mbarrier_init(smem.empty_v + st, Traits::kComputeThreads);
       }
-      mbarrier_init(smem.q_full, Traits::kLoaderThreads);
-      mbarrier_init(smem.q_empty, Traits::kComputeThreads);
+      for (int st = 0; st < Traits::kQStages; ++st) {
+        mbarrier_init(smem.q_full + st, Traits::kLoaderThreads);
+        mbarrier_init(smem.q_empty + st, Traits::kComputeThreads);
+      }
     }
     __syncthreads();
     if (static_cast<int>(threadIdx.x) >= Traits::kComputeThreads) {
@@ -526,7 +547,7 @@ TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
 template <typename Traits, KVFormatKind kFormat, typename Variant, WarpRole kRole, typename T>
 TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
                                    const int request, const int kv_head, const int packed_begin, const KVSpan span,
-                                   const TileOutput out, char* smem_raw, RingPosition<Traits::kStages>& ring) {
+                                   const TileOutput out, char* smem_raw, RingPosition<Traits>& ring) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   constexpr bool kSoftmax = Variant::kUseSoftmax;
   PrefillSmem<Traits> smem(smem_raw);
@@ -550,8 +571,13 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 
   // The row offsets use the first K buffer, which no copy writes before the prologue's barrier.
   static_assert(Traits::CTA_TILE_Q * sizeof(int64_t) <= Traits::kKVTileBytes, "Q row offsets fit a K buffer");
+  constexpr int kQTileElems = Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+  // This item's Q buffer: the producer's next to fill, the compute warps' next to read (the same
+  // buffer: each role's ring position advances once per item).
+  const int q_stage = kRole == WarpRole::kProducer ? ring.fill_q.stage : ring.read_q.stage;
+  T* const q_tile = q_stage == 0 ? smem.q : smem.extra_q + (q_stage - 1) * kQTileElems;  // [CTA_TILE_Q][HEAD_DIM]
   auto load_q = [&] {
-    load_q_tile<Traits>(p, e, kv_head, packed_begin, smem.q, smem.q_rows);
+    load_q_tile<Traits>(p, e, kv_head, packed_begin, q_tile, smem.q_rows);
     cp_async_commit();
   };
   if constexpr (!Traits::kWarpSpecialized) load_q();
@@ -594,7 +620,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       // each copy waits for its stage (`empty_k`, `empty_v`). A stage's `full` arrival follows
       // the copies' landing and a proxy fence (wgmma reads shared memory through the async
       // proxy), so the compute warps wait for the copies only, never for the producer's next step.
-      mbarrier_wait(smem.q_empty, ring.q_phase ^ 1u);  // the previous item's Q K^T are done
+      // The buffer's previous item (kQStages items back) is done with it.
+      mbarrier_wait(smem.q_empty + q_stage, ring.fill_q.phase ^ 1u);
       load_q();
       block = block_id(0);
       for (int step = 0; step <= num_kv_tiles; ++step) {
@@ -621,7 +648,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
             cp_async_wait<0>();
           }
           fence_proxy_async_shared();
-          if (step == 0) mbarrier_arrive(smem.q_full);
+          if (step == 0) mbarrier_arrive(smem.q_full + q_stage);
           mbarrier_arrive(smem.full_k + ring.fill_k.stage);
           ring.fill_k.advance();
         }
@@ -635,9 +662,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       if (num_kv_tiles == 0) {
         cp_async_wait<0>();
         fence_proxy_async_shared();
-        mbarrier_arrive(smem.q_full);
+        mbarrier_arrive(smem.q_full + q_stage);
       }
-      ring.q_phase ^= 1u;
+      ring.fill_q.advance();
       ring.tiles += num_kv_tiles;
       return;
     }
@@ -655,14 +682,14 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   const uint32_t frag_row = (lane % 8) + 8 * ((lane / 8) % 2);  // row of an A (Q, P) or V^T fragment
   const int warp_col0 = warp_kv * Traits::kWarpColsKV;
   // Q: [kWarpRowsQ rows of this warp][HEAD_DIM], A fragments, half = lane / 16
-  const uint32_t q_frag = smem_addr(smem.q) + (warp_q * Traits::kWarpRowsQ + frag_row) * kRowBytes + lane_chunk_lo;
+  const uint32_t q_frag = smem_addr(q_tile) + (warp_q * Traits::kWarpRowsQ + frag_row) * kRowBytes + lane_chunk_lo;
   // K: B fragments of two n8 tiles, rows lane % 8 + 8 * (lane / 16), half = (lane / 8) % 2
   const uint32_t k_frag_offset = (warp_col0 + (lane % 8) + 8 * (lane / 16)) * kRowBytes + lane_chunk_mid;
   // V: transposed B fragments of two n8 tiles of D, rows frag_row, half = lane / 16
   const uint32_t v_frag_offset = (warp_col0 + frag_row) * kRowBytes + lane_chunk_lo;
   // wgmma descriptors (Sw128Tile operands): Q (this warpgroup's 64 rows) and K are K-major, V
   // is MN-major (d contiguous).
-  const uint32_t q_tile_addr = smem_addr(smem.q);
+  const uint32_t q_tile_addr = smem_addr(q_tile);
   const int q_wg_row0 = (warp / 4) * 64;
 
   constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
@@ -706,8 +733,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   PipelineState<Traits::kStages> local_read, fill_stage;
   PipelineState<Traits::kStages>& compute_stage = Traits::kWarpSpecialized ? ring.read_k : local_read;
   if constexpr (Traits::kWarpSpecialized) {
-    mbarrier_wait(smem.q_full, ring.q_phase);
-    ring.q_phase ^= 1u;
+    mbarrier_wait(smem.q_full + q_stage, ring.read_q.phase);
   } else {
 #pragma unroll
     for (int s = 0; s + 1 < Traits::kStages; ++s) {
@@ -814,7 +840,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     if constexpr (Variant::kHasQueryTransform || Variant::kHasKeyTransform || Variant::kHasValueTransform ||
                   kPrescaleQuery) {
       if ((Variant::kHasQueryTransform || (kPrescaleQuery && logits_input_scale != 1.f)) && tile == 0) {
-        transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(smem.q, [&](int row, int dim, float2& x) {
+        transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(q_tile, [&](int row, int dim, float2& x) {
           const PackedRow r = unpack_row(p, kv_head, packed_begin + row);
           if (r.qo_idx >= e.qo_len) return false;
           if constexpr (Variant::kHasQueryTransform) {
@@ -1086,7 +1112,8 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   }
   cp_async_wait<0>();
   if constexpr (Traits::kWarpSpecialized) {
-    mbarrier_arrive(smem.q_empty);  // the last Q K^T has completed: the producer may load the next Q
+    mbarrier_arrive(smem.q_empty + q_stage);  // the item's last Q K^T has completed: the buffer is free
+    ring.read_q.advance();
     ring.tiles += num_kv_tiles;
   }
 
@@ -1235,7 +1262,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
   if (packed_begin >= e.qo_len * p.group_size) return;
   const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, packed_begin, 0, e.kv_len);
   with_warp_role<Traits>(smem_raw, [&](auto role) {
-    RingPosition<Traits::kStages> ring;
+    RingPosition<Traits> ring;
     attention_tile<Traits, kFormat, Variant, decltype(role)::value>(p, vp, e, request, kv_head, packed_begin, span,
                                                                     TileOutput{nullptr, nullptr}, smem_raw, ring);
   });
@@ -1254,7 +1281,7 @@ attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, 
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
   with_warp_role<Traits>(smem_raw, [&](auto role) {
     constexpr WarpRole kRole = decltype(role)::value;
-    RingPosition<Traits::kStages> ring;  // continues across the items
+    RingPosition<Traits> ring;  // continues across the items
     for (int i = first; i < last; ++i) {
       const PlannedItem item = work.items[i];
       if (item.request < 0 || item.request >= p.batch_size) continue;  // never produced by the planner

@@ -46,12 +46,14 @@ constexpr int kSplitMultiple = 128;    // fixed split sizes are multiples of eve
 // Cost model of DESIGN.md §6 in KV-row units: an item's fixed work (query tile load, output
 // store, pipeline fill) is charged per valid packed query row. The wgmma tile's fixed work is a
 // larger share of a short item (its tile loop is faster, and its first Q K^T and last P V do not
-// overlap the softmax): on W4 uniform (H100, bench/results/LOG.md, session 17) alpha 4 and 8 put
-// the runtime at 292-295 TFLOP/s against 269-272 at alpha 1 and 283 at 16, other W4 sets level;
-// the mma.sync tiles measured best at 1 (LOG.md, "Plan/run runtime"). TESSERA_PLAN_ALPHA overrides
-// both (a tuning aid for benchmarks, like TESSERA_PREFILL_QTILE).
+// overlap the softmax). Measured on W4 uniform (H100, bench/results/LOG.md, session 18, with the
+// next item's Q prefetched): alpha 2-3 put the runtime at 319-321 TFLOP/s (paged16 302-305)
+// against 294 (287) at 1 and 313-315 (296-297) at 4-6, other W4 sets level; 3 keeps a margin from
+// the cliff below 2 for variants with longer per-item work. The mma.sync tiles measured best at 1
+// (LOG.md, "Plan/run runtime"). TESSERA_PLAN_ALPHA overrides both (a tuning aid for benchmarks,
+// like TESSERA_PREFILL_QTILE).
 constexpr int64_t kCostAlpha = 1;
-constexpr int64_t kCostAlphaWgmma = 4;
+constexpr int64_t kCostAlphaWgmma = 3;
 constexpr int64_t kCostBeta = 1;
 
 int64_t cost_alpha(QTile t) {

@@ -168,6 +168,7 @@ tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t hea
 void add_plan_info(Params& params, const tessera::PlanInfo& info) {
   params.emplace_back("q_tile", static_cast<int64_t>(info.q_tile_rows));
   params.emplace_back("grid_cols", static_cast<int64_t>(info.grid_cols));
+  params.emplace_back("heads_per_cta", static_cast<int64_t>(info.heads_per_cta));
   params.emplace_back("items", static_cast<int64_t>(info.num_items));
   params.emplace_back("split_chunks", static_cast<int64_t>(info.num_partials));
   params.emplace_back("chunk", static_cast<int64_t>(info.chunk_size));

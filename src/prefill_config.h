@@ -94,8 +94,9 @@ template <typename T, int HEAD_DIM>
 void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream);
 
-/// A launch of the runtime's persistent kernel: a grid of (grid_cols, H_kv) CTAs reading `work`,
-/// then, when contraction_blocks > 0, the contraction of split tiles over that many blocks.
+/// A launch of the runtime's persistent kernel: a grid of (grid_cols, H_kv / work.heads_per_cta)
+/// CTAs reading `work`, then, when contraction_blocks > 0, the contraction of split tiles over
+/// that many blocks.
 struct PersistentLaunch {
   kernels::PlannedWork work;
   int grid_cols;

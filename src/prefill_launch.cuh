@@ -160,7 +160,13 @@ template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_persistent_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                               const PersistentLaunch& launch, cudaStream_t stream) {
   constexpr int HEAD_DIM = Traits::HEAD_DIM;
-  const dim3 grid(static_cast<unsigned>(launch.grid_cols), static_cast<unsigned>(p.num_kv_heads));
+  TESSERA_CHECK(launch.work.heads_per_cta >= 1 && p.num_kv_heads % launch.work.heads_per_cta == 0 &&
+                    (Traits::kWarpSpecialized || launch.work.heads_per_cta == 1),
+                StatusCode::kInternal)
+      << "persistent launch: heads_per_cta = " << launch.work.heads_per_cta << " with num_kv_heads = "
+      << p.num_kv_heads << " (a divisor; 1 unless the tile is warp-specialised)";
+  const dim3 grid(static_cast<unsigned>(launch.grid_cols),
+                  static_cast<unsigned>(p.num_kv_heads / launch.work.heads_per_cta));
   if (variant.is_default) {
     auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);

@@ -96,13 +96,14 @@ struct PlanInfo {
   int64_t batch_size = 0;
   int32_t q_tile_rows = 0;     ///< packed rows per query tile
   int32_t kv_tile_rows = 0;    ///< KV rows per tile of the kernel
-  int32_t grid_cols = 0;       ///< CTAs per KV head (grid = grid_cols x num_kv_heads)
+  int32_t grid_cols = 0;       ///< columns of the plan (grid = grid_cols x num_kv_heads / heads_per_cta)
+  int32_t heads_per_cta = 0;   ///< KV heads each CTA runs its column's items for, one after another
   int32_t num_items = 0;       ///< work items per KV head
   int32_t num_partials = 0;    ///< split chunks per KV head
   int32_t num_merges = 0;      ///< split tiles per KV head
   int32_t chunk_size = 0;      ///< KV positions per chunk (0: no split)
-  int64_t makespan = 0;        ///< largest per-CTA cost (cost units of DESIGN.md §6)
-  int64_t lower_bound = 0;     ///< max(average cost per CTA, largest indivisible item)
+  int64_t makespan = 0;        ///< largest per-column cost (cost units of DESIGN.md §6; a CTA runs heads_per_cta of them)
+  int64_t lower_bound = 0;     ///< max(average cost per column, largest indivisible item)
   int64_t plan_bytes = 0;      ///< bytes the plan's cudaMemcpyAsync moved
   bool grouped_by_request = false;  ///< items assigned request by request, so a request's query tiles
                                     ///< run together and share its K/V in L2 (else longest first)

@@ -28,6 +28,8 @@ struct PlannedMerge {
 /// Device pointers into the workspace. Partial slot s of KV head h is the fp32 state of a whole
 /// query tile: output [q_tile_rows][head_dim] at partial_o + (s * H_kv + h) * q_tile_rows *
 /// head_dim, base-2 LSE [q_tile_rows] at partial_lse + (s * H_kv + h) * q_tile_rows.
+/// The persistent grid is (columns, H_kv / heads_per_cta): CTA (c, g) runs column c's items for
+/// KV heads g * heads_per_cta .. + heads_per_cta - 1, one head after the other.
 struct PlannedWork {
   const int32_t* cta_indptr;  // [gridDim.x + 1]
   const PlannedItem* items;   // [cta_indptr[gridDim.x]]
@@ -35,6 +37,7 @@ struct PlannedWork {
   const PlannedMerge* merges; // [*num_merges]
   float* partial_o;
   float* partial_lse;
+  int32_t heads_per_cta;  // divides H_kv
 };
 
 }  // namespace kernels

@@ -1268,8 +1268,10 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
   });
 }
 
-/// Persistent grid of the plan/run runtime: blockIdx = (column, KV head); column c runs the
-/// planned items cta_indptr[c] .. cta_indptr[c+1]-1 for its KV head, in order.
+/// Persistent grid of the plan/run runtime: blockIdx = (column, KV head group); column c runs the
+/// planned items cta_indptr[c] .. cta_indptr[c+1]-1 for each KV head of its group in turn (the
+/// plan is one head's; a group of heads_per_cta heads lets the grid fill every SM when H_kv does
+/// not divide the CTA slots: 132 SMs, 8 KV heads, 33 columns of 2 heads instead of 16 of 1).
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, const PlannedWork work) {
@@ -1277,28 +1279,36 @@ attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, 
   // The contraction may launch now: its CTAs read the plan's merge descriptors and request
   // extents while this grid runs, then wait for it before touching the partial states.
   allow_dependent_launch();
-  const int kv_head = blockIdx.y;
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
   with_warp_role<Traits>(smem_raw, [&](auto role) {
     constexpr WarpRole kRole = decltype(role)::value;
-    RingPosition<Traits> ring;  // continues across the items
-    for (int i = first; i < last; ++i) {
-      const PlannedItem item = work.items[i];
-      if (item.request < 0 || item.request >= p.batch_size) continue;  // never produced by the planner
-      const RequestExtent e = request_extent<kFormat>(p, item.request);
-      TileOutput out{nullptr, nullptr};
-      if (item.partial >= 0) {
-        const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + kv_head;
-        out.partial_o = work.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
-        out.partial_lse = work.partial_lse + slot * Traits::CTA_TILE_Q;
+    RingPosition<Traits> ring;  // continues across the items and heads
+    auto run_column = [&](const int kv_head) {
+      for (int i = first; i < last; ++i) {
+        const PlannedItem item = work.items[i];
+        if (item.request < 0 || item.request >= p.batch_size) continue;  // never produced by the planner
+        const RequestExtent e = request_extent<kFormat>(p, item.request);
+        TileOutput out{nullptr, nullptr};
+        if (item.partial >= 0) {
+          const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + kv_head;
+          out.partial_o = work.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+          out.partial_lse = work.partial_lse + slot * Traits::CTA_TILE_Q;
+        }
+        const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, item.packed_begin,
+                                                                   max(item.kv_begin, 0), min(item.kv_end, e.kv_len));
+        // The previous item's last shared-memory reads are done. The warp-specialised ring orders
+        // items through its mbarriers instead, so the producer starts the next item early.
+        if constexpr (kRole == WarpRole::kAll) __syncthreads();
+        attention_tile<Traits, kFormat, Variant, kRole>(p, vp, e, item.request, kv_head, item.packed_begin, span,
+                                                        out, smem_raw, ring);
       }
-      const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, item.packed_begin, max(item.kv_begin, 0),
-                                                                 min(item.kv_end, e.kv_len));
-      // The previous item's last shared-memory reads are done. The warp-specialised ring orders
-      // items through its mbarriers instead, so the producer starts the next item early.
-      if constexpr (kRole == WarpRole::kAll) __syncthreads();
-      attention_tile<Traits, kFormat, Variant, kRole>(p, vp, e, item.request, kv_head, item.packed_begin, span, out,
-                                                      smem_raw, ring);
+    };
+    if constexpr (Traits::kWarpSpecialized) {
+      for (int h = 0; h < work.heads_per_cta; ++h) run_column(static_cast<int>(blockIdx.y) * work.heads_per_cta + h);
+    } else {
+      // One head per CTA (the host's grid_shape): a head loop around the mma.sync tiles, which
+      // use every register, made them spill.
+      run_column(static_cast<int>(blockIdx.y));
     }
   });
 }

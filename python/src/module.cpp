@@ -188,6 +188,7 @@ nb::dict plan_info_dict(const tessera::PlanInfo& i) {
   d["q_tile_rows"] = i.q_tile_rows;
   d["kv_tile_rows"] = i.kv_tile_rows;
   d["grid_cols"] = i.grid_cols;
+  d["heads_per_cta"] = i.heads_per_cta;
   d["num_items"] = i.num_items;
   d["num_partials"] = i.num_partials;
   d["num_merges"] = i.num_merges;

@@ -1,7 +1,8 @@
 // The load-balancing planner (DESIGN.md §1.3, §6): pure host code, no CUDA. From the query and KV
 // lengths of a batch it builds the work list of a persistent attention kernel with a fixed grid
-// of `num_ctas` columns (every column is replicated over the KV heads by the kernel's grid.y, so
-// the plan is computed once for one KV head), and the index map that merges split items.
+// of `num_ctas` columns (every column is replicated over the KV heads by the kernel's grid, a CTA
+// running its column for one KV head or, grouped, several in turn, so the plan is computed once
+// for one KV head), and the index map that merges split items.
 //
 // Units. A request's query rows are packed with its GQA group: packed row r is query r / group_size
 // of head r % group_size within the KV head's group, so a request has qo_len * group_size packed

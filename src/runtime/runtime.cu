@@ -83,6 +83,19 @@ bool plan_group_by_request() {
   return grouped;
 }
 
+// TESSERA_PLAN_HEAD_GROUPS=0 keeps one KV head per CTA of the persistent grid (=1, the default,
+// lets grid_shape group heads): a tuning aid for the ablation.
+bool plan_head_groups() {
+  static const bool allowed = [] {
+    const char* text = std::getenv("TESSERA_PLAN_HEAD_GROUPS");
+    if (text == nullptr || *text == '\0') return true;
+    const std::string v = text;
+    TESSERA_CHECK_ARG(v == "0" || v == "1") << "TESSERA_PLAN_HEAD_GROUPS = " << v << ", expected 0 or 1";
+    return v == "1";
+  }();
+  return allowed;
+}
+
 // Splitting a batch whose (query tile, KV head) pairs already occupy at least half the SMs buys
 // little balance but costs the merge and a start-up per chunk: the chunk size then stays >= this
 // many KV rows. Measured (W1 B=16 L=1024: 128 pairs on 132 SMs, H100): 512-row chunks 1497 GB/s,
@@ -238,8 +251,8 @@ class AttentionRuntime {
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
       const int head_dim = static_cast<int>(bounds_.head_dim);
-      graph_cols_ = grid_cols(ctas_per_sm(options_.dtype, head_dim, format_, graph_tile_),
-                              static_cast<int>(bounds_.num_kv_heads));
+      graph_grid_ = grid_shape(ctas_per_sm(options_.dtype, head_dim, format_, graph_tile_),
+                               static_cast<int>(bounds_.num_kv_heads), graph_tile_);
     }
   }
 
@@ -301,10 +314,10 @@ class AttentionRuntime {
         }
       }
     }
-    const int cols = options_.cuda_graph
-                         ? graph_cols_
-                         : grid_cols(ctas_per_sm(shape.dtype, head_dim, format_, q_tile),
-                                     static_cast<int>(heads.num_kv_heads));
+    const GridShape grid = options_.cuda_graph ? graph_grid_
+                                               : grid_shape(ctas_per_sm(shape.dtype, head_dim, format_, q_tile),
+                                                            static_cast<int>(heads.num_kv_heads), q_tile);
+    const int cols = grid.cols;
 
     runtime::PlannerConfig config;
     config.group_size = group;
@@ -377,6 +390,7 @@ class AttentionRuntime {
     info_.q_tile_rows = config.q_tile_rows;
     info_.kv_tile_rows = config.kv_tile_rows;
     info_.grid_cols = cols;
+    info_.heads_per_cta = grid.heads_per_cta;
     info_.num_items = static_cast<int32_t>(plan.items.size());
     info_.num_partials = plan.num_partials;
     info_.num_merges = num_merges;
@@ -446,6 +460,7 @@ class AttentionRuntime {
     launch.work.merges = reinterpret_cast<const kernels::PlannedMerge*>(workspace_ + layout_.merges);
     launch.work.partial_o = reinterpret_cast<float*>(workspace_ + layout_.partial_o);
     launch.work.partial_lse = reinterpret_cast<float*>(workspace_ + layout_.partial_lse);
+    launch.work.heads_per_cta = info_.heads_per_cta;
     launch.grid_cols = info_.grid_cols;
     // A captured launch must also contract for later plans that split.
     const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
@@ -518,9 +533,31 @@ class AttentionRuntime {
     return choose_q_tile(head_dim, avg_rows * group);
   }
 
-  int grid_cols(int per_sm, int num_kv_heads) const {
-    const int ctas = per_sm * sm_budget(options_);
-    return std::max(1, ctas / std::max(1, num_kv_heads));
+  // The persistent grid: `cols` columns of one KV head's plan, each CTA running its column for
+  // heads_per_cta KV heads in turn. One head per CTA leaves slots idle when num_kv_heads does not
+  // divide the CTA slots (132 SMs, 8 heads: 16 x 8 = 128 CTAs); a group of heads per CTA fills
+  // them (33 columns x 4 groups of 2). Only for the warp-specialised tile, whose ring carries
+  // across items and heads (the next item's copies overlap the current one); the mma.sync tiles
+  // refill their pipeline at every item, and more, shorter columns would add fills.
+  struct GridShape {
+    int cols;
+    int heads_per_cta;
+  };
+  GridShape grid_shape(int per_sm, int num_kv_heads, QTile t) const {
+    const int slots = per_sm * sm_budget(options_);
+    const int heads = std::max(1, num_kv_heads);
+    GridShape best{std::max(1, slots / heads), 1};
+    if (t != QTile::k128Wgmma || !plan_head_groups()) return best;
+    int best_used = (slots / heads) * heads;
+    for (int hp = 2; hp <= heads; ++hp) {
+      if (heads % hp != 0) continue;
+      const int groups = heads / hp, cols = slots / groups;
+      if (cols * groups > best_used) {
+        best = GridShape{cols, hp};
+        best_used = cols * groups;
+      }
+    }
+    return best;
   }
 
   void check_graph_invariants(const PlanInput& in, const PlanShape& shape, const ResolvedVariant& variant) const {
@@ -603,7 +640,7 @@ class AttentionRuntime {
   void* pinned_ = nullptr;
   cudaEvent_t copy_done_ = nullptr;
   QTile graph_tile_ = QTile::k16;
-  int graph_cols_ = 0;
+  GridShape graph_grid_{0, 1};
 
   bool planned_ = false;
   cudaStream_t plan_stream_ = nullptr;

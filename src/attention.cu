@@ -12,6 +12,7 @@
 #include "src/attention_args.h"
 #include "src/attention_dispatch.h"
 #include "src/check.h"
+#include "src/env.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/prefill_config.h"
@@ -184,13 +185,7 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows) {
 QTile q_tile_128(int head_dim) {
   // TESSERA_PREFILL_WGMMA=0 keeps the mma.sync tile on sm_90 (tests cover the configuration sm_80
   // devices run; benchmarks compare the two). Read once per process.
-  static const bool wgmma_allowed = [] {
-    const char* text = std::getenv("TESSERA_PREFILL_WGMMA");
-    if (text == nullptr || *text == '\0') return true;
-    const std::string v = text;
-    TESSERA_CHECK_ARG(v == "0" || v == "1") << "TESSERA_PREFILL_WGMMA = " << v << ", expected 0 or 1";
-    return v == "1";
-  }();
+  static const bool wgmma_allowed = env_choice("TESSERA_PREFILL_WGMMA", {"1", "0"}) == "1";
   return head_dim == 128 && wgmma_allowed && current_device_has_wgmma() ? QTile::k128Wgmma : QTile::k128;
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/attention/contraction.cuh"
 #include "src/attention_args.h"
 #include "src/check.h"
+#include "src/env.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/prefill_config.h"
@@ -73,26 +74,14 @@ int64_t cost_alpha(QTile t) {
 // TESSERA_PLAN_ORDER=cost turns off the planner's request-grouped assignment
 // (PlannerConfig::group_by_request), =request (the default) keeps it: a tuning aid for the ablation.
 bool plan_group_by_request() {
-  static const bool grouped = [] {
-    const char* text = std::getenv("TESSERA_PLAN_ORDER");
-    if (text == nullptr || *text == '\0') return true;
-    const std::string v = text;
-    TESSERA_CHECK_ARG(v == "cost" || v == "request") << "TESSERA_PLAN_ORDER = " << v << ", expected cost or request";
-    return v == "request";
-  }();
+  static const bool grouped = env_choice("TESSERA_PLAN_ORDER", {"request", "cost"}) == "request";
   return grouped;
 }
 
 // TESSERA_PLAN_HEAD_GROUPS=0 keeps one KV head per CTA of the persistent grid (=1, the default,
 // lets grid_shape group heads): a tuning aid for the ablation.
 bool plan_head_groups() {
-  static const bool allowed = [] {
-    const char* text = std::getenv("TESSERA_PLAN_HEAD_GROUPS");
-    if (text == nullptr || *text == '\0') return true;
-    const std::string v = text;
-    TESSERA_CHECK_ARG(v == "0" || v == "1") << "TESSERA_PLAN_HEAD_GROUPS = " << v << ", expected 0 or 1";
-    return v == "1";
-  }();
+  static const bool allowed = env_choice("TESSERA_PLAN_HEAD_GROUPS", {"1", "0"}) == "1";
   return allowed;
 }
 

@@ -192,7 +192,7 @@ struct PrefillSmem {
   T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
-  uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (kLoaderThreads arrivals)
+  uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (see StageCompletion)
   uint64_t* full_v;   // [kStages] ... its V copies
   uint64_t* empty_k;  // [kStages] warp-specialised: the compute warps are done with the stage's K
   uint64_t* empty_v;  // [kStages] ... with its V
@@ -278,6 +278,9 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
   static_assert(Traits::CTA_TILE_Q <= Traits::kLoaderThreads, "one thread per query row");
   const int tid = loader_thread<Traits>();
+  // Warp-specialised, the producer runs from item to item without a loader barrier in between
+  // when an item has no KV tiles: every thread must be done reading the previous item's offsets.
+  if constexpr (Traits::kWarpSpecialized) loader_sync<Traits>();
   if (tid < Traits::CTA_TILE_Q) {
     const PackedRow r = unpack_row(p, kv_head, packed_begin + tid);
     row_offsets[tid] =
@@ -508,18 +511,39 @@ struct RingPosition {
   uint32_t tiles = 0;
 };
 
+/// Warp-specialised: how the producer completes a K/V stage's `full` barrier (and Q's `q_full`).
+/// kAfterWait: each producer thread waits for its copies (cp.async.wait_group), fences the proxy
+/// (wgmma reads shared memory through the async proxy) and arrives, so the producer has one
+/// step's copies in flight at a time. kByCopies: each thread arrives itself, which releases the
+/// row table it wrote, and through cp.async.mbarrier.arrive.noinc, which arrives when its copies
+/// land, so the producer never waits for its copies and keeps every free stage in flight; the
+/// compute warps then fence the proxy after each wait. Paged KV takes kByCopies: its producer
+/// resolves a page per 16 rows, a long chain per tile that the copies in flight hide (W4 paged16
+/// +6-7%, one-shot and runtime). Ragged KV keeps kAfterWait: its producer is quick, and the fences
+/// in the compute warps' chain cost more than the overlap gains (W2a 16k -1.5 to -1.8%, W3 -0.5
+/// to -2%; bench/results/LOG.md, session 19). Block-sparse KV is not measured either way and keeps
+/// kAfterWait.
+enum class StageCompletion { kAfterWait, kByCopies };
+template <KVFormatKind kFormat>
+inline constexpr StageCompletion kStageCompletion =
+    kFormat == KVFormatKind::kPaged ? StageCompletion::kByCopies : StageCompletion::kAfterWait;
+
 /// Runs f(RoleTag<role>{}) for this warp's role: kAll, or, warp-specialised, after the mbarriers
 /// are initialised, kProducer (the last warpgroup, its register limit lowered) or kCompute (the
 /// limit raised). The roles' code paths are disjoint from here on: ptxas keeps the setmaxnreg
 /// only then (it ignored them, C7507, when both roles went on through shared code).
-template <typename Traits, typename F>
+template <typename Traits, KVFormatKind kFormat, typename F>
 TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
   if constexpr (Traits::kWarpSpecialized) {
+    constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
     PrefillSmem<Traits> smem(smem_raw);
     if (threadIdx.x == 0) {
+      // kByCopies: two arrivals per producer thread on a K/V stage (its own and its copies'), one
+      // on q_full (its copies'); kAfterWait: one each.
+      constexpr int kFullArrivals = (kByCopies ? 2 : 1) * Traits::kLoaderThreads;
       for (int st = 0; st < Traits::kStages; ++st) {
-        mbarrier_init(smem.full_k + st, Traits::kLoaderThreads);
-        mbarrier_init(smem.full_v + st, Traits::kLoaderThreads);
+        mbarrier_init(smem.full_k + st, kFullArrivals);
+        mbarrier_init(smem.full_v + st, kFullArrivals);
         mbarrier_init(smem.empty_k + st, Traits::kComputeThreads);
         mbarrier_init(smem.empty_v + st, Traits::kComputeThreads);
       }
@@ -532,6 +556,10 @@ TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
     if (static_cast<int>(threadIdx.x) >= Traits::kComputeThreads) {
       warpgroup_registers_decrease<Traits::kProducerRegs>();
       f(RoleTag<WarpRole::kProducer>{});
+      if constexpr (kByCopies) {
+        cp_async_commit();  // the copies tracked by mbarriers only, into a group to wait for:
+        cp_async_wait<0>();  // no copy outlives its thread
+      }
     } else {
       warpgroup_registers_increase<Traits::kComputeRegs>();
       f(RoleTag<WarpRole::kCompute>{});
@@ -576,9 +604,11 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // buffer: each role's ring position advances once per item).
   const int q_stage = kRole == WarpRole::kProducer ? ring.fill_q.stage : ring.read_q.stage;
   T* const q_tile = q_stage == 0 ? smem.q : smem.extra_q + (q_stage - 1) * kQTileElems;  // [CTA_TILE_Q][HEAD_DIM]
+  constexpr bool kByCopies =
+      Traits::kWarpSpecialized && kStageCompletion<kFormat> == StageCompletion::kByCopies;
   auto load_q = [&] {
     load_q_tile<Traits>(p, e, kv_head, packed_begin, q_tile, smem.q_rows);
-    cp_async_commit();
+    if constexpr (!kByCopies) cp_async_commit();  // kByCopies: q_full tracks the copies
   };
   if constexpr (!Traits::kWarpSpecialized) load_q();
   constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
@@ -617,12 +647,13 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       // The producer warpgroup: Q, then every K/V tile through the ring, K of tile `step` and V of
       // tile step - 1 per step (P V runs a tile behind Q K^T). A tile's row table is resolved
       // before its stages are free (the table ring has kStages + 2 slots: see kRowTables), then
-      // each copy waits for its stage (`empty_k`, `empty_v`). A stage's `full` arrival follows
-      // the copies' landing and a proxy fence (wgmma reads shared memory through the async
-      // proxy), so the compute warps wait for the copies only, never for the producer's next step.
+      // each copy waits for its stage (`empty_k`, `empty_v`) and its `full` barrier is completed
+      // as kStageCompletion says, so the compute warps wait for the copies only, never for the
+      // producer's next step.
       // The buffer's previous item (kQStages items back) is done with it.
       mbarrier_wait(smem.q_empty + q_stage, ring.fill_q.phase ^ 1u);
       load_q();
+      if constexpr (kByCopies) cp_async_mbarrier_arrive(smem.q_full + q_stage);
       block = block_id(0);
       for (int step = 0; step <= num_kv_tiles; ++step) {
         const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
@@ -632,37 +663,53 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           mbarrier_wait(smem.empty_k + ring.fill_k.stage, ring.fill_k.phase ^ 1u);
           load_kv_tile<Traits, KVPart::kK>(smem.rows + table_slot(step) * 2 * Traits::CTA_TILE_KV,
                                           smem.k + ring.fill_k.stage * kTileElems);
-          cp_async_commit();
+          if constexpr (kByCopies) {
+            mbarrier_arrive(smem.full_k + ring.fill_k.stage);
+            cp_async_mbarrier_arrive(smem.full_k + ring.fill_k.stage);
+            ring.fill_k.advance();
+          } else {
+            cp_async_commit();
+          }
         }
         if (copies_v) {
           mbarrier_wait(smem.empty_v + ring.fill_v.stage, ring.fill_v.phase ^ 1u);
           load_kv_tile<Traits, KVPart::kV>(smem.rows + table_slot(step - 1) * 2 * Traits::CTA_TILE_KV,
                                           smem.k + ring.fill_v.stage * kTileElems);
-          cp_async_commit();
-        }
-        if (copies_k) {
-          // K (and Q, committed before) has landed when at most the V group is in flight.
-          if (copies_v) {
-            cp_async_wait<1>();
+          if constexpr (kByCopies) {
+            mbarrier_arrive(smem.full_v + ring.fill_v.stage);
+            cp_async_mbarrier_arrive(smem.full_v + ring.fill_v.stage);
+            ring.fill_v.advance();
           } else {
-            cp_async_wait<0>();
+            cp_async_commit();
           }
-          fence_proxy_async_shared();
-          if (step == 0) mbarrier_arrive(smem.q_full + q_stage);
-          mbarrier_arrive(smem.full_k + ring.fill_k.stage);
-          ring.fill_k.advance();
         }
-        if (copies_v) {
-          cp_async_wait<0>();
-          fence_proxy_async_shared();
-          mbarrier_arrive(smem.full_v + ring.fill_v.stage);
-          ring.fill_v.advance();
+        if constexpr (!kByCopies) {
+          if (copies_k) {
+            // K (and Q, committed before) has landed when at most the V group is in flight.
+            if (copies_v) {
+              cp_async_wait<1>();
+            } else {
+              cp_async_wait<0>();
+            }
+            fence_proxy_async_shared();
+            if (step == 0) mbarrier_arrive(smem.q_full + q_stage);
+            mbarrier_arrive(smem.full_k + ring.fill_k.stage);
+            ring.fill_k.advance();
+          }
+          if (copies_v) {
+            cp_async_wait<0>();
+            fence_proxy_async_shared();
+            mbarrier_arrive(smem.full_v + ring.fill_v.stage);
+            ring.fill_v.advance();
+          }
         }
       }
-      if (num_kv_tiles == 0) {
-        cp_async_wait<0>();
-        fence_proxy_async_shared();
-        mbarrier_arrive(smem.q_full + q_stage);
+      if constexpr (!kByCopies) {
+        if (num_kv_tiles == 0) {
+          cp_async_wait<0>();
+          fence_proxy_async_shared();
+          mbarrier_arrive(smem.q_full + q_stage);
+        }
       }
       ring.fill_q.advance();
       ring.tiles += num_kv_tiles;
@@ -770,6 +817,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   [[maybe_unused]] auto issue_lagged_pv = [&](int v_tile_index) {
     if constexpr (Traits::kWgmma) {
       mbarrier_wait(smem.full_v + ring.read_v.stage, ring.read_v.phase);
+      if constexpr (kByCopies) fence_proxy_async_shared();  // the copies, before wgmma's async-proxy reads
       T* v_tile = smem.v + ring.read_v.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
       if constexpr (Variant::kHasValueTransform) {
         const int32_t* keys = smem.row_keys + table_slot(v_tile_index) * Traits::CTA_TILE_KV;  // [CTA_TILE_KV]
@@ -819,6 +867,9 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     const int kv_begin = tiles.begin(tile), kv_tile_end = tiles.end(tile);
     if constexpr (Traits::kWarpSpecialized) {
       mbarrier_wait(smem.full_k + compute_stage.stage, compute_stage.phase);
+      // kByCopies: the copies (this K stage's, and Q's: q_full completed earlier), before
+      // wgmma's async-proxy reads.
+      if constexpr (kByCopies) fence_proxy_async_shared();
     } else {
       cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
       // After this barrier: every thread finished computing tile - 1 (its stage and row table are
@@ -1261,7 +1312,7 @@ attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, con
   const int packed_begin = q_tile * Traits::CTA_TILE_Q;
   if (packed_begin >= e.qo_len * p.group_size) return;
   const KVSpan span = tile_kv_span<Traits, kFormat, Variant>(p, vp, e, packed_begin, 0, e.kv_len);
-  with_warp_role<Traits>(smem_raw, [&](auto role) {
+  with_warp_role<Traits, kFormat>(smem_raw, [&](auto role) {
     RingPosition<Traits> ring;
     attention_tile<Traits, kFormat, Variant, decltype(role)::value>(p, vp, e, request, kv_head, packed_begin, span,
                                                                     TileOutput{nullptr, nullptr}, smem_raw, ring);
@@ -1280,7 +1331,7 @@ attention_persistent_kernel(const AttentionParams<T> p, const VariantParams vp, 
   // extents while this grid runs, then wait for it before touching the partial states.
   allow_dependent_launch();
   const int first = work.cta_indptr[blockIdx.x], last = work.cta_indptr[blockIdx.x + 1];
-  with_warp_role<Traits>(smem_raw, [&](auto role) {
+  with_warp_role<Traits, kFormat>(smem_raw, [&](auto role) {
     constexpr WarpRole kRole = decltype(role)::value;
     RingPosition<Traits> ring;  // continues across the items and heads
     auto run_column = [&](const int kv_head) {

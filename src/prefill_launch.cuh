@@ -67,6 +67,23 @@ VariantKernelRequest persistent_variant_request() {
                                                   Traits::kSmemBytes);
 }
 
+/// The one-shot kernel's grid (attention_prefill_kernel reads it back). Several query tiles per
+/// request: (query tile, request, KV head), so a (request, KV head)'s tiles, which read the same
+/// K/V, run together and share it in L2. One query tile per request (decode): (KV head, request,
+/// 1), so the CTAs of one request's KV heads run together. A page (NHD) interleaves its rows'
+/// heads, so they then stream each page at once, and they share its page-table entries in L2;
+/// with the KV head slowest, a grid of more CTAs than slots read half of every page's bytes in
+/// one wave and the other half in the next. Measured (H100, W1 one-shot, one binary, three runs
+/// each; bench/results/LOG.md, session 19): B=64 L=4k 2882-2888 -> 2899.5-2905 GB/s, B=128 L=4k
+/// 2959-2971 -> 2988-2991, B=64 L=16k +0.35%, W1v uniform 2592-2612 -> 2663-2680; B=16 (one wave)
+/// and W1v skewed level.
+inline dim3 one_shot_grid(int64_t q_tiles, int64_t batch_size, int64_t num_kv_heads) {
+  if (q_tiles == 1) {
+    return dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(batch_size), 1u);
+  }
+  return dim3(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch_size), static_cast<unsigned>(num_kv_heads));
+}
+
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant, int64_t max_qo_len,
                            cudaStream_t stream) {
@@ -76,8 +93,7 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
       << "grid too large: " << q_tiles << " query tiles x " << p.batch_size << " requests x " << p.num_kv_heads
       << " KV heads (limits 2^31-1 x 65535 x 65535)";
   if (q_tiles == 0 || p.batch_size == 0) return;
-  const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(p.batch_size),
-                  static_cast<unsigned>(p.num_kv_heads));
+  const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads);
   int32_t num_q_tiles = static_cast<int32_t>(q_tiles);
   if (variant.is_default) {
     auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, T>;

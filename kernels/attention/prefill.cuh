@@ -1300,14 +1300,17 @@ TESSERA_DEVICE KVSpan tile_kv_span(const AttentionParams<T>& p, const VariantPar
   return KVSpan{kv_first, kv_first, kv_first, kv_end};  // columns, not positions: no clipping
 }
 
-/// One-shot grid: blockIdx = (query tile, request, KV head), each CTA the tile's whole KV range.
+/// One-shot grid, each CTA a query tile's whole KV range: blockIdx = (query tile, request, KV
+/// head), or, when requests have one query tile (num_q_tiles == 1: decode, short appends),
+/// (KV head, request, 0). See one_shot_grid (src/prefill_launch.cuh) for why.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp, const int32_t num_q_tiles) {
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of attention_tile
+  const bool heads_fastest = num_q_tiles == 1;
   // Heaviest causal tiles (the last query rows) are scheduled first.
-  const int q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x);
-  const int request = blockIdx.y, kv_head = blockIdx.z;
+  const int q_tile = heads_fastest ? 0 : num_q_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int request = blockIdx.y, kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
   const RequestExtent e = request_extent<kFormat>(p, request);
   const int packed_begin = q_tile * Traits::CTA_TILE_Q;
   if (packed_begin >= e.qo_len * p.group_size) return;

@@ -9,7 +9,8 @@
 #   Options (environment): BUILD_DIR (default build-sm90a), TESTS=0 to skip CTest, SANITIZE=0 to
 #   skip compute-sanitizer, PYTEST=0 to skip the Python tests, BENCH_SUITES (default quick; empty
 #   skips the benchmarks), BENCH_ITERS (default 30), TESSERA_GIT_COMMIT (the commit the tree is
-#   at, recorded in the benchmark JSON, for copies of the tree without .git). The steps can be
+#   at, recorded in the benchmark JSON, for copies of the tree without .git), PACK_LOGS=1 to pack
+#   the step logs into $OUT/logs.tgz (for machines that return few files). The steps can be
 #   split over several device calls on one warm machine (the build folder and the JIT cache stay).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ BUILD_DIR=${BUILD_DIR:-build-sm90a}
 TESTS=${TESTS:-1}
 SANITIZE=${SANITIZE:-1}
 PYTEST=${PYTEST:-1}
+PACK_LOGS=${PACK_LOGS:-0}
 BENCH_SUITES=${BENCH_SUITES-quick}
 BENCH_ITERS=${BENCH_ITERS:-30}
 mkdir -p "$OUT"
@@ -135,5 +137,9 @@ for r in rows:
     print(f"{r['workload']:<34} {r['impl']:<11} {r['median_us']:>10.1f} {r['value']:>10.1f} {r['metric']:<8} "
           f"{(f'{100*frac:.1f}%' if frac is not None else '-'):>10}")
 PY
+fi
+if [ "$PACK_LOGS" = 1 ]; then
+  (cd "$OUT" && logs=$(ls *.log *.txt 2>/dev/null | grep -v '^gpu-check.log$') &&
+     [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs)
 fi
 exit $status

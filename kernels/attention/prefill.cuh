@@ -654,6 +654,17 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
       mbarrier_wait(smem.q_empty + q_stage, ring.fill_q.phase ^ 1u);
       load_q();
       if constexpr (kByCopies) cp_async_mbarrier_arrive(smem.q_full + q_stage);
+      // After a stage's copies are issued: kByCopies completes its `full` barrier through them
+      // (and this thread's own arrival); kAfterWait closes a cp.async group, waited for below.
+      auto copies_issued = [&](uint64_t* full, PipelineState<Traits::kStages>& fill) {
+        if constexpr (kByCopies) {
+          mbarrier_arrive(full + fill.stage);
+          cp_async_mbarrier_arrive(full + fill.stage);
+          fill.advance();
+        } else {
+          cp_async_commit();
+        }
+      };
       block = block_id(0);
       for (int step = 0; step <= num_kv_tiles; ++step) {
         const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
@@ -663,25 +674,13 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
           mbarrier_wait(smem.empty_k + ring.fill_k.stage, ring.fill_k.phase ^ 1u);
           load_kv_tile<Traits, KVPart::kK>(smem.rows + table_slot(step) * 2 * Traits::CTA_TILE_KV,
                                           smem.k + ring.fill_k.stage * kTileElems);
-          if constexpr (kByCopies) {
-            mbarrier_arrive(smem.full_k + ring.fill_k.stage);
-            cp_async_mbarrier_arrive(smem.full_k + ring.fill_k.stage);
-            ring.fill_k.advance();
-          } else {
-            cp_async_commit();
-          }
+          copies_issued(smem.full_k, ring.fill_k);
         }
         if (copies_v) {
           mbarrier_wait(smem.empty_v + ring.fill_v.stage, ring.fill_v.phase ^ 1u);
           load_kv_tile<Traits, KVPart::kV>(smem.rows + table_slot(step - 1) * 2 * Traits::CTA_TILE_KV,
                                           smem.k + ring.fill_v.stage * kTileElems);
-          if constexpr (kByCopies) {
-            mbarrier_arrive(smem.full_v + ring.fill_v.stage);
-            cp_async_mbarrier_arrive(smem.full_v + ring.fill_v.stage);
-            ring.fill_v.advance();
-          } else {
-            cp_async_commit();
-          }
+          copies_issued(smem.full_v, ring.fill_v);
         }
         if constexpr (!kByCopies) {
           if (copies_k) {

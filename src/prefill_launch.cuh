@@ -38,14 +38,15 @@ std::string prefill_template_args() {
                  Traits::kWgmma ? "kWgmma" : "kSync", ">, tessera::kernels::KVFormatKind::", format);
 }
 
-/// The JIT request of one FA2-class kernel template for a non-default variant.
+/// The JIT request of the prefill kernel template with one tile scheduler for a non-default
+/// variant.
 template <typename Traits, kernels::KVFormatKind kFormat>
-VariantKernelRequest prefill_variant_request(const char* kernel_template, const char* what, int smem_bytes) {
+VariantKernelRequest prefill_variant_request(const char* scheduler, const char* what, int smem_bytes) {
   VariantKernelRequest r;
   r.header = "kernels/attention/prefill.cuh";
-  r.kernel = kernel_template;
+  r.kernel = "tessera::kernels::attention_prefill_kernel";
   r.args_before = prefill_template_args<Traits, kFormat>();
-  r.args_after = cuda_type_name<typename Traits::DType>();
+  r.args_after = str_cat(scheduler, ", ", cuda_type_name<typename Traits::DType>());
   r.dynamic_smem_bytes = smem_bytes;
   // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
   r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
@@ -58,16 +59,16 @@ VariantKernelRequest prefill_variant_request(const char* kernel_template, const 
 /// of the persistent kernel (every Q buffer).
 template <typename Traits, kernels::KVFormatKind kFormat>
 VariantKernelRequest oneshot_variant_request() {
-  return prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_prefill_kernel", "prefill",
+  return prefill_variant_request<Traits, kFormat>("tessera::kernels::OneShotScheduler", "prefill",
                                                   Traits::kOneItemSmemBytes);
 }
 template <typename Traits, kernels::KVFormatKind kFormat>
 VariantKernelRequest persistent_variant_request() {
-  return prefill_variant_request<Traits, kFormat>("tessera::kernels::attention_persistent_kernel", "persistent",
+  return prefill_variant_request<Traits, kFormat>("tessera::kernels::PlannedScheduler", "persistent",
                                                   Traits::kSmemBytes);
 }
 
-/// The one-shot kernel's grid (attention_prefill_kernel reads it back). Several query tiles per
+/// The one-shot kernel's grid (OneShotScheduler reads it back). Several query tiles per
 /// request: (query tile, request, KV head), so a (request, KV head)'s tiles, which read the same
 /// K/V, run together and share it in L2. One query tile per request (decode): (KV head, request,
 /// 1), so the CTAs of one request's KV heads run together. A page (NHD) interleaves its rows'
@@ -94,12 +95,12 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
       << " KV heads (limits 2^31-1 x 65535 x 65535)";
   if (q_tiles == 0 || p.batch_size == 0) return;
   const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads);
-  int32_t num_q_tiles = static_cast<int32_t>(q_tiles);
+  typename kernels::OneShotScheduler<Traits>::Arguments tiles{static_cast<int32_t>(q_tiles)};
   if (variant.is_default) {
-    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler, T>;
     // One work item per CTA: only the first Q buffer (kOneItemSmemBytes).
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kOneItemSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kOneItemSmemBytes, stream>>>(p, variant.params, num_q_tiles);
+    kernel<<<grid, Traits::kThreads, Traits::kOneItemSmemBytes, stream>>>(p, variant.params, tiles);
     TESSERA_CHECK_LAUNCH();
     return;
   }
@@ -107,7 +108,7 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
   CUfunction fn = variant_kernel(variant, request);
   kernels::AttentionParams<T> params = p;
   kernels::VariantParams vp = variant.params;
-  void* args[] = {&params, &vp, &num_q_tiles};
+  void* args[] = {&params, &vp, &tiles};
   launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
 }
 
@@ -184,7 +185,7 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
   const dim3 grid(static_cast<unsigned>(launch.grid_cols),
                   static_cast<unsigned>(p.num_kv_heads / launch.work.heads_per_cta));
   if (variant.is_default) {
-    auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, T>;
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
     kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
     TESSERA_CHECK_LAUNCH();
@@ -236,7 +237,8 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
     constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
     with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
       using Traits = typename decltype(traits_tag)::type;
-      auto kernel = kernels::attention_persistent_kernel<Traits, kFormat, kernels::DefaultVariant, T>;
+      auto kernel =
+          kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, T>;
       ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
       TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
                                                                        Traits::kSmemBytes))

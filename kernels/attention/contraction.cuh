@@ -7,7 +7,7 @@
 #include "kernels/attention/planned_work.cuh"
 #include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/platform.cuh"
-#include "kernels/common/state.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/common/vec.cuh"
 
 namespace tessera {
@@ -50,7 +50,7 @@ merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const i
 
     wait_for_prerequisite_grids();  // the persistent kernel's partial states are complete
     constexpr int kBatch = ContractionTraits::kStatesInFlight;
-    StateAccumulator<N> acc;
+    OnlineSoftmax<N> acc;
     for (int base = merge.partial_begin; base < merge.partial_end; base += kBatch) {
       float4 lo[kBatch], hi[kBatch];  // [kBatch] x [N] partial outputs
       float lse[kBatch];              // [kBatch]
@@ -68,7 +68,7 @@ merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const i
       for (int k = 0; k < kBatch; ++k) {
         if (base + k < merge.partial_end) {
           const float v[N] = {lo[k].x, lo[k].y, lo[k].z, lo[k].w, hi[k].x, hi[k].y, hi[k].z, hi[k].w};
-          acc.fold(lse[k], v);
+          acc.fold_state(lse[k], v);
         }
       }
     }

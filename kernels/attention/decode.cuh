@@ -20,10 +20,9 @@
 // Logits are in base 2 (s = q.k * sm_scale_log2); lse is log2(sum 2^s).
 #pragma once
 
-#include <cuda/std/limits>
-
 #include "kernels/attention/params.cuh"
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/vec.cuh"
 
@@ -83,9 +82,6 @@ struct DecodeTraits {
 };
 
 namespace decode {
-
-// INFINITY comes from the host's <math.h>, which NVRTC does not have.
-constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
 
 /// Ring position of one side of the pipeline (the stage being filled or the one being computed).
 template <int kStages>
@@ -155,44 +151,6 @@ struct KVTileLoader {
   }
 };
 
-/// Online softmax of one query head over the rows a row group has seen, for this thread's
-/// kVecElems output elements. m and d are identical across the row group.
-template <int N>
-struct OnlineSoftmax {
-  float m = kNegInf;  // running max of the base-2 logits
-  float d = 0.f;        // sum of 2^(s - m)
-  float acc[N];         // [N] sum of 2^(s - m) * v
-
-  TESSERA_DEVICE OnlineSoftmax() {
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = 0.f;
-  }
-
-  /// Folds R rows (masked rows have s = -inf and zero-filled v). The accumulator is rescaled only
-  /// when the max grows, which after the first rows is rare.
-  template <int R, typename T>
-  TESSERA_DEVICE void update(const float (&s)[R], const Vec<T> (&v)[R]) {
-    float m_new = m;
-#pragma unroll
-    for (int r = 0; r < R; ++r) m_new = fmaxf(m_new, s[r]);
-    if (m_new == kNegInf) return;  // only masked rows so far: 2^(-inf - -inf) would be NaN
-    if (m_new > m) {
-      const float scale = exp2f(m - m_new);  // 0 on the first valid row
-      d *= scale;
-#pragma unroll
-      for (int i = 0; i < N; ++i) acc[i] *= scale;
-      m = m_new;
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float w = exp2f(s[r] - m);
-      d += w;
-#pragma unroll
-      for (int i = 0; i < N; ++i) acc[i] = fmaf(w, to_float(v[r].data[i]), acc[i]);
-    }
-  }
-};
-
 /// Computes R rows first, first + stride, ... of one stage for one query head: dot products with
 /// the (pre-scaled) query, reduced over the row group, then one online-softmax update.
 template <typename Traits, int R, typename T>
@@ -219,9 +177,9 @@ TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if (!smem.row_valid[stage][first + r * stride]) s[r] = kNegInf;
+    if (!smem.row_valid[stage][first + r * stride]) s[r] = -INFINITY;
   }
-  state.update<R>(s, v);
+  state.fold_logits(s, [&](int r, int i) { return to_float(v[r].data[i]); });
 }
 
 }  // namespace decode
@@ -271,7 +229,7 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
   const int num_tiles = ceil_div(max(e.kv_len, 0), kTileRows);
   const uint32_t mask = decode::row_group_mask<Traits::kThreadsPerRow>();
   decode::KVTileLoader<Traits, kFormat, T> loader(p, kv_head, group, vec);
-  decode::OnlineSoftmax<N> state;
+  OnlineSoftmax<N> state;  // one query head over the rows this row group has seen
   decode::PipelineStage<kStages> load_stage, compute_stage;
 
   // Prologue: kStages - 1 tiles in flight. Every iteration commits a group, empty or not, so the
@@ -325,43 +283,32 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
   __syncthreads();
   if (!computes || row_slot > 0) return;
 
-  float m = state.m;
-  for (int r = 1; r < row_slots; ++r) m = fmaxf(m, smem.merge.m[head_slot + r * nh]);
-  float d = 0.f;
-  float acc[N];  // [N]
-  if (m == decode::kNegInf) {  // no valid row in any slot (kv_len == 0 or every page out of range)
+  PartialStateSum<N> sum;  // the head's row slots, in slot order (an empty slot has m = -inf, acc = 0)
+  sum.add_max(state.m);
+  for (int r = 1; r < row_slots; ++r) sum.add_max(smem.merge.m[head_slot + r * nh]);
+  sum.add(state.m, state.d, [&](int i) { return state.acc[i]; });
+  for (int r = 1; r < row_slots; ++r) {
+    const int other = head_slot + r * nh;
+    float acc[N];  // [N] the other slot's elements, in 16-byte loads
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = 0.f;
-  } else {
-    const float own = exp2f(state.m - m);  // 0 for an empty slot: its acc and d are 0 as well
-    d = state.d * own;
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = state.acc[i] * own;
-    for (int r = 1; r < row_slots; ++r) {
-      const int other = head_slot + r * nh;
-      const float w = exp2f(smem.merge.m[other] - m);
-      d = fmaf(smem.merge.d[other], w, d);
-      const float* src = &smem.merge.acc[other][vec_elem];
-#pragma unroll
-      for (int i = 0; i < N; i += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(src + i);
-        acc[i] = fmaf(a.x, w, acc[i]);
-        acc[i + 1] = fmaf(a.y, w, acc[i + 1]);
-        acc[i + 2] = fmaf(a.z, w, acc[i + 2]);
-        acc[i + 3] = fmaf(a.w, w, acc[i + 3]);
-      }
+    for (int i = 0; i < N; i += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(&smem.merge.acc[other][vec_elem + i]);
+      acc[i] = a.x;
+      acc[i + 1] = a.y;
+      acc[i + 2] = a.z;
+      acc[i + 3] = a.w;
     }
+    sum.add(smem.merge.m[other], smem.merge.d[other], [&](int i) { return acc[i]; });
   }
 
-  const float inv_d = d > 0.f ? 1.f / d : 0.f;
+  const float inv_d = sum.inv_sum();
   Vec<T> out;
 #pragma unroll
-  for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc[i] * inv_d);
+  for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(sum.acc[i] * inv_d);
   out.store(p.o + static_cast<int64_t>(b) * p.o_row_stride + static_cast<int64_t>(qo_head) * p.o_head_stride +
             vec_elem);
   if (p.lse != nullptr && vec == 0) {
-    p.lse[static_cast<int64_t>(b) * p.lse_row_stride + static_cast<int64_t>(qo_head) * p.lse_head_stride] =
-        d > 0.f ? m + log2f(d) : decode::kNegInf;
+    p.lse[static_cast<int64_t>(b) * p.lse_row_stride + static_cast<int64_t>(qo_head) * p.lse_head_stride] = sum.lse();
   }
 }
 

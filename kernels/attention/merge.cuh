@@ -4,7 +4,7 @@
 #pragma once
 
 #include "kernels/common/platform.cuh"
-#include "kernels/common/state.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/common/vec.cuh"
 
 namespace tessera {
@@ -63,7 +63,7 @@ TESSERA_DEVICE RowHeadVec row_head_vec(int64_t t, int num_heads, int vecs_per_he
 
 /// Writes the merged vector, and the LSE from the head's first vector thread.
 template <typename T, int N>
-TESSERA_DEVICE void store_merged(const StateAccumulator<N>& acc, T* v_out, float* s_out, bool owns_lse) {
+TESSERA_DEVICE void store_merged(const OnlineSoftmax<N>& acc, T* v_out, float* s_out, bool owns_lse) {
   Vec<T> out;
   const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
 #pragma unroll
@@ -102,7 +102,7 @@ merge_states_kernel(const MergeStatesParams<T> p) {
     const T* v_ptr = p.v + v_off + head * p.in.v_head_stride + vec * N;  // [count] x [N], strided
     const float* s_ptr = p.s + s_off + head * p.in.s_head_stride;       // [count], strided
 
-    StateAccumulator<N> acc;
+    OnlineSoftmax<N> acc;
     for (int base = 0; base < count; base += Traits::kStatesInFlight) {
       Vec<T> v_in[Traits::kStatesInFlight];   // [kStatesInFlight] x [N]
       float s_in[Traits::kStatesInFlight];    // [kStatesInFlight]
@@ -119,7 +119,7 @@ merge_states_kernel(const MergeStatesParams<T> p) {
           float vf[N];
 #pragma unroll
           for (int i = 0; i < N; ++i) vf[i] = to_float(v_in[k].data[i]);
-          acc.fold(s_in[k], vf);
+          acc.fold_state(s_in[k], vf);
         }
       }
     }
@@ -162,14 +162,14 @@ merge_state_pair_kernel(const MergeStatePairParams<T> p) {
     const float sa = p.s_a[row * p.s_a_row_stride + head * p.s_a_head_stride];
     const float sb = p.s_b[row * p.s_b_row_stride + head * p.s_b_head_stride];
 
-    StateAccumulator<N> acc;
+    OnlineSoftmax<N> acc;
     float vf[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) vf[i] = to_float(a.data[i]);
-    acc.fold(sa, vf);
+    acc.fold_state(sa, vf);
 #pragma unroll
     for (int i = 0; i < N; ++i) vf[i] = to_float(b.data[i]);
-    acc.fold(sb, vf);
+    acc.fold_state(sb, vf);
 
     // v_out may alias v_a or v_b: every element is read and written by this thread alone. s_out
     // must not alias s_a or s_b (the host rejects it): the other threads of this head read them.

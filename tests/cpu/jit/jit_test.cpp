@@ -278,7 +278,8 @@ struct RealKernel {
 const RealKernel kPrefill = {
     "prefill", "kernels/attention/prefill.cuh",
     "&tessera::kernels::attention_prefill_kernel<tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 64, 64, 4, 1>, "
-    "tessera::kernels::KVFormatKind::kPaged, tessera::kernels::DefaultVariant, __nv_bfloat16>"};
+    "tessera::kernels::KVFormatKind::kPaged, tessera::kernels::DefaultVariant, tessera::kernels::OneShotScheduler, "
+    "__nv_bfloat16>"};
 const RealKernel kDecode = {
     "decode", "kernels/attention/decode.cuh",
     "&tessera::kernels::batch_decode_kernel<tessera::kernels::DecodeTraits<__nv_bfloat16, 128>, "

@@ -51,7 +51,7 @@ VariantKernelRequest prefill_request(const char* dtype, const char* format) {
   r.kernel = "tessera::kernels::attention_prefill_kernel";
   r.args_before = std::string("tessera::kernels::PrefillTraits<") + dtype +
                   ", 128, 128, 64, 8, 1, 2, 2>, tessera::kernels::KVFormatKind::" + format;
-  r.args_after = dtype;
+  r.args_after = std::string("tessera::kernels::OneShotScheduler, ") + dtype;
   r.description = "test prefill";
   return r;
 }
@@ -198,14 +198,14 @@ TEST(VariantJit, PersistentAndDecodeTilesCompile) {
   v.is_default = false;
   v.features = feature::kWindow | feature::kSinks | feature::kSoftCap | feature::kAlibi | feature::kRope;
   VariantKernelRequest persistent = prefill_request("__half", "kPaged");
-  persistent.kernel = "tessera::kernels::attention_persistent_kernel";
+  persistent.args_after = "tessera::kernels::PlannedScheduler, __half";
   VariantKernelRequest decode = prefill_request("__nv_bfloat16", "kPaged");
   decode.args_before = "tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 16, 64, 1, 4, 3, 1>, "
                        "tessera::kernels::KVFormatKind::kPaged";
   for (const VariantKernelRequest& r : {persistent, decode}) {
     const detail::VariantSource src = detail::variant_source(v, r);
     jit::CompileRequest req;
-    req.name = "variant test " + r.kernel;
+    req.name = "variant test " + r.args_after;
     req.source = jit::GeneratedSource{src.text, src.has_user_snippet};
     req.arch = "90a";
     req.name_expressions = {src.name_expression};

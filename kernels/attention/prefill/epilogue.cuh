@@ -1,0 +1,149 @@
+// The epilogue of the prefill tile: the row sums, the merge of the warps' states when warps split
+// the KV tile (NUM_WARPS_KV > 1), and the store of each row either as the final output (with the
+// variant's output transform and the base-2 LSE) or as an fp32 partial state for the split-KV
+// contraction.
+#pragma once
+
+#include "kernels/attention/params.cuh"
+#include "kernels/attention/prefill/kv_loader.cuh"
+#include "kernels/attention/prefill/tile_softmax.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/attention/variants.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/platform.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename Traits, typename Variant, typename Softmax, typename T>
+struct PrefillEpilogue {
+  static constexpr int kMmaQ = Traits::kMmaQ, kN8D = Traits::kN8D;
+  const AttentionParams<T>& p;
+  const VariantParams& vp;
+  const PrefillWork& w;
+  const FragmentCoords<Traits>& c;
+  const int batch;  // as the variant hooks see it
+
+  /// Stores this thread's rows of O (fragments [m16 tile][n8 tile of D][4]) with the softmax
+  /// state of its rows (finalized here). `smem` is free for the warps' merge.
+  TESSERA_DEVICE void store(float (&o)[kMmaQ][kN8D][4], Softmax& softmax, const PrefillSmem<Traits>& smem) const {
+    softmax.finalize();
+    if constexpr (Traits::NUM_WARPS_KV > 1) {
+      merge_warps_and_store(o, softmax, smem);
+    } else {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) store_fragment_row(o, softmax.row[mq][h], mq, h);
+    }
+  }
+
+ private:
+  /// Final value of output element `dim` of query row qo_idx, head `head`, from its accumulator.
+  TESSERA_DEVICE float final_value(float acc, float inv, int qo_idx, int head, int dim) const {
+    const float value = acc * inv;
+    if constexpr (Variant::kHasOutputTransform) {
+      return Variant::output_transform(vp, w.e, value, batch, w.e.q_pos_offset + qo_idx, head, dim);
+    }
+    return value;
+  }
+
+  /// One row half (mq, h) of the fragments: 2 * kN8D elements per thread.
+  TESSERA_DEVICE void store_fragment_row(const float (&o)[kMmaQ][kN8D][4], const SoftmaxStats<Exp2Fast>& st, int mq,
+                                         int h) const {
+    const int packed = c.packed_row(w.packed_begin, mq, h);
+    const PackedRow r = unpack_row(p, w.kv_head, packed);
+    const int qo_idx = r.qo_idx, head = r.head;
+    if (qo_idx >= w.e.qo_len) return;
+    const float inv = Softmax::normaliser(st);
+    const float lse = Softmax::log_sum_exp(st);
+    const int t = c.t;
+    if (w.out.partial_o != nullptr) {
+      const int row = packed - w.packed_begin;
+      float* dst = w.out.partial_o + row * Traits::HEAD_DIM + 2 * t;  // row of [CTA_TILE_Q][HEAD_DIM]
+#pragma unroll
+      for (int n = 0; n < kN8D; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+      }
+      if (t == 0) w.out.partial_lse[row] = lse;
+      return;
+    }
+    T* dst = p.o + static_cast<int64_t>(w.e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + 2 * t;
+#pragma unroll
+    for (int n = 0; n < kN8D; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8) =
+          pack_pair<T>(final_value(o[mq][n][2 * h], inv, qo_idx, head, n * 8 + 2 * t),
+                       final_value(o[mq][n][2 * h + 1], inv, qo_idx, head, n * 8 + 2 * t + 1));
+    }
+    if (p.lse != nullptr && t == 0) {
+      p.lse[static_cast<int64_t>(w.e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = lse;
+    }
+  }
+
+  /// Each warp saw a different slice of every KV tile: the warps' states of the same rows are
+  /// merged through shared memory (the K/V buffers), then every thread stores 8 elements of a row.
+  TESSERA_DEVICE void merge_warps_and_store(const float (&o)[kMmaQ][kN8D][4], const Softmax& softmax,
+                                            const PrefillSmem<Traits>& smem) const {
+    constexpr int kRows = Traits::kWarpRowsQ;
+    __syncthreads();
+    float* merge_o = reinterpret_cast<float*>(smem.k);                   // [kNumWarps][kRows][HEAD_DIM]
+    float* merge_md = merge_o + Traits::kNumWarps * kRows * Traits::HEAD_DIM;  // [kNumWarps][kRows][2]
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = mq * 16 + c.g + 8 * h;
+#pragma unroll
+        for (int n = 0; n < kN8D; ++n) {
+          float* dst = merge_o + (c.warp * kRows + row) * Traits::HEAD_DIM + n * 8 + 2 * c.t;
+          dst[0] = o[mq][n][2 * h];
+          dst[1] = o[mq][n][2 * h + 1];
+        }
+        if (c.t == 0) {
+          merge_md[(c.warp * kRows + row) * 2] = softmax.row[mq][h].m;
+          merge_md[(c.warp * kRows + row) * 2 + 1] = softmax.row[mq][h].d;
+        }
+      }
+    __syncthreads();
+    // All threads now combine: thread -> (row, 8-element column group).
+    constexpr int kGroups = kRows * Traits::HEAD_DIM / 8;
+    for (int i = threadIdx.x; i < kGroups; i += Traits::kComputeThreads) {
+      const int row = i / (Traits::HEAD_DIM / 8), c0 = (i % (Traits::HEAD_DIM / 8)) * 8;
+      PartialStateSum<8> sum;  // the warps' states, in warp order
+#pragma unroll
+      for (int wp = 0; wp < Traits::kNumWarps; ++wp) sum.add_max(merge_md[(wp * kRows + row) * 2]);
+#pragma unroll
+      for (int wp = 0; wp < Traits::kNumWarps; ++wp) {
+        const float* src = merge_o + (wp * kRows + row) * Traits::HEAD_DIM + c0;  // [8]
+        sum.add(merge_md[(wp * kRows + row) * 2], merge_md[(wp * kRows + row) * 2 + 1], [&](int j) { return src[j]; });
+      }
+      const PackedRow r = unpack_row(p, w.kv_head, w.packed_begin + row);
+      if (r.qo_idx >= w.e.qo_len) continue;
+      const float inv = Softmax::kSoftmaxOn ? sum.inv_sum() : 1.f;
+      const float lse = Softmax::kSoftmaxOn ? sum.lse() : NAN;
+      if (w.out.partial_o != nullptr) {
+        float* dst = w.out.partial_o + row * Traits::HEAD_DIM + c0;  // [8] of [CTA_TILE_Q][HEAD_DIM]
+        const float* acc = sum.acc;
+        *reinterpret_cast<float4*>(dst) = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+        *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+        if (c0 == 0) w.out.partial_lse[row] = lse;
+        continue;
+      }
+      uint32_t packed_out[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        packed_out[j] = pack_pair<T>(final_value(sum.acc[2 * j], inv, r.qo_idx, r.head, c0 + 2 * j),
+                                     final_value(sum.acc[2 * j + 1], inv, r.qo_idx, r.head, c0 + 2 * j + 1));
+      }
+      T* dst = p.o + static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.o_row_stride + r.head * p.o_head_stride + c0;
+      *reinterpret_cast<uint4*>(dst) = make_uint4(packed_out[0], packed_out[1], packed_out[2], packed_out[3]);
+      if (p.lse != nullptr && c0 == 0) {
+        p.lse[static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.lse_row_stride + r.head * p.lse_head_stride] = lse;
+      }
+    }
+  }
+};
+
+}  // namespace kernels
+}  // namespace tessera

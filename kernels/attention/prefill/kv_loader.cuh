@@ -1,0 +1,280 @@
+// Where a prefill work tile's operands come from: the query tile, and the KV rows of any format
+// gathered through a ring of row tables (page-table lookups a tile ahead, then row addresses,
+// then 16-byte cp.async copies into swizzled shared memory). Used by both mainloops: by every
+// warp of the sm80 tile, by the producer warpgroup of the sm90 tile.
+#pragma once
+
+#include "kernels/attention/params.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/attention/variant_params.cuh"
+#include "kernels/attention/variants.cuh"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/platform.cuh"
+
+namespace tessera {
+namespace kernels {
+
+/// A packed query row (query-major: row = qo_idx * group_size + the head's index in the group)
+/// as its query index and query head.
+struct PackedRow {
+  int qo_idx;
+  int head;
+};
+template <typename T>
+TESSERA_DEVICE PackedRow unpack_row(const AttentionParams<T>& p, int kv_head, int packed) {
+  // Unsigned (both are >= 0): a signed division costs twice the instructions.
+  const int qo_idx = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
+  return PackedRow{qo_idx, kv_head * p.group_size + (packed - qo_idx * p.group_size)};
+}
+
+/// Where a tile's result goes: the final output (o, lse of AttentionParams) when `partial_o` is
+/// null, else an fp32 partial state of the tile's rows — normalised output [CTA_TILE_Q][HEAD_DIM]
+/// at partial_o and base-2 LSE [CTA_TILE_Q] at partial_lse — for the merge.
+struct TileOutput {
+  float* partial_o;
+  float* partial_lse;
+};
+
+/// Loads the CTA's query tile; packed rows past the request's queries are zero-filled. Thread r
+/// first resolves packed row r into an element offset of q (-1: past the queries) in `row_offsets`
+/// ([CTA_TILE_Q] int64 of scratch shared memory, free until the caller's next barrier), so each
+/// of a thread's 16-byte copies costs a table load, an add and a predicate rather than a
+/// division and 64-bit address arithmetic (~35 instructions per copy, 16 copies per thread).
+template <typename Traits, typename T>
+TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
+                                T* q_smem, int64_t* row_offsets) {
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
+  static_assert(Traits::CTA_TILE_Q <= Traits::kLoaderThreads, "one thread per query row");
+  const int tid = loader_thread<Traits>();
+  // Warp-specialised, the producer runs from item to item without a loader barrier in between
+  // when an item has no KV tiles: every thread must be done reading the previous item's offsets.
+  if constexpr (Traits::kWarpSpecialized) loader_sync<Traits>();
+  if (tid < Traits::CTA_TILE_Q) {
+    const PackedRow r = unpack_row(p, kv_head, packed_begin + tid);
+    row_offsets[tid] =
+        r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q_row_stride + r.head * p.q_head_stride
+                            : -1;
+  }
+  loader_sync<Traits>();
+  // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass
+  // row/chunk divisions of a flat index are loop-invariant in the persistent kernel, which hoists
+  // them out of its item loop and spilled 15 of them (60 B) with the 4 x 32 tile.
+  static_assert(Traits::kLoaderThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kRowChunks;
+  const int chunk = tid % Traits::kRowChunks, row0 = tid / Traits::kRowChunks;
+#pragma unroll
+  for (int it = 0; it < (Traits::CTA_TILE_Q + kRowsPerPass - 1) / kRowsPerPass; ++it) {
+    const int row = row0 + it * kRowsPerPass;
+    if (Traits::CTA_TILE_Q % kRowsPerPass != 0 && row >= Traits::CTA_TILE_Q) break;
+    const int64_t offset = row_offsets[row];
+    cp_async_16_zfill(q_smem + Tile::chunk_offset(row, chunk) * 8, p.q + (offset < 0 ? 0 : offset) + chunk * 8,
+                      offset >= 0);
+  }
+}
+
+/// The page / column-block id of KV row `row` of the tile starting at kv_begin (the page-table
+/// load), or -1 at or past kv_end (the end of the CTA's KV range). Loaded one tile before
+/// resolve_kv_rows consumes it, so its latency hides behind a tile of computation.
+template <typename Traits, KVFormatKind kFormat, typename T>
+TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const RequestExtent& e, int kv_end, int kv_begin,
+                                        int row) {
+  const int pos = kv_begin + row;
+  return row < Traits::CTA_TILE_KV && pos < kv_end ? kv_row_block<kFormat>(p, e, pos) : -1;
+}
+
+/// A row-table entry: the global byte address of a K or V row of the CTA's KV head; a missing
+/// row's entry is the tensor's base, never read (the copy zero-fills). The K entry of a missing
+/// row also has bit 0 set (`tag`; rows are 16-byte aligned, so the bit is free): it is the
+/// predicate of both copies of the row (cp_async_16x2_tagged). Keeping whole addresses makes each
+/// 16-byte copy a table load, one add and a predicated cp.async.
+struct RowAddress {
+  static TESSERA_DEVICE uint64_t make(const void* base, int64_t elem_offset, int elem_bytes, bool valid, bool tag) {
+    const uint64_t b = reinterpret_cast<uint64_t>(base);
+    return valid ? b + static_cast<uint64_t>(elem_offset * elem_bytes) : (tag ? b | 1u : b);
+  }
+};
+
+/// Resolves where KV rows kv_begin .. kv_begin + CTA_TILE_KV - 1 live, thread `row` handling row
+/// `row` with its block id from load_kv_block_id, into the row table; rows at or past kv_end are
+/// missing (zero-filled and masked). A barrier separates this from the copies, so the copying
+/// threads hold no per-row registers while the accumulators are live.
+template <typename Traits, KVFormatKind kFormat, typename T>
+TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_end,
+                                    int kv_begin, int32_t block, uint64_t* row_table, int32_t* row_keys) {
+  static_assert(Traits::CTA_TILE_KV <= Traits::kLoaderThreads, "one thread per KV row");
+  const int row = loader_thread<Traits>();
+  if (row >= Traits::CTA_TILE_KV) return;
+  const int pos = kv_begin + row;
+  KVRow r{0, 0, -1, false};
+  if (pos < kv_end) r = kv_row_in_block<kFormat>(p, e, pos, block);
+  constexpr int kElem = static_cast<int>(sizeof(T));
+  row_table[2 * row] = RowAddress::make(p.k, r.k_offset + kv_head * p.k_head_stride, kElem, r.valid, true);
+  row_table[2 * row + 1] = RowAddress::make(p.v, r.v_offset + kv_head * p.v_head_stride, kElem, r.valid, false);
+  row_keys[row] = r.valid ? r.key : -1;
+}
+
+/// Which rows load_kv_tile copies: K and V together, or (warp-specialised tiles, whose V stages
+/// free later than their K stages) only one of them.
+enum class KVPart : int { kBoth = 0, kK = 1, kV = 2 };
+
+/// Copies the K and V rows resolved in the row table into one stage (its K tile at k_smem; its V
+/// tile is kVFromK bytes further, as PrefillSmem lays them out); missing rows are zero-filled.
+template <typename Traits, KVPart kPart = KVPart::kBoth, typename T>
+TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
+  constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
+  static_assert(Traits::kLoaderThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kRowChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kRowChunks / Traits::kLoaderThreads;
+  // Table entries are read in batches before any copy of the batch is issued: ptxas pads an
+  // LDGSTS that closely follows the shared-memory load of its address with three never-executed
+  // LDS (a hazard guard), 3 of ~11 instructions per 16-byte copy when loads and copies alternate.
+  // One 16-byte load fetches a row's K and V entries (adjacent in the table; a V copy takes its
+  // predicate from the K entry's tag).
+  constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
+  static_assert(kRowsPerThread % kBatch == 0, "whole batches");
+  const int tid = loader_thread<Traits>();
+  const int chunk = tid % Traits::kRowChunks, row0 = tid / Traits::kRowChunks;
+  // When a pass spans whole 8-row swizzle periods, this thread's swizzled chunk is the same in
+  // every row it copies, and its destinations are one base plus constant strides (immediates).
+  constexpr bool kFixedSwizzle = kRowsPerPass % 8 == 0;
+  const uint32_t k_base = smem_addr(k_smem);
+  auto dst_offset = [&](int j) -> uint32_t {
+    return kFixedSwizzle ? (Tile::chunk_offset(row0, chunk) + j * kRowsPerPass * Tile::kRowStrideChunks) * 16
+                         : Tile::chunk_offset(row0 + j * kRowsPerPass, chunk) * 16;
+  };
+#pragma unroll
+  for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
+    ulonglong2 entries[kBatch];  // [row of the batch]: {K entry (tagged), V entry}
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      entries[b] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + (j0 + b) * kRowsPerPass));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      // chunk * 16 keeps bit 0, the K entry's tag
+      const uint64_t k_src = entries[b].x + chunk * 16, v_src = entries[b].y + chunk * 16;
+      const uint32_t dst = k_base + dst_offset(j0 + b);
+      if constexpr (kPart == KVPart::kBoth) {
+        cp_async_16x2_tagged(dst, dst + kVFromK, k_src, v_src);
+      } else if constexpr (kPart == KVPart::kK) {
+        cp_async_16_tagged(dst, k_src, k_src);
+      } else {
+        cp_async_16_tagged(dst + kVFromK, k_src, v_src);
+      }
+    }
+  }
+}
+
+/// The KV tiles of one work item: the variant's visible span cut into CTA_TILE_KV-row tiles (those
+/// of the sink segment, then those of the main segment), visited in that order or, with
+/// kNearestFirst, last first. A bias that grows towards the diagonal (ALiBi: 65 base-2 units per
+/// 64-key tile at slope 2^-0.5) moves the softmax's reference max, and rescales O, on nearly every
+/// tile when the far keys come first (ncu: 90% of ALiBi's warp-tiles); nearest first, a row's max
+/// is set by its first tiles. Other variants keep the forward order, which measured 1-2% faster
+/// for soft-cap and sigmoid (bench/results/LOG.md, session 14).
+template <int kTileKV, bool kNearestFirst>
+struct KVTiles {
+  KVSpan span;
+  int seg0_tiles;
+  int count;
+
+  TESSERA_DEVICE explicit KVTiles(const KVSpan& s) : span(s) {
+    seg0_tiles = s.seg0_end > s.seg0_begin ? (s.seg0_end - s.seg0_begin + kTileKV - 1) / kTileKV : 0;
+    const int main_tiles = s.end > s.begin ? (s.end - s.begin + kTileKV - 1) / kTileKV : 0;
+    count = seg0_tiles + main_tiles;
+  }
+  /// First KV position of the t-th tile visited and the end of its segment (rows at or past it
+  /// are masked).
+  TESSERA_DEVICE int begin(int t) const {
+    const int r = position(t);
+    return r < seg0_tiles ? span.seg0_begin + r * kTileKV : span.begin + (r - seg0_tiles) * kTileKV;
+  }
+  TESSERA_DEVICE int end(int t) const { return position(t) < seg0_tiles ? span.seg0_end : span.end; }
+
+ private:
+  /// Position in the span of the t-th tile visited.
+  TESSERA_DEVICE int position(int t) const { return kNearestFirst ? count - 1 - t : t; }
+};
+
+/// One work tile as a scheduler hands it out: packed rows packed_begin .. + CTA_TILE_Q - 1 of
+/// `request` (extent e), the query heads of kv_head, against the KV positions of `span` (clipped
+/// by the variant to what the tile's rows may see); its result goes to `out`.
+struct PrefillWork {
+  RequestExtent e;
+  int request;
+  int kv_head;
+  int packed_begin;
+  KVSpan span;
+  TileOutput out;
+};
+
+/// The KV rows of one work tile as the loaders see them. Each KV tile goes through three steps:
+/// its page-table entries are loaded into `block` (one per thread and row, a tile ahead so the
+/// latency hides behind a tile of computation), resolved into a row table (addresses and keys),
+/// and copied into a stage by cp.async. Row tables form a ring (Traits::kRowTables), indexed by
+/// the CTA's running tile count when warp-specialised so the ring carries on across work items.
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+struct KVTileSource {
+  using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
+  static constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
+  const AttentionParams<T>& p;
+  const RequestExtent& e;
+  const int kv_head;
+  const Tiles tiles;
+  const PrefillSmem<Traits>& smem;
+  const uint32_t tiles_before;  // the CTA's tiles of earlier work items (warp-specialised), else 0
+  int32_t block = -1;           // page / column-block id of this thread's row of the next tile to resolve
+
+  TESSERA_DEVICE KVTileSource(const AttentionParams<T>& p_, const PrefillWork& w, const PrefillSmem<Traits>& smem_,
+                              uint32_t tiles_before_)
+      : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span), smem(smem_), tiles_before(tiles_before_) {}
+
+  TESSERA_DEVICE int count() const { return tiles.count; }
+  TESSERA_DEVICE int table_slot(int tile) const {
+    return static_cast<int>((tiles_before + tile) % Traits::kRowTables);
+  }
+  TESSERA_DEVICE uint64_t* row_table(int tile) const { return smem.rows + table_slot(tile) * 2 * Traits::CTA_TILE_KV; }
+  /// [CTA_TILE_KV] keys of the tile's rows (-1: missing, masked).
+  TESSERA_DEVICE const int32_t* keys(int tile) const { return smem.row_keys + table_slot(tile) * Traits::CTA_TILE_KV; }
+
+  /// Loads the page-table entry of this thread's row of `tile` (-1 past the last tile).
+  TESSERA_DEVICE void load_block_id(int tile) {
+    block = tile < tiles.count ? load_kv_block_id<Traits, kFormat>(p, e, tiles.end(tile), tiles.begin(tile),
+                                                                   loader_thread<Traits>())
+                               : -1;
+  }
+  /// Resolves `tile` into its row table with the entry loaded before, then loads the next one.
+  TESSERA_DEVICE void resolve(int tile) {
+    if (tile < tiles.count) {
+      resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tiles.end(tile), tiles.begin(tile), block,
+                                       smem.rows + table_slot(tile) * 2 * Traits::CTA_TILE_KV,
+                                       smem.row_keys + table_slot(tile) * Traits::CTA_TILE_KV);
+    }
+    load_block_id(tile + 1);
+  }
+  /// Copies the K (and V) rows of a resolved tile into stage `stage` (kPart: which of them).
+  template <KVPart kPart = KVPart::kBoth>
+  TESSERA_DEVICE void copy(int tile, int stage) const {
+    load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kTileElems);
+  }
+};
+
+/// The KV span of a query tile: [kv_first, kv_end) of the request, clipped by causal masking
+/// (nothing past the last row's position; the planner mirrors this clip) and by the variant.
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+TESSERA_DEVICE KVSpan tile_kv_span(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
+                                   int packed_begin, int kv_first, int kv_end) {
+  const int q_pos_first = e.q_pos_offset + packed_begin / p.group_size;
+  const int q_pos_last = e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
+  if (kFormat != KVFormatKind::kBlockSparse) {
+    if (p.causal) kv_end = max(kv_first, min(kv_end, q_pos_last + 1));
+    return Variant::visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end);
+  }
+  return KVSpan{kv_first, kv_first, kv_first, kv_end};  // columns, not positions: no clipping
+}
+
+}  // namespace kernels
+}  // namespace tessera

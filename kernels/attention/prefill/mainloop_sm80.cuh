@@ -1,0 +1,153 @@
+// The sm80 mainloop of the prefill tile (every GPU from sm_80): every warp loads (cp.async into a
+// kStages ring, one CTA barrier per KV tile) and computes with mma.sync m16n8k16 fed by ldmatrix
+// from swizzled shared memory.
+//
+// Pipeline: the row tables form a ring of kStages + 1, so the lookups for tile t + kStages can be
+// written while tile t + kStages - 1 is being copied from another table and tile t's keys are read
+// by the mask, with one barrier per tile: a table's last readers (the mask of tile t - 1, copies
+// of earlier tiles) always sit behind the previous tile's barrier.
+#pragma once
+
+#include "kernels/attention/prefill/kv_loader.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/pipeline.cuh"
+#include "kernels/common/platform.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+struct Sm80Mainloop {
+  static_assert(!Traits::kWarpSpecialized && !Traits::kWgmma, "the sm80 mainloop: every warp loads and computes");
+  static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
+  static constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
+  static constexpr uint32_t kRowBytes = Traits::kRowChunks * 16;
+  using Source = KVTileSource<Traits, kFormat, Variant, T>;
+
+  const PrefillSmem<Traits>& smem;
+  Source& kv;
+  PipelineState<Traits::kStages> fill, read;  // the stage being filled, the stage being computed
+  // ldmatrix addresses. A lane's fragment row is fixed for the whole tile and its rows are 8k +
+  // lane % 8, so the swizzled chunk is (2 * step + half) ^ (lane % 8) = ((half ^ lane % 8)) ^
+  // 2 * step: a k16 step only XORs (step << 5) into the byte address, and a further m16 / k16 /
+  // n16 block adds whole rows (an immediate). Exact because every tile base is a multiple of 1024
+  // bytes (smem_raw is 1024-aligned; tile sizes are multiples of 16 rows of >= 128 bytes) and row
+  // bases leave the chunk bits free. Saves the per-load swizzle arithmetic of the inner loops.
+  uint32_t q_frag;         // Q: [kWarpRowsQ rows of this warp][HEAD_DIM], A fragments, half = lane / 16
+  uint32_t k_frag_offset;  // K: B fragments of two n8 tiles, rows lane % 8 + 8 * (lane / 16), half = (lane / 8) % 2
+  uint32_t v_frag_offset;  // V: transposed B fragments of two n8 tiles of D, rows frag_row, half = lane / 16
+
+  TESSERA_DEVICE Sm80Mainloop(const PrefillSmem<Traits>& smem_, Source& kv_, const T* q_tile,
+                              const FragmentCoords<Traits>& c)
+      : smem(smem_), kv(kv_) {
+    const int lane = c.lane;
+    const uint32_t lane_chunk_lo = static_cast<uint32_t>(((lane / 16) ^ (lane % 8)) << 4);        // half = lane / 16
+    const uint32_t lane_chunk_mid = static_cast<uint32_t>((((lane / 8) % 2) ^ (lane % 8)) << 4);  // half = (lane / 8) % 2
+    const uint32_t frag_row = (lane % 8) + 8 * ((lane / 8) % 2);  // row of an A (Q, P) or V^T fragment
+    q_frag = smem_addr(q_tile) + (c.warp_q * Traits::kWarpRowsQ + frag_row) * kRowBytes + lane_chunk_lo;
+    k_frag_offset = (c.warp_col0 + (lane % 8) + 8 * (lane / 16)) * kRowBytes + lane_chunk_mid;
+    v_frag_offset = (c.warp_col0 + frag_row) * kRowBytes + lane_chunk_lo;
+  }
+
+  /// Load: the query tile (packed rows past the request's queries zero-filled) and the first
+  /// kStages - 1 KV tiles, each its own cp.async group, and the row table of the next.
+  TESSERA_DEVICE void load_prologue(const AttentionParams<T>& p, const PrefillWork& w, T* q_tile) {
+    load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
+    cp_async_commit();
+    kv.load_block_id(0);
+#pragma unroll
+    for (int s = 0; s + 1 < Traits::kStages; ++s) {
+      kv.resolve(s);
+      __syncthreads();
+      copy(s);
+    }
+    kv.resolve(Traits::kStages - 1);
+  }
+
+  /// Load: waits for `tile` (and Q), then issues the copies of tile + kStages - 1 into the stage
+  /// tile - 1 freed and resolves the row table of tile + kStages.
+  TESSERA_DEVICE void wait_tile(int tile) {
+    cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
+    // After this barrier: every thread finished computing tile - 1 (its stage and row table are
+    // free) and resolved tile + kStages - 1.
+    __syncthreads();
+    copy(tile + Traits::kStages - 1);
+    kv.resolve(tile + Traits::kStages);
+  }
+
+  TESSERA_DEVICE T* k_tile() const { return smem.k + read.stage * kTileElems; }  // [CTA_TILE_KV][HEAD_DIM]
+  TESSERA_DEVICE T* v_tile() const { return smem.v + read.stage * kTileElems; }  // [CTA_TILE_KV][HEAD_DIM]
+
+  /// MMA: S = Q K^T for this warp's rows and columns (Q from the mainloop's fragment addresses).
+  /// The interface's P V lag (mainloop_sm90.cuh) does not apply: P V runs in its own tile.
+  template <bool kIssuePreviousPv, typename IssuePreviousPv>
+  TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* /*q_tile*/, IssuePreviousPv&&) const {
+    static_assert(!kIssuePreviousPv, "the sm80 mainloop issues P V in its own tile");
+    const uint32_t k_frag = smem_addr(k_tile()) + k_frag_offset;
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int n = 0; n < kN8KV; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mq][n][i] = 0.f;
+#pragma unroll
+    for (int kd = 0; kd < Traits::kMmaD; ++kd) {
+      uint32_t a[kMmaQ][4];  // [m16 tile][A fragment]
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) ldmatrix_x4(a[mq], (q_frag ^ (kd << 5)) + mq * 16 * kRowBytes);
+#pragma unroll
+      for (int nk = 0; nk < kN8KV / 2; ++nk) {
+        uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
+        ldmatrix_x4(b, (k_frag ^ (kd << 5)) + nk * 16 * kRowBytes);
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          mma_m16n8k16<T>(s[mq][2 * nk], a[mq], b[0], b[1]);
+          mma_m16n8k16<T>(s[mq][2 * nk + 1], a[mq], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  /// MMA: O += P V of the current tile, P as A fragments, synchronously (the variant's value
+  /// transform ran with the other operand transforms).
+  template <typename Applier>
+  TESSERA_DEVICE void issue_pv(float (&o)[kMmaQ][kN8D][4], const uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4],
+                               int /*v_tile_index*/, const Applier&) const {
+    const uint32_t v_frag = smem_addr(v_tile()) + v_frag_offset;
+#pragma unroll
+    for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+#pragma unroll
+      for (int nd = 0; nd < kN8D / 2; ++nd) {
+        uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
+        ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kRowBytes);
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          mma_m16n8k16<T>(o[mq][2 * nd], pfrag[mq][kk], b[0], b[1]);
+          mma_m16n8k16<T>(o[mq][2 * nd + 1], pfrag[mq][kk], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  /// P V completed in issue_pv.
+  TESSERA_DEVICE void complete_pv(float (&)[kMmaQ][kN8D][4], const uint32_t (&)[kMmaQ][Traits::kMmaKV][4],
+                                  float) const {}
+  TESSERA_DEVICE void tile_done() { read.advance(); }
+  /// After the work item's last tile: no copy outlives the item (the copies past its last tile
+  /// are empty groups).
+  TESSERA_DEVICE void finish() const { cp_async_wait<0>(); }
+
+ private:
+  /// Copies `tile` (when it exists) into the fill stage; commits a group either way, so the wait
+  /// count always refers to the tile about to be computed.
+  TESSERA_DEVICE void copy(int tile) {
+    if (tile < kv.count()) kv.copy(tile, fill.stage);
+    cp_async_commit();
+    fill.advance();
+  }
+};
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,207 @@
+// The sm90 warp-specialised mainloop of the prefill tile (sm_90a): a producer warpgroup resolves
+// and copies Q and K/V tiles (cp.async, any KV format) into mbarrier pipelines, and the compute
+// warpgroups issue wgmma: each warpgroup multiplies its 64 rows by the whole 128-row K tile
+// (m64n128k16, Q and K read from shared memory through descriptors) and P, straight from the S
+// registers, by the V tile. The accumulators give each warp the same 16-row fragments as the
+// mma.sync path, so the variant applier, the softmax and the epilogue are shared.
+//
+// The compute warpgroups never meet at a CTA barrier inside the tile loop, so one warpgroup's
+// softmax overlaps the other's MMAs. Inside a warpgroup, P V of tile t is issued after Q K^T of
+// tile t + 1 and runs while the softmax of tile t + 1 does (Traits::kPvLag): K and V stages have
+// their own pipelines (a K stage frees after its Q K^T, a V stage after its P V).
+// Not yet: TMA for affine KV, explicit ping-pong ordering of the warpgroups.
+#pragma once
+
+#include "kernels/attention/prefill/kv_loader.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/pipeline.cuh"
+#include "kernels/common/platform.cuh"
+#include "kernels/common/wgmma.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+struct Sm90Mainloop {
+  static_assert(Traits::kWarpSpecialized && Traits::kWgmma && Traits::kPvLag == 1,
+                "the sm90 mainloop: a producer warpgroup and wgmma warpgroups with P V a tile behind");
+  static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
+  static constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
+  static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
+  using Source = KVTileSource<Traits, kFormat, Variant, T>;
+
+  const PrefillSmem<Traits>& smem;
+  Source& kv;
+  RingPosition<Traits>& ring;  // carries on across the CTA's work items
+
+  /// Producer: Q into its buffer, then every K/V tile through the ring, K of tile `step` and V of
+  /// tile step - 1 per step (P V runs a tile behind Q K^T). A tile's row table is resolved before
+  /// its stages are free (see Traits::kRowTables), then each copy waits for its stage and its full
+  /// barrier is completed as kStageCompletion says, so the compute warps wait for the copies only,
+  /// never for the producer's next step.
+  TESSERA_DEVICE void produce(const AttentionParams<T>& p, const PrefillWork& w, T* q_tile) {
+    const MbarrierPipeline<Traits::kStages> k_pipe = smem.k_pipeline(), v_pipe = smem.v_pipeline();
+    const MbarrierPipeline<Traits::kQStages> q_pipe = smem.q_pipeline();
+    // The buffer's previous item (kQStages items back) is done with it.
+    q_pipe.producer_acquire(ring.fill_q);
+    load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
+    if constexpr (kByCopies) {
+      q_pipe.producer_arrive_on_copies(ring.fill_q);
+    } else {
+      cp_async_commit();
+    }
+    const int num_kv_tiles = kv.count();
+    kv.load_block_id(0);
+    for (int step = 0; step <= num_kv_tiles; ++step) {
+      const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
+      if (copies_k) {
+        kv.resolve(step);
+        loader_sync<Traits>();  // the row table, for every copying thread
+        k_pipe.producer_acquire(ring.fill_k);
+        kv.template copy<KVPart::kK>(step, ring.fill_k.stage);
+        copies_issued(k_pipe, ring.fill_k);
+      }
+      if (copies_v) {
+        v_pipe.producer_acquire(ring.fill_v);
+        kv.template copy<KVPart::kV>(step - 1, ring.fill_v.stage);
+        copies_issued(v_pipe, ring.fill_v);
+      }
+      if constexpr (!kByCopies) {
+        if (copies_k) {
+          // K (and Q, committed before) has landed when at most the V group is in flight.
+          if (copies_v) {
+            cp_async_wait<1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          fence_proxy_async_shared();
+          if (step == 0) q_pipe.producer_arrive(ring.fill_q);
+          k_pipe.producer_arrive(ring.fill_k);
+          ring.fill_k.advance();
+        }
+        if (copies_v) {
+          cp_async_wait<0>();
+          fence_proxy_async_shared();
+          v_pipe.producer_arrive(ring.fill_v);
+          ring.fill_v.advance();
+        }
+      }
+    }
+    if constexpr (!kByCopies) {
+      if (num_kv_tiles == 0) {
+        cp_async_wait<0>();
+        fence_proxy_async_shared();
+        q_pipe.producer_arrive(ring.fill_q);
+      }
+    }
+    ring.fill_q.advance();
+    ring.tiles += num_kv_tiles;
+  }
+
+  /// Consumer: waits for the work item's Q.
+  TESSERA_DEVICE void wait_q() const { smem.q_pipeline().consumer_wait(ring.read_q); }
+
+  /// Consumer: waits for `tile`'s K stage.
+  TESSERA_DEVICE void wait_tile(int /*tile*/) const {
+    smem.k_pipeline().consumer_wait(ring.read_k);
+    // kByCopies: the copies (this K stage's, and Q's: q_full completed earlier), before wgmma's
+    // async-proxy reads.
+    if constexpr (kByCopies) fence_proxy_async_shared();
+  }
+
+  TESSERA_DEVICE T* k_tile() const { return smem.k + ring.read_k.stage * kTileElems; }  // [CTA_TILE_KV][HEAD_DIM]
+  TESSERA_DEVICE T* v_tile() const { return nullptr; }  // V stages trail K stages: see issue_pv
+
+  /// MMA: S = Q K^T of the warpgroup's 64 rows against all 128 keys (this warp's share is s[0],
+  /// 16 rows), then, for every tile but the first (kLagged), the previous tile's P V through
+  /// issue_previous_pv; frees the K stage once Q K^T is done.
+  template <bool kLagged, typename IssuePreviousPv>
+  TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* q_tile, IssuePreviousPv&& issue_previous_pv) const {
+    float(&s_wg)[64] = reinterpret_cast<float(&)[64]>(s[0]);  // [64] = [n8 tile][fragment]
+    const uint32_t q_tile_addr = smem_addr(q_tile);
+    const int q_wg_row0 = (static_cast<int>(threadIdx.x) / kWarpSize / 4) * 64;
+    wgmma_fence();
+#pragma unroll
+    for (int kd = 0; kd < Traits::kMmaD; ++kd) {
+      wgmma_m64n128k16_ss<T>(s_wg, sw128_k_major_desc<Traits::CTA_TILE_Q>(q_tile_addr, q_wg_row0, kd),
+                             sw128_k_major_desc<Traits::CTA_TILE_KV>(smem_addr(k_tile()), 0, kd), kd > 0);
+    }
+    wgmma_commit();
+    if constexpr (kLagged) {
+      issue_previous_pv();
+      wgmma_wait<1>();  // this tile's Q K^T (committed first) is done; the P V may still run
+    } else {
+      wgmma_wait<0>();
+    }
+    wgmma_fence_operands(s_wg);
+    smem.k_pipeline().consumer_release(ring.read_k);
+  }
+
+  /// MMA: O += P V of tile `v_tile_index` from V stage ring.read_v, issued (and committed) after
+  /// the next tile's Q K^T so that the next softmax runs while the tensor cores work;
+  /// complete_pv waits for it and frees the stage. O and P stay untouched in between (the
+  /// softmax only reads S). The variant's value transform, if any, runs on the stage first.
+  template <typename Applier>
+  TESSERA_DEVICE void issue_pv(float (&o)[kMmaQ][kN8D][4], uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4],
+                               int v_tile_index, const Applier& applier) const {
+    smem.v_pipeline().consumer_wait(ring.read_v);
+    if constexpr (kByCopies) fence_proxy_async_shared();  // the copies, before wgmma's async-proxy reads
+    T* v_tile = smem.v + ring.read_v.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    if constexpr (Variant::kHasValueTransform) {
+      applier.transform_values(v_tile, kv.keys(v_tile_index));
+      fence_proxy_async_shared();
+      compute_sync<Traits>();
+    }
+    float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);  // [64] = [n8 tile of D][fragment]
+    wgmma_fence_operands(o_wg);
+    wgmma_fence();  // the rescale's and the packing's register writes precede the reads
+#pragma unroll
+    for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+      wgmma_m64n128k16_rs<T>(o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk),
+                             true);
+    }
+    wgmma_commit();
+  }
+  /// Waits for the P V in flight and frees its V stage; `after`: a value computed by the softmax,
+  /// which the wait must follow (wgmma_wait_after).
+  TESSERA_DEVICE void complete_pv(float (&o)[kMmaQ][kN8D][4], uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4],
+                              float after) const {
+    wgmma_wait_after<0>(after, smem_addr(smem.wait_anchor + threadIdx.x));
+    float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);
+    wgmma_fence_operands(o_wg);
+    // P's registers were read by the P V in flight: keep them allocated until here.
+    uint32_t(&p_wg)[Traits::kMmaKV * 4] = reinterpret_cast<uint32_t(&)[Traits::kMmaKV * 4]>(pfrag[0]);
+    wgmma_fence_operands(p_wg);
+    smem.v_pipeline().consumer_release(ring.read_v);
+    ring.read_v.advance();
+  }
+
+  TESSERA_DEVICE void tile_done() const { ring.read_k.advance(); }
+
+  /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free.
+  TESSERA_DEVICE void finish() const {
+    cp_async_wait<0>();
+    smem.q_pipeline().consumer_release(ring.read_q);
+    ring.read_q.advance();
+    ring.tiles += kv.count();
+  }
+
+ private:
+  /// After a stage's copies are issued: kByCopies completes its full barrier through them (and
+  /// this thread's own arrival, which releases the row table it wrote); kAfterWait closes a
+  /// cp.async group, waited for before the arrival.
+  TESSERA_DEVICE void copies_issued(const MbarrierPipeline<Traits::kStages>& pipe,
+                                    PipelineState<Traits::kStages>& fill) const {
+    if constexpr (kByCopies) {
+      pipe.producer_arrive(fill);
+      pipe.producer_arrive_on_copies(fill);
+      fill.advance();
+    } else {
+      cp_async_commit();
+    }
+  }
+};
+
+}  // namespace kernels
+}  // namespace tessera

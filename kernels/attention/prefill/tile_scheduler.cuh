@@ -1,0 +1,131 @@
+// Tile schedulers of the prefill kernel: which work tiles a CTA runs, in which order. One
+// interface: a cursor walks the CTA's work (initial_work, then next_work while valid) and work()
+// resolves it into a PrefillWork (false: skip it). Two implementations:
+// - OneShotScheduler: the grid covers every (query tile, request, KV head); each CTA one tile over
+//   its request's whole KV range.
+// - PlannedScheduler: the persistent grid of the plan/run runtime; CTA column c runs the planned
+//   items cta_indptr[c] .. cta_indptr[c+1]-1 (query tiles, possibly split into KV chunks whose
+//   partial states the contraction merges) for each KV head of its group in turn.
+#pragma once
+
+#include "kernels/attention/params.cuh"
+#include "kernels/attention/planned_work.cuh"
+#include "kernels/attention/prefill/kv_loader.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/common/grid_dependency.cuh"
+#include "kernels/common/platform.cuh"
+
+namespace tessera {
+namespace kernels {
+
+/// One-shot grid: blockIdx = (query tile, request, KV head), or, when requests have one query tile
+/// (num_q_tiles == 1: decode, short appends), (KV head, request, 0). The host's one_shot_grid
+/// (src/prefill_launch.cuh) says why.
+template <typename Traits>
+struct OneShotScheduler {
+  struct Arguments {
+    int32_t num_q_tiles;
+  };
+  struct Cursor {
+    PrefillWork work;  // the CTA's one tile, resolved by initial_work
+    bool valid;
+  };
+  static constexpr bool kPersistent = false;
+  const Arguments args;
+
+  TESSERA_DEVICE explicit OneShotScheduler(const Arguments& a) : args(a) {}
+  /// The kernel's first statement.
+  static TESSERA_DEVICE void on_launch() {}
+
+  /// The CTA's tile; not valid past the request's queries.
+  template <KVFormatKind kFormat, typename Variant, typename T>
+  TESSERA_DEVICE Cursor initial_work(const AttentionParams<T>& p, const VariantParams& vp) const {
+    Cursor c;
+    PrefillWork& w = c.work;
+    const bool heads_fastest = args.num_q_tiles == 1;
+    // Heaviest causal tiles (the last query rows) are scheduled first.
+    const int q_tile = heads_fastest ? 0 : args.num_q_tiles - 1 - static_cast<int>(blockIdx.x);
+    w.request = blockIdx.y;
+    w.kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
+    w.e = request_extent<kFormat>(p, w.request);
+    w.packed_begin = q_tile * Traits::CTA_TILE_Q;
+    c.valid = w.packed_begin < w.e.qo_len * p.group_size;
+    if (!c.valid) return c;
+    w.span = tile_kv_span<Traits, kFormat, Variant>(p, vp, w.e, w.packed_begin, 0, w.e.kv_len);
+    w.out = TileOutput{nullptr, nullptr};
+    return c;
+  }
+  TESSERA_DEVICE Cursor next_work(Cursor c) const {
+    c.valid = false;
+    return c;
+  }
+  TESSERA_DEVICE bool valid(const Cursor& c) const { return c.valid; }
+  template <KVFormatKind kFormat, typename Variant, typename T>
+  TESSERA_DEVICE bool work(const AttentionParams<T>&, const VariantParams&, const Cursor& c, PrefillWork& w) const {
+    w = c.work;
+    return true;
+  }
+};
+
+/// Persistent grid of the plan/run runtime: blockIdx = (column, KV head group). The plan is one
+/// head's; a group of heads_per_cta heads lets the grid fill every SM when H_kv does not divide the
+/// CTA slots (132 SMs, 8 KV heads: 33 columns of 2 heads instead of 16 of 1). Only warp-specialised
+/// tiles take groups: a head loop around the mma.sync tiles, which use every register, made them
+/// spill, so they take one head per CTA (the host launches them so) and have no head loop.
+template <typename Traits>
+struct PlannedScheduler {
+  using Arguments = PlannedWork;
+  struct Cursor {
+    int head;  // within the CTA's group
+    int item;
+  };
+  static constexpr bool kPersistent = true;
+  const Arguments args;
+  const int first, last;  // the CTA column's items
+
+  TESSERA_DEVICE explicit PlannedScheduler(const Arguments& a)
+      : args(a), first(a.cta_indptr[blockIdx.x]), last(a.cta_indptr[blockIdx.x + 1]) {}
+
+  /// The contraction may launch now: its CTAs read the plan's merge descriptors and request
+  /// extents while this grid runs, then wait for it before touching the partial states.
+  static TESSERA_DEVICE void on_launch() { allow_dependent_launch(); }
+  template <KVFormatKind kFormat, typename Variant, typename T>
+  TESSERA_DEVICE Cursor initial_work(const AttentionParams<T>&, const VariantParams&) const {
+    return {0, first};
+  }
+  TESSERA_DEVICE Cursor next_work(Cursor c) const {
+    if (++c.item == last && Traits::kWarpSpecialized) {
+      c.item = first;
+      ++c.head;
+    }
+    return c;
+  }
+  TESSERA_DEVICE bool valid(Cursor c) const {
+    return Traits::kWarpSpecialized ? c.head < args.heads_per_cta && c.item < last : c.item < last;
+  }
+
+  /// The planned item at the cursor; false for an item the planner never produces (a request out
+  /// of range), which the CTA skips.
+  template <KVFormatKind kFormat, typename Variant, typename T>
+  TESSERA_DEVICE bool work(const AttentionParams<T>& p, const VariantParams& vp, Cursor c, PrefillWork& w) const {
+    const PlannedItem item = args.items[c.item];
+    if (item.request < 0 || item.request >= p.batch_size) return false;
+    w.request = item.request;
+    w.kv_head = Traits::kWarpSpecialized ? static_cast<int>(blockIdx.y) * args.heads_per_cta + c.head
+                                         : static_cast<int>(blockIdx.y);
+    w.e = request_extent<kFormat>(p, item.request);
+    w.packed_begin = item.packed_begin;
+    w.out = TileOutput{nullptr, nullptr};
+    if (item.partial >= 0) {
+      const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + w.kv_head;
+      w.out.partial_o = args.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+      w.out.partial_lse = args.partial_lse + slot * Traits::CTA_TILE_Q;
+    }
+    w.span = tile_kv_span<Traits, kFormat, Variant>(p, vp, w.e, item.packed_begin, max(item.kv_begin, 0),
+                                                   min(item.kv_end, w.e.kv_len));
+    return true;
+  }
+};
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,301 @@
+// The FA2/FA3-class prefill tile's configuration: the traits struct (tile sizes, warp roles,
+// stages, shared-memory budget, tied together by static_asserts), the shared-memory layout it
+// implies, and the synchronisation of its warp roles.
+#pragma once
+
+#include "kernels/attention/params.cuh"
+#include "kernels/common/pipeline.cuh"
+#include "kernels/common/platform.cuh"
+#include "kernels/common/smem_layout.cuh"
+#include "kernels/common/wgmma.cuh"
+
+namespace tessera {
+namespace kernels {
+
+/// The tensor-core instructions of a prefill configuration: mma.sync m16n8k16 fed by ldmatrix
+/// (sm_80+), or wgmma m64n128k16 from shared-memory descriptors (sm_90a; one warpgroup per 64
+/// query rows). Softmax, masks, variants, loaders and epilogue are the same code for both: the
+/// wgmma accumulators hold each warp's 16 rows in the m16n8 fragment layout (wgmma.cuh).
+enum class MmaKind : int { kSync = 0, kWgmma = 1 };
+
+/// What a warp does in attention_tile: everything (every configuration but the warp-specialised
+/// ones), or one side of the warp-specialised split, each instantiated on its own so that the
+/// producer's code runs within its reduced register limit.
+enum class WarpRole : int { kAll = 0, kProducer = 1, kCompute = 2 };
+
+template <WarpRole kRole>
+struct RoleTag {
+  static constexpr WarpRole value = kRole;
+};
+
+template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_,
+          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync>
+struct PrefillTraits {
+  using DType = T;
+  static constexpr int HEAD_DIM = HEAD_DIM_;
+  static constexpr int CTA_TILE_Q = CTA_TILE_Q_;
+  static constexpr int CTA_TILE_KV = CTA_TILE_KV_;
+  static constexpr int NUM_WARPS_Q = NUM_WARPS_Q_;
+  static constexpr int NUM_WARPS_KV = NUM_WARPS_KV_;
+  static constexpr int kNumWarps = NUM_WARPS_Q * NUM_WARPS_KV;  // warps that compute
+  // wgmma configurations are warp-specialised: a producer warpgroup after the compute warps
+  // resolves and copies K/V tiles into the ring, and the compute warpgroups wait on mbarriers
+  // instead of meeting the producer (and each other) at a CTA barrier every tile. Elsewhere every
+  // warp computes and loads.
+  static constexpr bool kWarpSpecialized = MMA_ == MmaKind::kWgmma;
+  static constexpr int kProducerWarps = kWarpSpecialized ? 4 : 0;
+  static constexpr int kComputeThreads = kNumWarps * kWarpSize;
+  static constexpr int kThreads = (kNumWarps + kProducerWarps) * kWarpSize;  // launched
+  static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
+  // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
+  // kernel is compiled for 65536 / kThreads registers per thread). At 40 the persistent kernel's
+  // producer, which carries the item loop, spilled 16-24 bytes.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kComputeRegs = 224;
+  // K/V tiles in flight: one computed while kStages - 1 load. Memory-bound decode tiles go deeper.
+  static constexpr int kStages = STAGES_;
+  // Occupancy the register allocation must allow (__launch_bounds__): latency hiding for the
+  // ldmatrix -> mma chains needs >= 8 warps per SM.
+  static constexpr int kMinCtasPerSm = MIN_CTAS_PER_SM_;
+  static constexpr MmaKind kMma = MMA_;
+  static constexpr bool kWgmma = MMA_ == MmaKind::kWgmma;
+
+  static constexpr int kWarpRowsQ = CTA_TILE_Q / NUM_WARPS_Q;    // query rows per warp
+  static constexpr int kMmaQ = kWarpRowsQ / 16;                  // m16 tiles per warp
+  static constexpr int kWarpColsKV = CTA_TILE_KV / NUM_WARPS_KV;  // KV columns per warp
+  static constexpr int kMmaKV = kWarpColsKV / 16;                 // k16 steps of P*V per warp
+  static constexpr int kN8KV = kWarpColsKV / 8;                   // n8 tiles of S per warp
+  static_assert((kN8KV & (kN8KV - 1)) == 0, "the softmax's max and sum trees halve kN8KV");
+  static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
+  static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
+  static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks per row
+  // Shared-memory layout of a ROWS-row Q, K or V tile, as the MMA kind reads it.
+  template <int ROWS>
+  using SmemTile = typename OperandTile<kWgmma, ROWS, kRowChunks>::type;
+
+  static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
+  // Q buffers. Warp-specialised: two, so the producer copies the next work item's Q while the
+  // compute warps still read the current one (the persistent kernel's items are short: W4's
+  // causal 1k requests average ~5 KV tiles, and a single buffer left each item's Q copy exposed
+  // behind the previous item's last P V and epilogue). Elsewhere one.
+  static constexpr int kQStages = kWarpSpecialized ? 2 : 1;
+  static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
+  // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
+  // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
+  // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
+  static constexpr int kPvLag = kWarpSpecialized ? 1 : 0;
+  // Row tables (addresses and keys) in a ring, one per tile from the one being computed to the
+  // one being resolved (see the kernel's pipeline comment): kStages + 1, and one more when the
+  // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies.
+  static constexpr int kRowTables = kStages + 1 + kPvLag;
+  static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
+  // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
+  static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
+  // Warp-specialised: the Q loader's row offsets get their own scratch (the producer loads the
+  // next item's Q while K/V stages are in use), and the ring has a "full" and an "empty"
+  // mbarrier per stage for K and for V, and a pair for Q.
+  static constexpr int kQRowScratchBytes = kWarpSpecialized ? CTA_TILE_Q * 8 : 0;
+  // A word per compute thread that wgmma_wait_after stores to (the lagged P V's wait).
+  static constexpr int kWaitAnchorBytes = kPvLag == 1 ? kNumWarps * kWarpSize * 4 : 0;
+  static constexpr int kBarrierBytes = kWarpSpecialized ? (4 * kStages + 2 * kQStages) * 8 : 0;
+  // Layout: Q buffer 0, the K and V stages, row tables, scratch, barriers, then the other Q
+  // buffers. A kernel that runs one work item per CTA (the one-shot grid) uses only Q buffer 0 and
+  // launches with kOneItemSmemBytes: the second buffer's 32 KB would come out of the L1 carveout
+  // (measured: W4 one-shot -1%).
+  static constexpr int kOneItemSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes +
+                                           kQRowScratchBytes + kWaitAnchorBytes + kBarrierBytes;
+  static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
+  static constexpr int kSmemBytes = kQStages > 1 ? kExtraQOffset + (kQStages - 1) * kQTileBytes : kOneItemSmemBytes;
+  // Offsets of the regions (PrefillSmem), tied to the sizes above.
+  static constexpr int kKOffset = kQTileBytes;
+  static constexpr int kRowTableOffset = kKOffset + 2 * kStages * kKVTileBytes;
+  static constexpr int kBarrierOffset = kOneItemSmemBytes - kBarrierBytes;
+  static_assert(kRowTableOffset + kRowTableBytes + kWaitAnchorBytes + kQRowScratchBytes == kBarrierOffset,
+                "regions tile [0, kOneItemSmemBytes) without overlap");
+
+  static_assert(sizeof(T) == 2, "f16 or bf16 operands");
+  static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
+  static_assert(HEAD_DIM % 64 == 0, "the swizzle spans 8 chunks of 8 elements");
+  static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
+  static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
+  static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
+  static_assert(kMergeBytes <= 2 * kStages * kKVTileBytes, "the warp merge fits in the K/V buffers");
+  static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
+  static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
+                "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
+  // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile with
+  // m64n128k16, so the KV tile (N of Q K^T) and the head dim (N of P V) are both 128.
+  static_assert(!kWgmma || (HEAD_DIM == 128 && CTA_TILE_KV == 128 && NUM_WARPS_KV == 1 && kWarpRowsQ == 16 &&
+                            NUM_WARPS_Q % 4 == 0),
+                "wgmma configurations: head_dim 128, 128-row KV tiles, warpgroups of 4 warps x 16 query rows");
+  static_assert(!kWarpSpecialized ||
+                    (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads && CTA_TILE_Q <= kLoaderThreads &&
+                     kProducerRegs * kProducerWarps * kWarpSize + kComputeRegs * kComputeThreads <= 65536 &&
+                     kComputeRegs % 8 == 0 && kProducerRegs % 8 == 0),
+                "one producer warpgroup with a thread per Q and KV row; registers within the SM's 64K");
+};
+
+template <typename Traits>
+struct PrefillSmem {
+  using T = typename Traits::DType;
+  T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled: Q buffer 0
+  T* extra_q;   // [kQStages - 1][CTA_TILE_Q][HEAD_DIM], swizzled: the other Q buffers, after the barriers
+  T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
+  T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
+  uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
+  int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
+  uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (see StageCompletion)
+  uint64_t* full_v;   // [kStages] ... its V copies
+  uint64_t* empty_k;  // [kStages] warp-specialised: the compute warps are done with the stage's K
+  uint64_t* empty_v;  // [kStages] ... with its V
+  uint64_t* q_full;   // [kQStages] warp-specialised: the buffer's Q tile has landed
+  uint64_t* q_empty;  // [kQStages] warp-specialised: the compute warps are done with the buffer's Q tile
+  int64_t* q_rows;    // [CTA_TILE_Q] scratch of load_q_tile: the K buffers unless warp-specialised
+  float* wait_anchor;  // [kNumWarps * kWarpSize] lagged P V: wgmma_wait_after's slots
+
+  TESSERA_DEVICE explicit PrefillSmem(char* base) {
+    q = reinterpret_cast<T*>(base);
+    k = reinterpret_cast<T*>(base + Traits::kKOffset);
+    v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
+    rows = reinterpret_cast<uint64_t*>(base + Traits::kRowTableOffset);
+    row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
+    extra_q = reinterpret_cast<T*>(base + Traits::kExtraQOffset);
+    full_k = reinterpret_cast<uint64_t*>(base + Traits::kBarrierOffset);
+    full_v = full_k + Traits::kStages;
+    empty_k = full_v + Traits::kStages;
+    empty_v = empty_k + Traits::kStages;
+    q_full = empty_v + Traits::kStages;
+    q_empty = q_full + Traits::kQStages;
+    q_rows = Traits::kWarpSpecialized
+                 ? reinterpret_cast<int64_t*>(base + Traits::kBarrierOffset - Traits::kQRowScratchBytes)
+                 : reinterpret_cast<int64_t*>(k);
+    wait_anchor = reinterpret_cast<float*>(base + Traits::kBarrierOffset - Traits::kQRowScratchBytes -
+                                           Traits::kWaitAnchorBytes);
+  }
+  // The warp-specialised rings of K, V and Q buffers.
+  TESSERA_DEVICE MbarrierPipeline<Traits::kStages> k_pipeline() const { return {full_k, empty_k}; }
+  TESSERA_DEVICE MbarrierPipeline<Traits::kStages> v_pipeline() const { return {full_v, empty_v}; }
+  TESSERA_DEVICE MbarrierPipeline<Traits::kQStages> q_pipeline() const { return {q_full, q_empty}; }
+};
+
+/// Where this thread sits in the tile's MMA fragments: warp (warp_q, warp_kv) of the
+/// NUM_WARPS_Q x NUM_WARPS_KV layout, and lane (g, t) of the m16n8 fragment layout (rows g and
+/// g + 8, columns 2t and 2t + 1 of each 16 x 8 block).
+template <typename Traits>
+struct FragmentCoords {
+  int lane, warp, warp_q, warp_kv, g, t;
+  int warp_col0;  // first KV column of the warp's share of a KV tile
+
+  TESSERA_DEVICE FragmentCoords() {
+    lane = threadIdx.x % kWarpSize;
+    warp = threadIdx.x / kWarpSize;
+    warp_q = warp / Traits::NUM_WARPS_KV;
+    warp_kv = warp % Traits::NUM_WARPS_KV;
+    g = lane / 4;
+    t = lane % 4;
+    warp_col0 = warp_kv * Traits::kWarpColsKV;
+  }
+  /// Packed row of this thread's m16 tile mq, half h (rows g and g+8), in a tile at packed_begin.
+  TESSERA_DEVICE int packed_row(int packed_begin, int mq, int h) const {
+    return packed_begin + warp_q * Traits::kWarpRowsQ + mq * 16 + g + 8 * h;
+  }
+};
+
+/// Named barriers of the warp-specialised configurations (0 is __syncthreads's).
+constexpr uint32_t kComputeBarrier = 1;
+constexpr uint32_t kLoaderBarrier = 2;
+
+/// This thread's index among the threads that load tiles (the producer warpgroup when
+/// warp-specialised, else the whole CTA).
+template <typename Traits>
+TESSERA_DEVICE int loader_thread() {
+  return Traits::kWarpSpecialized ? static_cast<int>(threadIdx.x) - Traits::kComputeThreads
+                                  : static_cast<int>(threadIdx.x);
+}
+
+/// Synchronises the threads that load tiles.
+template <typename Traits>
+TESSERA_DEVICE void loader_sync() {
+  if constexpr (Traits::kWarpSpecialized) {
+    named_barrier_sync(kLoaderBarrier, Traits::kLoaderThreads);
+  } else {
+    __syncthreads();
+  }
+}
+
+/// Synchronises the threads that compute (their shared-memory transforms of Q, K, V).
+template <typename Traits>
+TESSERA_DEVICE void compute_sync() {
+  if constexpr (Traits::kWarpSpecialized) {
+    named_barrier_sync(kComputeBarrier, Traits::kComputeThreads);
+  } else {
+    __syncthreads();
+  }
+}
+
+/// Warp-specialised: how the producer completes a K/V stage's `full` barrier (and Q's `q_full`).
+/// kAfterWait: each producer thread waits for its copies (cp.async.wait_group), fences the proxy
+/// (wgmma reads shared memory through the async proxy) and arrives, so the producer has one
+/// step's copies in flight at a time. kByCopies: each thread arrives itself, which releases the
+/// row table it wrote, and through cp.async.mbarrier.arrive.noinc, which arrives when its copies
+/// land, so the producer never waits for its copies and keeps every free stage in flight; the
+/// compute warps then fence the proxy after each wait. Paged KV takes kByCopies: its producer
+/// resolves a page per 16 rows, a long chain per tile that the copies in flight hide. Ragged KV
+/// keeps kAfterWait: its producer is quick, and the fences in the compute warps' chain cost more
+/// than the overlap gains (both measured: bench/results/LOG.md). Block-sparse KV is not measured
+/// either way and keeps kAfterWait.
+enum class StageCompletion { kAfterWait, kByCopies };
+template <KVFormatKind kFormat>
+inline constexpr StageCompletion kStageCompletion =
+    kFormat == KVFormatKind::kPaged ? StageCompletion::kByCopies : StageCompletion::kAfterWait;
+
+/// Where a CTA's warp-specialised ring stands: the producer's next K, V and Q buffers to fill,
+/// the compute warps' next K, V and Q buffers to read (V trails K by a tile; Q advances once per
+/// work item) and the tiles of earlier items (row tables are indexed by the CTA's running tile
+/// count). Each role keeps its own copy and advances it as the other does, so the mbarrier
+/// phases carry on from one work item of the persistent kernel to the next and the producer runs
+/// into the next item (its Q, then its K/V tiles as stages free) while the compute warps finish
+/// the current one.
+template <typename Traits>
+struct RingPosition {
+  PipelineState<Traits::kStages> fill_k, fill_v, read_k, read_v;
+  PipelineState<Traits::kQStages> fill_q, read_q;
+  uint32_t tiles = 0;
+};
+
+/// Runs f(RoleTag<role>{}) for this warp's role: kAll, or, warp-specialised, after the mbarriers
+/// are initialised, kProducer (the last warpgroup, its register limit lowered) or kCompute (the
+/// limit raised). The roles' code paths are disjoint from here on: ptxas keeps the setmaxnreg
+/// only then (it ignored them, C7507, when both roles went on through shared code).
+template <typename Traits, KVFormatKind kFormat, typename F>
+TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
+  if constexpr (Traits::kWarpSpecialized) {
+    constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
+    PrefillSmem<Traits> smem(smem_raw);
+    if (threadIdx.x == 0) {
+      // kByCopies: two arrivals per producer thread on a K/V stage (its own and its copies'), one
+      // on q_full (its copies'); kAfterWait: one each.
+      constexpr int kFullArrivals = (kByCopies ? 2 : 1) * Traits::kLoaderThreads;
+      smem.k_pipeline().init(kFullArrivals, Traits::kComputeThreads);
+      smem.v_pipeline().init(kFullArrivals, Traits::kComputeThreads);
+      smem.q_pipeline().init(Traits::kLoaderThreads, Traits::kComputeThreads);
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) >= Traits::kComputeThreads) {
+      warpgroup_registers_decrease<Traits::kProducerRegs>();
+      f(RoleTag<WarpRole::kProducer>{});
+      if constexpr (kByCopies) {
+        cp_async_commit();  // the copies tracked by mbarriers only, into a group to wait for:
+        cp_async_wait<0>();  // no copy outlives its thread
+      }
+    } else {
+      warpgroup_registers_increase<Traits::kComputeRegs>();
+      f(RoleTag<WarpRole::kCompute>{});
+    }
+  } else {
+    f(RoleTag<WarpRole::kAll>{});
+  }
+}
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,252 @@
+// The variant applier of the prefill tile: the variant's query/key/value transforms on the
+// shared-memory operands, its logits transform and masks on the S fragments, and the tile-level
+// decisions that let most tiles skip them (docs/design.md §1.2 for the hooks).
+#pragma once
+
+#include "kernels/attention/params.cuh"
+#include "kernels/attention/prefill/kv_loader.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/attention/variants.cuh"
+#include "kernels/common/math.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/platform.cuh"
+#include "kernels/common/vec.cuh"
+
+namespace tessera {
+namespace kernels {
+
+/// Applies a pair transform in place to the rows of a swizzled [ROWS][HEAD_DIM] tile: each step
+/// takes chunk c < kRowChunks / 2 of a row and its partner c + kRowChunks / 2, so f(row, dim,
+/// (x[dim], x[dim + HEAD_DIM / 2])) sees both halves a rotation needs. f returns false for a row
+/// it leaves alone (missing, padding), else updates the pair.
+template <typename Traits, int ROWS, typename T, typename F>
+TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
+  using Tile = typename Traits::template SmemTile<ROWS>;
+  constexpr int kHalf = Traits::kRowChunks / 2;
+  for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kComputeThreads) {
+    const int row = i / kHalf, c = i % kHalf;
+    uint4* lo_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c) * 8);
+    uint4* hi_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c + kHalf) * 8);
+    uint4 lo = *lo_ptr, hi = *hi_ptr;
+    T* l = reinterpret_cast<T*>(&lo);  // [8]
+    T* h = reinterpret_cast<T*>(&hi);  // [8]
+    bool changed = false;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float2 x = make_float2(to_float(l[j]), to_float(h[j]));
+      if (!f(row, c * 8 + j, x)) break;
+      l[j] = from_float<T>(x.x);
+      h[j] = from_float<T>(x.y);
+      changed = true;
+    }
+    if (changed) {
+      *lo_ptr = lo;
+      *hi_ptr = hi;
+    }
+  }
+}
+
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+struct VariantApplier {
+  static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV;
+  static constexpr bool kSoftmax = Variant::kUseSoftmax;
+  static constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
+  // Logits-transforming variants take q.k times their input scale. Softmax-free variants in bf16
+  // take it in Q once per tile instead of in every logit (one FMUL per logit): bf16 keeps fp32's
+  // exponent range, so q * scale cannot overflow or flush. The 16-bit rounding of q * scale
+  // (2^-9 relative) moves each logit by ~1e-3 (natural units, D = 128): harmless to outputs, but
+  // it moved softmax variants' LSE past the bf16 tolerance (tests/python, soft-cap with RoPE and a
+  // window), so they keep the FMUL; so does fp16, which could flush small scaled elements.
+  static constexpr bool kPrescaleQuery = !kSoftmax && HasFloatRange<T>::value;
+  // A bias linear in the key (ALiBi) over consecutive keys (every format but block-sparse) is
+  // split into a per-row term, added in the exponent, and per-column constants: one FFMA per
+  // logit with an immediate instead of the key's conversion, a subtraction and an FFMA.
+  static constexpr bool kSplitKeyBias = Variant::kLinearKeyBias && kFormat != KVFormatKind::kBlockSparse;
+  // Bounded logits (soft-cap) in bf16 need no running max: with a fixed reference of 0 each tile
+  // goes straight from S to the exponentials, without the max trees, the lanes' shuffles and the
+  // rescale vote (the chain between the two MMA phases). fp16 P would flush small weights, and a
+  // bound beyond kZeroReferenceMaxExponent (cap > 44) keeps the running max.
+  static constexpr bool kMayUseZeroReference = kSoftmax && Variant::kBoundedLogits && HasFloatRange<T>::value;
+  static_assert(!(Variant::kBoundedLogits && kSplitKeyBias), "the zero reference has no row bias");
+  static constexpr bool kTransformsOperands = Variant::kHasQueryTransform || Variant::kHasKeyTransform ||
+                                              Variant::kHasValueTransform || kPrescaleQuery;
+
+  const AttentionParams<T>& p;
+  const VariantParams& vp;
+  const PrefillWork& w;
+  const FragmentCoords<Traits>& c;
+  // The batch index the variant hooks see: block-sparse KV is one sequence whose block rows are
+  // this kernel's "requests".
+  const int batch;
+  const float logits_input_scale;
+  const bool zero_reference;
+  // Query positions of the tile's first and last rows (for tile-level mask decisions).
+  const int q_pos_first, q_pos_last;
+  // Split key bias, per row and fixed for the work item: the slope and the key offset of the
+  // thread's first column from the row's position (row bias = slope * (kv_begin + offset)), so a
+  // tile adds one IADD, I2F and FMUL per row instead of the row's division, head and slope load.
+  float key_slope[kMmaQ][2];     // [m16 tile][row half], folded units
+  int32_t key_offset[kMmaQ][2];  // [m16 tile][row half]
+
+  TESSERA_DEVICE VariantApplier(const AttentionParams<T>& p_, const VariantParams& vp_, const PrefillWork& w_,
+                                const FragmentCoords<Traits>& c_)
+      : p(p_),
+        vp(vp_),
+        w(w_),
+        c(c_),
+        batch(kFormat == KVFormatKind::kBlockSparse ? 0 : w_.request),
+        logits_input_scale(Variant::logits_input_scale(vp_, p_.sm_scale)),
+        zero_reference(kMayUseZeroReference && Variant::logits_exponent_bound(vp_) <= kZeroReferenceMaxExponent),
+        q_pos_first(w_.e.q_pos_offset + w_.packed_begin / p_.group_size),
+        q_pos_last(w_.e.q_pos_offset +
+                   min(w_.e.qo_len - 1, (w_.packed_begin + Traits::CTA_TILE_Q - 1) / p_.group_size)) {
+    if constexpr (kSplitKeyBias) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
+          key_slope[mq][h] = Variant::logits_key_slope(vp, r.head);
+          key_offset[mq][h] = c.warp_col0 + 2 * c.t - (w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1));
+        }
+    }
+  }
+
+  /// The variant's value transform of a V tile (keys: its rows' keys, -1 for missing rows).
+  TESSERA_DEVICE void transform_values(T* v_tile, const int32_t* keys) const {
+    transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
+      if (keys[row] < 0) return false;
+      x = Variant::value_transform(vp, w.e, x, batch, -1, keys[row], -1, w.kv_head, dim, Traits::HEAD_DIM);
+      return true;
+    });
+  }
+
+  /// The operand transforms in shared memory before any warp reads them: the query (once per
+  /// work item, with the logits' input scale when kPrescaleQuery), the keys, and the values
+  /// unless the mainloop transforms them itself when it issues P V (kValuesLater).
+  template <bool kValuesLater>
+  TESSERA_DEVICE void transform_operands(int tile, T* q_tile, T* k_tile, T* v_tile, const int32_t* keys) const {
+    if constexpr (kTransformsOperands) {
+      if ((Variant::kHasQueryTransform || (kPrescaleQuery && logits_input_scale != 1.f)) && tile == 0) {
+        transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(q_tile, [&](int row, int dim, float2& x) {
+          const PackedRow r = unpack_row(p, w.kv_head, w.packed_begin + row);
+          if (r.qo_idx >= w.e.qo_len) return false;
+          if constexpr (Variant::kHasQueryTransform) {
+            x = Variant::query_transform(vp, w.e, x, batch, w.e.q_pos_offset + r.qo_idx, -1, r.head, w.kv_head, dim,
+                                         Traits::HEAD_DIM);
+          }
+          if constexpr (kPrescaleQuery) x = make_float2(x.x * logits_input_scale, x.y * logits_input_scale);
+          return true;
+        });
+      }
+      if constexpr (Variant::kHasKeyTransform) {
+        transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(k_tile, [&](int row, int dim, float2& x) {
+          if (keys[row] < 0) return false;
+          x = Variant::key_transform(vp, w.e, x, batch, -1, keys[row], -1, w.kv_head, dim, Traits::HEAD_DIM);
+          return true;
+        });
+      }
+      if constexpr (Variant::kHasValueTransform && !kValuesLater) transform_values(v_tile, keys);
+      if constexpr (Traits::kWgmma) fence_proxy_async_shared();
+      compute_sync<Traits>();
+    }
+  }
+
+  /// Whether some pair of the KV tile [kv_begin, kv_begin + CTA_TILE_KV) may be masked: rows past
+  /// the tile's segment end, causal pairs, the variant's own mask, or (block-sparse) a block that
+  /// is not flagged full.
+  TESSERA_DEVICE bool tile_needs_mask(int kv_begin, int kv_tile_end) const {
+    bool needs = kv_begin + Traits::CTA_TILE_KV > kv_tile_end ||
+                 (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > q_pos_first) ||
+                 !Variant::tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin, kv_begin + Traits::CTA_TILE_KV - 1);
+    if constexpr (kFormat == KVFormatKind::kBlockSparse) {
+      // Listed blocks flagged full need no mask (the flags cover every mask in effect) as long as
+      // every column exists: an out-of-range block id or the padded last block keeps its mask,
+      // whatever its flag says, so missing columns never join the softmax.
+      bool full = p.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
+      for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV; pos += p.page_size - pos % p.page_size) {
+        const int entry = w.e.kv_begin + pos / p.page_size;
+        const int32_t block = p.kv_indices[entry];
+        full = p.block_flags[entry] != 0 && block >= 0 &&
+               static_cast<int64_t>(block + 1) * p.page_size <= p.num_kv_rows;
+      }
+      needs = !full;
+    }
+    return needs;
+  }
+
+  /// The factor from S to base-2 exponents: sm_scale * log2(e), or, for logits the variant
+  /// transformed (and scaled), its output scale in base 2; softmax-free variants' transformed
+  /// logits are the weights themselves (scale 1).
+  TESSERA_DEVICE float logits_scale() const {
+    return kTransformLogits ? (kSoftmax ? detail::kLog2eF * Variant::logits_output_scale(vp) : 1.f) : p.sm_scale_log2;
+  }
+
+  /// Split key bias: adds slope * (column - the thread's first column) to S and returns in
+  /// row_bias the rest, slope * (the thread's first key - qo_pos) in folded units, a per-lane term.
+  TESSERA_DEVICE void add_key_bias(float (&s)[kMmaQ][kN8KV][4], int kv_begin, float (&row_bias)[kMmaQ][2]) const {
+    if constexpr (kSplitKeyBias) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float slope = key_slope[mq][h];
+          // Exact: the integer difference converts once (positions < 2^24).
+          row_bias[mq][h] = slope * static_cast<float>(kv_begin + key_offset[mq][h]);
+#pragma unroll
+          for (int n = 0; n < kN8KV; ++n) {
+            // Column 0's offset is 0 (fmaf would still add slope * 0 to keep NaN semantics).
+            if (n > 0) s[mq][n][2 * h] = fmaf(slope, static_cast<float>(n * 8), s[mq][n][2 * h]);
+            s[mq][n][2 * h + 1] = fmaf(slope, static_cast<float>(n * 8 + 1), s[mq][n][2 * h + 1]);
+          }
+        }
+    }
+  }
+
+  /// The logits transform and the masks, over S in place. One branch per tile around the
+  /// per-element loop, which is instantiated twice, with and without the mask, so the unmasked
+  /// tiles of a logits-transforming variant (nearly all of them) carry no per-logit mask
+  /// predicates on the softmax's critical path.
+  TESSERA_DEVICE void transform_and_mask(float (&s)[kMmaQ][kN8KV][4], const int32_t* keys, bool needs_mask) const {
+    if (needs_mask) {
+      transform_and_mask_tile(s, keys, BoolConstant<true>{});
+    } else if constexpr (kTransformLogits && !kSplitKeyBias) {
+      transform_and_mask_tile(s, keys, BoolConstant<false>{});
+    }
+  }
+
+ private:
+  template <typename Masked>
+  TESSERA_DEVICE void transform_and_mask_tile(float (&s)[kMmaQ][kN8KV][4], const int32_t* keys, Masked) const {
+    constexpr bool kMasked = Masked::value;
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int n = 0; n < kN8KV; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = keys[c.warp_col0 + n * 8 + 2 * c.t + (i & 1)];
+          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, i / 2));
+          // Padding rows of the request's last query tile are never stored; the hooks see the
+          // last real row instead, so a custom mask or a user table indexed by the query never
+          // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
+          const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
+          const int qo_head = r.head;
+          if constexpr (kTransformLogits && !kSplitKeyBias) {
+            const float x = kPrescaleQuery ? s[mq][n][i] : s[mq][n][i] * logits_input_scale;
+            s[mq][n][i] = Variant::logits_transform(vp, w.e, x, batch, qo_pos, key, qo_head, w.kv_head);
+          }
+          if constexpr (kMasked) {
+            // 0 <= key < key_end in one unsigned compare (key_end >= 0; per row, hoisted).
+            const int key_end = p.causal ? max(qo_pos + 1, 0) : 0x7fffffff;
+            const bool visible =
+                static_cast<uint32_t>(key) < static_cast<uint32_t>(key_end) &&
+                (!Variant::kHasMask || Variant::logits_mask(vp, w.e, batch, qo_pos, key, qo_head, w.kv_head));
+            if (!visible) s[mq][n][i] = kSoftmax ? -INFINITY : 0.f;
+          }
+        }
+  }
+};
+
+}  // namespace kernels
+}  // namespace tessera

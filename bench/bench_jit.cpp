@@ -1,4 +1,4 @@
-// W8 of BENCHMARKS.md, JIT part: how long a new variant takes to become a launchable kernel.
+// W8 of bench/README.md, JIT part: how long a new variant takes to become a launchable kernel.
 //
 // Two kernels, each the exact request libtessera makes (jit_requests.cu) for the logits soft-cap
 // variant (the generated source is detail::variant_source of the resolved soft-cap options):

@@ -1,4 +1,4 @@
-// The load-balancing planner (DESIGN.md §1.3, §6): pure host code, no CUDA. From the query and KV
+// The load-balancing planner (docs/design.md §1.3, §6): pure host code, no CUDA. From the query and KV
 // lengths of a batch it builds the work list of a persistent attention kernel with a fixed grid
 // of `num_ctas` columns (every column is replicated over the KV heads by the kernel's grid, a CTA
 // running its column for one KV head or, grouped, several in turn, so the plan is computed once
@@ -19,7 +19,7 @@ namespace tessera {
 namespace runtime {
 
 enum class SplitMode : int32_t {
-  kAuto = 0,   ///< chunk size chosen per batch for balance (DESIGN.md §6); when no uniform
+  kAuto = 0,   ///< chunk size chosen per batch for balance (docs/design.md §6); when no uniform
                ///< chunk size is within 10% of the lower bound, a water-filling plan with chunks
                ///< of varying length may replace it (see planner.cpp)
   kFixed = 1,  ///< chunk boundaries at multiples of fixed_split_size: a request's result depends

@@ -44,7 +44,7 @@ static_assert(offsetof(runtime::MergeItem, partial_end) == offsetof(kernels::Pla
 constexpr int64_t kAlign = 256;
 constexpr int kMinTileRows = 16;       // the smallest query tile
 constexpr int kSplitMultiple = 128;    // fixed split sizes are multiples of every KV tile
-// Cost model of DESIGN.md §6 in KV-row units: an item's fixed work (query tile load, output
+// Cost model of docs/design.md §6 in KV-row units: an item's fixed work (query tile load, output
 // store, pipeline fill) is charged per valid packed query row. The wgmma tile's fixed work is a
 // larger share of a short item (its tile loop is faster, and its first Q K^T and last P V do not
 // overlap the softmax). Measured on W4 uniform (H100, bench/results/LOG.md, session 18, with the
@@ -589,7 +589,7 @@ class AttentionRuntime {
     const int64_t max_tiles =
         (bounds.max_total_qo_tokens * max_group + kMinTileRows - 1) / kMinTileRows + bounds.max_batch_size;
     // Partial states: a plan with chunk size L = total / CTAs splits at most 2 chunks per CTA
-    // (DESIGN.md §6); tile rows of the largest tile the wrapper uses.
+    // (docs/design.md §6); tile rows of the largest tile the wrapper uses.
     const int64_t max_tile_rows = decode ? std::min<int64_t>(128, std::max<int64_t>(16, max_group)) : 128;
     l.partial_floats = 2 * max_ctas * max_tile_rows * bounds.head_dim;
     l.partial_lse_floats = 2 * max_ctas * max_tile_rows;

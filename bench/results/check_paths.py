@@ -4,7 +4,7 @@
 Usage (from the repository root): python3 bench/results/check_paths.py [FILE ...]
 (default: bench/results/LOG.md). A citation is a `...`-quoted path starting with bench/results/;
 it may hold shell braces ({a,b}, expanded first) and * or ? globs, and each expansion must match
-at least one file. Prints every path that matches nothing and exits 1 if there is one.
+at least one file. Placeholders such as `bench/results/runs/<date>/` (with < >) are not citations. Prints every path that matches nothing and exits 1 if there is one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def expand_braces(pattern: str) -> List[str]:
 
 def missing_paths(markdown: str, root: str) -> List[str]:
     missing = []
-    for cited in re.findall(r"`(bench/results/[^`\s]+)`", markdown):
+    for cited in re.findall(r"`(bench/results/[^`\s<>]+)`", markdown):
         for path in expand_braces(cited):
             if not glob.glob(os.path.join(root, path)):
                 missing.append(path if path == cited else f"{path} (from {cited})")
@@ -43,7 +43,7 @@ def main(argv: List[str]) -> int:
     for name in files:
         with open(name, encoding="utf-8") as f:
             text = f.read()
-        cited = len(re.findall(r"`bench/results/[^`\s]+`", text))
+        cited = len(re.findall(r"`bench/results/[^`\s<>]+`", text))
         missing = missing_paths(text, root)
         for path in missing:
             print(f"{name}: {path} does not exist")

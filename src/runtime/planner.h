@@ -51,7 +51,7 @@ struct PlannerConfig {
   /// in decreasing cost, each to the least loaded CTA), and that assignment replaces the LPT one
   /// when its makespan is at most 1/32 above it and within 10% of the lower bound whenever the LPT
   /// plan is. Under LPT, all CTAs run the same cost level at once, i.e. one tile of every request:
-  /// the whole batch's KV is live, which overflowed L2 on W4 (bench/results/LOG.md, session 17).
+  /// the whole batch's KV is live, which can exceed L2 (it did on W4: bench/results/LOG.md).
   /// Fill plans (see planner.cpp) keep their order.
   bool group_by_request = true;
 };

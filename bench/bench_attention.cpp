@@ -1,4 +1,4 @@
-// Attention workloads of BENCHMARKS.md (tessera/attention.h):
+// Attention workloads of bench/README.md (tessera/attention.h):
 //   W1  batch decode over a paged KV cache (B x L grid), GB/s of K and V read, vs. the copy ceiling;
 //   W1v the same with variable lengths at B=64;
 //   W2  dense prefill over ragged KV (B=16, S 512 .. 16384, three head shapes, causal and not);
@@ -9,8 +9,8 @@
 // of the same tile code (load balancing off), so each cell is its own ablation.
 // Prefill reports TFLOP/s against the GEMM ceiling, FLOPs = 4 * D * (visible query/key pairs)
 // summed over query heads (causal: only the visible pairs). Every cell is its own workload so
-// suites and --filter can pick cells; the measured anchor figures of BENCHMARKS.md are attached
-// as `anchor_*` params (and `target_*` where BENCHMARKS.md names a number for that cell).
+// suites and --filter can pick cells; the measured anchor figures of bench/README.md are attached
+// as `anchor_*` params (and `target_*` where bench/README.md names a number for that cell).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -203,7 +203,8 @@ constexpr DecodeAnchor kW1Anchors[] = {
 };
 constexpr double kW1FlashInferCudaCoresB64[] = {1638, 2333, 2625, 2735};
 
-// BENCHMARKS.md W1 targets; <= 0 where it names no number (only "ahead of every anchor").
+// W1 targets in GB/s (the earlier absolute form of the fractions in bench/README.md); <= 0 where
+// none is named (only "ahead of every anchor").
 double w1_target(int64_t batch, int64_t len) {
   if (batch >= 16 && len >= 16384) return 3000;
   if (batch >= 64 && len == 4096) return 3000;
@@ -403,7 +404,7 @@ constexpr DenseAnchor kW2Anchors[] = {
     {"anchor_fa3_paper", 'c', false, {-1, -1, -1, -1, -1, 756}},
 };
 
-// BENCHMARKS.md W2 FA3-class targets at 16k.
+// W2 FA3-class targets at 16k (bench/README.md).
 double w2_target(char tag, bool causal, int64_t len) {
   if (len != 16384) return -1;
   if (tag == 'a') return causal ? 650 : 700;

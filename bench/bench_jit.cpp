@@ -1,4 +1,4 @@
-// W8 of BENCHMARKS.md, JIT part: how long a new variant takes to become a launchable kernel.
+// W8 of bench/README.md, JIT part: how long a new variant takes to become a launchable kernel.
 //
 // Two kernels, each the exact request libtessera makes (jit_requests.cu) for the logits soft-cap
 // variant (the generated source is detail::variant_source of the resolved soft-cap options):
@@ -9,13 +9,11 @@
 //                         (a temporary directory, removed afterwards): key, NVRTC compile to a
 //                         CUBIN, disk write. Median of kColdCompiles compiles, each of a source
 //                         made unique by a trailing comment (a new key: nothing can be reused).
-//                         A smoke run on the H100 machine saw some "compiles" of an already
-//                         compiled kernel (differing only in that comment) finish in ~100 ms
-//                         among ~800 ms ones; the suspect is NVRTC's own cache of generated code
-//                         (NVRTC >= 12.9, option --no-cache), which a comment does not defeat. So
-//                         these compiles pass `--no-cache` (code generation is unchanged; the
-//                         library's compiles do not pass it, but a variant new to the process
-//                         has nothing to hit).
+//                         These compiles also pass `--no-cache`: NVRTC (>= 12.9) may keep its own
+//                         cache of generated code, which a trailing comment does not defeat, so a
+//                         cold sample could otherwise be a hit (bench/results/LOG.md). Code
+//                         generation is unchanged; the library's compiles do not pass it, but a
+//                         variant new to the process has nothing to hit there.
 //                         One tiny NVRTC compile runs first, untimed, so loading NVRTC and its
 //                         builtins is not charged to the first sample.
 //   w8_jit_warm_<kernel>  ms: a new KernelCache object over the same directory (empty in-process

@@ -1,4 +1,4 @@
-// W3 of BENCHMARKS.md: attention variants (FlashInfer paper, Appendix G.1 config).
+// W3 of bench/README.md: attention variants (FlashInfer paper, Appendix G.1 config).
 //
 // B=16, Hq=Hkv=16, D=128, bf16, causal base, ragged KV through batch_prefill_ragged (as W2a),
 // query length = KV length = S per request, S in {512 .. 16384}. One workload per S,
@@ -21,7 +21,7 @@
 // same S from the same run (NaN if the causal run failed). Anchors (the 16k column of the W3 table)
 // and targets are params: `target_ratio_to_causal` 0.92 ("any variant within 8% of the plain causal
 // kernel of the same family": these are FA2-class kernels), `target_tflops` 300 for window1024 at
-// 16k (the FA2-class goal set for this bench; BENCHMARKS.md's FA3-class targets are attached as
+// 16k (the FA2-class goal set for this bench; the FA3-class targets of bench/README.md are attached as
 // `target_tflops_fa3_class`).
 #include <cmath>
 #include <cstdint>
@@ -61,13 +61,13 @@ enum class Kind { kCausal, kCausalJit, kSoftCap, kAlibi, kWindow, kSigmoid };
 struct VariantDesc {
   Kind kind;
   const char* name;  ///< the `variant` param and the result's workload name
-  // BENCHMARKS.md W3 anchors at 16k (TFLOP/s; <= 0: none).
+  // W3 anchors at 16k (bench/README.md) (TFLOP/s; <= 0: none).
   double anchor_flashinfer_fa2;    ///< FlashInfer 0.3.1 FA2 template (measured)
   double anchor_flex;              ///< FlexAttention (measured)
   double anchor_flashinfer_fa3;    ///< FlashInfer 0.3.1 FA3 template (measured)
   double anchor_flex_paper;        ///< FlexAttention (paper)
   double anchor_flashinfer_paper;  ///< FlashInfer (paper)
-  double target_fa3_class_16k;     ///< BENCHMARKS.md FA3-class target at 16k
+  double target_fa3_class_16k;     ///< FA3-class target at 16k (bench/README.md)
   double target_16k;               ///< FA2-class target at 16k for this bench
 };
 

@@ -1,5 +1,5 @@
 // The two hardware ceilings every result is reported against, measured at the start of every run
-// (BENCHMARKS.md): device-to-device copy bandwidth and cuBLAS bf16 GEMM throughput.
+// (bench/README.md): device-to-device copy bandwidth and cuBLAS bf16 GEMM throughput.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA on the W1, W2 and W4 cells of BENCHMARKS.md, for comparison with tessera-bench.
+"""PyTorch SDPA on the W1, W2 and W4 cells of bench/README.md, for comparison with tessera-bench.
 
 Runs torch.nn.functional.scaled_dot_product_attention with one backend forced at a time
 (torch.nn.attention.sdpa_kernel: FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION) on
@@ -11,7 +11,7 @@ and writes the same JSON lines (same workload names, impl "torch-sdpa-<backend>"
       which). GB/s = K and V bytes of the 8 KV heads (B * L * 8 * 128 * 2 B * 2) / time.
   W2  dense prefill [16, H, S, D], causal and not. TFLOP/s = 4 * D * visible pairs * H / time.
   W4  variable-length causal prefill as a padded batch [16, 32 (8 KV), max_len, 128]; FLOPs are
-      counted over the real visible pairs only (the padding is wasted work, as in BENCHMARKS.md).
+      counted over the real visible pairs only (the padding is wasted work, as in bench/README.md).
       Reported under the w4_ragged_* names (a padded batch has no paged variant).
 
 Timing: CUDA events per run, warm-up, median of --iters runs (>= 20), an L2 flush (a write of
@@ -60,7 +60,7 @@ W4_SETS = {
 }
 HQ, HKV, HEAD_DIM = 32, 8, 128
 
-# Measured SDPA anchors of BENCHMARKS.md, to check that this script reproduces them.
+# Measured SDPA anchors of bench/README.md, to check that this script reproduces them.
 W1_ANCHORS = {  # backend -> B -> GB/s per W1_LENGTHS
     "cudnn": {1: (49, 309, 1178, 1292), 16: (1279, 1993, 2765, 2824),
               64: (2262, 2824, 3021, 3061), 128: (2243, 2930, 3025, 3050)},
@@ -358,7 +358,7 @@ class Bench:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="PyTorch SDPA backends on the W1/W2/W4 cells of BENCHMARKS.md (JSON lines like tessera-bench).")
+        description="PyTorch SDPA backends on the W1/W2/W4 cells of bench/README.md (JSON lines like tessera-bench).")
     p.add_argument("--suite", action="append", default=None,
                    help="suite(s): decode, prefill, quick, all; repeatable or a comma list (default: quick)")
     p.add_argument("--json", default=None, metavar="PATH",
@@ -371,7 +371,7 @@ def parse_args(argv):
     p.add_argument("--list", action="store_true", help="list the cells and exit (no GPU needed)")
     args = p.parse_args(argv)
     if args.iters < MIN_ITERS:
-        p.error(f"--iters must be at least {MIN_ITERS} (DESIGN.md section 9)")
+        p.error(f"--iters must be at least {MIN_ITERS} (docs/design.md §9)")
     args.suites = [s for item in (args.suite or ["quick"]) for s in item.split(",") if s]
     unknown = set(args.suites) - {"decode", "prefill", "quick", "all"}
     if unknown:

@@ -375,8 +375,8 @@ void BenchContext::flush_l2() {
 
 Timing BenchContext::measure(const std::function<void(cudaStream_t)>& fn) {
   // Each measurement starts from the same power state, whatever ran before it. Seconds of dense
-  // kernels at the 700 W software power cap leave the H100's clocks ~10% low for a while after
-  // (nvidia-smi, bench/results/LOG.md session 15); nvbench pauses on throttling for the same reason.
+  // kernels at the 700 W software power cap leave the H100's clocks low for a while after
+  // (bench/results/LOG.md); nvbench pauses on throttling for the same reason.
   BENCH_CUDA(cudaStreamSynchronize(stream_));
   if (cooldown_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms_));
 

@@ -1,4 +1,4 @@
-// tessera-bench harness (DESIGN.md §9): checked CUDA calls, device memory, timing, the workload
+// tessera-bench harness (docs/design.md §9): checked CUDA calls, device memory, timing, the workload
 // registry and the output sink.
 //
 // Adding a workload: write `void my_bench(BenchContext& ctx)` in a bench/*.cpp file that is listed

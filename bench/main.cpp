@@ -1,4 +1,4 @@
-// tessera-bench: runs named suites of benchmark workloads (BENCHMARKS.md) and prints a table plus
+// tessera-bench: runs named suites of benchmark workloads (bench/README.md) and prints a table plus
 // JSON lines. See bench/README.md.
 #include <algorithm>
 #include <cstdio>
@@ -19,7 +19,7 @@ namespace tb = tessera_bench;
 
 namespace {
 
-constexpr int kMinIters = 20;  // DESIGN.md §9: median of at least 20 timed runs
+constexpr int kMinIters = 20;  // docs/design.md §9: median of at least 20 timed runs
 constexpr const char* kAllSuite = "all";
 constexpr const char* kDefaultSuite = "quick";
 
@@ -121,7 +121,7 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (opt.iters < kMinIters) {
-    usage_error("--iters must be at least " + std::to_string(kMinIters) + " (DESIGN.md section 9)");
+    usage_error("--iters must be at least " + std::to_string(kMinIters) + " (docs/design.md §9)");
   }
   if (opt.suites.empty()) opt.suites.push_back(kDefaultSuite);
   return opt;

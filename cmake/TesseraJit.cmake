@@ -1,4 +1,4 @@
-# JIT support (DESIGN.md §7): NVRTC, the embedded kernel headers and the CUDA include directory.
+# JIT support (docs/design.md §7): NVRTC, the embedded kernel headers and the CUDA include directory.
 #
 # Two uses of this one file:
 # - include()d from src/CMakeLists.txt after the tessera target exists: links NVRTC, records the

@@ -1,5 +1,5 @@
 // Private helpers for raising tessera::Error from src/ with messages that name the argument, the
-// offending value and what was expected (DESIGN.md §4). Host code only: this header pulls in no
+// offending value and what was expected (docs/design.md §4). Host code only: this header pulls in no
 // CUDA header, so any translation unit of src/ may include it.
 //
 //   TESSERA_CHECK(page_size >= 1, StatusCode::kInvalidArgument)

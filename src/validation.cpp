@@ -1,4 +1,4 @@
-// Host-side validation of tensors and KV formats (DESIGN.md §4). Every message names the argument,
+// Host-side validation of tensors and KV formats (docs/design.md §4). Every message names the argument,
 // the offending value and what was expected, so a caller can fix the input from the message alone.
 //
 // Index arrays in host memory (kCPU, kCUDAHost) are always read and checked. Device-resident ones

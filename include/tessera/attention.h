@@ -1,4 +1,4 @@
-// Attention over every KV format (DESIGN.md §1, §5): decode (one query token per request) and
+// Attention over every KV format (docs/design.md §1, §5): decode (one query token per request) and
 // prefill/append (any query length), single request and batch, over dense, ragged, paged and
 // block-sparse KV.
 //

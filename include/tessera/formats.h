@@ -1,5 +1,5 @@
 // KV-cache formats. Every layout is a block-sparse row (BSR) matrix whose rows are query
-// positions and columns KV slots (DESIGN.md §1): paged KV is BSR with Bc = page_size and the page
+// positions and columns KV slots (docs/design.md §1): paged KV is BSR with Bc = page_size and the page
 // table as column indices, ragged KV is BSR with identity indices, vector sparsity is Bc = 1.
 // These structs only describe memory the caller owns; nothing is copied.
 #pragma once
@@ -81,7 +81,7 @@ using KVFormat = std::variant<Ragged, PagedKV, BlockSparse>;
 
 /// One logical KV matrix stored as several formats (e.g. a shared prefix as one ragged level plus
 /// per-request suffixes as a paged level). The attention states of the levels are merged, in
-/// order, with the operator of DESIGN.md §2. No KV data moves; only index arrays differ.
+/// order, with the operator of docs/design.md §2. No KV data moves; only index arrays differ.
 struct Composable {
   std::vector<KVFormat> levels;
 };

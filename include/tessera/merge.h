@@ -1,4 +1,4 @@
-// Attention-state merge (DESIGN.md §2).
+// Attention-state merge (docs/design.md §2).
 //
 // A state is (V, S): V [rows, num_heads, head_dim] the attention output over some KV set, S
 // [rows, num_heads] f32 its log-sum-exp. Tessera's C++ API uses BASE-2 log-sum-exp throughout:

@@ -1,4 +1,4 @@
-// The plan/run runtime (DESIGN.md §1.3, §6): wrappers that keep every SM busy whatever mix of
+// The plan/run runtime (docs/design.md §1.3, §6): wrappers that keep every SM busy whatever mix of
 // lengths a serving step brings, and stay valid inside a captured CUDA Graph.
 //
 // Use
@@ -41,7 +41,7 @@ namespace tessera {
 
 /// How long KV ranges are cut into chunks whose partial states are merged.
 enum class SplitKV : int32_t {
-  kAuto = 0,   ///< per plan, for balance (DESIGN.md §6)
+  kAuto = 0,   ///< per plan, for balance (docs/design.md §6)
   kFixed = 1,  ///< at multiples of RuntimeOptions::fixed_split_size: batch-invariant results
   kNone = 2,   ///< never: one work item per query tile (batch-invariant, no merge)
 };
@@ -102,7 +102,8 @@ struct PlanInfo {
   int32_t num_partials = 0;    ///< split chunks per KV head
   int32_t num_merges = 0;      ///< split tiles per KV head
   int32_t chunk_size = 0;      ///< KV positions per chunk (0: no split)
-  int64_t makespan = 0;        ///< largest per-column cost (cost units of DESIGN.md §6; a CTA runs heads_per_cta of them)
+  int64_t makespan = 0;        ///< largest per-column cost (cost units of docs/design.md §6; a CTA
+                               ///< runs heads_per_cta of them)
   int64_t lower_bound = 0;     ///< max(average cost per column, largest indivisible item)
   int64_t plan_bytes = 0;      ///< bytes the plan's cudaMemcpyAsync moved
   bool grouped_by_request = false;  ///< items assigned request by request, so a request's query tiles

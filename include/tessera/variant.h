@@ -1,4 +1,4 @@
-// Attention variants (DESIGN.md §1.2, §7): the built-in variants every entry point accepts through
+// Attention variants (docs/design.md §1.2, §7): the built-in variants every entry point accepts through
 // AttentionOptions::variant, user variants given as CUDA source text, and the FlexAttention-style
 // front end (mask_mod / score_mod).
 //
@@ -10,7 +10,7 @@
 // (TESSERA_JIT_QUIET=1 silences it). Compile errors in user code are tessera::Error
 // (kInvalidArgument) carrying NVRTC's log with the line numbers of the user's snippet.
 //
-// Variant formula (DESIGN.md §1.2), per query row i (position p_i = kv_len - qo_len + i) and key j:
+// Variant formula (docs/design.md §1.2), per query row i (position p_i = kv_len - qo_len + i) and key j:
 //   q' = QueryTransform(q), k' = KeyTransform(k), v' = ValueTransform(v)     (built-in: RoPE)
 //   x  = LogitsTransform(sm_scale * q'.k')          (built-in: ALiBi, then soft-cap; then user)
 //   visible = causal && window && sinks && custom mask && user LogitsMask

@@ -1,4 +1,4 @@
-"""Attention-state merge (DESIGN.md §2), FlashInfer-compatible.
+"""Attention-state merge (docs/design.md §2), FlashInfer-compatible.
 
 A state is ``(v, s)``: ``v`` ``[seq_len, num_heads, head_dim]`` the attention output over some KV
 set and ``s`` ``[seq_len, num_heads]`` float32 its BASE-2 log-sum-exp (what the attention

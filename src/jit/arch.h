@@ -1,4 +1,4 @@
-// The JIT target architecture of a GPU (DESIGN.md §7: "compiled for the current GPU's
+// The JIT target architecture of a GPU (docs/design.md §7: "compiled for the current GPU's
 // architecture").
 #pragma once
 

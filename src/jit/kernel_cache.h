@@ -1,4 +1,4 @@
-// Get-or-compile cache of JIT kernels (DESIGN.md §7): in process, then on disk, then NVRTC.
+// Get-or-compile cache of JIT kernels (docs/design.md §7): in process, then on disk, then NVRTC.
 //
 // Key: SHA-256 (sha256.h), as 64 hex digits, over length-prefixed fields:
 //   "tessera-jit-key-v1", the generated source text, the SHA-256 of the embedded kernel headers

@@ -1,4 +1,4 @@
-// Loads JIT-compiled CUBINs with the CUDA driver API (DESIGN.md §7). Needs a GPU.
+// Loads JIT-compiled CUBINs with the CUDA driver API (docs/design.md §7). Needs a GPU.
 //
 // libtessera does not link libcuda (it must load on machines without a driver, e.g. CI running
 // the CPU tests): the driver functions are looked up at run time with

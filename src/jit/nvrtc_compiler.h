@@ -1,4 +1,4 @@
-// NVRTC front end of the JIT (DESIGN.md §7): one generated CUDA translation unit -> one CUBIN for
+// NVRTC front end of the JIT (docs/design.md §7): one generated CUDA translation unit -> one CUBIN for
 // one architecture. Host code only; needs no GPU (NVRTC runs on the CPU).
 //
 //   GeneratedSource src = generate_source("#include \"kernels/attention/prefill.cuh\"\n",

@@ -1,5 +1,5 @@
 // SHA-256 (FIPS 180-4), written here so the JIT cache needs no crypto dependency. The kernel cache
-// uses it for its keys (DESIGN.md §7) and to check cache files for corruption. It is not used for
+// uses it for its keys (docs/design.md §7) and to check cache files for corruption. It is not used for
 // anything security-related beyond that: whoever can write the cache directory can run code on
 // the GPU anyway.
 #pragma once

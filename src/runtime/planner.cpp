@@ -1,4 +1,4 @@
-// The load-balancing planner (DESIGN.md §6); the contract is in planner.h.
+// The load-balancing planner (docs/design.md §6); the contract is in planner.h.
 //
 // Outline of plan_work:
 //   1. Validate the config and lengths, cut every request into query tiles and compute each tile's
@@ -569,7 +569,7 @@ void validate(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv
   }
 }
 
-/// kAuto: the halving search of DESIGN.md §6, then the fill fallback. Returns the chosen candidate.
+/// kAuto: the halving search of docs/design.md §6, then the fill fallback. Returns the chosen candidate.
 Candidate* plan_auto(const PlannerConfig& config, int64_t lb, int64_t sum_kv, int64_t max_kv, int64_t max_partials,
                      Scratch& s) {
   const int64_t C = config.num_ctas;

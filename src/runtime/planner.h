@@ -1,4 +1,4 @@
-// The load-balancing planner (DESIGN.md §1.3, §6): pure host code, no CUDA. From the query and KV
+// The load-balancing planner (docs/design.md §1.3, §6): pure host code, no CUDA. From the query and KV
 // lengths of a batch it builds the work list of a persistent attention kernel with a fixed grid
 // of `num_ctas` columns (every column is replicated over the KV heads by the kernel's grid, a CTA
 // running its column for one KV head or, grouped, several in turn, so the plan is computed once
@@ -19,7 +19,7 @@ namespace tessera {
 namespace runtime {
 
 enum class SplitMode : int32_t {
-  kAuto = 0,   ///< chunk size chosen per batch for balance (DESIGN.md §6); when no uniform
+  kAuto = 0,   ///< chunk size chosen per batch for balance (docs/design.md §6); when no uniform
                ///< chunk size is within 10% of the lower bound, a water-filling plan with chunks
                ///< of varying length may replace it (see planner.cpp)
   kFixed = 1,  ///< chunk boundaries at multiples of fixed_split_size: a request's result depends
@@ -51,7 +51,7 @@ struct PlannerConfig {
   /// in decreasing cost, each to the least loaded CTA), and that assignment replaces the LPT one
   /// when its makespan is at most 1/32 above it and within 10% of the lower bound whenever the LPT
   /// plan is. Under LPT, all CTAs run the same cost level at once, i.e. one tile of every request:
-  /// the whole batch's KV is live, which overflowed L2 on W4 (bench/results/LOG.md, session 17).
+  /// the whole batch's KV is live, which can exceed L2 (it did on W4: bench/results/LOG.md).
   /// Fill plans (see planner.cpp) keep their order.
   bool group_by_request = true;
 };

@@ -44,15 +44,13 @@ static_assert(offsetof(runtime::MergeItem, partial_end) == offsetof(kernels::Pla
 constexpr int64_t kAlign = 256;
 constexpr int kMinTileRows = 16;       // the smallest query tile
 constexpr int kSplitMultiple = 128;    // fixed split sizes are multiples of every KV tile
-// Cost model of DESIGN.md §6 in KV-row units: an item's fixed work (query tile load, output
+// Cost model of docs/design.md §6 in KV-row units: an item's fixed work (query tile load, output
 // store, pipeline fill) is charged per valid packed query row. The wgmma tile's fixed work is a
 // larger share of a short item (its tile loop is faster, and its first Q K^T and last P V do not
-// overlap the softmax). Measured on W4 uniform (H100, bench/results/LOG.md, session 18, with the
-// next item's Q prefetched): alpha 2-3 put the runtime at 319-321 TFLOP/s (paged16 302-305)
-// against 294 (287) at 1 and 313-315 (296-297) at 4-6, other W4 sets level; 3 keeps a margin from
-// the cliff below 2 for variants with longer per-item work. The mma.sync tiles measured best at 1
-// (LOG.md, "Plan/run runtime"). TESSERA_PLAN_ALPHA overrides both (a tuning aid for benchmarks,
-// like TESSERA_PREFILL_QTILE).
+// overlap the softmax), so it is charged more: on W4 the runtime was best at 2 and 3 and lost
+// clearly below 2, and 3 keeps that margin for variants with longer per-item work. The mma.sync
+// tiles were best at 1 (bench/results/LOG.md). TESSERA_PLAN_ALPHA overrides both (a tuning aid
+// for benchmarks, like TESSERA_PREFILL_QTILE).
 constexpr int64_t kCostAlpha = 1;
 constexpr int64_t kCostAlphaWgmma = 3;
 constexpr int64_t kCostBeta = 1;
@@ -87,8 +85,8 @@ bool plan_head_groups() {
 
 // Splitting a batch whose (query tile, KV head) pairs already occupy at least half the SMs buys
 // little balance but costs the merge and a start-up per chunk: the chunk size then stays >= this
-// many KV rows. Measured (W1 B=16 L=1024: 128 pairs on 132 SMs, H100): 512-row chunks 1497 GB/s,
-// unsplit 1650 GB/s.
+// many KV rows (W1 B=16 L=1k, 128 pairs on 132 SMs, ran slower split than whole:
+// bench/results/LOG.md).
 constexpr int32_t kMinChunkWhenBusy = 1024;
 
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -589,7 +587,7 @@ class AttentionRuntime {
     const int64_t max_tiles =
         (bounds.max_total_qo_tokens * max_group + kMinTileRows - 1) / kMinTileRows + bounds.max_batch_size;
     // Partial states: a plan with chunk size L = total / CTAs splits at most 2 chunks per CTA
-    // (DESIGN.md §6); tile rows of the largest tile the wrapper uses.
+    // (docs/design.md §6); tile rows of the largest tile the wrapper uses.
     const int64_t max_tile_rows = decode ? std::min<int64_t>(128, std::max<int64_t>(16, max_group)) : 128;
     l.partial_floats = 2 * max_ctas * max_tile_rows * bounds.head_dim;
     l.partial_lse_floats = 2 * max_ctas * max_tile_rows;

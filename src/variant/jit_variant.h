@@ -1,4 +1,4 @@
-// JIT compilation of variant kernels (DESIGN.md §7): a ResolvedVariant plus a kernel template and
+// JIT compilation of variant kernels (docs/design.md §7): a ResolvedVariant plus a kernel template and
 // its other template arguments give one generated translation unit, compiled by NVRTC for the
 // current GPU through the kernel cache (memory, disk) and loaded with the driver API.
 //

@@ -75,7 +75,7 @@ void expect_error(F&& f, const std::string& needle) {
   }
 }
 
-/// Tolerances of DESIGN.md §8 for outputs stored in `dtype`.
+/// Tolerances of docs/design.md §8 for outputs stored in `dtype`.
 double rel_tolerance(tessera::DType dtype);
 
 }  // namespace tessera_test

@@ -559,7 +559,7 @@ def test_readme_example():
 
 # --- variants: FlashInfer's window_left, logits_soft_cap, pos_encoding_mode, custom masks -----------
 #
-# The reference applies each option from its definition (DESIGN.md §1.2, FlashInfer's semantics),
+# The reference applies each option from its definition (docs/design.md §1.2, FlashInfer's semantics),
 # for query i of a request at position p = kv_len - qo_len + i and key j:
 #   RoPE (Llama, "rotate half"): q rotated at position p, k at position j, angle
 #        (pos / rope_scale) * rope_theta^(-2d / D) for the pair (d, d + D/2), before the dot product;

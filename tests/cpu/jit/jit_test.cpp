@@ -1,4 +1,4 @@
-// JIT layer (DESIGN.md §7): NVRTC compilation of the real kernel headers, the on-disk kernel cache
+// JIT layer (docs/design.md §7): NVRTC compilation of the real kernel headers, the on-disk kernel cache
 // (hits, corruption, cross-process locking) and user-snippet error reporting. NVRTC runs on the
 // CPU, so everything here except the module-loading test runs without a GPU.
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-// The load-balancing planner (src/runtime/planner.h, DESIGN.md §6): hand-checked small batches,
+// The load-balancing planner (src/runtime/planner.h, docs/design.md §6): hand-checked small batches,
 // a property test over thousands of random batches (coverage, merge map, CTA index, statistics,
 // determinism, balance, batch invariance of kFixed), rejection of malformed configs, and timing of
 // the two hot-path cases (printed, not asserted).

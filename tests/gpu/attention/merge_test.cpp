@@ -34,7 +34,7 @@ std::vector<double> random_lse(size_t n, std::mt19937_64& rng, double empty_frac
 
 std::vector<double> f32_round(const std::vector<double>& v) { return round_to(DType::kF32, v); }
 
-/// rel_tol <= 0 skips the relative check: LSE is judged by absolute error (DESIGN.md §8), its
+/// rel_tol <= 0 skips the relative check: LSE is judged by absolute error (docs/design.md §8), its
 /// values near zero make relative error meaningless.
 void expect_close(const std::vector<double>& out, const std::vector<double>& ref, double rel_tol, double abs_tol,
                   const std::string& what) {

@@ -10,7 +10,7 @@
 // The variant cases use the decode/prefill runner of attention_test_utils.cpp (AttentionCase::
 // variant): fresh random inputs rounded to the dtype, poisoned outputs, odd lengths, empty
 // requests (request 1 has no keys, request 2 no queries in prefill, request 3 one key), and the
-// DESIGN.md §8 tolerances. Non-default variants are compiled with NVRTC on first use (cached in
+// docs/design.md §8 tolerances. Non-default variants are compiled with NVRTC on first use (cached in
 // $TESSERA_CACHE_DIR, default ~/.cache/tessera): the case list keeps the distinct (features, head
 // dim, dtype, format, query tile) kernels to about one per case.
 //

@@ -70,24 +70,30 @@ std::string octal_mode(mode_t mode) {
   return buf;
 }
 
-/// Why `st` (of `path`) must not be trusted, or "" if it may: a directory or a regular file (as
-/// `want_dir` says), owned by this process's effective user and writable by nobody else. Anyone
-/// else who could write it could put code there that this process would run on its GPU. With
-/// POSIX ACLs the group bits hold the ACL mask, so a write grant to another user or group shows
-/// up as S_IWGRP and is refused too.
-std::string untrusted_reason(const std::string& path, const struct stat& st, bool want_dir) {
+/// Why `st` must not be trusted, or "" if it may: a directory or a regular file (as `want_dir`
+/// says), owned by this process's effective user and writable by nobody else. Anyone else who
+/// could write it could put code there that this process would run on its GPU. With POSIX ACLs
+/// the group bits hold the ACL mask, so a write grant to another user or group shows up as
+/// S_IWGRP and is refused too.
+std::string untrusted_reason(const struct stat& st, bool want_dir) {
   if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
-    return str_cat(path, " is not a ", want_dir ? "directory" : "regular file");
+    return want_dir ? "not a directory" : "not a regular file";
   }
   if (st.st_uid != ::geteuid()) {
-    return str_cat(path, " is owned by uid ", st.st_uid, ", not by this process's user (uid ", ::geteuid(), ")");
+    return str_cat("owned by uid ", st.st_uid, ", not by this process's user (uid ", ::geteuid(), ")");
   }
   const bool group = (st.st_mode & S_IWGRP) != 0, others = (st.st_mode & S_IWOTH) != 0;
   if (group || others) {
-    return str_cat(path, " is writable by ", group && others ? "group and others" : group ? "group" : "others",
-                   " (mode ", octal_mode(st.st_mode), ")");
+    return str_cat("writable by ", group && others ? "group and others" : group ? "group" : "others", " (mode ",
+                   octal_mode(st.st_mode), ")");
   }
   return {};
+}
+
+/// "<path>: <reason>" when `st` fails untrusted_reason, else "".
+std::string trust_problem(const std::string& path, const struct stat& st, bool want_dir) {
+  const std::string reason = untrusted_reason(st, want_dir);
+  return reason.empty() ? reason : str_cat(path, ": ", reason);
 }
 
 /// Reads all of `fd` from its current offset; false on a read error.
@@ -115,7 +121,7 @@ OpenResult open_trusted_file(int dir_fd, const std::string& name, const std::str
     const int err = errno;
     if (err == ENOENT) return OpenResult::kMissing;
     if (err == ELOOP) {
-      *problem = str_cat(path, " is a symbolic link");
+      *problem = str_cat(path, ": a symbolic link");
       return OpenResult::kUntrusted;
     }
     *problem = str_cat("cannot open ", path, ": ", errno_text(err));
@@ -126,7 +132,7 @@ OpenResult open_trusted_file(int dir_fd, const std::string& name, const std::str
     *problem = str_cat("cannot stat ", path, ": ", errno_text(errno));
     return OpenResult::kFailed;
   }
-  *problem = untrusted_reason(path, st, /*want_dir=*/false);
+  *problem = trust_problem(path, st, /*want_dir=*/false);
   return problem->empty() ? OpenResult::kOpened : OpenResult::kUntrusted;
 }
 
@@ -193,7 +199,7 @@ struct CacheDirs {
 enum class DirsResult { kUsable, kRefused, kUnavailable };
 
 /// Opens `root` and `root`/`arch`, creating what is missing (0700), and checks both directories
-/// it opened. kRefused: one of them failed the trust check (*problem says which and why);
+/// it opened. kRefused: one of them failed the trust check (*problem is "<path>: <reason>");
 /// kUnavailable: they could not be created or opened.
 DirsResult open_cache_dirs(const std::string& root, const std::string& arch, CacheDirs* dirs, std::string* problem) {
   *problem = make_private_dirs(root);
@@ -210,12 +216,18 @@ DirsResult open_cache_dirs(const std::string& root, const std::string& arch, Cac
     *problem = str_cat("cannot stat ", root, ": ", errno_text(errno));
     return DirsResult::kUnavailable;
   }
-  *problem = untrusted_reason(root, st, /*want_dir=*/true);
+  *problem = trust_problem(root, st, /*want_dir=*/true);
   if (!problem->empty()) return DirsResult::kRefused;
 
   const std::string arch_path = str_cat(root, "/", arch);
-  const bool created = ::mkdirat(dirs->root.get(), arch.c_str(), kDirMode) == 0;
-  if (!created && errno != EEXIST) {
+  if (::mkdirat(dirs->root.get(), arch.c_str(), kDirMode) == 0) {
+    // Before opening it: a umask of 0777 leaves no read bit to open it with. By name, but in a
+    // root only this user can write to (checked above), so the name is still the new directory.
+    if (::fchmodat(dirs->root.get(), arch.c_str(), kDirMode, 0) != 0) {
+      *problem = str_cat("cannot set the mode of directory ", arch_path, ": ", errno_text(errno));
+      return DirsResult::kUnavailable;
+    }
+  } else if (errno != EEXIST) {
     *problem = str_cat("cannot create directory ", arch_path, ": ", errno_text(errno));
     return DirsResult::kUnavailable;
   }
@@ -223,21 +235,17 @@ DirsResult open_cache_dirs(const std::string& root, const std::string& arch, Cac
   if (!dirs->arch.valid()) {
     const int err = errno;
     if (err == ELOOP || err == ENOTDIR) {
-      *problem = str_cat(arch_path, " is a symbolic link or not a directory");
+      *problem = str_cat(arch_path, ": a symbolic link or not a directory");
       return DirsResult::kRefused;
     }
     *problem = str_cat("cannot open directory ", arch_path, ": ", errno_text(err));
-    return DirsResult::kUnavailable;
-  }
-  if (created && ::fchmod(dirs->arch.get(), kDirMode) != 0) {
-    *problem = str_cat("cannot set the mode of directory ", arch_path, ": ", errno_text(errno));
     return DirsResult::kUnavailable;
   }
   if (::fstat(dirs->arch.get(), &st) != 0) {
     *problem = str_cat("cannot stat ", arch_path, ": ", errno_text(errno));
     return DirsResult::kUnavailable;
   }
-  *problem = untrusted_reason(arch_path, st, /*want_dir=*/true);
+  *problem = trust_problem(arch_path, st, /*want_dir=*/true);
   return problem->empty() ? DirsResult::kUsable : DirsResult::kRefused;
 }
 
@@ -629,7 +637,7 @@ void KernelCache::clean_and_evict(int root_fd, const std::string& keep_arch, con
     Fd fd(::openat(root_fd, arch.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st;
     // Nothing is counted or deleted in a directory the cache would not load from.
-    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !untrusted_reason(arch, st, /*want_dir=*/true).empty()) {
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !untrusted_reason(st, /*want_dir=*/true).empty()) {
       continue;
     }
     std::map<std::string, Entry> by_key;

@@ -261,7 +261,10 @@ enum class LockResult { kLocked, kBusy, kFailed };
 LockResult lock_file(int dir_fd, const std::string& name, const std::string& path, int64_t timeout_ms, Fd* lock,
                      bool* waited, std::string* problem) {
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  // Beyond ~30 years, "wait forever" (and no overflow of the clock's nanoseconds).
+  constexpr int64_t kForeverMs = int64_t{1000} * 1000 * 1000 * 1000;
+  const Clock::time_point deadline = timeout_ms >= kForeverMs ? Clock::time_point::max()
+                                                              : Clock::now() + std::chrono::milliseconds(timeout_ms);
   std::chrono::milliseconds pause(1);
   *waited = false;
   for (;;) {
@@ -291,8 +294,10 @@ LockResult lock_file(int dir_fd, const std::string& name, const std::string& pat
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
     }
     struct stat named;
-    if (::fstat(lock->get(), &held) == 0 && ::fstatat(dir_fd, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
-        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+    if (::fstat(lock->get(), &held) != 0) return LockResult::kLocked;  // cannot tell: keep it
+    if (::fstatat(dir_fd, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) return LockResult::kLocked;
+    } else if (held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
       return LockResult::kLocked;
     }
     // Unlinked or replaced while we waited: lock whatever the name leads to now.

@@ -91,7 +91,7 @@ struct CacheStats {
   uint64_t evictions = 0;          ///< entries this cache removed to stay under cache_max_bytes()
 };
 
-/// Default of cache_max_bytes(): 2 GiB, several thousand kernels (a CUBIN is ~10-200 KiB).
+/// Default of cache_max_bytes(): 2 GiB, thousands of kernels (a CUBIN is a few KiB to a few hundred).
 inline constexpr int64_t kDefaultCacheMaxBytes = int64_t{2} << 30;
 /// Default of cache_lock_timeout_ms(): one minute, far above one NVRTC compile (about a second for
 /// a prefill kernel), so only a stuck or stopped process holding the lock makes a wait fail.

@@ -1,7 +1,6 @@
-// JIT layer: NVRTC compilation of the real kernel headers, the on-disk kernel cache (hits,
-// corruption, cross-process locking, the trust checks, lock timeouts, eviction and cleanup of
-// docs/jit-cache.md) and user-snippet error reporting. NVRTC runs on the CPU, so everything here
-// except the module-loading test runs without a GPU.
+// JIT layer (DESIGN.md §7): NVRTC compilation of the real kernel headers, the on-disk kernel cache
+// (hits, corruption, cross-process locking) and user-snippet error reporting. NVRTC runs on the
+// CPU, so everything here except the module-loading test runs without a GPU.
 #include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -629,7 +628,7 @@ TEST(JitCache, ThreadsShareOneCompile) {
   for (const auto& k : got) EXPECT_EQ(k.get(), got[0].get());
 }
 
-// ---- trust: modes, owners, planted files -------------------------------------------------------
+// ---- trust: modes, owners, planted files (docs/jit-cache.md) --------------------------------------
 
 /// A uid other than ours: "nobody" on Debian and Ubuntu, unless that is who runs the tests.
 uid_t foreign_uid() { return ::geteuid() == 65534 ? 65533 : 65534; }

@@ -490,18 +490,29 @@ TEST(JitCache, MemoryHitThenDiskHitAfterRestart) {
   EXPECT_TRUE(file_exists(dir.path() + "/90a/" + KernelCache::key_of(tiny_request("90a")) + ".cubin"));
 }
 
-TEST(JitCache, CorruptEntriesAreRecompiled) {
+/// One entry compiled into a fresh cache directory: its files and their valid contents.
+struct CompiledEntry {
+  explicit CompiledEntry(const CompileRequest& request)
+      : key(KernelCache::key_of(request)),
+        cubin(dir.path() + "/" + request.arch + "/" + key + ".cubin"),
+        meta(dir.path() + "/" + request.arch + "/" + key + ".meta") {
+    KernelCache cache(dir.path());
+    cache.get_or_compile(request);
+    good_cubin = read_all(cubin);
+    good_meta = read_all(meta);
+  }
   TempDir dir;
+  std::string key, cubin, meta;
+  std::string good_cubin, good_meta;
+};
+
+TEST(JitCache, CorruptEntriesAreRecompiled) {
   ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
   const CompileRequest r = tiny_request("80");
-  const std::string key = KernelCache::key_of(r);
-  const std::string cubin = dir.path() + "/80/" + key + ".cubin";
-  const std::string meta = dir.path() + "/80/" + key + ".meta";
-  {
-    KernelCache cache(dir.path());
-    cache.get_or_compile(r);
-  }
-  const std::string good_cubin = read_all(cubin), good_meta = read_all(meta);
+  const CompiledEntry entry(r);
+  const TempDir& dir = entry.dir;
+  const std::string &key = entry.key, &cubin = entry.cubin, &meta = entry.meta;
+  const std::string &good_cubin = entry.good_cubin, &good_meta = entry.good_meta;
 
   struct Damage {
     const char* what;
@@ -820,19 +831,14 @@ TEST(JitCacheTrust, ArchDirectoryWritableByOthersOrLinkedIsRefused) {
 }
 
 TEST(JitCacheTrust, PlantedEntryWithWrongOwnerOrModeIsNotLoaded) {
-  TempDir dir;
   ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
   const CompileRequest r = tiny_request("80", "planted");
-  const std::string key = KernelCache::key_of(r);
-  const std::string cubin = dir.path() + "/80/" + key + ".cubin";
-  const std::string meta = dir.path() + "/80/" + key + ".meta";
-  {
-    KernelCache cache(dir.path());
-    cache.get_or_compile(r);
-  }
   // Every plant below is byte for byte a valid entry with a consistent .meta: only who could
   // have written it differs.
-  const std::string good_cubin = read_all(cubin), good_meta = read_all(meta);
+  const CompiledEntry entry(r);
+  const TempDir& dir = entry.dir;
+  const std::string &cubin = entry.cubin, &meta = entry.meta;
+  const std::string &good_cubin = entry.good_cubin, &good_meta = entry.good_meta;
   const std::string copy = dir.path() + "/copy.cubin";
   write_all(copy, good_cubin);
   ASSERT_EQ(::chmod(copy.c_str(), 0600), 0);

@@ -1,18 +1,25 @@
 #include "src/jit/kernel_cache.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "src/check.h"
 #include "src/jit/embedded_headers.h"
@@ -24,98 +31,357 @@ namespace jit {
 namespace {
 
 constexpr const char* kMetaMagic = "tessera-jit-cache 1";
+// Modes of what the cache creates, applied with fchmod/chmod after creation: the umask can only
+// remove bits, and a umask of 0777 would leave a directory its owner cannot enter.
+constexpr mode_t kDirMode = 0700;
+constexpr mode_t kFileMode = 0600;
+constexpr size_t kKeyChars = 64;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-/// The whole file, or false if it cannot be opened or read.
-bool read_file(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+/// Owns a file descriptor; closing it releases any flock taken through it.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string octal_mode(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+/// Why `st` must not be trusted, or "" if it may: a directory or a regular file (as `want_dir`
+/// says), owned by this process's effective user and writable by nobody else. Anyone else who
+/// could write it could put code there that this process would run on its GPU. With POSIX ACLs
+/// the group bits hold the ACL mask, so a write grant to another user or group shows up as
+/// S_IWGRP and is refused too.
+std::string untrusted_reason(const struct stat& st, bool want_dir) {
+  if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    return want_dir ? "not a directory" : "not a regular file";
+  }
+  if (st.st_uid != ::geteuid()) {
+    return str_cat("owned by uid ", st.st_uid, ", not by this process's user (uid ", ::geteuid(), ")");
+  }
+  const bool group = (st.st_mode & S_IWGRP) != 0, others = (st.st_mode & S_IWOTH) != 0;
+  if (group || others) {
+    return str_cat("writable by ", group && others ? "group and others" : group ? "group" : "others", " (mode ",
+                   octal_mode(st.st_mode), ")");
+  }
+  return {};
+}
+
+/// "<path>: <reason>" when `st` fails untrusted_reason, else "".
+std::string trust_problem(const std::string& path, const struct stat& st, bool want_dir) {
+  const std::string reason = untrusted_reason(st, want_dir);
+  return reason.empty() ? reason : str_cat(path, ": ", reason);
+}
+
+/// Reads all of `fd` from its current offset; false on a read error.
+bool read_fd(int fd, std::string* out) {
   out->clear();
   char buf[1 << 16];
-  bool ok = true;
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) ok = false;
-    if (n <= 0) break;
+    if (n < 0) return false;
+    if (n == 0) return true;
     out->append(buf, static_cast<size_t>(n));
   }
-  ::close(fd);
-  return ok;
 }
 
-/// Writes `data` to a temporary file next to `path`, flushes it and renames it onto `path`
-/// (atomic within one file system). Returns "" on success, else what went wrong.
-std::string write_file_atomic(const std::string& path, std::string_view data) {
+enum class OpenResult { kOpened, kMissing, kUntrusted, kFailed };
+
+/// Opens `name` in `dir_fd` for reading, without following a symbolic link and without blocking
+/// on a FIFO, and checks the file it got (not the name, which could be swapped after a check).
+/// `path` names it in *problem.
+OpenResult open_trusted_file(int dir_fd, const std::string& name, const std::string& path, Fd* fd,
+                             std::string* problem) {
+  fd->reset(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd->valid()) {
+    const int err = errno;
+    if (err == ENOENT) return OpenResult::kMissing;
+    if (err == ELOOP) {
+      *problem = str_cat(path, ": a symbolic link");
+      return OpenResult::kUntrusted;
+    }
+    *problem = str_cat("cannot open ", path, ": ", errno_text(err));
+    return OpenResult::kFailed;
+  }
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0) {
+    *problem = str_cat("cannot stat ", path, ": ", errno_text(errno));
+    return OpenResult::kFailed;
+  }
+  *problem = trust_problem(path, st, /*want_dir=*/false);
+  return problem->empty() ? OpenResult::kOpened : OpenResult::kUntrusted;
+}
+
+/// Writes `data` to a temporary file next to `name` in `dir_fd`, mode 0600, flushes it and
+/// renames it onto `name` (atomic within one file system; rename replaces a planted symbolic
+/// link rather than following it). `dir_path` names the directory in messages. Returns "" on
+/// success, else what went wrong.
+std::string write_file_atomic(int dir_fd, const std::string& dir_path, const std::string& name,
+                              std::string_view data) {
   static std::atomic<unsigned> counter{0};
-  const std::string tmp = str_cat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return str_cat("cannot create ", tmp, ": ", errno_text(errno));
+  const std::string tmp = str_cat(name, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  const std::string tmp_path = str_cat(dir_path, "/", tmp);
+  Fd fd(::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kFileMode));
+  if (!fd.valid()) return str_cat("cannot create ", tmp_path, ": ", errno_text(errno));
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    const std::string message = str_cat("cannot ", what, " ", tmp_path, ": ", errno_text(err));
+    fd.reset();
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
+    return message;
+  };
+  if (::fchmod(fd.get(), kFileMode) != 0) return fail("set the mode of");
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return str_cat("cannot write ", tmp, ": ", errno_text(err));
-    }
+    if (n <= 0) return fail("write");
     done += static_cast<size_t>(n);
   }
   // Durable before it becomes visible: after a crash the name points at complete data or at
   // nothing (a torn file would still be caught by the checksums).
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  if (::fsync(fd.get()) != 0) return fail("flush");
+  if (::close(fd.release()) != 0) return fail("close");
+  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    return str_cat("cannot flush ", tmp, ": ", errno_text(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return str_cat("cannot rename ", tmp, " to ", path, ": ", errno_text(err));
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
+    return str_cat("cannot rename ", tmp_path, " to ", dir_path, "/", name, ": ", errno_text(err));
   }
   return {};
 }
 
-/// mkdir -p. Returns "" on success.
-std::string make_dirs(const std::string& path) {
-  if (path.empty()) return "empty cache directory";
+/// mkdir -p. Each directory it creates gets mode 0700. Returns "" on success.
+std::string make_private_dirs(const std::string& path) {
   for (size_t pos = 1; pos <= path.size(); ++pos) {
     if (pos != path.size() && path[pos] != '/') continue;
     const std::string prefix = path.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(prefix.c_str(), kDirMode) == 0) {
+      if (::chmod(prefix.c_str(), kDirMode) != 0) {
+        return str_cat("cannot set the mode of directory ", prefix, ": ", errno_text(errno));
+      }
+    } else if (errno != EEXIST) {
       return str_cat("cannot create directory ", prefix, ": ", errno_text(errno));
     }
   }
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return str_cat(path, " is not a directory");
   return {};
 }
 
-/// A cache root inside a world-writable directory (/tmp) must belong to us: anyone could have
-/// created it and planted code for our GPU. Returns "" when acceptable.
-std::string check_root_owner(const std::string& dir) {
-  std::string parent = dir;
-  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
-  const size_t slash = parent.rfind('/');
-  parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
-  struct stat parent_st, st;
-  if (::stat(parent.c_str(), &parent_st) != 0 || ::stat(dir.c_str(), &st) != 0) return {};
-  if ((parent_st.st_mode & S_IWOTH) != 0 && st.st_uid != ::geteuid()) {
-    return str_cat(dir, " is owned by uid ", st.st_uid, ", not by this user, in world-writable ", parent);
-  }
-  return {};
-}
-
-/// Closes the lock file (and so releases its flock) on every path.
-struct FdGuard {
-  int fd = -1;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
+/// The cache directory and its <arch>/ subdirectory, open, checked and ready for *at() calls.
+struct CacheDirs {
+  Fd root;
+  Fd arch;
 };
+
+enum class DirsResult { kUsable, kRefused, kUnavailable };
+
+/// Opens `root` and `root`/`arch`, creating what is missing (0700), and checks both directories
+/// it opened. kRefused: one of them failed the trust check (*problem is "<path>: <reason>");
+/// kUnavailable: they could not be created or opened.
+DirsResult open_cache_dirs(const std::string& root, const std::string& arch, CacheDirs* dirs, std::string* problem) {
+  *problem = make_private_dirs(root);
+  if (!problem->empty()) return DirsResult::kUnavailable;
+  // The root may be reached through a symbolic link (a user's choice, e.g. ~/.cache on another
+  // disk): what is checked is the directory opened.
+  dirs->root.reset(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dirs->root.valid()) {
+    *problem = str_cat("cannot open directory ", root, ": ", errno_text(errno));
+    return DirsResult::kUnavailable;
+  }
+  struct stat st;
+  if (::fstat(dirs->root.get(), &st) != 0) {
+    *problem = str_cat("cannot stat ", root, ": ", errno_text(errno));
+    return DirsResult::kUnavailable;
+  }
+  *problem = trust_problem(root, st, /*want_dir=*/true);
+  if (!problem->empty()) return DirsResult::kRefused;
+
+  const std::string arch_path = str_cat(root, "/", arch);
+  if (::mkdirat(dirs->root.get(), arch.c_str(), kDirMode) == 0) {
+    // Before opening it: a umask of 0777 leaves no read bit to open it with. By name, but in a
+    // root only this user can write to (checked above), so the name is still the new directory.
+    if (::fchmodat(dirs->root.get(), arch.c_str(), kDirMode, 0) != 0) {
+      *problem = str_cat("cannot set the mode of directory ", arch_path, ": ", errno_text(errno));
+      return DirsResult::kUnavailable;
+    }
+  } else if (errno != EEXIST) {
+    *problem = str_cat("cannot create directory ", arch_path, ": ", errno_text(errno));
+    return DirsResult::kUnavailable;
+  }
+  dirs->arch.reset(::openat(dirs->root.get(), arch.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dirs->arch.valid()) {
+    const int err = errno;
+    if (err == ELOOP || err == ENOTDIR) {
+      *problem = str_cat(arch_path, ": a symbolic link or not a directory");
+      return DirsResult::kRefused;
+    }
+    *problem = str_cat("cannot open directory ", arch_path, ": ", errno_text(err));
+    return DirsResult::kUnavailable;
+  }
+  if (::fstat(dirs->arch.get(), &st) != 0) {
+    *problem = str_cat("cannot stat ", arch_path, ": ", errno_text(errno));
+    return DirsResult::kUnavailable;
+  }
+  *problem = trust_problem(arch_path, st, /*want_dir=*/true);
+  return problem->empty() ? DirsResult::kUsable : DirsResult::kRefused;
+}
+
+enum class LockResult { kLocked, kBusy, kFailed };
+
+/// Opens (creating, 0600) `name` in `dir_fd` and takes an exclusive flock on it, trying until
+/// `timeout_ms` has passed. kBusy: someone else held it the whole time; kFailed: the file could
+/// not be opened or the file system has no flock (*problem says which). *waited is set when the
+/// first try found the lock held. The lock file may be unlinked by whoever holds it (eviction,
+/// cleanup of orphaned locks), so after locking, the descriptor is compared with the file now
+/// under `name`: holding the lock means holding the file that name leads to, never an unlinked
+/// one that a third process could not see.
+LockResult lock_file(int dir_fd, const std::string& name, const std::string& path, int64_t timeout_ms, Fd* lock,
+                     bool* waited, std::string* problem) {
+  using Clock = std::chrono::steady_clock;
+  // Beyond ~30 years, "wait forever" (and no overflow of the clock's nanoseconds).
+  constexpr int64_t kForeverMs = int64_t{1000} * 1000 * 1000 * 1000;
+  const Clock::time_point deadline = timeout_ms >= kForeverMs ? Clock::time_point::max()
+                                                              : Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::chrono::milliseconds pause(1);
+  *waited = false;
+  for (;;) {
+    lock->reset(::openat(dir_fd, name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, kFileMode));
+    if (!lock->valid()) {
+      *problem = str_cat("cannot open ", path, ": ", errno_text(errno));
+      return LockResult::kFailed;
+    }
+    struct stat held;
+    if (::fstat(lock->get(), &held) == 0 && held.st_uid == ::geteuid() && (held.st_mode & 07777) != kFileMode) {
+      ::fchmod(lock->get(), kFileMode);  // best effort: the lock file's content is never read
+    }
+    for (;;) {
+      if (::flock(lock->get(), LOCK_EX | LOCK_NB) == 0) break;
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK) {
+        *problem = str_cat("cannot lock ", path, ": ", errno_text(errno));
+        return LockResult::kFailed;
+      }
+      *waited = true;
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) {
+        lock->reset();
+        return LockResult::kBusy;
+      }
+      std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+    struct stat named;
+    if (::fstat(lock->get(), &held) != 0) return LockResult::kLocked;  // cannot tell: keep it
+    if (::fstatat(dir_fd, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) return LockResult::kLocked;
+    } else if (held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+      return LockResult::kLocked;
+    }
+    // Unlinked or replaced while we waited: lock whatever the name leads to now.
+  }
+}
+
+/// $name parsed by `parse` (which returns false for a malformed value), or `fallback` when the
+/// variable is unset or empty.
+template <typename Parse>
+int64_t env_limit(const char* name, int64_t fallback, const char* expected, Parse parse) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || text[0] == '\0') return fallback;
+  int64_t value = 0;
+  TESSERA_CHECK_ARG(parse(std::string_view(text), &value))
+      << name << " = '" << text << "', expected " << expected;
+  return value;
+}
+
+/// A decimal integer in [0, INT64_MAX] with no sign, space or other characters; the rest of
+/// `text` after its digits goes to *rest.
+bool parse_decimal(std::string_view text, int64_t* value, std::string_view* rest) {
+  size_t i = 0;
+  uint64_t v = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    v = v * 10 + static_cast<uint64_t>(text[i] - '0');
+    if (v > static_cast<uint64_t>(INT64_MAX)) return false;
+  }
+  if (i == 0) return false;
+  *value = static_cast<int64_t>(v);
+  *rest = text.substr(i);
+  return true;
+}
+
+/// What a cache file's name says it is: part of entry `key`, or a temporary.
+struct CacheFileName {
+  enum Kind { kCubin, kMeta, kLock, kTemporary, kOther } kind = kOther;
+  std::string key;
+};
+
+CacheFileName classify_file(std::string_view name) {
+  CacheFileName f;
+  if (name.size() <= kKeyChars + 1 || name[kKeyChars] != '.') return f;
+  if (name.substr(0, kKeyChars).find_first_not_of("0123456789abcdef") != std::string_view::npos) return f;
+  const std::string_view rest = name.substr(kKeyChars + 1);
+  if (rest == "cubin") {
+    f.kind = CacheFileName::kCubin;
+  } else if (rest == "meta") {
+    f.kind = CacheFileName::kMeta;
+  } else if (rest == "lock") {
+    f.kind = CacheFileName::kLock;
+  } else if (rest.rfind("cubin.tmp.", 0) == 0 || rest.rfind("meta.tmp.", 0) == 0) {
+    f.kind = CacheFileName::kTemporary;
+  } else {
+    return f;
+  }
+  f.key = std::string(name.substr(0, kKeyChars));
+  return f;
+}
+
+/// The names in directory `dir_fd` (which stays open and keeps its offset), without "." and "..".
+std::vector<std::string> list_dir(int dir_fd) {
+  std::vector<std::string> names;
+  const int fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return names;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return names;
+  }
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+bool is_arch_name(const std::string& name) {
+  try {
+    check_arch(name);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 const std::string& headers_digest() {
   static const std::string digest = [] {
@@ -150,7 +416,9 @@ std::string make_meta(const CachedKernel& k) {
   return body + str_cat("meta_sha256 ", sha256_hex(body), "\n");
 }
 
-enum class EntryState { kMissing, kCorrupt, kValid };
+/// kUntrusted: a file of the entry failed the trust check (owner, mode, type); kCorrupt: its
+/// files are ours but do not make a valid entry for this key.
+enum class EntryState { kMissing, kCorrupt, kUntrusted, kValid };
 
 /// Parses and checks a .meta file; fills key/arch/name/lowered names and the expected CUBIN
 /// size and hash.
@@ -229,6 +497,31 @@ std::string KernelCache::cubin_path(const std::string& arch, const std::string& 
   return str_cat(dir_, "/", arch, "/", key, ".cubin");
 }
 
+int64_t cache_max_bytes() {
+  return env_limit("TESSERA_CACHE_MAX_BYTES", kDefaultCacheMaxBytes,
+                   "a positive number of bytes, optionally with a K, M, G or T suffix (powers of 1024)",
+                   [](std::string_view text, int64_t* value) {
+                     std::string_view rest;
+                     if (!parse_decimal(text, value, &rest) || *value == 0) return false;
+                     if (rest.empty()) return true;
+                     if (rest.size() != 1) return false;
+                     const size_t shift = std::string_view("KMGT").find(rest[0]);
+                     if (shift == std::string_view::npos) return false;
+                     const int bits = 10 * static_cast<int>(shift + 1);
+                     if (*value > (INT64_MAX >> bits)) return false;
+                     *value <<= bits;
+                     return true;
+                   });
+}
+
+int64_t cache_lock_timeout_ms() {
+  return env_limit("TESSERA_CACHE_LOCK_TIMEOUT_MS", kDefaultCacheLockTimeoutMs,
+                   "a non-negative whole number of milliseconds", [](std::string_view text, int64_t* value) {
+                     std::string_view rest;
+                     return parse_decimal(text, value, &rest) && rest.empty();
+                   });
+}
+
 CacheStats KernelCache::stats() const {
   CacheStats s;
   s.memory_hits = memory_hits_.load();
@@ -236,6 +529,8 @@ CacheStats KernelCache::stats() const {
   s.compiles = compiles_.load();
   s.corrupt_entries = corrupt_entries_.load();
   s.lock_waits = lock_waits_.load();
+  s.untrusted_entries = untrusted_entries_.load();
+  s.evictions = evictions_.load();
   return s;
 }
 
@@ -286,73 +581,204 @@ std::shared_ptr<const CachedKernel> KernelCache::get_or_compile(const CompileReq
   return slot->kernel;
 }
 
-std::shared_ptr<CachedKernel> KernelCache::try_load(const std::string& arch, const std::string& key,
-                                                    bool* corrupt) const {
-  *corrupt = false;
-  const std::string cubin_file = cubin_path(arch, key);
-  const std::string meta_file = str_cat(dir_, "/", arch, "/", key, ".meta");
-  std::string meta;
-  if (!read_file(meta_file, &meta)) {
+struct KernelCache::DiskEntry {
+  EntryState state = EntryState::kMissing;
+  std::shared_ptr<CachedKernel> kernel;  // kValid only
+  std::string problem;                   // kUntrusted: which file and why
+};
+
+KernelCache::DiskEntry KernelCache::try_load(int arch_fd, const std::string& arch, const std::string& key) const {
+  DiskEntry entry;
+  const std::string arch_path = str_cat(dir_, "/", arch);
+  const std::string meta_name = key + ".meta", cubin_name = key + ".cubin";
+  // Each file is checked on the descriptor it is then read from, and neither is read before both
+  // passed: a planted file never reaches the parser or the GPU.
+  Fd meta_fd, cubin_fd;
+  switch (open_trusted_file(arch_fd, meta_name, str_cat(arch_path, "/", meta_name), &meta_fd, &entry.problem)) {
+    case OpenResult::kOpened: break;
     // No metadata: never written, or a crash between the two renames (the .cubin goes first).
-    return nullptr;
+    case OpenResult::kMissing: return entry;
+    case OpenResult::kUntrusted: entry.state = EntryState::kUntrusted; return entry;
+    case OpenResult::kFailed: entry.state = EntryState::kCorrupt; return entry;
+  }
+  switch (open_trusted_file(arch_fd, cubin_name, cubin_path(arch, key), &cubin_fd, &entry.problem)) {
+    case OpenResult::kOpened: break;
+    case OpenResult::kUntrusted: entry.state = EntryState::kUntrusted; return entry;
+    case OpenResult::kMissing:
+    case OpenResult::kFailed: entry.state = EntryState::kCorrupt; return entry;
   }
   auto k = std::make_shared<CachedKernel>();
   uint64_t cubin_bytes = 0;
-  std::string cubin_sha;
-  std::string cubin;
-  if (!parse_meta(meta, key, arch, k.get(), &cubin_bytes, &cubin_sha) || !read_file(cubin_file, &cubin) ||
-      cubin.size() != cubin_bytes || sha256_hex(cubin) != cubin_sha) {
-    *corrupt = true;
-    return nullptr;
+  std::string meta, cubin_sha, cubin;
+  if (!read_fd(meta_fd.get(), &meta) || !parse_meta(meta, key, arch, k.get(), &cubin_bytes, &cubin_sha) ||
+      !read_fd(cubin_fd.get(), &cubin) || cubin.size() != cubin_bytes || sha256_hex(cubin) != cubin_sha) {
+    entry.state = EntryState::kCorrupt;
+    return entry;
   }
+  // Recency for eviction, recorded by the cache itself: atime may be off (noatime, relatime).
+  // Best effort: a read-only cache still serves hits.
+  ::futimens(cubin_fd.get(), nullptr);
   k->cubin.assign(cubin.begin(), cubin.end());
-  k->cubin_path = cubin_file;
-  return k;
+  k->cubin_path = cubin_path(arch, key);
+  entry.state = EntryState::kValid;
+  entry.kernel = std::move(k);
+  return entry;
+}
+
+void KernelCache::clean_and_evict(int root_fd, const std::string& keep_arch, const std::string& keep_key,
+                                  int64_t max_bytes) {
+  struct Entry {
+    std::string arch, key;
+    int64_t bytes = 0;
+    struct timespec used = {0, 0};  // the latest modification time of its .cubin and .meta
+    bool has_data = false;          // a .cubin or a .meta exists
+  };
+  std::map<std::string, Fd> arch_dirs;  // arch -> open, trusted directory
+  std::vector<Entry> entries;
+  int64_t total = 0;
+  const time_t now = ::time(nullptr);
+  for (const std::string& arch : list_dir(root_fd)) {
+    if (!is_arch_name(arch)) continue;
+    Fd fd(::openat(root_fd, arch.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st;
+    // Nothing is counted or deleted in a directory the cache would not load from.
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !untrusted_reason(st, /*want_dir=*/true).empty()) {
+      continue;
+    }
+    std::map<std::string, Entry> by_key;
+    for (const std::string& name : list_dir(fd.get())) {
+      const CacheFileName f = classify_file(name);
+      if (f.kind == CacheFileName::kOther) continue;
+      struct stat fst;
+      if (::fstatat(fd.get(), name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone meanwhile
+      if (f.kind == CacheFileName::kTemporary) {
+        // A writer renames its temporary within a second; an old one is a crashed writer's.
+        if (now - fst.st_mtime > kStaleTemporarySeconds) ::unlinkat(fd.get(), name.c_str(), 0);
+        continue;
+      }
+      Entry& e = by_key[f.key];
+      e.arch = arch;
+      e.key = f.key;
+      if (f.kind == CacheFileName::kLock) continue;
+      e.has_data = true;
+      e.bytes += fst.st_size;
+      if (fst.st_mtim.tv_sec > e.used.tv_sec ||
+          (fst.st_mtim.tv_sec == e.used.tv_sec && fst.st_mtim.tv_nsec > e.used.tv_nsec)) {
+        e.used = fst.st_mtim;
+      }
+    }
+    for (auto& [key, e] : by_key) {
+      total += e.bytes;
+      entries.push_back(std::move(e));
+    }
+    arch_dirs.emplace(arch, std::move(fd));
+  }
+
+  // Deletes the files of entry `e` if nobody holds its lock; the lock goes last, while held, so
+  // that a process that opened it meanwhile sees the name gone and starts over (lock_file).
+  auto remove_if_unlocked = [&](const Entry& e) {
+    const int dir_fd = arch_dirs.at(e.arch).get();
+    const std::string lock_name = e.key + ".lock";
+    Fd lock;
+    bool waited = false;
+    std::string problem;
+    if (lock_file(dir_fd, lock_name, str_cat(dir_, "/", e.arch, "/", lock_name), /*timeout_ms=*/0, &lock, &waited,
+                  &problem) != LockResult::kLocked) {
+      return false;
+    }
+    ::unlinkat(dir_fd, (e.key + ".meta").c_str(), 0);  // first: without it the .cubin is never loaded
+    ::unlinkat(dir_fd, (e.key + ".cubin").c_str(), 0);
+    ::unlinkat(dir_fd, lock_name.c_str(), 0);
+    return true;
+  };
+  const auto is_kept = [&](const Entry& e) { return e.arch == keep_arch && e.key == keep_key; };
+
+  // Locks left by entries that no longer exist (an eviction elsewhere, a failed compile).
+  for (const Entry& e : entries) {
+    if (!e.has_data && !is_kept(e)) remove_if_unlocked(e);
+  }
+  if (total <= max_bytes) return;
+  std::vector<const Entry*> by_age;
+  for (const Entry& e : entries) {
+    if (e.has_data && !is_kept(e)) by_age.push_back(&e);
+  }
+  std::sort(by_age.begin(), by_age.end(), [](const Entry* a, const Entry* b) {
+    if (a->used.tv_sec != b->used.tv_sec) return a->used.tv_sec < b->used.tv_sec;
+    if (a->used.tv_nsec != b->used.tv_nsec) return a->used.tv_nsec < b->used.tv_nsec;
+    return a->key < b->key;
+  });
+  for (const Entry* e : by_age) {
+    if (total <= max_bytes) break;
+    if (remove_if_unlocked(*e)) {
+      total -= e->bytes;
+      ++evictions_;
+    }
+  }
 }
 
 std::shared_ptr<const CachedKernel> KernelCache::load_or_compile(const CompileRequest& request,
                                                                  const std::string& key) {
+  // Read first, so that a malformed value fails every call, hit or miss.
+  const int64_t max_bytes = cache_max_bytes();
+  const int64_t lock_timeout_ms = cache_lock_timeout_ms();
   const std::string& arch = request.arch;
-  bool corrupt = false;
-  std::string disk_problem = check_root_owner(dir_);  // before reading anything from it
-  // Fast path without the lock: entries are only ever replaced by rename(), so what we read is
-  // some complete version of the files, and the checksums reject a mismatched pair.
-  if (disk_problem.empty()) {
-    if (std::shared_ptr<CachedKernel> k = try_load(arch, key, &corrupt)) {
-      ++disk_hits_;
-      return k;
+  const std::string arch_path = str_cat(dir_, "/", arch);
+  CacheDirs dirs;
+  bool use_disk = !disk_refused_.load();
+  if (use_disk) {
+    std::string problem;
+    switch (open_cache_dirs(dir_, arch, &dirs, &problem)) {
+      case DirsResult::kUsable: break;
+      case DirsResult::kRefused:
+        // Someone else could have written there: nothing in it is used again by this cache.
+        disk_refused_ = true;
+        warn_disk(str_cat("refusing ", problem, "; using the in-memory cache only"));
+        use_disk = false;
+        break;
+      case DirsResult::kUnavailable:
+        warn_disk(problem);
+        use_disk = false;
+        break;
     }
   }
 
-  const std::string arch_dir = str_cat(dir_, "/", arch);
-  if (disk_problem.empty()) disk_problem = make_dirs(arch_dir);
-  if (disk_problem.empty()) disk_problem = check_root_owner(dir_);  // we may just have created it
-  FdGuard lock;
-  if (disk_problem.empty()) {
-    const std::string lock_file = str_cat(arch_dir, "/", key, ".lock");
-    lock.fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock.fd < 0) {
-      disk_problem = str_cat("cannot open ", lock_file, ": ", errno_text(errno));
-    } else if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK) ++lock_waits_;  // another process or thread is compiling this key
-      int rc;
-      do {
-        rc = ::flock(lock.fd, LOCK_EX);
-      } while (rc != 0 && errno == EINTR);
-      // A file system without flock: go on unlocked (at worst a duplicate compile; the renames
-      // keep every reader safe).
-      if (rc != 0) warn_disk(str_cat("cannot lock ", lock_file, ": ", errno_text(errno)));
-    }
-  }
-  if (!disk_problem.empty()) {
-    warn_disk(disk_problem);
-  } else {
-    // With the lock held: someone may have finished this entry while we waited.
-    if (std::shared_ptr<CachedKernel> k = try_load(arch, key, &corrupt)) {
+  Fd lock;
+  if (use_disk) {
+    // Fast path without the lock: entries are only ever replaced by rename(), so what we read is
+    // some complete version of the files, and the checksums reject a mismatched pair.
+    DiskEntry entry = try_load(dirs.arch.get(), arch, key);
+    if (entry.state == EntryState::kValid) {
       ++disk_hits_;
-      return k;
+      return entry.kernel;
     }
-    if (corrupt) ++corrupt_entries_;
+    const std::string lock_name = key + ".lock", lock_path = str_cat(arch_path, "/", lock_name);
+    bool waited = false;
+    std::string problem;
+    const LockResult locked =
+        lock_file(dirs.arch.get(), lock_name, lock_path, lock_timeout_ms, &lock, &waited, &problem);
+    if (waited) ++lock_waits_;  // another process or thread is compiling (or evicting) this key
+    if (locked == LockResult::kBusy) {
+      TESSERA_FAIL(StatusCode::kInternal)
+          << "JIT cache lock timeout: " << lock_path << " was held by another process for "
+          << lock_timeout_ms << " ms (TESSERA_CACHE_LOCK_TIMEOUT_MS) while compiling '" << request.name
+          << "'; a process that compiles this kernel may be stuck or stopped: end it, or set "
+             "TESSERA_CACHE_DIR to another directory";
+    }
+    // A file system without flock: go on unlocked (at worst a duplicate compile; the renames
+    // keep every reader safe).
+    if (locked == LockResult::kFailed) warn_disk(problem);
+    // With the lock held: someone may have finished this entry while we waited.
+    entry = try_load(dirs.arch.get(), arch, key);
+    switch (entry.state) {
+      case EntryState::kValid: ++disk_hits_; return entry.kernel;
+      case EntryState::kCorrupt: ++corrupt_entries_; break;
+      case EntryState::kUntrusted:
+        // Replaced below by files of our own (rename() swaps the name, whoever owned the old file).
+        ++untrusted_entries_;
+        warn_disk(str_cat("not loading ", entry.problem, "; compiling the kernel again into a private file"));
+        break;
+      case EntryState::kMissing: break;
+    }
   }
 
   CompileResult result = compile_to_cubin(request);
@@ -362,13 +788,14 @@ std::shared_ptr<const CachedKernel> KernelCache::load_or_compile(const CompileRe
   k->name = request.name;
   k->cubin = std::move(result.cubin);
   k->lowered_names = std::move(result.lowered_names);
-  if (disk_problem.empty()) {
-    const std::string cubin_file = cubin_path(arch, key);
+  if (use_disk) {
     // The .cubin first, the .meta (which vouches for it) second.
-    std::string problem = write_file_atomic(cubin_file, std::string_view(k->cubin.data(), k->cubin.size()));
-    if (problem.empty()) problem = write_file_atomic(str_cat(arch_dir, "/", key, ".meta"), make_meta(*k));
+    const std::string_view cubin(k->cubin.data(), k->cubin.size());
+    std::string problem = write_file_atomic(dirs.arch.get(), arch_path, key + ".cubin", cubin);
+    if (problem.empty()) problem = write_file_atomic(dirs.arch.get(), arch_path, key + ".meta", make_meta(*k));
     if (problem.empty()) {
-      k->cubin_path = cubin_file;
+      k->cubin_path = cubin_path(arch, key);
+      clean_and_evict(dirs.root.get(), arch, key, max_bytes);
     } else {
       warn_disk(problem);
     }

@@ -6,17 +6,22 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -97,6 +102,19 @@ std::string read_all(const std::string& path) {
 void write_all(const std::string& path, const std::string& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << data;
+}
+
+/// The names in `dir` that do not start with a dot, sorted.
+std::vector<std::string> list_names(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') names.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string source_root() {
@@ -473,18 +491,29 @@ TEST(JitCache, MemoryHitThenDiskHitAfterRestart) {
   EXPECT_TRUE(file_exists(dir.path() + "/90a/" + KernelCache::key_of(tiny_request("90a")) + ".cubin"));
 }
 
-TEST(JitCache, CorruptEntriesAreRecompiled) {
+/// One entry compiled into a fresh cache directory: its files and their valid contents.
+struct CompiledEntry {
+  explicit CompiledEntry(const CompileRequest& request)
+      : key(KernelCache::key_of(request)),
+        cubin(dir.path() + "/" + request.arch + "/" + key + ".cubin"),
+        meta(dir.path() + "/" + request.arch + "/" + key + ".meta") {
+    KernelCache cache(dir.path());
+    cache.get_or_compile(request);
+    good_cubin = read_all(cubin);
+    good_meta = read_all(meta);
+  }
   TempDir dir;
+  std::string key, cubin, meta;
+  std::string good_cubin, good_meta;
+};
+
+TEST(JitCache, CorruptEntriesAreRecompiled) {
   ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
   const CompileRequest r = tiny_request("80");
-  const std::string key = KernelCache::key_of(r);
-  const std::string cubin = dir.path() + "/80/" + key + ".cubin";
-  const std::string meta = dir.path() + "/80/" + key + ".meta";
-  {
-    KernelCache cache(dir.path());
-    cache.get_or_compile(r);
-  }
-  const std::string good_cubin = read_all(cubin), good_meta = read_all(meta);
+  const CompiledEntry entry(r);
+  const TempDir& dir = entry.dir;
+  const std::string &key = entry.key, &cubin = entry.cubin, &meta = entry.meta;
+  const std::string &good_cubin = entry.good_cubin, &good_meta = entry.good_meta;
 
   struct Damage {
     const char* what;
@@ -611,6 +640,505 @@ TEST(JitCache, ThreadsShareOneCompile) {
   for (const auto& k : got) EXPECT_EQ(k.get(), got[0].get());
 }
 
+// ---- trust: modes, owners, planted files (docs/jit-cache.md) --------------------------------------
+
+/// A uid other than ours: "nobody" on Debian and Ubuntu, unless that is who runs the tests.
+uid_t foreign_uid() { return ::geteuid() == 65534 ? 65533 : 65534; }
+
+std::string octal(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+/// Permission bits of `path` itself (not of a symbolic link's target); "missing" if absent.
+std::string mode_of(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 ? octal(st.st_mode) : "missing";
+}
+
+/// Gives `path` (not a link's target) to foreign_uid(), as if another user had created it. False
+/// where this process may not (not root): the caller then skips what needs it.
+bool give_away(const std::string& path) { return ::lchown(path.c_str(), foreign_uid(), static_cast<gid_t>(-1)) == 0; }
+
+std::string cannot_give_away(const std::string& path) {
+  return "cannot chown " + path + " to uid " + std::to_string(foreign_uid()) + " (" + std::strerror(errno) +
+         "): planting a file of another user needs root";
+}
+
+std::string foreign_owner_reason() {
+  return "owned by uid " + std::to_string(foreign_uid()) + ", not by this process's user (uid " +
+         std::to_string(::geteuid()) + ")";
+}
+
+class ScopedUmask {
+ public:
+  explicit ScopedUmask(mode_t mask) : old_(::umask(mask)) {}
+  ~ScopedUmask() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+/// Sets the modification time of `path` to `seconds_ago` seconds before now.
+void set_mtime(const std::string& path, time_t seconds_ago) {
+  struct timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;  // access time: left alone
+  times[1].tv_sec = ::time(nullptr) - seconds_ago;
+  times[1].tv_nsec = 0;
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW), 0) << path;
+}
+
+time_t mtime_of(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 ? st.st_mtime : 0;
+}
+
+/// An exclusive flock on `path` (created if missing), held until release() or destruction. flock
+/// locks belong to an open file description, so the cache, which opens the file itself, finds it
+/// held exactly as it would if another process held it.
+class HeldLock {
+ public:
+  explicit HeldLock(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    locked_ = fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+  }
+  ~HeldLock() { release(); }
+  bool locked() const { return locked_; }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    locked_ = false;
+  }
+
+ private:
+  int fd_;
+  bool locked_ = false;
+};
+
+/// Every path under `dir`, relative to it, sorted (directories too).
+std::vector<std::string> list_tree(const std::string& dir, const std::string& prefix = "") {
+  std::vector<std::string> all;
+  for (const std::string& name : list_names(dir)) {
+    all.push_back(prefix + name);
+    struct stat st;
+    if (::lstat((dir + "/" + name).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      for (const std::string& sub : list_tree(dir + "/" + name, prefix + name + "/")) all.push_back(sub);
+    }
+  }
+  return all;
+}
+
+/// Compiles two kernels (and one of them again) through a new cache over `root` and checks that
+/// its disk cache was refused: one warning naming `path` and `reason`, kernels compiled and kept
+/// in memory only, nothing written under `root`.
+void expect_disk_refused(const std::string& root, const std::string& path, const std::string& reason) {
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  const std::vector<std::string> before = list_tree(root);
+  KernelCache cache(root);
+  testing::internal::CaptureStderr();
+  const auto a = cache.get_or_compile(tiny_request("80", "refused a"));
+  const auto b = cache.get_or_compile(tiny_request("90a", "refused b"));  // another <arch>/ too
+  const auto a_again = cache.get_or_compile(tiny_request("80", "refused a"));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "tessera: warning: JIT disk cache: refusing " + path + ": " + reason +
+                     "; using the in-memory cache only (further warnings suppressed)\n");
+  EXPECT_TRUE(is_cuda_elf(a->cubin));
+  EXPECT_EQ(a->cubin_path, "");
+  EXPECT_EQ(b->cubin_path, "");
+  EXPECT_EQ(a_again.get(), a.get());
+  const CacheStats s = cache.stats();
+  EXPECT_EQ(s.compiles, 2u);
+  EXPECT_EQ(s.memory_hits, 1u);
+  EXPECT_EQ(s.disk_hits, 0u);
+  EXPECT_EQ(list_tree(root), before) << "nothing is written under a refused cache";
+}
+
+TEST(JitCacheTrust, DirectoriesAre0700AndFiles0600WhateverTheUmask) {
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  // 0: a creation mode of 0755/0644 would show; 0777: the owner's own bits must be set explicitly.
+  for (const mode_t mask : {mode_t{0}, mode_t{022}, mode_t{0777}}) {
+    SCOPED_TRACE("umask " + octal(mask));
+    TempDir dir;
+    const std::string root = dir.path() + "/a/b/cache";  // three directories to create
+    const CompileRequest r = tiny_request("80", "modes");
+    const std::string key = KernelCache::key_of(r);
+    std::shared_ptr<const CachedKernel> k;
+    {
+      ScopedUmask umask(mask);
+      KernelCache cache(root);
+      k = cache.get_or_compile(r);
+    }
+    EXPECT_EQ(k->cubin_path, root + "/80/" + key + ".cubin") << "written to disk";
+    for (const std::string& d : {dir.path() + "/a", dir.path() + "/a/b", root, root + "/80"}) {
+      EXPECT_EQ(mode_of(d), "0700") << d;
+    }
+    for (const char* ext : {".cubin", ".meta", ".lock"}) {
+      EXPECT_EQ(mode_of(root + "/80/" + key + ext), "0600") << ext;
+    }
+    KernelCache again(root);
+    again.get_or_compile(r);
+    EXPECT_EQ(again.stats().disk_hits, 1u) << "and loadable";
+  }
+}
+
+TEST(JitCacheTrust, RootOwnedByAnotherUserIsRefused) {
+  TempDir dir;  // 0700 and ours: the refusal below is about the cache root alone
+  const std::string root = dir.path() + "/cache";
+  ASSERT_EQ(::mkdir(root.c_str(), 0700), 0);
+  if (!give_away(root)) GTEST_SKIP() << cannot_give_away(root);
+  expect_disk_refused(root, root, foreign_owner_reason());
+}
+
+TEST(JitCacheTrust, RootWritableByGroupOrOthersIsRefused) {
+  TempDir dir;
+  const std::vector<std::pair<mode_t, std::string>> modes = {
+      {0770, "group"}, {0707, "others"}, {0777, "group and others"}, {01777, "group and others"}};
+  for (size_t i = 0; i < modes.size(); ++i) {
+    const mode_t mode = modes[i].first;
+    SCOPED_TRACE(octal(mode));
+    const std::string root = dir.path() + "/cache" + std::to_string(i);
+    ASSERT_EQ(::mkdir(root.c_str(), 0700), 0);
+    ASSERT_EQ(::chmod(root.c_str(), mode), 0);
+    expect_disk_refused(root, root, "writable by " + modes[i].second + " (mode " + octal(mode) + ")");
+  }
+}
+
+TEST(JitCacheTrust, ArchDirectoryOwnedByAnotherUserIsRefused) {
+  TempDir dir;
+  const std::string arch_dir = dir.path() + "/80";
+  ASSERT_EQ(::mkdir(arch_dir.c_str(), 0700), 0);
+  if (!give_away(arch_dir)) GTEST_SKIP() << cannot_give_away(arch_dir);
+  // Refused for every architecture, not only for 80: someone else could write in the root once.
+  expect_disk_refused(dir.path(), arch_dir, foreign_owner_reason());
+}
+
+TEST(JitCacheTrust, ArchDirectoryWritableByOthersOrLinkedIsRefused) {
+  {
+    TempDir dir;
+    const std::string arch_dir = dir.path() + "/80";
+    ASSERT_EQ(::mkdir(arch_dir.c_str(), 0700), 0);
+    ASSERT_EQ(::chmod(arch_dir.c_str(), 0775), 0);
+    expect_disk_refused(dir.path(), arch_dir, "writable by group (mode 0775)");
+  }
+  {
+    // A link to a directory of ours that the cache did not choose.
+    TempDir dir, elsewhere;
+    const std::string arch_dir = dir.path() + "/80";
+    ASSERT_EQ(::symlink(elsewhere.path().c_str(), arch_dir.c_str()), 0);
+    expect_disk_refused(dir.path(), arch_dir, "a symbolic link or not a directory");
+    EXPECT_EQ(list_names(elsewhere.path()), std::vector<std::string>{});
+  }
+}
+
+TEST(JitCacheTrust, PlantedEntryWithWrongOwnerOrModeIsNotLoaded) {
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  const CompileRequest r = tiny_request("80", "planted");
+  // Every plant below is byte for byte a valid entry with a consistent .meta: only who could
+  // have written it differs.
+  const CompiledEntry entry(r);
+  const TempDir& dir = entry.dir;
+  const std::string &cubin = entry.cubin, &meta = entry.meta;
+  const std::string &good_cubin = entry.good_cubin, &good_meta = entry.good_meta;
+  const std::string copy = dir.path() + "/copy.cubin";
+  write_all(copy, good_cubin);
+  ASSERT_EQ(::chmod(copy.c_str(), 0600), 0);
+
+  struct Plant {
+    const char* what;
+    std::string file;
+    std::function<bool()> apply;  // false: could not plant it (not root)
+    std::string reason;
+  };
+  const std::vector<Plant> plants = {
+      {"cubin writable by group and others", cubin, [&] { return ::chmod(cubin.c_str(), 0666) == 0; },
+       "writable by group and others (mode 0666)"},
+      {"cubin writable by group", cubin, [&] { return ::chmod(cubin.c_str(), 0620) == 0; },
+       "writable by group (mode 0620)"},
+      {"meta writable by others", meta, [&] { return ::chmod(meta.c_str(), 0602) == 0; },
+       "writable by others (mode 0602)"},
+      {"cubin a symbolic link to a valid copy", cubin,
+       [&] { return ::unlink(cubin.c_str()) == 0 && ::symlink(copy.c_str(), cubin.c_str()) == 0; },
+       "a symbolic link"},
+      {"cubin owned by another user", cubin, [&] { return give_away(cubin); }, foreign_owner_reason()},
+      {"meta owned by another user", meta, [&] { return give_away(meta); }, foreign_owner_reason()},
+  };
+  std::vector<std::string> skipped;
+  for (const Plant& p : plants) {
+    SCOPED_TRACE(p.what);
+    // A valid private entry, then the plant.
+    for (const auto& [path, content] : {std::make_pair(cubin, good_cubin), std::make_pair(meta, good_meta)}) {
+      ::unlink(path.c_str());
+      write_all(path, content);
+      ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+    }
+    if (!p.apply()) {
+      skipped.push_back(std::string(p.what) + ": " + cannot_give_away(p.file));
+      continue;
+    }
+    KernelCache cache(dir.path());
+    testing::internal::CaptureStderr();
+    const auto k = cache.get_or_compile(r);
+    const std::string err = testing::internal::GetCapturedStderr();
+    const CacheStats s = cache.stats();
+    EXPECT_EQ(s.disk_hits, 0u) << "the planted entry was loaded";
+    EXPECT_EQ(s.compiles, 1u);
+    EXPECT_EQ(s.untrusted_entries, 1u);
+    EXPECT_EQ(s.corrupt_entries, 0u);
+    EXPECT_EQ(err, "tessera: warning: JIT disk cache: not loading " + p.file + ": " + p.reason +
+                       "; compiling the kernel again into a private file (further warnings suppressed)\n");
+    // Replaced by private files of our own, which load again.
+    for (const std::string& path : {cubin, meta}) {
+      struct stat st;
+      ASSERT_EQ(::lstat(path.c_str(), &st), 0) << path;
+      EXPECT_TRUE(S_ISREG(st.st_mode)) << path;
+      EXPECT_EQ(st.st_uid, ::geteuid()) << path;
+      EXPECT_EQ(octal(st.st_mode), "0600") << path;
+    }
+    EXPECT_EQ(read_all(cubin), std::string(k->cubin.begin(), k->cubin.end()));
+    KernelCache after(dir.path());
+    after.get_or_compile(r);
+    EXPECT_EQ(after.stats().disk_hits, 1u);
+    EXPECT_EQ(after.stats().untrusted_entries, 0u);
+  }
+  EXPECT_EQ(read_all(copy), good_cubin) << "the link's target is not written through";
+  if (!skipped.empty()) {
+    std::string all;
+    for (const std::string& s : skipped) all += "\n  " + s;
+    GTEST_SKIP() << "the mode and link cases passed; skipped:" << all;
+  }
+}
+
+// ---- lock timeout, limits from the environment ---------------------------------------------------
+
+TEST(JitCacheLock, WaitGivesUpAfterTheTimeoutWithANamedError) {
+  TempDir dir;
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  const CompileRequest r = tiny_request("80", "lock timeout");
+  const std::string key = KernelCache::key_of(r);
+  ASSERT_EQ(::mkdir((dir.path() + "/80").c_str(), 0700), 0);
+  const std::string lock_path = dir.path() + "/80/" + key + ".lock";
+  HeldLock held(lock_path);  // as a process stuck while compiling this kernel would
+  ASSERT_TRUE(held.locked());
+  ScopedEnv timeout("TESSERA_CACHE_LOCK_TIMEOUT_MS", "300");
+
+  KernelCache cache(dir.path());
+  // On a thread, so that a wait that never ends fails this test instead of hanging it.
+  std::promise<std::string> outcome;
+  std::future<std::string> result = outcome.get_future();
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] {
+    try {
+      cache.get_or_compile(r);
+      outcome.set_value("compiled");
+    } catch (const Error& e) {
+      outcome.set_value(std::string(status_code_name(e.code())) + ": " + e.what());
+    }
+  });
+  const bool gave_up = result.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  held.release();  // lets a waiter that never gave up finish, so that it can be joined
+  waiter.join();
+  ASSERT_TRUE(gave_up) << "still waiting for the lock after 20 s; then: " << result.get();
+  const std::string got = result.get();
+  EXPECT_EQ(got.rfind("internal: JIT cache lock timeout: " + lock_path +
+                          " was held by another process for 300 ms (TESSERA_CACHE_LOCK_TIMEOUT_MS)",
+                      0),
+            0u)
+      << got;
+  EXPECT_GE(waited_ms, 300.0);
+  EXPECT_LT(waited_ms, 10000.0);
+  EXPECT_EQ(cache.stats().lock_waits, 1u);
+  EXPECT_EQ(cache.stats().compiles, 0u);
+
+  // The timeout is not cached: with the lock free, the same call compiles and writes the entry.
+  const auto k = cache.get_or_compile(r);
+  EXPECT_EQ(cache.stats().compiles, 1u);
+  EXPECT_EQ(k->cubin_path, cache.cubin_path("80", key));
+}
+
+TEST(JitCacheEnv, LimitsDefaultsAndSuffixes) {
+  {
+    ScopedEnv max("TESSERA_CACHE_MAX_BYTES", nullptr);
+    ScopedEnv timeout("TESSERA_CACHE_LOCK_TIMEOUT_MS", nullptr);
+    EXPECT_EQ(cache_max_bytes(), int64_t{2} << 30);
+    EXPECT_EQ(cache_lock_timeout_ms(), 60000);
+  }
+  {
+    ScopedEnv max("TESSERA_CACHE_MAX_BYTES", "");
+    ScopedEnv timeout("TESSERA_CACHE_LOCK_TIMEOUT_MS", "");
+    EXPECT_EQ(cache_max_bytes(), kDefaultCacheMaxBytes) << "empty means unset";
+    EXPECT_EQ(cache_lock_timeout_ms(), kDefaultCacheLockTimeoutMs);
+  }
+  const std::vector<std::pair<const char*, int64_t>> sizes = {
+      {"1", 1}, {"12345", 12345}, {"4K", 4096}, {"3M", 3 << 20}, {"2G", int64_t{2} << 30}, {"1T", int64_t{1} << 40}};
+  for (const auto& [text, bytes] : sizes) {
+    ScopedEnv max("TESSERA_CACHE_MAX_BYTES", text);
+    EXPECT_EQ(cache_max_bytes(), bytes) << text;
+  }
+  for (const auto& [text, ms] : std::vector<std::pair<const char*, int64_t>>{{"0", 0}, {"250", 250}}) {
+    ScopedEnv timeout("TESSERA_CACHE_LOCK_TIMEOUT_MS", text);
+    EXPECT_EQ(cache_lock_timeout_ms(), ms) << text;
+  }
+}
+
+TEST(JitCacheEnv, MalformedLimitsAreRejectedByName) {
+  TempDir dir;
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {"TESSERA_CACHE_MAX_BYTES", "lots"},
+      {"TESSERA_CACHE_MAX_BYTES", "0"},
+      {"TESSERA_CACHE_MAX_BYTES", "-1"},
+      {"TESSERA_CACHE_MAX_BYTES", " 12"},
+      {"TESSERA_CACHE_MAX_BYTES", "1.5G"},
+      {"TESSERA_CACHE_MAX_BYTES", "4KB"},
+      {"TESSERA_CACHE_MAX_BYTES", "4k"},
+      {"TESSERA_CACHE_MAX_BYTES", "9223372036854775808"},  // INT64_MAX + 1
+      {"TESSERA_CACHE_MAX_BYTES", "9000000000G"},          // overflows once scaled
+      {"TESSERA_CACHE_LOCK_TIMEOUT_MS", "-1"},
+      {"TESSERA_CACHE_LOCK_TIMEOUT_MS", "soon"},
+      {"TESSERA_CACHE_LOCK_TIMEOUT_MS", "5s"},
+      {"TESSERA_CACHE_LOCK_TIMEOUT_MS", "1e3"},
+  };
+  for (const auto& [name, value] : bad) {
+    SCOPED_TRACE(std::string(name) + "=" + value);
+    ScopedEnv env(name, value);
+    KernelCache cache(dir.path());
+    try {
+      cache.get_or_compile(tiny_request("80", "malformed limit"));
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+      EXPECT_EQ(std::string(e.what()).rfind(std::string(name) + " = '" + value + "', expected ", 0), 0u) << e.what();
+    }
+    EXPECT_EQ(cache.stats().compiles, 0u) << "rejected before compiling";
+  }
+}
+
+// ---- size cap and cleanup ------------------------------------------------------------------------
+
+TEST(JitCacheEviction, LeastRecentlyUsedEntriesGoFirstAndLockedOnesStay) {
+  TempDir dir;
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  const std::string root = dir.path();
+  auto request = [](const std::string& name) { return tiny_request("80", "evict " + name); };
+  auto path = [&](const std::string& name, const char* ext) {
+    return root + "/80/" + KernelCache::key_of(request(name)) + ext;
+  };
+  auto bytes = [&](const std::string& name) {
+    return static_cast<int64_t>(read_all(path(name, ".cubin")).size() + read_all(path(name, ".meta")).size());
+  };
+  auto set_used = [&](const std::string& name, time_t seconds_ago) {
+    set_mtime(path(name, ".cubin"), seconds_ago);
+    set_mtime(path(name, ".meta"), seconds_ago);
+  };
+  // "kept": all three files; "evicted": none of them.
+  auto state = [&](const std::string& name) {
+    const int n = file_exists(path(name, ".cubin")) + file_exists(path(name, ".meta")) +
+                  file_exists(path(name, ".lock"));
+    return n == 3 ? "kept" : n == 0 ? "evicted" : "partly there";
+  };
+  auto compile = [&](const std::string& name, const std::string& max_bytes) {
+    ScopedEnv cap("TESSERA_CACHE_MAX_BYTES", max_bytes.c_str());
+    KernelCache cache(root);
+    cache.get_or_compile(request(name));
+    return cache.stats();
+  };
+
+  for (const char* name : {"a", "b", "c"}) compile(name, "");
+  const int64_t entry = std::max({bytes("a"), bytes("b"), bytes("c")});
+  std::cout << "entry size " << entry << " bytes" << std::endl;
+  set_used("a", 300);
+  set_used("b", 200);
+  set_used("c", 100);
+  // A disk hit makes A the most recently used, whatever the file system's atime policy.
+  EXPECT_EQ(compile("a", "").disk_hits, 1u);
+  EXPECT_GT(mtime_of(path("a", ".cubin")), ::time(nullptr) - 60);
+
+  // Room for three entries: writing D evicts B, the least recently used, and nothing else.
+  EXPECT_EQ(compile("d", std::to_string(3 * entry + entry / 2)).evictions, 1u);
+  EXPECT_STREQ(state("a"), "kept");
+  EXPECT_STREQ(state("b"), "evicted");
+  EXPECT_STREQ(state("c"), "kept");
+  EXPECT_STREQ(state("d"), "kept");
+
+  // C is now the least recently used but locked (being compiled or evicted elsewhere): room for
+  // two entries means evicting A and D, the next ones, and keeping C and the new E.
+  set_used("a", 50);
+  set_used("c", 1000);
+  set_used("d", 40);
+  {
+    HeldLock c_lock(path("c", ".lock"));
+    ASSERT_TRUE(c_lock.locked());
+    EXPECT_EQ(compile("e", std::to_string(2 * entry + entry / 2)).evictions, 2u);
+  }
+  EXPECT_STREQ(state("a"), "evicted");
+  EXPECT_STREQ(state("c"), "kept");
+  EXPECT_STREQ(state("d"), "evicted");
+  EXPECT_STREQ(state("e"), "kept");
+
+  // A cap below one entry keeps the entry just written and nothing else.
+  EXPECT_EQ(compile("f", "1").evictions, 2u);
+  EXPECT_STREQ(state("c"), "evicted");
+  EXPECT_STREQ(state("e"), "evicted");
+  EXPECT_STREQ(state("f"), "kept");
+  EXPECT_EQ(list_names(root + "/80").size(), 3u);
+}
+
+TEST(JitCacheCleanup, StaleTemporariesAndUnheldOrphanLocksAreRemoved) {
+  TempDir dir;
+  ScopedEnv quiet("TESSERA_JIT_QUIET", "1");
+  const std::string arch_dir = dir.path() + "/80";
+  const CompileRequest first = tiny_request("80", "cleanup first");
+  {
+    KernelCache cache(dir.path());
+    cache.get_or_compile(first);
+  }
+  // A user snippet that does not compile leaves the lock it compiled under, and no entry.
+  CompileRequest broken;
+  broken.name = "broken variant";
+  broken.arch = "80";
+  broken.source = variant_source("struct UserVariant { static constexpr int kValue = ; };\n");
+  broken.name_expressions = {"&user_kernel<UserVariant>"};
+  {
+    KernelCache cache(dir.path());
+    EXPECT_THROW(cache.get_or_compile(broken), Error);
+  }
+  const std::string broken_lock = arch_dir + "/" + KernelCache::key_of(broken) + ".lock";
+  const std::string a(64, 'a'), b(64, 'b'), c(64, 'c');
+  const std::string old_cubin_tmp = arch_dir + "/" + a + ".cubin.tmp.99999.0";  // a crashed writer's
+  const std::string old_meta_tmp = arch_dir + "/" + a + ".meta.tmp.99999.1";
+  const std::string fresh_tmp = arch_dir + "/" + b + ".meta.tmp.99999.2";  // a writer at work
+  const std::string orphan_lock = arch_dir + "/" + c + ".lock";
+  const std::string held_lock = arch_dir + "/" + b + ".lock";  // its compile is under way
+  const std::string foreign_name = arch_dir + "/notes.txt";   // not a cache file: left alone
+  for (const std::string& f : {old_cubin_tmp, old_meta_tmp, fresh_tmp, orphan_lock, foreign_name}) write_all(f, "x");
+  set_mtime(old_cubin_tmp, 3600);
+  set_mtime(old_meta_tmp, 11 * 60);
+  set_mtime(foreign_name, 3600);
+  EXPECT_TRUE(file_exists(broken_lock));
+  HeldLock held(held_lock);
+  ASSERT_TRUE(held.locked());
+
+  const CompileRequest second = tiny_request("80", "cleanup second");
+  {
+    KernelCache cache(dir.path());
+    cache.get_or_compile(second);
+    EXPECT_EQ(cache.stats().evictions, 0u) << "cleaning is not evicting";
+  }
+  std::vector<std::string> expected = {fresh_tmp, held_lock, foreign_name};
+  for (const CompileRequest* r : {&first, &second}) {
+    for (const char* ext : {".cubin", ".meta", ".lock"}) {
+      expected.push_back(arch_dir + "/" + KernelCache::key_of(*r) + ext);
+    }
+  }
+  std::vector<std::string> present;
+  for (const std::string& name : list_names(arch_dir)) present.push_back(arch_dir + "/" + name);
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(present, expected);
+}
+
 // ---- two processes, one cache directory ---------------------------------------------------------
 
 constexpr const char* kWorkerEnv = "TESSERA_JIT_TEST_WORKER";  // "<cache dir>|<salt>|<out file>|<go file>"
@@ -708,15 +1236,7 @@ TEST(JitCacheConcurrency, TwoProcessesCompileOnce) {
   std::cout << "two processes: " << total_compiles << " compile, " << total_disk_hits << " disk hit, "
             << total_waits << " lock wait(s)" << std::endl;
   // Exactly the entry's files, no temporary files left behind.
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir((cache_dir + "/80").c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') names.push_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{key + ".cubin", key + ".lock", key + ".meta"}));
+  EXPECT_EQ(list_names(cache_dir + "/80"), (std::vector<std::string>{key + ".cubin", key + ".lock", key + ".meta"}));
 }
 
 // ---- GPU-only parts ------------------------------------------------------------------------------

@@ -41,7 +41,8 @@
 // under the rule above, may wait for the run before it). The workspace, q, k, v, o, lse and the
 // page table must stay alive and unchanged until the work that reads them has run: order writes
 // to them after run() on the run's stream (or with an event). Destroying a wrapper waits for its
-// last upload and its last run.
+// last upload and its last run. A graph that captured run() refers to the wrapper's events: keep
+// the wrapper alive as long as the graph may be replayed.
 //
 // Threads. A wrapper is not thread-safe: plan(), run() and plan_info() of one wrapper must not
 // run concurrently (serialise them, e.g. one wrapper per thread or a mutex); successive calls may

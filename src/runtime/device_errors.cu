@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -44,13 +45,28 @@ int current_device() {
   return device;
 }
 
+/// Lets this thread allocate while a stream capture is under way (a first check may be queued
+/// inside a capture): the allocations are not stream work, and relaxed mode only lifts the
+/// capture's ban on such calls for this thread, restored on scope exit.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { TESSERA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 /// The sink of the current device, created on first use.
 DeviceErrorSink current_sink() {
   const int device = current_device();
   if (DeviceState* state = g_states[device].load(std::memory_order_acquire)) return state->sink;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (DeviceState* state = g_states[device].load(std::memory_order_acquire)) return state->sink;
-  auto state = new DeviceState;  // never freed (see the top of the file)
+  const RelaxedCaptureMode relaxed;
+  auto state = std::make_unique<DeviceState>();
   void* host = nullptr;
   TESSERA_CUDA_CHECK(cudaHostAlloc(&host, sizeof(DeviceErrorReport), cudaHostAllocMapped | cudaHostAllocPortable))
       << " (the device-check report)";
@@ -61,8 +77,9 @@ DeviceErrorSink current_sink() {
   void* claim = nullptr;
   TESSERA_CUDA_CHECK(cudaGetSymbolAddress(&claim, g_claim));
   state->sink = DeviceErrorSink{static_cast<unsigned long long*>(claim), static_cast<DeviceErrorReport*>(device_report)};
-  g_states[device].store(state, std::memory_order_release);
-  return state->sink;
+  const DeviceErrorSink sink = state->sink;
+  g_states[device].store(state.release(), std::memory_order_release);  // never freed (see the top)
+  return sink;
 }
 
 std::string site_call(int32_t site) {

@@ -464,7 +464,8 @@ class AttentionRuntime {
 
   /// Launches the plan's kernels with `p` on `stream`, after the last plan upload and the last
   /// run, and records the run's completion. `ids` (paged and block-sparse runs): the index array
-  /// run() was given, checked first (see check_run_ids).
+  /// run() was given, checked on the host first or, inside a capture, by a captured device check
+  /// (check_run_ids_on_host, enqueue_run_ids_check).
   template <typename T>
   void launch(const kernels::AttentionParams<T>& p, const RunIds* ids, StreamHandle stream) {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);

@@ -16,6 +16,7 @@
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/prefill_config.h"
+#include "src/runtime/device_errors.h"
 #include "src/tensor_checks.h"
 #include "tessera/attention.h"
 #include "tessera/validate.h"
@@ -111,6 +112,18 @@ double check_qo_indptr(const TensorView& q, const TensorView& qo_indptr, int64_t
         << " exceeds max_qo_len = " << max_qo_len;
   }
   return batch > 0 ? static_cast<double>(q.shape[0]) / static_cast<double>(batch) : 0.0;
+}
+
+/// max_qo_len sizes the grid: the rows of a longer request would stay unwritten. check_qo_indptr
+/// checks the lengths on the host when it can read them; a device-resident qo_indptr is also
+/// checked on the device, next to the kernel, and a failure is raised by the next call or by
+/// check_device_errors (tessera/validate.h). In checked mode the host has already checked the
+/// same values, so the device check then never fires; it is queued anyway so that toggling
+/// checked mode from another thread cannot leave a call checked by neither.
+void check_max_qo_len_on_device(const TensorView& qo_indptr, int64_t batch, int64_t max_qo_len, DeviceCheckSite site,
+                                StreamHandle stream) {
+  if (qo_indptr.device.is_host()) return;
+  enqueue_segment_length_check(qo_indptr.data_as<const int32_t>(), batch, max_qo_len, site, stream);
 }
 
 }  // namespace detail
@@ -300,6 +313,7 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
 void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len, const TensorView& k,
                           const TensorView& v, const TensorView& kv_indptr, const TensorView& o,
                           const TensorView& lse, const AttentionOptions& options, StreamHandle stream) {
+  raise_device_error(q.device.id);
   check_operand(q, "q", 3);
   check_dense_kv(q, k, v, Layout::kNHD);
   const int64_t batch = qo_indptr.ndim == 1 ? qo_indptr.shape[0] - 1 : -1;
@@ -315,6 +329,7 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     ragged_kv_params<T>(p, k, v, kv_indptr);
     p.qo_indptr = qo_indptr.data_as<const int32_t>();
+    check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillRaggedQoIndptr, stream);
     detail::launch_prefill<T>(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
                               stream);
   });
@@ -323,6 +338,7 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
 void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len, const PagedKV& kv,
                          const TensorView& o, const TensorView& lse, const AttentionOptions& options,
                          StreamHandle stream) {
+  raise_device_error(q.device.id);
   check_operand(q, "q", 3);
   const int64_t batch = qo_indptr.ndim == 1 ? qo_indptr.shape[0] - 1 : -1;
   TESSERA_CHECK_ARG(batch >= 0) << "qo_indptr must be 1-D with batch_size + 1 entries, got " << qo_indptr.describe();
@@ -336,6 +352,7 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
     paged_kv_params<T>(p, kv);
     p.qo_indptr = qo_indptr.data_as<const int32_t>();
+    check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillPagedQoIndptr, stream);
     detail::launch_prefill<T>(p, variant, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
                               stream);
   });

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "check.h"
+#include "tensor_checks.h"
 
 namespace tessera {
 namespace {
@@ -103,11 +104,7 @@ TensorView from_dlpack(const DLTensor& t) {
   }
   if (t.strides == nullptr) {
     // DLPack: null strides mean compact row-major.
-    int64_t running = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      view.strides[d] = running;
-      running *= view.shape[d];
-    }
+    detail::row_major_strides(view.shape, view.ndim, view.strides, "DLTensor");
   } else {
     for (int d = 0; d < t.ndim; ++d) {
       TESSERA_CHECK_ARG(t.strides[d] >= 0)
@@ -116,6 +113,8 @@ TensorView from_dlpack(const DLTensor& t) {
       view.strides[d] = t.strides[d];
     }
   }
+  // Before the view is used for anything: kernels compute offsets and sizes in int64.
+  detail::check_extent(view.shape, view.strides, view.ndim, view.dtype, "DLTensor");
   const uint64_t element_size = dtype_size(view.dtype);
   TESSERA_CHECK_ARG(t.byte_offset % element_size == 0)
       << "DLTensor.byte_offset = " << t.byte_offset << ", expected a multiple of "

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "check.h"
+#include "tensor_checks.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/formats.h"
@@ -46,11 +47,8 @@ TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t>
   ndim = static_cast<int>(shape_.size());
   int i = 0;
   for (int64_t s : shape_) shape[i++] = s;
-  int64_t running = 1;
-  for (int d = ndim - 1; d >= 0; --d) {
-    strides[d] = running;
-    running *= shape[d];
-  }
+  detail::row_major_strides(shape, ndim, strides, "TensorView");
+  detail::check_extent(shape, strides, ndim, dtype, "TensorView");
 }
 
 TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t> shape_,
@@ -63,12 +61,24 @@ TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t>
   for (int64_t s : shape_) shape[i++] = s;
   i = 0;
   for (int64_t s : strides_) strides[i++] = s;
+  detail::check_extent(shape, strides, ndim, dtype, "TensorView");
 }
 
 int64_t TensorView::numel() const {
-  int64_t n = 1;
-  for (int d = 0; d < ndim && d < kMaxDims; ++d) n *= shape[d];
+  int64_t n = 0;
+  // Clamped like describe(): a corrupt hand-built ndim is reported by the validators, by name.
+  const int dims = ndim < 0 ? 0 : (ndim > kMaxDims ? kMaxDims : ndim);
+  TESSERA_CHECK_ARG(detail::element_count(shape, dims, &n))
+      << "TensorView.shape = " << detail::join_dims(shape, dims) << ": the element count overflows int64 ("
+      << describe() << ")";
   return n;
+}
+
+int64_t TensorView::nbytes() const {
+  int64_t bytes = 0;
+  TESSERA_CHECK_ARG(!__builtin_mul_overflow(numel(), static_cast<int64_t>(dtype_size(dtype)), &bytes))
+      << "TensorView " << describe() << ": its size in bytes overflows int64";
+  return bytes;
 }
 
 bool TensorView::is_contiguous() const {
@@ -90,6 +100,8 @@ TensorView TensorView::select(int dim, int64_t index) const {
   TESSERA_CHECK_ARG(index >= 0 && index < shape[d])
       << "select: index = " << index << " is out of range [0, " << shape[d] << ") for dimension "
       << d << " of " << describe();
+  // The offset below is in range for any view whose extent fits in int64.
+  detail::check_extent(shape, strides, ndim, dtype, "select: the view");
   TensorView out = *this;
   if (data != nullptr) {
     out.data = static_cast<char*>(data) +

@@ -8,7 +8,69 @@
 namespace tessera {
 namespace detail {
 
+bool element_count(const int64_t* shape, int ndim, int64_t* count) {
+  int64_t n = 1;
+  bool overflow = false;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 0) {
+      *count = 0;
+      return true;
+    }
+    overflow |= __builtin_mul_overflow(n, shape[d], &n);
+  }
+  *count = n;
+  return !overflow;
+}
+
+void row_major_strides(const int64_t* shape, int ndim, int64_t* strides, const std::string& name) {
+  int64_t running = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    strides[d] = running;
+    // The stride of dimension d - 1; the last product (dimension 0's size) is no stride.
+    if (d > 0 && __builtin_mul_overflow(running, shape[d], &running)) {
+      TESSERA_FAIL(StatusCode::kInvalidArgument)
+          << name << ".shape = " << join_dims(shape, ndim) << ": the row-major stride of dimension " << d - 1
+          << " overflows int64";
+    }
+  }
+}
+
+void check_extent(const int64_t* shape, const int64_t* strides, int ndim, DType dtype, const std::string& name) {
+  int64_t count = 0;
+  TESSERA_CHECK_ARG(element_count(shape, ndim, &count))
+      << name << ".shape = " << join_dims(shape, ndim) << ": the element count overflows int64";
+  if (count == 0) return;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
+  // The last element's offset (elements), then one past it in bytes; the byte size separately,
+  // as zero strides (broadcast views) make it larger than the extent.
+  int64_t last = 0;
+  bool overflow = false;
+  for (int d = 0; d < ndim; ++d) {
+    int64_t step = 0;
+    overflow |= __builtin_mul_overflow(shape[d] - 1, strides[d], &step);
+    overflow |= __builtin_add_overflow(last, step, &last);
+  }
+  int64_t extent_bytes = 0, size_bytes = 0;
+  overflow |= __builtin_add_overflow(last, int64_t{1}, &last);
+  overflow |= __builtin_mul_overflow(last, element_bytes, &extent_bytes);
+  overflow |= __builtin_mul_overflow(count, element_bytes, &size_bytes);
+  TESSERA_CHECK_ARG(!overflow) << name << " (shape " << join_dims(shape, ndim) << " strides "
+                               << join_dims(strides, ndim) << ", " << dtype
+                               << ") spans more than 2^63 - 1 bytes, which overflows int64";
+}
+
+void check_view(const TensorView& t, const std::string& name) {
+  TESSERA_CHECK_ARG(t.ndim >= 0 && t.ndim <= TensorView::kMaxDims)
+      << name << ".ndim = " << t.ndim << " is out of range [0, " << TensorView::kMaxDims << "]";
+  for (int d = 0; d < t.ndim; ++d) {
+    TESSERA_CHECK_ARG(t.shape[d] >= 0) << name << ".shape[" << d << "] = " << t.shape[d] << ", expected >= 0";
+    TESSERA_CHECK_ARG(t.strides[d] >= 0) << name << ".strides[" << d << "] = " << t.strides[d] << ", expected >= 0";
+  }
+  check_extent(t.shape, t.strides, t.ndim, t.dtype, name);
+}
+
 void check_vector_aligned(const TensorView& t, const char* name) {
+  check_view(t, name);
   constexpr int64_t kVecBytes = 16;
   const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
   const int64_t vec = kVecBytes / elem;

@@ -1,16 +1,56 @@
-// Checks that kernels' host dispatch needs beyond the public validators.
+// Checks shared by TensorView, DLPack import, the public validators (src/validation.cpp) and the
+// kernels' host dispatch, beyond what tessera/validate.h offers.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/tensor.h"
 
 namespace tessera {
 namespace detail {
 
+/// The product of shape[0 .. ndim) into *count (0 when any size is 0, whatever the others);
+/// false when it does not fit in int64. Sizes must be >= 0.
+bool element_count(const int64_t* shape, int ndim, int64_t* count);
+
+/// Row-major strides of `shape` (elements) into `strides`. Throws kInvalidArgument naming
+/// `name` when one does not fit in int64 (possible even without elements: [0, 2^40, 2^40]).
+void row_major_strides(const int64_t* shape, int ndim, int64_t* strides, const std::string& name);
+
+/// Throws kInvalidArgument naming `name` when the element count, the byte size (count x element
+/// size) or the byte extent (from the first element to one past the last, through the strides)
+/// does not fit in int64. Kernels and planners compute element offsets and byte sizes in int64,
+/// so a view that passes never overflows them. Sizes and strides must be >= 0.
+void check_extent(const int64_t* shape, const int64_t* strides, int ndim, DType dtype, const std::string& name);
+
+/// The first check of every validator, since every other one indexes shape[] and strides[] by
+/// ndim (a hand-built view can carry anything): ndim in [0, kMaxDims], sizes and strides >= 0,
+/// and check_extent.
+void check_view(const TensorView& t, const std::string& name);
+
 /// The kernels move data in 16-byte vectors: the data pointer must be 16-byte aligned and every
 /// stride but the last a multiple of 16 bytes; the last dimension's size too.
 void check_vector_aligned(const TensorView& t, const char* name);
+
+// Defined in src/validation.cpp, next to the validators whose element-by-element checks they are.
+
+/// The first `count` values of a contiguous 1-D i32 index array that passed check_view: a copy of
+/// host memory, or, for device memory, a copy after cudaDeviceSynchronize (checked mode: the
+/// caller decides that reading device memory is wanted).
+std::vector<int32_t> read_index_values(const TensorView& t, const std::string& name, int64_t count);
+
+/// Page ids of a paged KV cache: ids[j] in [0, num_pages) for every j in [indptr[0],
+/// indptr[last]), where request b owns [indptr[b], indptr[b+1]); indptr is already validated.
+/// Messages: "<name>[17] = 4096 is out of range [0, 4096) (page 3 of request 2)".
+void check_page_ids(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_pages,
+                    const std::string& name);
+
+/// Column blocks of a block-sparse format: in [0, num_col_blocks) and strictly increasing within
+/// each block row r = [indptr[r], indptr[r+1]).
+void check_column_blocks(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_col_blocks,
+                         const std::string& name);
 
 }  // namespace detail
 }  // namespace tessera

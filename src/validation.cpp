@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "check.h"
+#include "tensor_checks.h"
 #include "tessera/validate.h"
 
 namespace tessera {
@@ -46,18 +47,7 @@ std::string pages_phrase(int64_t n) {
 
 // ---- tensor checks on std::string names (the public ones take const char*) ----
 
-// Fields of a TensorView are public, so a hand-built view can carry any ndim; everything else
-// indexes shape[] and strides[] by ndim, hence this runs first.
-void check_view(const TensorView& t, const std::string& name) {
-  TESSERA_CHECK_ARG(t.ndim >= 0 && t.ndim <= TensorView::kMaxDims)
-      << name << ".ndim = " << t.ndim << " is out of range [0, " << TensorView::kMaxDims << "]";
-  for (int d = 0; d < t.ndim; ++d) {
-    TESSERA_CHECK_ARG(t.shape[d] >= 0)
-        << name << ".shape[" << d << "] = " << t.shape[d] << ", expected >= 0";
-    TESSERA_CHECK_ARG(t.strides[d] >= 0)
-        << name << ".strides[" << d << "] = " << t.strides[d] << ", expected >= 0";
-  }
-}
+using detail::check_view;
 
 void check_present(const TensorView& t, const std::string& name) {
   check_view(t, name);
@@ -374,16 +364,9 @@ void validate_paged_kv(const PagedKV& kv, const char* name_c) {
   // Without the page ranges neither the used indices nor which requests are empty are known.
   if (!indptr) return;
 
-  const int64_t num_pages = kv.num_pages();
   if (values_readable(kv.indices)) {
     const std::vector<int32_t> indices = read_values<int32_t>(kv.indices, indices_name, indptr->back());
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int32_t j = (*indptr)[b]; j < (*indptr)[b + 1]; ++j) {
-        TESSERA_CHECK_ARG(indices[j] >= 0 && indices[j] < num_pages)
-            << indices_name << "[" << j << "] = " << indices[j] << " is out of range [0, "
-            << num_pages << ") (page " << j - (*indptr)[b] << " of request " << b << ")";
-      }
-    }
+    detail::check_page_ids(*indptr, indices.data(), kv.num_pages(), indices_name);
   }
   if (values_readable(kv.last_page_len)) {
     const std::vector<int32_t> last = read_values<int32_t>(kv.last_page_len, last_name, batch);
@@ -429,21 +412,9 @@ void validate_block_sparse(const BlockSparse& bs, const char* name_c) {
       read_indptr(bs.indptr, indptr_name, bs.indices.shape[0], "the length of " + indices_name);
   if (!indptr) return;
 
-  const int64_t num_col_blocks = bs.num_col_blocks();
   if (values_readable(bs.indices)) {
     const std::vector<int32_t> indices = read_values<int32_t>(bs.indices, indices_name, indptr->back());
-    for (int64_t r = 0; r < num_row_blocks; ++r) {
-      for (int32_t j = (*indptr)[r]; j < (*indptr)[r + 1]; ++j) {
-        TESSERA_CHECK_ARG(indices[j] >= 0 && indices[j] < num_col_blocks)
-            << indices_name << "[" << j << "] = " << indices[j] << " is out of range [0, "
-            << num_col_blocks << ") (block row " << r << "; ceil(num_cols / block_cols) = "
-            << num_col_blocks << ")";
-        TESSERA_CHECK_ARG(j == (*indptr)[r] || indices[j] > indices[j - 1])
-            << indices_name << "[" << j << "] = " << indices[j] << ", expected > "
-            << indices[j - 1] << " (" << indices_name << "[" << j - 1
-            << "]; column blocks must be strictly increasing within block row " << r << ")";
-      }
-    }
+    detail::check_column_blocks(*indptr, indices.data(), bs.num_col_blocks(), indices_name);
   }
   if (has_flags && values_readable(bs.block_flags)) {
     const std::vector<uint8_t> flags = read_values<uint8_t>(bs.block_flags, flags_name, indptr->back());
@@ -497,5 +468,38 @@ void validate_composable(const Composable& c, const char* name_c) {
         << " (the device of " << first << ")";
   }
 }
+
+namespace detail {
+
+std::vector<int32_t> read_index_values(const TensorView& t, const std::string& name, int64_t count) {
+  return read_values<int32_t>(t, name, count);
+}
+
+void check_page_ids(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_pages,
+                    const std::string& name) {
+  for (size_t b = 0; b + 1 < indptr.size(); ++b) {
+    for (int32_t j = indptr[b]; j < indptr[b + 1]; ++j) {
+      TESSERA_CHECK_ARG(ids[j] >= 0 && ids[j] < num_pages)
+          << name << "[" << j << "] = " << ids[j] << " is out of range [0, " << num_pages << ") (page "
+          << j - indptr[b] << " of request " << b << ")";
+    }
+  }
+}
+
+void check_column_blocks(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_col_blocks,
+                         const std::string& name) {
+  for (size_t r = 0; r + 1 < indptr.size(); ++r) {
+    for (int32_t j = indptr[r]; j < indptr[r + 1]; ++j) {
+      TESSERA_CHECK_ARG(ids[j] >= 0 && ids[j] < num_col_blocks)
+          << name << "[" << j << "] = " << ids[j] << " is out of range [0, " << num_col_blocks << ") (block row "
+          << r << "; ceil(num_cols / block_cols) = " << num_col_blocks << ")";
+      TESSERA_CHECK_ARG(j == indptr[r] || ids[j] > ids[j - 1])
+          << name << "[" << j << "] = " << ids[j] << ", expected > " << ids[j - 1] << " (" << name << "[" << j - 1
+          << "]; column blocks must be strictly increasing within block row " << r << ")";
+    }
+  }
+}
+
+}  // namespace detail
 
 }  // namespace tessera

@@ -26,7 +26,40 @@
 // causal, sm_scale): a later plan that changes one of them is an error. Every pointer given to
 // run() is baked into the graph too: keep q, o, lse, the KV cache and the page table in fixed
 // buffers and update their contents between replays. q and o must then have
-// bounds.max_total_qo_tokens rows. Call plan() outside the capture, on the stream that replays.
+// bounds.max_total_qo_tokens rows. Call plan() outside the capture, on any stream.
+//
+// Streams. plan() and run() may use any streams of the workspace's device; a wrapper orders its
+// own work on the GPU in the order of the calls, without blocking the host:
+//   - run() records its completion (a CUDA event); plan() makes its upload wait for the last run
+//     (and for the last replay of a captured run), so it never overwrites a plan that a run still
+//     reads, and run() waits for the last plan upload and the last run (they share the partial
+//     states in the workspace);
+//   - a captured run() carries these waits and the record into the graph as external event nodes:
+//     each replay waits for the plan upload and the run that are the latest when it is launched,
+//     and the next plan() waits for it.
+// plan() blocks the host only until the previous plan's upload has left its pinned buffer (which,
+// under the rule above, may wait for the run before it). The workspace, q, k, v, o, lse and the
+// page table must stay alive and unchanged until the work that reads them has run: order writes
+// to them after run() on the run's stream (or with an event). Destroying a wrapper waits for its
+// last upload and its last run. A graph that captured run() refers to the wrapper's events: keep
+// the wrapper alive as long as the graph may be replayed.
+//
+// Threads. A wrapper is not thread-safe: plan(), run() and plan_info() of one wrapper must not
+// run concurrently (serialise them, e.g. one wrapper per thread or a mutex); successive calls may
+// come from different threads. Different wrappers are independent and may be used concurrently,
+// also over separate workspaces on one device. workspace_size() may be called from any thread.
+// docs/threading.md covers every public object.
+//
+// Validation of run()'s page table (PagedKVCache::indices; BlockSparseWrapper::run's indices):
+// against the plan's page ranges, page ids in [0, num_pages) (column blocks in [0, ceil(N / Bc)),
+// strictly increasing within a block row). In device memory it is checked in checked mode
+// (set_checked_mode / TESSERA_CHECKED=1, tessera/validate.h: a copy after a device-wide
+// synchronisation, before the launch); otherwise out-of-range ids are skipped by the kernels (the
+// output is then wrong, not out of bounds). In pinned host memory (Device type kCUDAHost; the
+// kernels read it through its mapped address) it is checked on every run(). Inside a capture
+// neither can be read yet: the check is captured as a kernel that runs at every replay and reports
+// through the device-check mechanism of tessera/validate.h (raised by the next plan()/run() or by
+// check_device_errors).
 #pragma once
 
 #include <cstdint>
@@ -116,7 +149,8 @@ struct PagedKVCache {
   TensorView k;  ///< NHD [num_pages, page_size, H_kv, D] or HND [num_pages, H_kv, page_size, D]
   TensorView v;  ///< same shape and dtype as k; strides may differ
   Layout layout = Layout::kNHD;
-  TensorView indices;  ///< i32 [>= kv_indptr[B] of the plan] page ids, device memory
+  TensorView indices;  ///< i32 [>= kv_indptr[B] of the plan] page ids in [0, num_pages), contiguous, in
+                       ///< device memory or pinned host memory (kCUDAHost; see the header comment)
   /// From one tensor holding both: NHD [num_pages, 2, page_size, H_kv, D] or HND [num_pages, 2,
   /// H_kv, page_size, D].
   static PagedKVCache from_combined(const TensorView& kv, Layout layout, const TensorView& indices);
@@ -211,8 +245,9 @@ class BlockSparseWrapper {
   /// N = num_cols KV columns; Br, Bc >= 1. Causal (shape.attention) masks with offset N - M.
   void plan(const TensorView& indptr, int64_t block_rows, int64_t block_cols, int64_t num_rows, int64_t num_cols,
             const PlanShape& shape, StreamHandle stream = nullptr);
-  /// q: [M, Hq, D]; k, v: [N, Hkv, D]; indices: device i32 [>= indptr[last]] column blocks in
-  /// [0, ceil(N / Bc)); o like q; lse or undefined.
+  /// q: [M, Hq, D]; k, v: [N, Hkv, D]; indices: i32 [>= indptr[last]] column blocks in
+  /// [0, ceil(N / Bc)), strictly increasing within a block row, in device memory or pinned host
+  /// memory (as PagedKVCache::indices); o like q; lse or undefined.
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& indices,
            const TensorView& o, const TensorView& lse = {}, StreamHandle stream = nullptr);
   const PlanInfo& plan_info() const;

@@ -31,6 +31,14 @@ std::string to_string(const Device& d);
 
 /// A view of `data` with `ndim` dimensions. Shape and strides are in elements (not bytes);
 /// strides may be any non-negative values; most kernels require the last stride to be 1.
+///
+/// Extents: the element count, the size in bytes and the byte extent (from the first element to
+/// one past the last, through the strides) must fit in int64. The constructors, from_dlpack and
+/// every validator throw tessera::Error naming the tensor otherwise; numel() and nbytes() throw
+/// for a hand-built view whose count or size overflows.
+///
+/// Sharing: a TensorView is a plain value (a pointer and sizes); copies may be used from any
+/// thread. It does not own or synchronise the memory it views (docs/threading.md).
 struct TensorView {
   static constexpr int kMaxDims = 6;
 
@@ -42,18 +50,22 @@ struct TensorView {
   Device device;
 
   TensorView() = default;
-  /// Row-major contiguous view. Throws tessera::Error if more than kMaxDims dims or a negative size.
+  /// Row-major contiguous view. Throws tessera::Error if more than kMaxDims dims, a negative size,
+  /// or an element count, byte size or stride beyond int64.
   TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device);
   /// Explicit strides (elements). `shape` and `strides` must have the same length; a negative
-  /// stride throws tessera::Error.
+  /// stride or an extent beyond int64 (see above) throws tessera::Error.
   TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape,
              std::initializer_list<int64_t> strides, Device device);
 
   bool defined() const { return data != nullptr || numel() == 0; }
   int64_t size(int dim) const { return shape[dim < 0 ? dim + ndim : dim]; }
   int64_t stride(int dim) const { return strides[dim < 0 ? dim + ndim : dim]; }
+  /// Product of the sizes (1 for ndim 0, 0 when any size is 0); throws tessera::Error when it
+  /// overflows int64.
   int64_t numel() const;
-  int64_t nbytes() const { return numel() * static_cast<int64_t>(dtype_size(dtype)); }
+  /// numel() x the element size; throws tessera::Error when it overflows int64.
+  int64_t nbytes() const;
   /// True when the strides are those of a row-major packed tensor (size-1 dims ignored).
   bool is_contiguous() const;
   /// The view with `dim` fixed at `index` (one fewer dimension), e.g. K out of a combined KV tensor.

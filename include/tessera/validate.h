@@ -10,6 +10,23 @@
 // mode (set_checked_mode(true) or TESSERA_CHECKED=1 in the environment), which copies them to the
 // host and synchronises the device; otherwise only their shape and dtype are checked, and kernels
 // skip (never dereference) out-of-range entries.
+//
+// Device-side checks. Where the host cannot see an array's values without synchronising, and a
+// wrong value would otherwise go unreported, a small check kernel is queued on the call's stream
+// next to the work it guards; its first failure is reported into pinned host memory and raised as
+// a tessera::Error (kInvalidArgument, naming the call, the argument, the index and the value)
+//   - by the next call that looks: batch_prefill_ragged, batch_prefill_paged and every plan() and
+//     run() of the plan/run runtime (tessera/runtime.h) on the same device, without
+//     synchronising, so it sees checks that have finished by then; or
+//   - by check_device_errors(stream), which waits for `stream` first.
+// Each failure is raised once. Only the first failure is kept until it is raised: treat every
+// result since the last clean check_device_errors as suspect when one is raised. The checks:
+//   - batch_prefill_ragged / batch_prefill_paged with qo_indptr in device memory: a request longer
+//     than max_qo_len (its rows past max_qo_len would stay unwritten). In checked mode the host
+//     also checks it before the launch.
+//   - the plan/run runtime's run() inside a CUDA Graph capture: page ids (and block-sparse column
+//     blocks) in checked mode or in pinned host memory, at every replay (outside a capture they are
+//     checked on the host before the launch).
 #pragma once
 
 #include <cstdint>
@@ -18,12 +35,20 @@
 #include <vector>
 
 #include "tessera/formats.h"
+#include "tessera/stream.h"
 
 namespace tessera {
 
 /// Process-wide checked mode for device-resident index arrays (default: TESSERA_CHECKED env var).
+/// May be toggled from any thread; a call reads it once or more while it validates, so toggle it
+/// between calls.
 void set_checked_mode(bool enabled);
 bool checked_mode();
+
+/// Waits for `stream` (work queued on the current device), then throws the first device-side
+/// check failure on the current device that has not been raised yet (see the top of the file).
+/// Throws kCudaError if waiting fails.
+void check_device_errors(StreamHandle stream = nullptr);
 
 /// Head configuration of an attention call.
 struct HeadConfig {

@@ -20,6 +20,7 @@
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/prefill_config.h"
+#include "src/runtime/device_errors.h"
 #include "src/runtime/planner.h"
 #include "src/tensor_checks.h"
 #include "tessera/runtime.h"
@@ -182,6 +183,7 @@ void check_bounds(const RuntimeBounds& b) {
 /// the plan at the same addresses. Sections [0, items + items capacity) mirror the pinned buffer.
 struct WorkspaceLayout {
   int64_t num_merges = 0;     // i32 scalar
+  int64_t num_segments = 0;   // i32 scalar: requests (block rows) of the plan, for device-side checks
   int64_t cta_indptr = 0;     // i32 [max_cols + 1]
   int64_t qo_indptr = 0;      // i32 [max_batch + 1]
   int64_t kv_indptr = 0;      // i32 [max_batch + 1]
@@ -198,6 +200,15 @@ struct WorkspaceLayout {
   int32_t max_merges = 0;
   int64_t partial_floats = 0;
   int64_t partial_lse_floats = 0;
+};
+
+/// The index array a run() reads page ids (paged) or column blocks (block-sparse) from.
+struct RunIds {
+  const TensorView* view = nullptr;
+  const char* name = "";
+  const int32_t* device_data = nullptr;  // the address the kernels read it through
+  int64_t bound = 0;                     // ids in [0, bound)
+  bool increasing = false;               // block-sparse: strictly increasing within a block row
 };
 
 }  // namespace
@@ -231,10 +242,12 @@ class AttentionRuntime {
     TESSERA_CUDA_CHECK(cudaGetDevice(&device));
     TESSERA_CHECK_ARG(workspace.device.id == device)
         << "workspace is on cuda:" << workspace.device.id << " but the current device is cuda:" << device;
+    device_ = device;
     workspace_ = static_cast<char*>(workspace.data);
     TESSERA_CUDA_CHECK(cudaHostAlloc(&pinned_, static_cast<size_t>(layout_.plan_end), cudaHostAllocDefault))
         << " (pinned plan buffer of " << layout_.plan_end << " bytes)";
     TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&run_done_, cudaEventDisableTiming));
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
       const int head_dim = static_cast<int>(bounds_.head_dim);
@@ -243,8 +256,12 @@ class AttentionRuntime {
     }
   }
 
+  // Waits for the last plan upload (it reads the pinned buffer) and the last run (a new wrapper
+  // over the same workspace, as the Python wrappers build when they grow, must not overwrite a
+  // plan that a run still reads; for a captured run, the last replay launched).
   ~AttentionRuntime() {
     if (copy_done_ != nullptr) cudaEventSynchronize(copy_done_), cudaEventDestroy(copy_done_);
+    if (run_done_ != nullptr) cudaEventSynchronize(run_done_), cudaEventDestroy(run_done_);
     if (pinned_ != nullptr) cudaFreeHost(pinned_);
   }
   AttentionRuntime(const AttentionRuntime&) = delete;
@@ -256,6 +273,7 @@ class AttentionRuntime {
   }
 
   void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream) {
+    raise_device_error(device_);
     const int64_t batch = static_cast<int64_t>(in.qo_len.size());
     const HeadConfig heads = check_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim);
     TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16)
@@ -346,6 +364,8 @@ class AttentionRuntime {
     char* host = static_cast<char*>(pinned_);
     const int32_t num_merges = static_cast<int32_t>(plan.merges.size());
     std::memcpy(host + layout_.num_merges, &num_merges, sizeof(num_merges));
+    const int32_t num_segments = static_cast<int32_t>(batch);
+    std::memcpy(host + layout_.num_segments, &num_segments, sizeof(num_segments));
     std::memcpy(host + layout_.cta_indptr, plan.cta_indptr.data(), plan.cta_indptr.size() * sizeof(int32_t));
     std::memcpy(host + layout_.qo_indptr, in.qo_indptr.data(), in.qo_indptr.size() * sizeof(int32_t));
     std::memcpy(host + layout_.kv_indptr, in.kv_indptr.data(), in.kv_indptr.size() * sizeof(int32_t));
@@ -356,12 +376,20 @@ class AttentionRuntime {
     std::memcpy(host + layout_.items, plan.items.data(), plan.items.size() * sizeof(runtime::WorkItem));
     const int64_t plan_bytes = layout_.items + static_cast<int64_t>(plan.items.size() * sizeof(runtime::WorkItem));
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    // The upload overwrites the plan every earlier run() reads, on whatever stream it ran: it waits
+    // (on the GPU; the host goes on) for the last one. Double-buffering the plan sections instead
+    // would let the upload start at once, but a captured run() has the plan's addresses baked in
+    // and must find every later plan at the same place; and runs of one wrapper are ordered anyway
+    // (they share the partial-state sections), so a plan waiting for the run before it costs no
+    // overlap that run order allows.
+    wait_for_last_run(s);
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(workspace_, pinned_, static_cast<size_t>(plan_bytes), cudaMemcpyHostToDevice, s))
         << " (plan upload)";
     TESSERA_CUDA_CHECK(cudaEventRecord(copy_done_, s));
 
     planned_ = true;
     plan_stream_ = s;
+    kv_indptr_host_ = in.kv_indptr;
     shape_ = shape;
     variant_ = variant;
     q_tile_ = q_tile;
@@ -390,6 +418,7 @@ class AttentionRuntime {
 
   /// Checks run()'s common arguments against the plan: q [rows, Hq, D], o like q, lse.
   void check_run_queries(const TensorView& q, const TensorView& o, const TensorView& lse) const {
+    raise_device_error(device_);
     TESSERA_CHECK_ARG(planned_) << "run() before plan(): call plan() with this batch's index arrays first";
     check_operand(q, "q", 3);
     TESSERA_CHECK_ARG(q.dtype == shape_.dtype) << "q.dtype = " << q.dtype << ", but the plan was made for "
@@ -431,15 +460,92 @@ class AttentionRuntime {
     return p;
   }
 
+  /// Launches the plan's kernels with `p` on `stream`, after the last plan upload and the last
+  /// run, and records the run's completion. `ids` (paged and block-sparse runs): the index array
+  /// run() was given, checked on the host first or, inside a capture, by a captured device check
+  /// (check_run_ids_on_host, enqueue_run_ids_check).
   template <typename T>
-  void launch(const kernels::AttentionParams<T>& p, StreamHandle stream) {
+  void launch(const kernels::AttentionParams<T>& p, const RunIds* ids, StreamHandle stream) {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-    if (s != plan_stream_) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-      // Outside a capture, order the kernels after the plan upload on the other stream.
-      if (capture == cudaStreamCaptureStatusNone) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, 0));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+    const bool capturing = capture != cudaStreamCaptureStatusNone;
+    if (ids != nullptr && !capturing) check_run_ids_on_host(*ids);
+    if (capturing) {
+      // A replay may come after any later plan() and on any stream, so the graph itself waits for
+      // the plan upload and the run that are the latest when it is launched (external event wait
+      // nodes; a plain cudaStreamWaitEvent inside a capture only orders captured work).
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, cudaEventWaitExternal));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, run_done_, cudaEventWaitExternal));
+      if (ids != nullptr) enqueue_run_ids_check(*ids, stream);
+    } else {
+      if (s != plan_stream_) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, 0));
+      wait_for_last_run(s);
     }
+    launch_kernels<T>(p, s);
+    if (capturing) {
+      // Recorded by every replay (an external event record node), so that the next plan() and
+      // run() wait for the latest replay.
+      TESSERA_CUDA_CHECK(cudaEventRecordWithFlags(run_done_, s, cudaEventRecordExternal));
+      run_captured_ = true;
+    } else {
+      TESSERA_CUDA_CHECK(cudaEventRecord(run_done_, s));
+      run_stream_ = s;
+    }
+    run_recorded_ = true;
+  }
+
+  /// The device address a kernel reads `ids` through: the data pointer for device memory, the
+  /// mapped address for pinned host memory.
+  const int32_t* device_ids(const TensorView& ids, const char* name) const {
+    if (ids.device.type == DeviceType::kCUDA) return ids.data_as<const int32_t>();
+    cudaPointerAttributes attributes{};
+    TESSERA_CUDA_CHECK(cudaPointerGetAttributes(&attributes, ids.data)) << " (" << name << ")";
+    TESSERA_CHECK_ARG(attributes.type == cudaMemoryTypeHost && attributes.devicePointer != nullptr)
+        << name << " is on " << ids.device << " but its memory is not pinned host memory the GPU can read "
+        << "(allocate it with cudaHostAlloc / cudaMallocHost or register it with cudaHostRegister)";
+    return static_cast<const int32_t*>(attributes.devicePointer);
+  }
+
+ private:
+  /// Orders work on `s` after the last run of this wrapper (the last one recorded on another
+  /// stream, or any replay of a captured run).
+  void wait_for_last_run(cudaStream_t s) {
+    if (run_recorded_ && (run_captured_ || s != run_stream_)) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, run_done_, 0));
+  }
+
+  /// Page ids or column blocks of run() in host memory (always) or in device memory (checked
+  /// mode), checked against the plan's ranges before the launch. Host memory is read directly;
+  /// device memory after a device-wide synchronisation (validation.cpp's checked mode).
+  void check_run_ids_on_host(const RunIds& ids) const {
+    if (!ids.view->device.is_host() && !checked_mode()) return;
+    const std::vector<int32_t> values = read_index_values(*ids.view, ids.name, total_kv_units_);
+    if (ids.increasing) {
+      check_column_blocks(kv_indptr_host_, values.data(), ids.bound, ids.name);
+    } else {
+      check_page_ids(kv_indptr_host_, values.data(), ids.bound, ids.name);
+    }
+  }
+
+  /// Inside a capture the values the replays will read do not exist yet: the same check runs on
+  /// the device at every replay, against the plan current then (the workspace's page ranges), and
+  /// reports through device_errors.h.
+  void enqueue_run_ids_check(const RunIds& ids, StreamHandle stream) const {
+    if (!ids.view->device.is_host() && !checked_mode()) return;
+    SegmentedIds c;
+    c.ids = ids.device_data;
+    c.indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
+    c.num_segments = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_segments);
+    c.max_segments = layout_.max_batch;
+    c.capacity = ids.view->shape[0];
+    c.bound = ids.bound;
+    c.increasing = ids.increasing;
+    enqueue_segmented_ids_check(
+        c, ids.increasing ? DeviceCheckSite::kRuntimeColumnBlocks : DeviceCheckSite::kRuntimePageIds, stream);
+  }
+
+  template <typename T>
+  void launch_kernels(const kernels::AttentionParams<T>& p, cudaStream_t s) {
     PersistentLaunch launch;
     launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
     launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
@@ -462,7 +568,6 @@ class AttentionRuntime {
     TESSERA_FAIL(StatusCode::kInternal) << "head_dim " << shape_.head_dim;
   }
 
- private:
   /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants
   /// without an output transform qualify: the built-in masks and logit transforms and RoPE.
   ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch) const {
@@ -605,6 +710,7 @@ class AttentionRuntime {
       return offset;
     };
     l.num_merges = section(sizeof(int32_t));
+    l.num_segments = section(sizeof(int32_t));
     l.cta_indptr = section((l.max_cols + 1) * sizeof(int32_t));
     l.qo_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.kv_indptr = section((l.max_batch + 1) * sizeof(int32_t));
@@ -625,12 +731,18 @@ class AttentionRuntime {
   WorkspaceLayout layout_;
   char* workspace_ = nullptr;
   void* pinned_ = nullptr;
-  cudaEvent_t copy_done_ = nullptr;
+  int device_ = 0;
+  cudaEvent_t copy_done_ = nullptr;  // the last plan upload
+  cudaEvent_t run_done_ = nullptr;   // the last run (for a captured run: recorded by every replay)
+  bool run_recorded_ = false;
+  bool run_captured_ = false;        // run_done_ may be recorded by replays, on any stream
+  cudaStream_t run_stream_ = nullptr;  // of the last run outside a capture
   QTile graph_tile_ = QTile::k16;
   GridShape graph_grid_{0, 1};
 
   bool planned_ = false;
   cudaStream_t plan_stream_ = nullptr;
+  std::vector<int32_t> kv_indptr_host_;  // the plan's page (block) ranges, for run()'s id checks
   PlanShape shape_;
   ResolvedVariant variant_;
   QTile q_tile_ = QTile::k16;
@@ -690,6 +802,24 @@ void paged_lengths(AttentionRuntime::PlanInput& in, const TensorView& kv_indptr,
   }
 }
 
+/// run()'s page ids or column blocks: contiguous 1-D i32 with at least `needed` entries (the plan's
+/// total), in device memory on q's device or in pinned host memory (read by the kernels through
+/// its mapped address, and checked on the host at every run()).
+void check_run_index_array(const TensorView& t, const char* name, const TensorView& q, int64_t needed,
+                           const char* needed_meaning) {
+  check_ndim(t, name, 1);
+  check_dtype(t, name, {DType::kI32});
+  TESSERA_CHECK_ARG(t.device == q.device || t.device.type == DeviceType::kCUDAHost)
+      << name << ".device = " << t.device << ", expected " << q.device
+      << " (the device of q) or cuda_host (pinned host memory)";
+  TESSERA_CHECK_ARG(t.shape[0] <= 1 || t.strides[0] == 1)
+      << name << ".strides[0] = " << t.strides[0] << ", expected 1 (index arrays must be contiguous)";
+  TESSERA_CHECK_ARG(t.shape[0] >= needed && t.shape[0] < INT32_MAX)
+      << name << " has " << t.shape[0] << " entries, expected >= " << needed_meaning << " = " << needed
+      << " of the plan (and < 2^31)";
+  TESSERA_CHECK_ARG(t.defined()) << name << ".data = null, expected " << t.shape[0] << " entries";
+}
+
 void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv) {
   TESSERA_CHECK_ARG(kv.layout == Layout::kNHD || kv.layout == Layout::kHND)
       << "kv.layout = " << static_cast<int>(kv.layout) << ", expected NHD or HND";
@@ -706,10 +836,7 @@ void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const Pa
       << rt.page_size();
   rt.check_run_kv_heads(kv.k, "kv.k", kv.layout == Layout::kNHD ? 2 : 1);
   TESSERA_CHECK_ARG(kv.k.shape[0] < INT32_MAX) << "kv.k has " << kv.k.shape[0] << " pages, expected < 2^31";
-  check_index_array(kv.indices, "kv.indices", q, kv.indices.ndim == 1 ? kv.indices.shape[0] : 0);
-  TESSERA_CHECK_ARG(kv.indices.shape[0] >= rt.total_kv_units() && kv.indices.shape[0] < INT32_MAX)
-      << "kv.indices has " << kv.indices.shape[0] << " entries, expected >= kv_indptr[B] = " << rt.total_kv_units()
-      << " of the plan";
+  check_run_index_array(kv.indices, "kv.indices", q, rt.total_kv_units(), "kv_indptr[B]");
 }
 
 template <typename T>
@@ -733,10 +860,16 @@ void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv
                const TensorView& lse, StreamHandle stream) {
   rt.check_run_queries(q, o, lse);
   check_paged_cache(rt, q, kv);
+  RunIds ids;
+  ids.view = &kv.indices;
+  ids.name = "kv.indices";
+  ids.device_data = rt.device_ids(kv.indices, ids.name);
+  ids.bound = kv.k.shape[0];
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
     paged_cache_params<T>(p, kv);
-    rt.launch<T>(p, stream);
+    p.kv_indices = ids.device_data;
+    rt.launch<T>(p, &ids, stream);
   });
 }
 
@@ -863,7 +996,7 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
     p.v_row_stride = v.strides[0];
     p.v_head_stride = v.strides[1];
     p.num_kv_rows = static_cast<int32_t>(k.shape[0]);
-    rt.launch<T>(p, stream);
+    rt.launch<T>(p, nullptr, stream);
   });
 }
 
@@ -920,9 +1053,13 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   detail::check_dense_kv(q, k, v, Layout::kNHD);
   rt.check_run_kv_heads(k, "k", 1);
   check_size(k, "k", 0, rt.num_cols());
-  detail::check_index_array(indices, "indices", q, indices.ndim == 1 ? indices.shape[0] : 0);
-  TESSERA_CHECK_ARG(indices.shape[0] >= rt.total_kv_units() && indices.shape[0] < INT32_MAX)
-      << "indices has " << indices.shape[0] << " entries, expected >= indptr[last] = " << rt.total_kv_units();
+  detail::check_run_index_array(indices, "indices", q, rt.total_kv_units(), "indptr[last]");
+  detail::RunIds ids;
+  ids.view = &indices;
+  ids.name = "indices";
+  ids.device_data = rt.device_ids(indices, ids.name);
+  ids.bound = (rt.num_cols() + rt.page_size() - 1) / rt.page_size();
+  ids.increasing = true;
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
     p.k = k.data_as<const T>();
@@ -931,14 +1068,14 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
     p.k_head_stride = k.strides[1];
     p.v_row_stride = v.strides[0];
     p.v_head_stride = v.strides[1];
-    p.kv_indices = indices.data_as<const int32_t>();
+    p.kv_indices = ids.device_data;
     p.page_size = static_cast<int32_t>(rt.page_size());
     p.num_kv_rows = static_cast<int32_t>(rt.num_cols());
-    p.num_pages = static_cast<int32_t>((rt.num_cols() + rt.page_size() - 1) / rt.page_size());
+    p.num_pages = static_cast<int32_t>(ids.bound);
     p.num_indices = static_cast<int32_t>(indices.shape[0]);
     p.block_rows = static_cast<int32_t>(rt.block_rows());
     p.num_q_rows = static_cast<int32_t>(rt.num_rows());
-    rt.launch<T>(p, stream);
+    rt.launch<T>(p, &ids, stream);
   });
 }
 

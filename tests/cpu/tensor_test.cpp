@@ -98,6 +98,64 @@ TEST(TensorView, NegativeStrideThrows) {
   EXPECT_THAT(msg, AllOf(HasSubstr("strides[0]"), HasSubstr("-3"), HasSubstr(">= 0")));
 }
 
+// Shapes and strides whose element count or byte extent does not fit in int64 are named errors,
+// never undefined behaviour: 2^32 x 2^32 elements used to wrap to a count of 0, which made a
+// null view look "defined" (no element to point to) and slipped past the null-pointer checks.
+constexpr int64_t k2Pow32 = int64_t{1} << 32;
+
+TEST(TensorView, ElementCountOverflowThrows) {
+  EXPECT_THAT(error_message([] { TensorView t(nullptr, DType::kF16, {k2Pow32, k2Pow32}, Device::cpu()); },
+                            StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("TensorView"), HasSubstr("[4294967296, 4294967296]"), HasSubstr("overflows int64")));
+  EXPECT_THAT(error_message(
+                  [] { TensorView t(nullptr, DType::kF16, {k2Pow32, k2Pow32}, {1, 1}, Device::cpu()); },
+                  StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("[4294967296, 4294967296]"), HasSubstr("overflows int64")));
+}
+
+TEST(TensorView, RowMajorStrideOverflowThrowsEvenForAnEmptyShape) {
+  // No element, but the stride of dim 0 would be 2^80.
+  const int64_t big = int64_t{1} << 40;
+  EXPECT_THAT(error_message([&] { TensorView t(nullptr, DType::kU8, {0, big, big}, Device::cpu()); },
+                            StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("[0, 1099511627776, 1099511627776]"), HasSubstr("overflows int64")));
+}
+
+TEST(TensorView, ByteExtentOverflowThrows) {
+  // 4 elements, but the last one lies 2^62 elements (2^63 bytes of bf16) past the first.
+  const int64_t stride = INT64_MAX / 2;
+  EXPECT_THAT(error_message([&] { TensorView t(nullptr, DType::kBF16, {2, 2}, {stride, 1}, Device::cpu()); },
+                            StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("strides [4611686018427387903, 1]"), HasSubstr("bytes"), HasSubstr("overflows int64")));
+  // 2^62 contiguous bf16 elements: the count fits, the byte size does not.
+  EXPECT_THAT(error_message([] { TensorView t(nullptr, DType::kBF16, {int64_t{1} << 62}, Device::cpu()); },
+                            StatusCode::kInvalidArgument),
+              HasSubstr("overflows int64"));
+}
+
+TEST(TensorView, HandBuiltOverflowingViewThrowsFromNumelAndNbytes) {
+  TensorView t;
+  t.ndim = 2;
+  t.shape[0] = t.shape[1] = k2Pow32;
+  t.strides[0] = 1;
+  t.strides[1] = 1;
+  EXPECT_THAT(error_message([&] { (void)t.numel(); }, StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("[4294967296, 4294967296]"), HasSubstr("overflows int64")));
+  EXPECT_THAT(error_message([&] { (void)t.defined(); }, StatusCode::kInvalidArgument), HasSubstr("overflows int64"));
+  TensorView wide;
+  wide.dtype = DType::kF32;
+  wide.ndim = 1;
+  wide.shape[0] = int64_t{1} << 62;  // 2^64 bytes
+  wide.strides[0] = 1;
+  EXPECT_EQ(wide.numel(), int64_t{1} << 62);
+  EXPECT_THAT(error_message([&] { (void)wide.nbytes(); }, StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("bytes"), HasSubstr("overflows int64")));
+  // A zero-size dimension makes any other count harmless.
+  TensorView empty = t;
+  empty.shape[0] = 0;
+  EXPECT_EQ(empty.numel(), 0);
+}
+
 TEST(TensorView, ContiguityIgnoresSizeOneDims) {
   TensorView t(nullptr, DType::kF16, {4, 1, 8}, {8, 12345, 1}, Device::cpu());
   EXPECT_TRUE(t.is_contiguous());
@@ -425,6 +483,25 @@ TEST(DLPack, RejectsNegativeShapeAndStrides) {
   EXPECT_THAT(error_message([&] { from_dlpack(make_dl(nullptr, {kDLFloat, 32, 1}, shape, 2, strides)); },
                             StatusCode::kInvalidArgument),
               AllOf(HasSubstr("DLTensor.strides[0] = -3"), HasSubstr(">= 0")));
+}
+
+TEST(DLPack, RejectsElementCountOverflow) {
+  int64_t shape[] = {k2Pow32, k2Pow32};
+  EXPECT_THAT(error_message([&] { from_dlpack(make_dl(nullptr, {kDLFloat, 16, 1}, shape, 2, nullptr)); },
+                            StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("DLTensor"), HasSubstr("[4294967296, 4294967296]"), HasSubstr("overflows int64")));
+  int64_t empty_shape[] = {0, int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_THAT(error_message([&] { from_dlpack(make_dl(nullptr, {kDLUInt, 8, 1}, empty_shape, 3, nullptr)); },
+                            StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("DLTensor"), HasSubstr("overflows int64")));
+}
+
+TEST(DLPack, RejectsByteExtentOverflow) {
+  int64_t shape[] = {3};
+  int64_t strides[] = {INT64_MAX / 2};
+  EXPECT_THAT(error_message([&] { from_dlpack(make_dl(nullptr, {kDLFloat, 32, 1}, shape, 1, strides)); },
+                            StatusCode::kInvalidArgument),
+              AllOf(HasSubstr("DLTensor"), HasSubstr("bytes"), HasSubstr("overflows int64")));
 }
 
 }  // namespace

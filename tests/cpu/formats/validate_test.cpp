@@ -279,6 +279,57 @@ TEST_F(Validate, RejectsCorruptHandBuiltView) {
   EXPECT_INVALID("t.ndim", "= 9", "out of range [0, 6]", check_ndim(t, "t", 1));
 }
 
+// A hand-built view whose element count or byte extent overflows int64 is a named error before
+// any null-pointer check: 2^32 x 2^32 x 1 elements used to wrap to a count of 0, so a null data
+// pointer passed as "an empty tensor".
+TensorView overflowing_view(DType dtype = DType::kF16) {
+  TensorView t;
+  t.dtype = dtype;
+  t.ndim = 3;
+  t.shape[0] = t.shape[1] = int64_t{1} << 32;
+  t.shape[2] = 1;
+  t.strides[0] = t.strides[1] = t.strides[2] = 1;
+  return t;
+}
+
+TEST_F(Validate, ElementCountOverflowIsNamedBeforeTheNullCheck) {
+  const TensorView t = overflowing_view();
+  EXPECT_INVALID("q.shape", "[4294967296, 4294967296, 1]", "overflows int64", check_ndim(t, "q", 3));
+  EXPECT_INVALID("q.shape", "[4294967296, 4294967296, 1]", "overflows int64", check_contiguous(t, "q"));
+  EXPECT_INVALID("q.shape", "[4294967296, 4294967296, 1]", "overflows int64", check_last_dim_contiguous(t, "q"));
+  EXPECT_INVALID("q.shape", "[4294967296, 4294967296, 1]", "overflows int64", check_size(t, "q", 2, 1));
+  Ragged r;
+  r.data = t;
+  std::vector<int32_t> indptr = {0, 1};
+  r.indptr = host_i32(indptr);
+  EXPECT_INVALID("ragged.data.shape", "[4294967296, 4294967296, 1]", "overflows int64",
+                 validate_ragged(r, "ragged"));
+}
+
+TEST_F(Validate, ByteExtentOverflowIsNamed) {
+  // Three f32 elements with a stride of 2^62 - 1: the element count is small, the last element
+  // lies 2^64 bytes past the first.
+  TensorView t;
+  t.dtype = DType::kF32;
+  t.ndim = 1;
+  t.shape[0] = 3;
+  t.strides[0] = INT64_MAX / 2;
+  std::vector<float> storage(1);
+  t.data = storage.data();
+  EXPECT_INVALID("x", "strides [4611686018427387903]", "bytes, which overflows int64", check_ndim(t, "x", 1));
+  // The same through an index array of a format, and through K of a paged cache.
+  std::vector<int32_t> indptr = {0, 1};
+  TensorView bad_indptr = host_i32(indptr);
+  bad_indptr.strides[0] = INT64_MAX / 4;
+  bad_indptr.shape[0] = 5;
+  EXPECT_INVALID("indptr", "strides [2305843009213693951]", "overflows int64",
+                 validate_indptr(bad_indptr, "indptr", -1));
+  PagedFixture f;
+  PagedKV kv = f.build();
+  kv.k.strides[0] = INT64_MAX / 4;
+  EXPECT_INVALID("paged_kv.k", "strides [2305843009213693951", "overflows int64", validate_paged_kv(kv, "paged_kv"));
+}
+
 // =============================== indptr ===============================
 
 TEST_F(Validate, IndptrReturnsHostValues) {

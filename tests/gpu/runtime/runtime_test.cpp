@@ -14,6 +14,7 @@
 
 #include "gpu/attention/attention_test_utils.h"
 #include "gpu/gpu_test_utils.h"
+#include "gpu/runtime/runtime_test_utils.h"
 #include "reference/oracle.h"
 #include "tessera/attention.h"
 #include "tessera/runtime.h"
@@ -42,10 +43,6 @@ const char* wrapper_name(Wrapper w) {
   return "?";
 }
 
-TensorView host_i32(const std::vector<int32_t>& v) {
-  return TensorView(const_cast<int32_t*>(v.data()), DType::kI32, {static_cast<int64_t>(v.size())}, Device::cpu());
-}
-
 /// Whether head_dim 128 prefill runs the wgmma tile here: an sm_90 device, and not kept on
 /// mma.sync by TESSERA_PREFILL_WGMMA=0 (gpu-check reruns the suites that way).
 bool wgmma_tile_in_use() {
@@ -55,15 +52,6 @@ bool wgmma_tile_in_use() {
   const char* wgmma = std::getenv("TESSERA_PREFILL_WGMMA");
   return major == 9 && !(wgmma != nullptr && std::string(wgmma) == "0");
 }
-
-/// A device workspace for one wrapper.
-struct Workspace {
-  DeviceBuffer buf;
-  TensorView view;
-  explicit Workspace(int64_t bytes) : buf(static_cast<size_t>(bytes)) {
-    view = TensorView(buf.get(), DType::kU8, {bytes}, Device::cuda(0));
-  }
-};
 
 struct RuntimeCase {
   Wrapper wrapper = Wrapper::kDecode;

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "harness.h"
+#include "tessera/version.h"
 
 namespace tessera_examples {
 
@@ -31,6 +31,12 @@ bool gpu_available(const char* program) {
               "[TESSERA-GPU-SKIP]\n",
               program, reason, err == cudaSuccess ? "0 devices" : cudaGetErrorName(err));
   return false;
+}
+
+tessera_bench::RunInfo announce(const char* program) {
+  tessera_bench::RunInfo info = tessera_bench::make_run_info(0);
+  std::printf("%s: Tessera %s on %s (%d SMs)\n", program, tessera::version_string(), info.gpu.c_str(), info.sm_count);
+  return info;
 }
 
 std::vector<Bf16Bits> download_bf16_bits(const void* device, size_t count) {

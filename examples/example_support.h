@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.h"
 #include "reference/oracle.h"
 
 namespace tessera_examples {
@@ -19,6 +20,10 @@ namespace tessera_examples {
 /// caller then exits 0. The line carries the marker TESSERA-GPU-SKIP, which CTest turns into
 /// "skipped" (SKIP_REGULAR_EXPRESSION), as for the GPU tests.
 bool gpu_available(const char* program);
+
+/// Prints "<program>: Tessera <version> on <GPU> (<SMs> SMs)" and returns what it printed for
+/// the benchmark harness (device 0).
+tessera_bench::RunInfo announce(const char* program);
 
 /// bf16 bits as the device stores them; host copies stay in this form until the oracle needs
 /// doubles (a quarter of the memory).

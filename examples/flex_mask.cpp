@@ -77,9 +77,7 @@ std::vector<uint8_t> dense_mask(const std::vector<int32_t>& document) {
 
 int run() {
   const int64_t n = std::accumulate(kDocuments.begin(), kDocuments.end(), int64_t{0});
-  const tessera_bench::RunInfo info = tessera_bench::make_run_info(0);
-  std::printf("tessera-flex-mask: Tessera %s on %s (%d SMs)\n", tessera::version_string(), info.gpu.c_str(),
-              info.sm_count);
+  const tessera_bench::RunInfo info = tessera_examples::announce("tessera-flex-mask");
   std::printf("sequence: %zu documents packed into %lld tokens; Hq %lld, Hkv %lld, head dim %lld, bf16\n"
               "mask_mod: and_masks(sliding_window (window %d), same_document); score_mod: soft_cap (cap %.1f)\n",
               kDocuments.size(), static_cast<long long>(n), static_cast<long long>(kQoHeads),
@@ -130,15 +128,7 @@ int run() {
               static_cast<long long>(listed - full), static_cast<long long>(causal_blocks));
 
   // 3. Attention over the blocks with the mask and the score_mod.
-  tessera::BlockSparse bsr;
-  bsr.block_rows = kBlockRows;
-  bsr.block_cols = kBlockCols;
-  bsr.num_rows = n;
-  bsr.k = k.view;
-  bsr.v = v.view;
-  bsr.indptr = indptr.view;
-  bsr.indices = indices.view;
-  bsr.block_flags = flags.view;
+  const tessera::BlockSparse bsr{kBlockRows, kBlockCols, n, k.view, v.view, indptr.view, indices.view, flags.view};
   const tessera::VariantSpec variant = tessera::flex_variant("document_window_softcap", &mask, &kSoftCapMod, params);
   tessera::AttentionOptions options;
   options.variant.user = &variant;

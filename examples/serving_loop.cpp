@@ -183,11 +183,7 @@ struct PhaseBuffers {
 };
 
 tessera::PlanShape model_shape(bool causal) {
-  tessera::PlanShape shape;
-  shape.num_qo_heads = kQoHeads;
-  shape.num_kv_heads = kKvHeads;
-  shape.head_dim = kHeadDim;
-  shape.dtype = kDType;
+  tessera::PlanShape shape{kQoHeads, kKvHeads, kHeadDim, kDType, {}};
   shape.attention.causal = causal;
   return shape;
 }
@@ -290,9 +286,7 @@ int run(int argc, char** argv) {
   const int64_t batch = static_cast<int64_t>(kPrompts.size());
   const int64_t prompt_tokens = std::accumulate(kPrompts.begin(), kPrompts.end(), int64_t{0});
 
-  const tessera_bench::RunInfo info = tessera_bench::make_run_info(0);
-  std::printf("tessera-serving-loop: Tessera %s on %s (%d SMs)\n", tessera::version_string(), info.gpu.c_str(),
-              info.sm_count);
+  const tessera_bench::RunInfo info = tessera_examples::announce("tessera-serving-loop");
   std::printf("model: %lld layers, Hq %lld, Hkv %lld, head dim %lld, bf16; paged KV cache per layer (page %lld, NHD)\n"
               "batch: %lld requests, prompts of 1 to 16384 tokens (%lld in all), then %d decode steps\n\n",
               static_cast<long long>(kLayers), static_cast<long long>(kQoHeads), static_cast<long long>(kKvHeads),

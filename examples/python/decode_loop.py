@@ -128,7 +128,8 @@ class Comparison:
     def add(self, out, lse, ref_out, ref_lse) -> None:
         self.out.append(out.float().flatten())
         self.ref.append(ref_out.flatten())
-        self.lse_err = max(self.lse_err, (lse - ref_lse).abs().max().item())
+        err = (lse - ref_lse).abs().max().item()
+        self.lse_err = max(self.lse_err, math.inf if math.isnan(err) else err)  # max() would drop a NaN
 
     def rel_err(self) -> float:
         out, ref = torch.cat(self.out), torch.cat(self.ref)
@@ -173,7 +174,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return [torch.randn(rows, h, HEAD_DIM, generator=gen, device=dev).to(dtype)
                 for h in (NUM_QO_HEADS, NUM_KV_HEADS, NUM_KV_HEADS)]
 
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)  # shared by both wrappers
+    # One workspace for both wrappers, as SGLang shares its global one: their plans and runs are
+    # ordered on one stream, so the decode plan never overwrites what a prefill run still reads.
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
     prefill = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
     decode = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
     # What the checks need: per layer, the K/V rows handed to the append and every pass's q/o/lse.

@@ -705,3 +705,11 @@ def test_kernels_run_on():
     assert f(12, 0, ["80", "90"])        # PTX of compute_90 is JIT-compiled
     assert not f(8, 0, ["90a"])
     assert not f(9, 0, [])
+
+
+@pytest.mark.skipif(HAS_GPU, reason="with a GPU the example runs in full (test_gpu.py::test_example_decode_loop)")
+def test_example_decode_loop_without_gpu(repo_root):
+    r = _run_python([os.path.join(repo_root, "examples", "python", "decode_loop.py")])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "ran nothing" in lines[0], r.stdout

@@ -9,6 +9,7 @@ key give o = 0, lse = -inf. Outputs are poisoned with NaN before each call, inpu
 """
 
 import math
+import os
 import random
 
 import pytest
@@ -896,3 +897,19 @@ def test_wrappers_reject_custom_masks(option, workspace):
     with pytest.raises(NotImplementedError, match="custom_mask_buf"):
         tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, custom_mask_buf=torch.zeros(64, dtype=torch.uint8,
                                                                                            device=DEV))
+
+
+# --- examples ------------------------------------------------------------------------------------
+
+
+def test_example_decode_loop(repo_root, capsys):
+    """examples/python/decode_loop.py: prefill and decode passes over every layer, its own checks of
+    the cache and of every output against its torch reference pass."""
+    import runpy
+
+    example = runpy.run_path(os.path.join(repo_root, "examples", "python", "decode_loop.py"))
+    status = example["main"](["--steps", "8"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.count("EXACT") == example["LAYERS"] and "WRONG" not in out, out
+    assert out.rstrip().endswith("all results match the reference"), out

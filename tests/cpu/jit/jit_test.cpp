@@ -117,11 +117,9 @@ std::vector<std::string> list_names(const std::string& dir) {
   return names;
 }
 
-std::string source_root() {
-  std::string file = __FILE__;  // <root>/tests/cpu/jit/jit_test.cpp
-  const std::string suffix = "tests/cpu/jit/jit_test.cpp";
-  return file.substr(0, file.size() - suffix.size());
-}
+/// The source tree, from CMake: __FILE__ may be relative (a compiler launcher such as ccache with
+/// base_dir rewrites it), which would make the test depend on its working directory.
+std::string source_root() { return std::string(TESSERA_SOURCE_DIR) + "/"; }
 
 /// A small kernel for the cache tests: it includes one kernel header (so the embedded headers
 /// and the toolkit include path are exercised) and carries `salt` so each test can make a source

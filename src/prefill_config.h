@@ -13,7 +13,7 @@ namespace detail {
 /// k128Wgmma is the 128-row tile computed with wgmma (sm_90a, head_dim 128).
 enum class QTile { k16, k16Wide, k64, k128, k128Wgmma };
 
-/// Heuristic (DESIGN.md §5): the average packed rows per request, avg_qo_len * group_size, sets
+/// Heuristic (docs/design.md §5): the average packed rows per request, avg_qo_len * group_size, sets
 /// the query tile — up to 16 rows: a 16-row tile with 4 warps splitting each KV tile (decode and
 /// short appends are memory bound: wide KV tiles keep bytes in flight); up to 64 rows, or head_dim
 /// 256 (whose 128-row tile would need 256 accumulator registers per thread): 64 rows, one m16 tile

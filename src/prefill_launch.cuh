@@ -74,10 +74,7 @@ VariantKernelRequest persistent_variant_request() {
 /// 1), so the CTAs of one request's KV heads run together. A page (NHD) interleaves its rows'
 /// heads, so they then stream each page at once, and they share its page-table entries in L2;
 /// with the KV head slowest, a grid of more CTAs than slots read half of every page's bytes in
-/// one wave and the other half in the next. Measured (H100, W1 one-shot, one binary, three runs
-/// each; bench/results/LOG.md, session 19): B=64 L=4k 2882-2888 -> 2899.5-2905 GB/s, B=128 L=4k
-/// 2959-2971 -> 2988-2991, B=64 L=16k +0.35%, W1v uniform 2600-2612 -> 2671-2680; B=16 (one wave)
-/// and W1v skewed level.
+/// one wave and the other half in the next (the multi-wave W1 cells gained: bench/results/LOG.md).
 inline dim3 one_shot_grid(int64_t q_tiles, int64_t batch_size, int64_t num_kv_heads) {
   if (q_tiles == 1) {
     return dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(batch_size), 1u);

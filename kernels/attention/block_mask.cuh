@@ -1,6 +1,6 @@
 // Block mask builder (FlexAttention's create_block_mask): evaluates a mask on every (query row,
 // key) pair of a q_len x kv_len grid cut into (Br, Bc) blocks and writes the BSR of the blocks
-// that hold a visible pair, with a full/partial flag per listed block (DESIGN.md §1.1, §4
+// that hold a visible pair, with a full/partial flag per listed block (docs/design.md §1.1, §4
 // BlockSparse). Three kernels, queued in this order on one stream after the host zeroes
 // row_counts:
 //

@@ -1,4 +1,4 @@
-// Contraction of the plan/run runtime (DESIGN.md §1.3): folds the fp32 partial states of every
+// Contraction of the plan/run runtime (docs/design.md §1.3): folds the fp32 partial states of every
 // split query tile, in KV order, into the final output and LSE. The order is fixed by the plan,
 // so the result is the same bits whichever CTAs computed the chunks.
 #pragma once

@@ -1,4 +1,4 @@
-// CUDA-core decode kernel (DESIGN.md §5, "decode"): one query token per request over ragged or
+// CUDA-core decode kernel (docs/design.md §5, "decode"): one query token per request over ragged or
 // paged KV, any GQA group size. Decode is memory bound (every K/V byte is used once per query
 // head), so the design is about bytes in flight, not FLOPs:
 //

@@ -1,4 +1,4 @@
-// Attention-state merge kernels (DESIGN.md §2): two states per row, or a fixed or variable number
+// Attention-state merge kernels (docs/design.md §2): two states per row, or a fixed or variable number
 // of states per row folded in index order. Memory bound: every thread owns one 16-byte vector of
 // head_dim for one (row, head) and streams the states through it.
 #pragma once
@@ -88,7 +88,7 @@ merge_states_kernel(const MergeStatesParams<T> p) {
     int64_t v_off, s_off;
     int count;
     if (p.indptr != nullptr) {
-      // Malformed index arrays are clamped so no load leaves the tensor (DESIGN.md §4).
+      // Malformed index arrays are clamped so no load leaves the tensor (docs/design.md §4).
       const int32_t begin = min(max(p.indptr[row], 0), p.total_states);
       const int32_t end = min(max(p.indptr[row + 1], begin), p.total_states);
       v_off = begin * p.in.v_state_stride;

@@ -1,5 +1,5 @@
 // Parameters shared by the attention kernels (decode and prefill families) and the gather of KV
-// rows from any format. A KV format is a block-sparse matrix (DESIGN.md §1): the kernels walk a
+// rows from any format. A KV format is a block-sparse matrix (docs/design.md §1): the kernels walk a
 // request's logical KV positions 0 .. kv_len-1 and ask the format where row `pos` lives and which
 // column (key index, for masking) it is.
 #pragma once

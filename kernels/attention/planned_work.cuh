@@ -1,5 +1,5 @@
 // The plan of the plan/run runtime as the persistent kernels read it from the workspace
-// (DESIGN.md §1.3, §6). The host planner (src/runtime/planner.h) writes the same layouts; the
+// (docs/design.md §1.3, §6). The host planner (src/runtime/planner.h) writes the same layouts; the
 // runtime's launch code static_asserts that the two agree field by field.
 #pragma once
 

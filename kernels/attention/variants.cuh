@@ -1,4 +1,4 @@
-// Attention variants (DESIGN.md §1.2). A variant is a struct of static hooks the kernel templates
+// Attention variants (docs/design.md §1.2). A variant is a struct of static hooks the kernel templates
 // call; the kernels know nothing else about masking or logit transforms:
 //
 //   kUseSoftmax                  false: the transformed logits are the weights (no max, no sum)

@@ -96,7 +96,7 @@ append_paged_kv_cache_kernel(const AppendParams<T> p) {
       if (b < 0 || b >= c.batch_size) continue;
       pos = p.positions[row];
     }
-    // Skip rather than write out of bounds when the index arrays disagree (DESIGN.md §4).
+    // Skip rather than write out of bounds when the index arrays disagree (docs/design.md §4).
     if (pos < 0 || pos >= paged_kv_len(c, b)) continue;
     const int64_t page_entry = c.page_indptr[b] + pos / c.page_size;
     if (page_entry < 0 || page_entry >= c.num_indices) continue;

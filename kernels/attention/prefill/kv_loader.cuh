@@ -172,9 +172,8 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
 /// of the sink segment, then those of the main segment), visited in that order or, with
 /// kNearestFirst, last first. A bias that grows towards the diagonal (ALiBi: 65 base-2 units per
 /// 64-key tile at slope 2^-0.5) moves the softmax's reference max, and rescales O, on nearly every
-/// tile when the far keys come first (ncu: 90% of ALiBi's warp-tiles); nearest first, a row's max
-/// is set by its first tiles. Other variants keep the forward order, which measured 1-2% faster
-/// for soft-cap and sigmoid (bench/results/LOG.md, session 14).
+/// tile when the far keys come first; nearest first, a row's max is set by its first tiles. Other
+/// variants keep the forward order, which measured faster for them (bench/results/LOG.md).
 template <int kTileKV, bool kNearestFirst>
 struct KVTiles {
   KVSpan span;

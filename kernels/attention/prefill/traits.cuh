@@ -101,7 +101,7 @@ struct PrefillTraits {
   // Layout: Q buffer 0, the K and V stages, row tables, scratch, barriers, then the other Q
   // buffers. A kernel that runs one work item per CTA (the one-shot grid) uses only Q buffer 0 and
   // launches with kOneItemSmemBytes: the second buffer's 32 KB would come out of the L1 carveout
-  // (measured: W4 one-shot -1%).
+  // (measured slower: bench/results/LOG.md).
   static constexpr int kOneItemSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes +
                                            kQRowScratchBytes + kWaitAnchorBytes + kBarrierBytes;
   static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)

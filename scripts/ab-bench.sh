@@ -6,7 +6,8 @@
 # its side and round, and prints a median table per cell last.
 #   Environment: ROUNDS (default 3), RUNS (a ;-separated list of tessera-bench argument sets,
 #   default: the quick suite, W2 at 4k and 16k, every W4 set), ITERS (default 30), COOLDOWN_MS
-#   (default 300), OUT (default /tmp/tessera-ab), BUILD_DIR (default build-sm90a).
+#   (default 300), OUT (default /tmp/tessera-ab), BUILD_DIR (default build-sm90a), FIRST (base or
+#   new: the side that runs first in each round, default base).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--stage" ]; then
@@ -39,7 +40,9 @@ BUILD_DIR=$BUILD_DIR bash scripts/gpu-build.sh tessera-bench >"$OUT/ab-build-new
 wait $base_pid || { tail -30 "$OUT/ab-build-base.log"; exit 1; }
 IFS=';' read -r -a run_sets <<<"$RUNS"
 for round in $(seq 1 "$ROUNDS"); do
-  for side in base new; do
+  sides="base new"
+  [ "${FIRST:-base}" = new ] && sides="new base"
+  for side in $sides; do
     exe=$BUILD_DIR/bench/tessera-bench
     [ $side = base ] && exe=.ab-base/$BUILD_DIR/bench/tessera-bench
     commit=$new_rev

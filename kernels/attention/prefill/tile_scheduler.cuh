@@ -101,7 +101,10 @@ struct PlannedScheduler {
     return c;
   }
   TESSERA_DEVICE bool valid(Cursor c) const {
-    return Traits::kWarpSpecialized ? c.head < args.heads_per_cta && c.item < last : c.item < last;
+    // The mma.sync tiles hold 128 registers per thread; keeping `last` live across their item
+    // loop spilled it, so they reload it per item (an L1 hit).
+    return Traits::kWarpSpecialized ? c.head < args.heads_per_cta && c.item < last
+                                    : c.item < __ldg(args.cta_indptr + blockIdx.x + 1);
   }
 
   /// The planned item at the cursor; false for an item the planner never produces (a request out

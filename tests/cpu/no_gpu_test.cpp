@@ -118,12 +118,8 @@ TEST_F(NoGpu, Attention) {
 }
 
 TEST_F(NoGpu, RuntimeWrappers) {
-  RuntimeBounds bounds;
-  bounds.max_batch_size = 4;
-  bounds.max_total_qo_tokens = 64;
-  bounds.num_qo_heads = 8;
-  bounds.num_kv_heads = 2;
-  bounds.head_dim = 128;
+  // max_batch_size, max_total_qo_tokens, num_qo_heads, num_kv_heads, head_dim
+  const RuntimeBounds bounds{4, 64, 8, 2, 128};
   const TensorView workspace = device(DType::kU8, {int64_t{64} << 20});
   EXPECT_TRUE(FailsForWantOfAGpu([&] { BatchDecodeWrapper::workspace_size(bounds); }));
   EXPECT_TRUE(FailsForWantOfAGpu([&] { BatchDecodeWrapper w(workspace, bounds); }));

@@ -27,10 +27,11 @@ else
   python3 -c "import torch" 2>/dev/null ||
     cannot_test+=("PyTorch is not installed (the wrappers take torch tensors: pip install torch)")
 fi
-build_python=ON
-[ ${#cannot_build[@]} -gt 0 ] && build_python=OFF
+# The extension is built for the python3 that runs the tests (CMake could find another one).
+python_args=(-DTESSERA_BUILD_PYTHON=OFF)
+[ ${#cannot_build[@]} -eq 0 ] && python_args=(-DTESSERA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
 
-bash scripts/build.sh build -DTESSERA_BUILD_PYTHON=$build_python
+bash scripts/build.sh build "${python_args[@]}"
 
 cpp_status=0
 ctest --test-dir build --output-on-failure || cpp_status=$?

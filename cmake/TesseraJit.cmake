@@ -1,7 +1,7 @@
 # JIT support (docs/design.md §7): NVRTC, the embedded kernel headers and the CUDA include directory.
 #
 # Two uses of this one file:
-# - include()d from src/CMakeLists.txt after the tessera target exists: links NVRTC, records the
+# - include()d from src/CMakeLists.txt after the tessera_objects target exists: links NVRTC, records the
 #   CUDA toolkit's include directory, and adds a build step that embeds every kernels/**/*.cuh into
 #   <build>/src/jit/embedded_headers.cpp (re-run whenever one of the headers changes; a header that
 #   is added or removed re-runs CMake through CONFIGURE_DEPENDS).
@@ -55,9 +55,9 @@ const std::size_t kNumEmbeddedHeaders = ${_i};
   return()
 endif()
 
-# ---- include mode: wire the JIT into the tessera target ------------------------------------------
-if(NOT TARGET tessera)
-  message(FATAL_ERROR "include TesseraJit.cmake after add_library(tessera ...)")
+# ---- include mode: wire the JIT into the library's objects (tessera_objects) ---------------------
+if(NOT TARGET tessera_objects)
+  message(FATAL_ERROR "include TesseraJit.cmake after add_library(tessera_objects ...)")
 endif()
 if(NOT TARGET CUDA::nvrtc)
   message(FATAL_ERROR "NVRTC (CUDA::nvrtc) not found in the CUDA toolkit: the JIT needs it")
@@ -74,7 +74,7 @@ message(STATUS "Tessera JIT: CUDA headers for NVRTC from ${TESSERA_CUDA_INCLUDE_
 # Host translation units of src/variant read the kernels' parameter block (kernels/**/*.cuh), which
 # includes libcu++: give the host compiler its directory too.
 if(EXISTS ${TESSERA_CUDA_INCLUDE_DIR}/cccl)
-  target_include_directories(tessera SYSTEM PRIVATE ${TESSERA_CUDA_INCLUDE_DIR}/cccl)
+  target_include_directories(tessera_objects SYSTEM PRIVATE ${TESSERA_CUDA_INCLUDE_DIR}/cccl)
 endif()
 
 file(GLOB_RECURSE TESSERA_JIT_KERNEL_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cuh)
@@ -86,12 +86,13 @@ add_custom_command(
   DEPENDS ${TESSERA_JIT_KERNEL_HEADERS} ${CMAKE_CURRENT_LIST_FILE}
   COMMENT "Embedding kernels/**/*.cuh for the JIT"
   VERBATIM)
-target_sources(tessera PRIVATE ${_tessera_jit_embedded})
+target_sources(tessera_objects PRIVATE ${_tessera_jit_embedded})
 set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/jit/nvrtc_compiler.cpp APPEND PROPERTY
   COMPILE_DEFINITIONS "TESSERA_JIT_CUDA_INCLUDE_DIR=\"${TESSERA_CUDA_INCLUDE_DIR}\"")
 
-# NVRTC is linked; the driver API is not: libcuda.so.1 exists only where an NVIDIA driver is
+# NVRTC is linked (here for its headers; src/CMakeLists.txt links it into tessera and
+# tessera_internal); the driver API is not: libcuda.so.1 exists only where an NVIDIA driver is
 # installed, and linking it would stop libtessera (and every CPU test) from loading on machines
 # without one. module_loader.cpp gets the driver entry points at run time through
 # cudaGetDriverEntryPointByVersion instead; its <cuda.h> declarations are header-only.
-target_link_libraries(tessera PRIVATE CUDA::nvrtc)
+target_link_libraries(tessera_objects PRIVATE CUDA::nvrtc)

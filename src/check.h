@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "tessera/dtype.h"
 #include "tessera/error.h"
@@ -60,12 +61,18 @@ class ErrorBuilder {
     message_ << value;
     return *this;
   }
+  /// Text that ends the message, after everything streamed into it (e.g. what to do about it).
+  ErrorBuilder& set_suffix(std::string suffix) {
+    suffix_ = std::move(suffix);
+    return *this;
+  }
   StatusCode code() const { return code_; }
-  std::string message() const { return message_.str(); }
+  std::string message() const { return message_.str() + suffix_; }
 
  private:
   StatusCode code_;
   Message message_;
+  std::string suffix_;
 };
 
 /// `ErrorThrower() & builder << ...`: operator& binds looser than <<, so the whole message is
@@ -87,6 +94,14 @@ std::string str_cat(const Args&... args) {
 [[noreturn]] inline void throw_error(StatusCode code, const std::string& message) {
   throw Error(code, message);
 }
+
+/// The error of a CUDA runtime call `expr` that returned `status` (a cudaError_t: this header stays
+/// free of CUDA headers), as TESSERA_CUDA_CHECK raises it: "<expr> failed: cudaErrorX (what the
+/// runtime says)". When the status means that the process cannot use a GPU at all (no driver, a
+/// driver older than the CUDA runtime, no device), the message starts with "no CUDA driver:" or
+/// "no CUDA device:" and ends with what to do, so that a user on a machine without a GPU reads
+/// that first rather than a CUDA error name. Defined in src/cuda_utils.cpp.
+ErrorBuilder cuda_error(int status, const char* expr);
 
 /// "[4, 16, 8, 128]"
 inline std::string join_dims(const int64_t* values, int count) {
@@ -114,13 +129,12 @@ using detail::throw_error;
 
 #define TESSERA_FAIL(code) ::tessera::detail::ErrorThrower() & ::tessera::detail::ErrorBuilder(code)
 
-// Throws kCudaError for a CUDA runtime call that did not return cudaSuccess. The including file
-// must include <cuda_runtime_api.h> itself (this header stays free of CUDA headers). The runtime's
+// Throws kCudaError for a CUDA runtime call that did not return cudaSuccess, with cuda_error's
+// message; what is streamed after the macro (the context) goes in before cuda_error's advice on a
+// machine without a GPU. The including file must include <cuda_runtime_api.h> itself. The runtime's
 // last-error slot is cleared so that a later cudaGetLastError() after an unrelated launch does not
 // report this (non-sticky) failure a second time.
-#define TESSERA_CUDA_CHECK(expr)                                                                \
-  for (const cudaError_t tessera_cuda_status_ = (expr); tessera_cuda_status_ != cudaSuccess;)  \
-  ::tessera::detail::ErrorThrower() &                                                           \
-      ((void)cudaGetLastError(), ::tessera::detail::ErrorBuilder(::tessera::StatusCode::kCudaError)) \
-          << #expr << " failed: " << cudaGetErrorName(tessera_cuda_status_) << " ("             \
-          << cudaGetErrorString(tessera_cuda_status_) << ")"
+#define TESSERA_CUDA_CHECK(expr)                                                               \
+  for (const cudaError_t tessera_cuda_status_ = (expr); tessera_cuda_status_ != cudaSuccess;) \
+  ::tessera::detail::ErrorThrower() &                                                          \
+      ((void)cudaGetLastError(), ::tessera::detail::cuda_error(tessera_cuda_status_, #expr))

@@ -4,7 +4,10 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <utility>
+
+#include "tessera/device.h"
 
 namespace tessera {
 namespace detail {
@@ -26,6 +29,35 @@ int cached_device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 }  // namespace
+
+ErrorBuilder cuda_error(int status, const char* expr) {
+  const auto error = static_cast<cudaError_t>(status);
+  ErrorBuilder builder(StatusCode::kCudaError);
+  switch (error) {
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary: {  // the toolkit's stub libcuda.so was loaded in place of a driver
+      int runtime = 0;
+      if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = CUDART_VERSION;
+      builder << "no CUDA driver: " << expr << " failed (" << cudaGetErrorName(error) << ")";
+      builder.set_suffix(str_cat(
+          ". Tessera runs its kernels on an NVIDIA GPU, and this process found no NVIDIA driver or one older "
+          "than the CUDA ",
+          runtime / 1000, ".", (runtime % 1000) / 10,
+          " runtime it uses: install or update the NVIDIA driver (nvidia-smi prints the CUDA version the "
+          "driver supports)"));
+      return builder;
+    }
+    case cudaErrorNoDevice:
+      builder << "no CUDA device: " << expr << " failed (" << cudaGetErrorName(error) << ")";
+      builder.set_suffix(
+          ". The NVIDIA driver is installed but this process sees no GPU: run on a machine with an NVIDIA GPU "
+          "(sm_80 or newer), and check nvidia-smi and CUDA_VISIBLE_DEVICES");
+      return builder;
+    default:
+      builder << expr << " failed: " << cudaGetErrorName(error) << " (" << cudaGetErrorString(error) << ")";
+      return builder;
+  }
+}
 
 int current_device_sm_count() { return cached_device_attribute(cudaDevAttrMultiProcessorCount); }
 
@@ -64,4 +96,14 @@ int grid_stride_blocks(long long total_threads, int threads_per_block) {
 }
 
 }  // namespace detail
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();
+  if (status == cudaSuccess && count > 0) return "";
+  if (status == cudaSuccess) status = cudaErrorNoDevice;  // runtimes that report 0 devices as success
+  return detail::cuda_error(status, "cudaGetDeviceCount(&count)").message();
+}
+
 }  // namespace tessera

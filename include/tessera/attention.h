@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "tessera/export.h"
 #include "tessera/formats.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
@@ -51,22 +52,22 @@ enum class DecodeKernel : int32_t {
 
 /// q: [Hq, D]; k, v: [kv_len, Hkv, D] (kv_layout NHD) or [Hkv, kv_len, D] (HND); o: [Hq, D];
 /// lse: [Hq] or undefined.
-void single_decode(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
-                   const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
-                   StreamHandle stream = nullptr, DecodeKernel kernel = DecodeKernel::kAuto);
+TESSERA_API void single_decode(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
+                               const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                               StreamHandle stream = nullptr, DecodeKernel kernel = DecodeKernel::kAuto);
 
 /// q: [B, Hq, D] (request b's token is row b); kv: a paged cache with B requests; o: [B, Hq, D];
 /// lse: [B, Hq] or undefined.
-void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView& o, const TensorView& lse,
-                        const AttentionOptions& options = {}, StreamHandle stream = nullptr,
-                        DecodeKernel kernel = DecodeKernel::kAuto);
+TESSERA_API void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView& o, const TensorView& lse,
+                                    const AttentionOptions& options = {}, StreamHandle stream = nullptr,
+                                    DecodeKernel kernel = DecodeKernel::kAuto);
 
 /// q: [B, Hq, D]; k, v: [total_kv, Hkv, D] with kv_indptr [B + 1] (request b owns rows
 /// kv_indptr[b] .. kv_indptr[b+1]-1); o: [B, Hq, D]; lse: [B, Hq] or undefined.
-void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& kv_indptr, const TensorView& o, const TensorView& lse,
-                         const AttentionOptions& options = {}, StreamHandle stream = nullptr,
-                         DecodeKernel kernel = DecodeKernel::kAuto);
+TESSERA_API void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& kv_indptr, const TensorView& o, const TensorView& lse,
+                                     const AttentionOptions& options = {}, StreamHandle stream = nullptr,
+                                     DecodeKernel kernel = DecodeKernel::kAuto);
 
 // ---------------------------------------------------------------------------------------------
 // Prefill / append: any number of query tokens per request.
@@ -74,29 +75,30 @@ void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorV
 /// q: [qo_len, Hq, D]; k, v: [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND); o: [qo_len, Hq, D];
 /// lse: [qo_len, Hq] or undefined. With causal and qo_len > kv_len, the first qo_len - kv_len
 /// queries sit before position 0 and see no key (o = 0, lse = -inf).
-void single_prefill(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
-                    const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
-                    StreamHandle stream = nullptr);
+TESSERA_API void single_prefill(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
+                                const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                                StreamHandle stream = nullptr);
 
 /// q: [total_q, Hq, D] with qo_indptr [B + 1]; max_qo_len: the largest qo_indptr[b+1] -
 /// qo_indptr[b] (an upper bound is fine; it sizes the grid, as FlashAttention's max_seqlen_q);
 /// k, v: [total_kv, Hkv, D] with kv_indptr [B + 1]; o: [total_q, Hq, D]; lse: [total_q, Hq].
-void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len,
-                          const TensorView& k, const TensorView& v, const TensorView& kv_indptr,
-                          const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
-                          StreamHandle stream = nullptr);
+TESSERA_API void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len,
+                                      const TensorView& k, const TensorView& v, const TensorView& kv_indptr,
+                                      const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
+                                      StreamHandle stream = nullptr);
 
 /// Paged KV: q, qo_indptr, max_qo_len, o, lse as above; kv a paged cache with B requests.
-void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len, const PagedKV& kv,
-                         const TensorView& o, const TensorView& lse, const AttentionOptions& options = {},
-                         StreamHandle stream = nullptr);
+TESSERA_API void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64_t max_qo_len,
+                                     const PagedKV& kv, const TensorView& o, const TensorView& lse,
+                                     const AttentionOptions& options = {}, StreamHandle stream = nullptr);
 
 /// Block-sparse attention: q [M, Hq, D] (M = kv.num_rows); query row r sees the KV columns of
 /// the column blocks listed for block row r / Br, then the causal mask with offset N - M applies
 /// to (row, column) positions. o: [M, Hq, D]; lse: [M, Hq] or undefined. KV tiles whose blocks
 /// are all flagged full in kv.block_flags skip every mask (causal, variant masks): the flags must
 /// describe the masks in effect (build_block_mask in tessera/variant.h writes such flags).
-void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const TensorView& o, const TensorView& lse,
-                            const AttentionOptions& options = {}, StreamHandle stream = nullptr);
+TESSERA_API void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const TensorView& o,
+                                        const TensorView& lse, const AttentionOptions& options = {},
+                                        StreamHandle stream = nullptr);
 
 }  // namespace tessera

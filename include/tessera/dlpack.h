@@ -3,6 +3,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include "tessera/export.h"
 #include "tessera/tensor.h"
 
 namespace tessera {
@@ -13,9 +14,9 @@ namespace tessera {
 /// element size, or a device other than CPU, CUDA or CUDA-host.
 /// Null strides mean row-major contiguous; byte_offset is folded into the view's data pointer.
 /// fp8 uses DLPack 1.0's codes: e4m3 = (code 10, bits 8), e5m2 = (code 12, bits 8).
-TensorView from_dlpack(const DLTensor& t);
+TESSERA_API TensorView from_dlpack(const DLTensor& t);
 
 /// A DLTensor describing `view`. Its shape and strides point into `view`, which must outlive it.
-DLTensor to_dlpack(TensorView& view);
+TESSERA_API DLTensor to_dlpack(TensorView& view);
 
 }  // namespace tessera

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/export.h"
+
 namespace tessera {
 
 enum class DType : int32_t {
@@ -32,7 +34,7 @@ constexpr size_t dtype_size(DType t) {
 }
 
 /// Short lowercase name ("f16", "bf16", ...), used in error messages and benchmark output.
-const char* dtype_name(DType t);
+TESSERA_API const char* dtype_name(DType t);
 
 /// True for the 16-bit floating types attention inputs may use (f16, bf16).
 constexpr bool is_half_precision(DType t) { return t == DType::kF16 || t == DType::kBF16; }

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tessera/export.h"
+
 namespace tessera {
 
 enum class StatusCode : int {
@@ -16,7 +18,7 @@ enum class StatusCode : int {
   kInternal = 4,         ///< a bug in Tessera
 };
 
-const char* status_code_name(StatusCode code);
+TESSERA_API const char* status_code_name(StatusCode code);
 
 /// A result code plus message; `ok()` when code == kOk.
 struct Status {
@@ -27,7 +29,7 @@ struct Status {
 };
 
 /// The exception every public Tessera function throws on failure.
-class Error : public std::runtime_error {
+class TESSERA_API Error : public std::runtime_error {
  public:
   Error(StatusCode code, const std::string& message)
       : std::runtime_error(message), code_(code) {}
@@ -44,7 +46,7 @@ class Error : public std::runtime_error {
 /// crosses the library boundary: a process can hold two C++ runtimes (e.g. a libtessera built by a
 /// compiler that links libstdc++ statically, next to the libstdc++ PyTorch loads), and an
 /// exception thrown by one and caught by the other crashes the process.
-Status call_catching(void (*fn)(void* context), void* context) noexcept;
+TESSERA_API Status call_catching(void (*fn)(void* context), void* context) noexcept;
 
 /// Runs `f` and converts a thrown tessera::Error into a Status (for callers that avoid exceptions).
 template <typename F>

@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "tessera/export.h"
 #include "tessera/tensor.h"
 
 namespace tessera {
@@ -17,7 +18,7 @@ enum class Layout : int32_t {
   kNHD = 0,  ///< [num_pages, page_size, num_kv_heads, head_dim]
   kHND = 1,  ///< [num_pages, num_kv_heads, page_size, head_dim]
 };
-const char* layout_name(Layout layout);
+TESSERA_API const char* layout_name(Layout layout);
 
 /// A packed ("ragged") batch: request b owns rows indptr[b] .. indptr[b+1]-1 of `data`.
 struct Ragged {
@@ -30,7 +31,7 @@ struct Ragged {
 /// all are full except the last, which holds last_page_len[b] tokens (1..page_size), so the
 /// request's KV length is (num_pages_b - 1) * page_size + last_page_len[b], or 0 with no pages.
 /// K and V may be separate tensors or two slices of one combined tensor (see from_combined).
-struct PagedKV {
+struct TESSERA_API PagedKV {
   TensorView k;              ///< NHD [num_pages, page_size, H_kv, D] or HND [num_pages, H_kv, page_size, D]
   TensorView v;              ///< same shape and dtype as k; strides may differ; last dim contiguous
   Layout layout = Layout::kNHD;

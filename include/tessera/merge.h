@@ -14,6 +14,7 @@
 // Work is queued on `stream`; nothing synchronises.
 #pragma once
 
+#include "tessera/export.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
 
@@ -22,20 +23,20 @@ namespace tessera {
 /// Merges two states elementwise: (v_a, s_a) + (v_b, s_b) -> (v_out, s_out).
 /// v_*: [rows, H, D]; s_*: [rows, H]. s_out may be an undefined TensorView (LSE not wanted).
 /// v_out may alias v_a or v_b (in place); s_out must not alias s_a or s_b (kInvalidArgument).
-void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
-                 const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
-                 StreamHandle stream = nullptr);
+TESSERA_API void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
+                             const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
+                             StreamHandle stream = nullptr);
 
 /// Merges a fixed number of states per row, in index order (deterministic):
 /// v: [rows, num_states, H, D], s: [rows, num_states, H] -> v_out [rows, H, D], s_out [rows, H].
-void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
-                  const TensorView& s_out, StreamHandle stream = nullptr);
+TESSERA_API void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                              const TensorView& s_out, StreamHandle stream = nullptr);
 
 /// Merges a variable number of states per row, in index order (deterministic): row r merges the
 /// packed states indptr[r] .. indptr[r+1]-1 of v: [total_states, H, D], s: [total_states, H].
 /// indptr: i32 [rows + 1] in device memory. A row with no states gets V = 0, S = -inf.
-void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorView& indptr,
-                         const TensorView& v_out, const TensorView& s_out,
-                         StreamHandle stream = nullptr);
+TESSERA_API void merge_states_ragged(const TensorView& v, const TensorView& s, const TensorView& indptr,
+                                     const TensorView& v_out, const TensorView& s_out,
+                                     StreamHandle stream = nullptr);
 
 }  // namespace tessera

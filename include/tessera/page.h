@@ -1,6 +1,7 @@
 // KV-cache utilities for the serving loop.
 #pragma once
 
+#include "tessera/export.h"
 #include "tessera/formats.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
@@ -19,14 +20,14 @@ namespace tessera {
 ///   memory. Both layouts, any page size, separate or combined K/V.
 /// Rows whose target position falls outside the request's pages (append_len_b > kv_len_b) or whose
 /// page id is out of range are skipped, never written out of bounds; checked mode reports them.
-void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
-                           const TensorView& append_indptr, const PagedKV& cache,
-                           StreamHandle stream = nullptr);
+TESSERA_API void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
+                                       const TensorView& append_indptr, const PagedKV& cache,
+                                       StreamHandle stream = nullptr);
 
 /// The same with explicit per-row targets, FlashInfer's convention: row i goes to request
 /// batch_indices[i] at position positions[i] (both i32 [nnz] in device memory).
-void append_paged_kv_cache_at(const TensorView& append_k, const TensorView& append_v,
-                              const TensorView& batch_indices, const TensorView& positions,
-                              const PagedKV& cache, StreamHandle stream = nullptr);
+TESSERA_API void append_paged_kv_cache_at(const TensorView& append_k, const TensorView& append_v,
+                                          const TensorView& batch_indices, const TensorView& positions,
+                                          const PagedKV& cache, StreamHandle stream = nullptr);
 
 }  // namespace tessera

@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "tessera/export.h"
 #include "tessera/attention.h"
 #include "tessera/formats.h"
 #include "tessera/stream.h"
@@ -145,7 +146,7 @@ struct PlanInfo {
 
 /// The device side of a paged KV cache at run(): the page pool and the page table. The page
 /// ranges (indptr) and last-page lengths come from plan().
-struct PagedKVCache {
+struct TESSERA_API PagedKVCache {
   TensorView k;  ///< NHD [num_pages, page_size, H_kv, D] or HND [num_pages, H_kv, page_size, D]
   TensorView v;  ///< same shape and dtype as k; strides may differ
   Layout layout = Layout::kNHD;
@@ -161,7 +162,7 @@ class AttentionRuntime;
 }
 
 /// Batch decode over a paged KV cache: one query token per request.
-class BatchDecodeWrapper {
+class TESSERA_API BatchDecodeWrapper {
  public:
   /// workspace: u8 (or any dtype) device tensor of at least workspace_size(bounds, options) bytes,
   /// 256-byte aligned, owned by the caller and kept alive while the wrapper is used.
@@ -187,7 +188,7 @@ class BatchDecodeWrapper {
 };
 
 /// Batch prefill / append over a paged KV cache (any query length per request).
-class BatchPrefillPagedWrapper {
+class TESSERA_API BatchPrefillPagedWrapper {
  public:
   BatchPrefillPagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
                            const RuntimeOptions& options = {});
@@ -209,7 +210,7 @@ class BatchPrefillPagedWrapper {
 };
 
 /// Batch prefill over ragged (packed) KV: request b owns KV rows kv_indptr[b] .. kv_indptr[b+1]-1.
-class BatchPrefillRaggedWrapper {
+class TESSERA_API BatchPrefillRaggedWrapper {
  public:
   BatchPrefillRaggedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
                             const RuntimeOptions& options = {});
@@ -232,7 +233,7 @@ class BatchPrefillRaggedWrapper {
 
 /// Block-sparse attention (the format of tessera/formats.h BlockSparse): query block row r (rows
 /// r*Br .. r*Br+Br-1) sees the listed KV column blocks of Bc columns.
-class BlockSparseWrapper {
+class TESSERA_API BlockSparseWrapper {
  public:
   BlockSparseWrapper(const TensorView& workspace, const RuntimeBounds& bounds, const RuntimeOptions& options = {});
   ~BlockSparseWrapper();

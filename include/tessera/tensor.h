@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "tessera/export.h"
 #include "tessera/dtype.h"
 
 namespace tessera {
@@ -27,7 +28,7 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
-std::string to_string(const Device& d);
+TESSERA_API std::string to_string(const Device& d);
 
 /// A view of `data` with `ndim` dimensions. Shape and strides are in elements (not bytes);
 /// strides may be any non-negative values; most kernels require the last stride to be 1.
@@ -39,7 +40,7 @@ std::string to_string(const Device& d);
 ///
 /// Sharing: a TensorView is a plain value (a pointer and sizes); copies may be used from any
 /// thread. It does not own or synchronise the memory it views (docs/threading.md).
-struct TensorView {
+struct TESSERA_API TensorView {
   static constexpr int kMaxDims = 6;
 
   void* data = nullptr;

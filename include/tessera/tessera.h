@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tessera/attention.h"
+#include "tessera/device.h"
 #include "tessera/dtype.h"
 #include "tessera/error.h"
 #include "tessera/formats.h"

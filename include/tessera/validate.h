@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/export.h"
 #include "tessera/formats.h"
 #include "tessera/stream.h"
 
@@ -42,13 +43,13 @@ namespace tessera {
 /// Process-wide checked mode for device-resident index arrays (default: TESSERA_CHECKED env var).
 /// May be toggled from any thread; a call reads it once or more while it validates, so toggle it
 /// between calls.
-void set_checked_mode(bool enabled);
-bool checked_mode();
+TESSERA_API void set_checked_mode(bool enabled);
+TESSERA_API bool checked_mode();
 
 /// Waits for `stream` (work queued on the current device), then throws the first device-side
 /// check failure on the current device that has not been raised yet (see the top of the file).
 /// Throws kCudaError if waiting fails.
-void check_device_errors(StreamHandle stream = nullptr);
+TESSERA_API void check_device_errors(StreamHandle stream = nullptr);
 
 /// Head configuration of an attention call.
 struct HeadConfig {
@@ -59,26 +60,26 @@ struct HeadConfig {
 
 /// num_qo_heads, num_kv_heads >= 1, num_qo_heads % num_kv_heads == 0, head_dim in `supported_dims`
 /// (an empty list accepts any head_dim >= 1).
-void validate_heads(const HeadConfig& heads, std::initializer_list<int64_t> supported_dims);
+TESSERA_API void validate_heads(const HeadConfig& heads, std::initializer_list<int64_t> supported_dims);
 
 /// Generic tensor checks; `name` is the argument's name in messages.
-void check_ndim(const TensorView& t, const char* name, int ndim);
-void check_dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed);
-void check_on_cuda(const TensorView& t, const char* name);
-void check_last_dim_contiguous(const TensorView& t, const char* name);
-void check_contiguous(const TensorView& t, const char* name);
+TESSERA_API void check_ndim(const TensorView& t, const char* name, int ndim);
+TESSERA_API void check_dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed);
+TESSERA_API void check_on_cuda(const TensorView& t, const char* name);
+TESSERA_API void check_last_dim_contiguous(const TensorView& t, const char* name);
+TESSERA_API void check_contiguous(const TensorView& t, const char* name);
 /// Requires t.shape[dim] == expected.
-void check_size(const TensorView& t, const char* name, int dim, int64_t expected);
-void check_same_device(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
+TESSERA_API void check_size(const TensorView& t, const char* name, int dim, int64_t expected);
+TESSERA_API void check_same_device(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
 
 /// An indptr array: i32, 1-D, length >= 1, [0] == 0, non-decreasing, last <= max_total (if >= 0).
 /// Returns the host copy of its values when they could be read (host memory or checked mode),
 /// otherwise an empty vector.
-std::vector<int32_t> validate_indptr(const TensorView& indptr, const char* name, int64_t max_total);
+TESSERA_API std::vector<int32_t> validate_indptr(const TensorView& indptr, const char* name, int64_t max_total);
 
-void validate_ragged(const Ragged& r, const char* name);
-void validate_paged_kv(const PagedKV& kv, const char* name);
-void validate_block_sparse(const BlockSparse& bs, const char* name);
-void validate_composable(const Composable& c, const char* name);
+TESSERA_API void validate_ragged(const Ragged& r, const char* name);
+TESSERA_API void validate_paged_kv(const PagedKV& kv, const char* name);
+TESSERA_API void validate_block_sparse(const BlockSparse& bs, const char* name);
+TESSERA_API void validate_composable(const Composable& c, const char* name);
 
 }  // namespace tessera

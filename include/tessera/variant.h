@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/export.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
 
@@ -56,7 +57,7 @@ struct RopeOptions {
 /// An extra parameter of a user variant: a scalar or a device tensor, visible in the user's source
 /// as `params.<name>` (scalar: float, int32_t or int64_t; tensor: `const E*` where E is the
 /// tensor's element type: float, int32_t, uint8_t, __half or __nv_bfloat16).
-struct VariantParam {
+struct TESSERA_API VariantParam {
   enum class Kind : int32_t { kF32 = 0, kI32 = 1, kI64 = 2, kTensor = 3 };
   std::string name;  ///< a C identifier, unique within the variant
   Kind kind = Kind::kF32;
@@ -108,7 +109,7 @@ struct VariantSpec {
 };
 
 /// Built-in variants, combinable with each other and with one user variant. Defaults: none.
-struct VariantOptions {
+struct TESSERA_API VariantOptions {
   /// Sliding window: key j visible to query position p only if j >= p - window_left. -1: off.
   int64_t window_left = -1;
   /// Attention sinks (StreamingLLM): keys j < num_sink_tokens stay visible outside the window
@@ -138,7 +139,7 @@ struct VariantOptions {
 };
 
 /// Standard ALiBi slopes for `num_heads` heads, host values (upload them as f32 [num_heads]).
-std::vector<float> alibi_slopes(int64_t num_heads);
+TESSERA_API std::vector<float> alibi_slopes(int64_t num_heads);
 
 // ---------------------------------------------------------------------------------------------
 // FlexAttention-style front end.
@@ -158,13 +159,13 @@ struct ScoreMod {
 };
 
 /// `a && b` and `a || b` as a new MaskMod (function names must differ).
-MaskMod and_masks(const MaskMod& a, const MaskMod& b);
-MaskMod or_masks(const MaskMod& a, const MaskMod& b);
+TESSERA_API MaskMod and_masks(const MaskMod& a, const MaskMod& b);
+TESSERA_API MaskMod or_masks(const MaskMod& a, const MaskMod& b);
 
 /// A VariantSpec whose logits_mask is `mask` and whose logits_transform is `score` (either may be
 /// null). h is the query head.
-VariantSpec flex_variant(std::string name, const MaskMod* mask, const ScoreMod* score,
-                         std::vector<VariantParam> params = {});
+TESSERA_API VariantSpec flex_variant(std::string name, const MaskMod* mask, const ScoreMod* score,
+                                     std::vector<VariantParam> params = {});
 
 /// Block mask of `mask` (FlexAttention's create_block_mask): evaluates mask_mod on the GPU for
 /// every (query row, key) pair of a q_len x kv_len grid cut into (block_rows, block_cols) blocks
@@ -185,9 +186,9 @@ VariantSpec flex_variant(std::string name, const MaskMod* mask, const ScoreMod* 
 /// The result plugs into BlockSparse (with the same block sizes) for block_sparse_attention with
 /// AttentionOptions::variant.user = flex_variant(..., &mask, ...), which applies the mask in
 /// partial blocks. Queued on `stream`; uses a temporary device allocation on that stream.
-void build_block_mask(const MaskMod& mask, const std::vector<VariantParam>& params, int64_t q_len,
-                      int64_t kv_len, int64_t block_rows, int64_t block_cols, int32_t batch,
-                      int32_t head, const TensorView& indptr, const TensorView& indices,
-                      const TensorView& block_flags, StreamHandle stream = nullptr);
+TESSERA_API void build_block_mask(const MaskMod& mask, const std::vector<VariantParam>& params, int64_t q_len,
+                                  int64_t kv_len, int64_t block_rows, int64_t block_cols, int32_t batch,
+                                  int32_t head, const TensorView& indptr, const TensorView& indices,
+                                  const TensorView& block_flags, StreamHandle stream = nullptr);
 
 }  // namespace tessera

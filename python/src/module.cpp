@@ -22,7 +22,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -113,21 +112,30 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+/// The Python exception of each StatusCode (the table in python/tessera/__init__.py's docstring).
+/// Decided by the code alone: a message's wording never changes the type.
+PyObject* exception_type(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument: return PyExc_ValueError;
+    case StatusCode::kUnsupported: return PyExc_NotImplementedError;
+    case StatusCode::kOk:  // never thrown
+    case StatusCode::kCudaError:
+    case StatusCode::kInternal: break;
+  }
+  return PyExc_RuntimeError;
+}
+
+/// tessera::Error -> the exception of its code, whose `status_code` attribute is the code (a
+/// tessera._C.StatusCode) and whose message is the library's.
 void translate_error(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
   } catch (const tessera::Error& e) {
-    const char* message = e.what();
-    PyObject* type = PyExc_RuntimeError;
-    switch (e.code()) {
-      case StatusCode::kInvalidArgument:
-        // A dtype is a type in Python's terms.
-        type = (std::strstr(message, "dtype") != nullptr) ? PyExc_TypeError : PyExc_ValueError;
-        break;
-      case StatusCode::kUnsupported: type = PyExc_NotImplementedError; break;
-      default: type = PyExc_RuntimeError; break;
-    }
-    PyErr_SetString(type, message);
+    PyObject* type = exception_type(e.code());
+    nb::object exception = nb::steal(PyObject_CallFunction(type, "s", e.what()));
+    if (!exception.is_valid()) return;  // constructing it raised (e.g. out of memory): that error stands
+    if (PyObject_SetAttrString(exception.ptr(), "status_code", nb::cast(e.code()).ptr()) != 0) return;
+    PyErr_SetObject(type, exception.ptr());
   }
 }
 
@@ -275,6 +283,15 @@ NB_MODULE(_C, m) {
   nb::set_leak_warnings(false);
 
   // --- enums and plain structs ------------------------------------------------------------------
+  nb::enum_<StatusCode>(m, "StatusCode",
+                        "tessera::StatusCode, the `status_code` of every exception the library raises "
+                        "(invalid_argument: ValueError, unsupported: NotImplementedError, cuda_error and "
+                        "internal: RuntimeError).")
+      .value("ok", StatusCode::kOk)
+      .value("invalid_argument", StatusCode::kInvalidArgument)
+      .value("unsupported", StatusCode::kUnsupported)
+      .value("cuda_error", StatusCode::kCudaError)
+      .value("internal", StatusCode::kInternal);
   nb::enum_<DType>(m, "DType", "Element types (tessera/dtype.h).")
       .value("f16", DType::kF16)
       .value("bf16", DType::kBF16)
@@ -344,6 +361,9 @@ NB_MODULE(_C, m) {
     }
     return n;
   }, "Number of CUDA GPUs visible (0 when there is none or no driver).");
+  m.def("cuda_unavailable_reason", [] { return tessera::cuda_unavailable_reason(); },
+        "'' when a CUDA GPU is usable; otherwise why not and what to do (\"no CUDA driver: ...\" or "
+        "\"no CUDA device: ...\"), the message every GPU entry point raises on such a machine.");
   m.def("cuda_device_properties", &device_properties, "device"_a,
         "name, compute capability (major, minor), SM count and memory of GPU `device`.");
   m.def(

@@ -16,6 +16,21 @@ class NDArray(Protocol):
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
+class StatusCode(enum.Enum):
+    """
+    tessera::StatusCode, the `status_code` of every exception the library raises (invalid_argument: ValueError, unsupported: NotImplementedError, cuda_error and internal: RuntimeError).
+    """
+
+    ok = 0
+
+    invalid_argument = 1
+
+    unsupported = 2
+
+    cuda_error = 3
+
+    internal = 4
+
 class DType(enum.Enum):
     """Element types (tessera/dtype.h)."""
 
@@ -170,6 +185,11 @@ def cuda_driver_version() -> int:
 
 def cuda_device_count() -> int:
     """Number of CUDA GPUs visible (0 when there is none or no driver)."""
+
+def cuda_unavailable_reason() -> str:
+    """
+    '' when a CUDA GPU is usable; otherwise why not and what to do ("no CUDA driver: ..." or "no CUDA device: ..."), the message every GPU entry point raises on such a machine.
+    """
 
 def cuda_device_properties(device: int) -> dict:
     """

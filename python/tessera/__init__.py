@@ -7,9 +7,21 @@ arguments and conventions follow FlashInfer's Python API (0.3): ``kv_layout`` "N
 aligned to the last key, and BASE-2 log-sum-exp values. Options Tessera does not implement yet
 raise ``NotImplementedError`` naming the option.
 
-Errors of the C++ library map to Python exceptions: invalid arguments to ``ValueError`` (or
-``TypeError`` for a wrong dtype), unsupported combinations to ``NotImplementedError``, CUDA and
-internal errors to ``RuntimeError``; the message is the library's.
+Errors of the C++ library map to Python exceptions by their ``tessera::StatusCode`` alone, which
+the exception carries as ``status_code`` (a ``tessera._C.StatusCode``); the message is the
+library's:
+
+=====================  =======================
+``invalid_argument``   ``ValueError``
+``unsupported``        ``NotImplementedError``
+``cuda_error``         ``RuntimeError``
+``internal``           ``RuntimeError``
+=====================  =======================
+
+The library has no code of its own for a wrong dtype, so a dtype the C++ layer rejects is a
+``ValueError``; the Python functions check torch dtypes before calling it and raise ``TypeError``.
+On a machine without a usable GPU, ``tessera._C.cuda_unavailable_reason()`` says why ("no CUDA
+driver: ..." or "no CUDA device: ..."), and every GPU entry point's error carries that text.
 
 The package imports without a GPU and without torch; ``python -m tessera`` reports the build.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from . import build_info
+from . import _C, build_info
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     archs = ", ".join(f"sm_{a}" for a in info["cuda_archs"]) or "(unknown)"
     out.write(f"kernels compiled for: {archs}\n")
     if not info["gpus"]:
-        out.write("GPU: no CUDA GPU\n")
+        out.write(f"GPU: none ({_C.cuda_unavailable_reason() or 'no CUDA GPU'})\n")
     for g in info["gpus"]:
         major, minor = g["compute_capability"]
         usable = "yes" if g["kernels_compiled_for_it"] else "NO (rebuild with TESSERA_CUDA_ARCHS including it)"

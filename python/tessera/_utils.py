@@ -229,12 +229,27 @@ def check_scale(name: str, value: Any) -> None:
     raise unsupported(name, _short(value), "None or 1.0 (fp8 scaling is not implemented)")
 
 
+# What the Python wrappers offer in place of FlashInfer's JIT variants (jit_args, extra run()
+# arguments): one text for every message that refuses them.
+_VARIANTS_SUPPORTED = (
+    "the built-in variant options pos_encoding_mode, window_left and logits_soft_cap of plan() and of the "
+    "single-request functions, and custom_mask / packed_custom_mask in single_prefill_with_kv_cache; "
+    "user-defined variants exist only in the C++ API (tessera::VariantSpec, tessera/variant.h)"
+)
+
+
+def check_jit_args(jit_args: Any) -> None:
+    """FlashInfer's JIT variants (jit_args) have no Python equivalent yet: only None."""
+    check_none("jit_args", jit_args,
+               f"None; JIT variants are not in the Python API yet, which has {_VARIANTS_SUPPORTED}")
+
+
 def check_no_extra_args(args: Sequence[Any]) -> None:
     """FlashInfer forwards extra positional run() arguments to JIT variants; Tessera has none."""
     if args:
         raise NotImplementedError(
-            f"run() got {len(args)} extra positional argument(s); FlashInfer passes them to JIT attention variants, "
-            "which Tessera's wrappers do not support yet"
+            f"run() got {len(args)} extra positional argument(s), which FlashInfer passes to JIT attention variants; "
+            f"Tessera's wrappers do not support JIT variants yet (supported: no extra arguments; {_VARIANTS_SUPPORTED})"
         )
 
 
@@ -410,9 +425,12 @@ def check_index_tensor(name: str, t: Any, length: Optional[int] = None) -> "torc
 
 
 def check_cuda(name: str, t: "torch.Tensor") -> None:
-    """Requires device memory (raises ValueError naming the argument)."""
+    """Requires device memory (raises ValueError naming the argument; on a machine without a usable
+    GPU the message also says why there is none, the text the C++ library gives)."""
     if t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}, expected a CUDA tensor")
+        reason = _C().cuda_unavailable_reason()
+        why = f" ({reason})" if reason else ""
+        raise ValueError(f"{name} is on {t.device}, expected a CUDA tensor{why}")
 
 
 def check_same_device(name: str, t: "torch.Tensor", ref_name: str, ref: "torch.Tensor") -> None:

@@ -150,7 +150,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """
         U.check_kv_layout(kv_layout)
         U.check_backend(backend)
-        U.check_none("jit_args", jit_args, "None (use Tessera's JIT API for custom variants)")
+        U.check_jit_args(jit_args)
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if not ws.is_contiguous():
             raise ValueError("float_workspace_buffer must be contiguous")

@@ -231,7 +231,7 @@ class _PrefillBase:
     ) -> None:
         U.check_kv_layout(kv_layout)
         U.check_backend(backend)
-        U.check_none("jit_args", jit_args, "None (use Tessera's JIT API for custom variants)")
+        U.check_jit_args(jit_args)
         what = "None (custom masks are not supported by the plan/run wrappers; use single_prefill_with_kv_cache)"
         U.check_none("custom_mask_buf", custom_mask_buf, what)
         U.check_none("mask_indptr_buf", mask_indptr_buf, what)

@@ -130,7 +130,9 @@ ResolvedVariant resolve_variant(const VariantOptions& o, const VariantContext& c
       << (o.custom_mask_indptr.defined() ? "set" : "unset") << ", expected both or neither";
   if (o.custom_mask.defined()) {
     TESSERA_CHECK(!ctx.block_sparse, StatusCode::kUnsupported)
-        << "variant.custom_mask is not supported with block-sparse KV (use block flags and a user logits_mask)";
+        << "variant.custom_mask is not supported with block-sparse KV (supported: prefill and decode over "
+           "dense, ragged and paged KV; over block-sparse KV, mask with a user variant's logits_mask and the "
+           "block flags)";
     check_device_array(o.custom_mask, "variant.custom_mask", DType::kU8, -1, ctx);
     check_device_array(o.custom_mask_indptr, "variant.custom_mask_indptr", DType::kI32, ctx.batch_size + 1, ctx);
     r.features |= feature::kCustomMask;
@@ -169,7 +171,8 @@ ResolvedVariant resolve_variant(const VariantOptions& o, const VariantContext& c
     }
     if (rope.q_offset.defined() || rope.k_offset.defined()) {
       TESSERA_CHECK(!ctx.block_sparse, StatusCode::kUnsupported)
-          << "variant.rope.q_offset / k_offset are per request: not supported with block-sparse KV";
+          << "variant.rope.q_offset / k_offset are per request: not supported with block-sparse KV (supported: "
+             "dense, ragged and paged KV; block-sparse KV is one sequence, leave them undefined)";
     }
     if (rope.q_offset.defined()) {
       check_device_array(rope.q_offset, "variant.rope.q_offset", DType::kI32, ctx.batch_size, ctx);

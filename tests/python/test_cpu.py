@@ -62,7 +62,7 @@ def test_python_m_tessera():
     if HAS_GPU:
         assert re.search(r"^GPU 0: .+ \(sm_\d+", out, re.M), out
     else:
-        assert "GPU: no CUDA GPU" in out
+        assert re.search(r"^GPU: none \(no CUDA (driver|device): .*nvidia-smi", out, re.M), out
     assert "kernels compiled for: sm_" in out
     for family in ("decode", "prefill (FA2-class)", "runtime", "merge", "append"):
         assert re.search(rf"^  {re.escape(family)} ", out, re.M), f"{family} missing from:\n{out}"
@@ -193,8 +193,11 @@ def test_constructor_checks(cls):
         cls(torch.empty(4, 4, dtype=torch.uint8))
     with pytest.raises(NotImplementedError, match="backend"):
         cls(_ws(), "NHD", backend="fa3")
-    with pytest.raises(NotImplementedError, match="jit_args"):
+    with pytest.raises(NotImplementedError, match="jit_args") as e:
         cls(_ws(), "HND", jit_args=["x"])
+    # It names what exists instead: the built-in options and the C++ API's user variants.
+    assert "pos_encoding_mode, window_left and logits_soft_cap" in str(e.value)
+    assert "tessera::VariantSpec" in str(e.value) and "JIT API" not in str(e.value)
     with pytest.raises(ValueError, match="use_cuda_graph=True needs"):
         cls(_ws(), "NHD", use_cuda_graph=True)
     w = cls(_ws(), "HND")
@@ -203,7 +206,7 @@ def test_constructor_checks(cls):
     args = (q, kv[:, 0], kv[:, 1]) if cls is tessera.BatchPrefillWithRaggedKVCacheWrapper else (q, kv)
     with pytest.raises(RuntimeError, match="run\\(\\) before plan\\(\\)"):
         w.run(*args)
-    with pytest.raises(NotImplementedError, match="extra positional argument"):
+    with pytest.raises(NotImplementedError, match="extra positional argument.*supported: no extra arguments; the built-in"):
         w.run(*args, 1.0)
 
 
@@ -482,12 +485,31 @@ def test_cuda_graph_plan_bounds_checked_before_gpu_work():
         _decode_plan(w)
 
 
+NO_GPU_MESSAGE = r"^no CUDA (driver|device): .*nvidia-smi"
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the behaviour without a GPU")
 def test_cpp_plan_needs_a_gpu():
+    # The library says what is missing and what to do, not a bare CUDA error name.
     b = _C.RuntimeBounds()
     b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads, b.num_kv_heads, b.head_dim = 4, 4, 8, 2, 128
-    with pytest.raises(RuntimeError, match="cuda"):
+    with pytest.raises(RuntimeError, match=NO_GPU_MESSAGE) as e:
         _C.BatchDecodeWrapper.workspace_size(b, _C.RuntimeOptions(), 0)
+    assert e.value.status_code == _C.StatusCode.cuda_error
+    assert re.match(NO_GPU_MESSAGE, _C.cuda_unavailable_reason())
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the behaviour without a GPU")
+def test_host_tensor_error_says_why_there_is_no_gpu():
+    v = torch.randn(4, 2, 64).half()
+    s = torch.randn(4, 2)
+    with pytest.raises(ValueError, match=r"v_a is on cpu, expected a CUDA tensor \(no CUDA (driver|device): "):
+        tessera.merge_state(v, s, v, s)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="checks the behaviour with a GPU")
+def test_cuda_available():
+    assert _C.cuda_unavailable_reason() == ""
 
 
 # --- single-request functions, merge, append: checks before GPU work ------------------------------
@@ -624,20 +646,25 @@ def test_cpp_errors_map_to_python_exceptions():
     q = torch.randn(8, 128).to(torch.bfloat16)
     k = torch.randn(10, 2, 128).to(torch.bfloat16)[:, :, :]  # strided views convert too
     NHD = _C.Layout.NHD
+    # The type comes from the StatusCode alone, which the exception carries as status_code.
     # kInvalidArgument -> ValueError, with the library's message.
-    with pytest.raises(ValueError, match=r"^q.device = cpu, expected a CUDA device$"):
+    with pytest.raises(ValueError, match=r"^q.device = cpu, expected a CUDA device$") as e:
         _C.single_decode(q, k, k, NHD, q, None, 0.1, 0)
-    # ... about a dtype -> TypeError.
-    with pytest.raises(TypeError, match=r"q.dtype = f32, expected one of \{f16, bf16\}"):
+    assert e.value.status_code == _C.StatusCode.invalid_argument
+    # ... also when the message is about a dtype (the library has no dtype code).
+    with pytest.raises(ValueError, match=r"q.dtype = f32, expected one of \{f16, bf16\}") as e:
         _C.single_decode(q.float(), k, k, NHD, q, None, 0.1, 0)
+    assert type(e.value) is ValueError and e.value.status_code == _C.StatusCode.invalid_argument
     # kUnsupported -> NotImplementedError (checked before the device is queried).
     b = _C.RuntimeBounds()
     b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads, b.num_kv_heads, b.head_dim = 4, 4, 8, 2, 96
-    with pytest.raises(NotImplementedError, match="head_dim"):
+    with pytest.raises(NotImplementedError, match="head_dim") as e:
         _C.BatchDecodeWrapper.workspace_size(b, _C.RuntimeOptions(), 0)
+    assert e.value.status_code == _C.StatusCode.unsupported
     b.head_dim, b.max_batch_size = 128, 0
     with pytest.raises(ValueError, match=r"bounds.max_batch_size = 0, expected in \[1, 2\^31 - 1\)"):
         _C.BatchDecodeWrapper.workspace_size(b, _C.RuntimeOptions(), 0)
+    assert [c.name for c in _C.StatusCode] == ["ok", "invalid_argument", "unsupported", "cuda_error", "internal"]
 
 
 def test_cpp_variant_keywords():
@@ -660,10 +687,11 @@ def test_cpp_variant_keywords():
     assert [e.name for e in _C.PosEncoding] == ["none", "rope_llama", "rope_llama31"]
 
 
-def test_unsupported_dlpack_dtype_is_a_type_error():
+def test_unsupported_dlpack_dtype_is_a_value_error():
+    # kInvalidArgument from the DLPack conversion: ValueError, like every invalid argument.
     q = torch.randn(8, 128).to(torch.bfloat16)
     k = torch.randn(10, 2, 128).to(torch.bfloat16)
-    with pytest.raises(TypeError, match=r"^q: DLTensor.dtype = \(code 5, bits 64\) is not supported"):
+    with pytest.raises(ValueError, match=r"^q: DLTensor.dtype = \(code 5, bits 64\) is not supported"):
         _C.single_decode(torch.zeros(3, dtype=torch.complex64), k, k, _C.Layout.NHD, q, None, 0.1, 0)
 
 

@@ -79,6 +79,7 @@ if [ "$SANITIZE" = 1 ]; then
               "gpu_page_tests:*_p3_*:*_p16_*:*Errors*" \
               "gpu_attention_tests:*_sanitize*:*Errors*" \
               "gpu_runtime_tests:*_sanitize*:*Errors*" \
+              "gpu_runtime_guarantee_tests:*" \
               "gpu_variant_tests:*_sanitize*:*Errors*" \
               "gpu_block_mask_tests:*_sanitize*:*Errors*"; do
     exe=${spec%%:*}; filter=${spec#*:}

@@ -58,7 +58,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 #include "src/jit/nvrtc_compiler.h"
@@ -156,7 +156,8 @@ class KernelCache {
 
   std::string dir_;
   std::mutex mutex_;  // guards slots_
-  std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
+  // key -> slot. An ordered map: a hash map made libtessera import std::__detail symbols.
+  std::map<std::string, std::shared_ptr<Slot>> slots_;
   std::atomic<uint64_t> memory_hits_{0}, disk_hits_{0}, compiles_{0}, corrupt_entries_{0}, lock_waits_{0},
       untrusted_entries_{0}, evictions_{0};
   std::atomic<bool> warned_{false};

@@ -470,6 +470,30 @@ def check_indptr_values(name: str, host: "torch.Tensor") -> None:
             )
 
 
+class HostPageIds:
+    """Page ids a paged wrapper's plan() received in host memory (``indices[:indptr[-1]]``), checked
+    against the page count of the cache each run() is given: once per page count, so the per-layer
+    run()s of a step pay for one check. Ids given on the GPU are checked only in checked mode
+    (``TESSERA_CHECKED=1``), as the C++ library does: reading them would synchronise."""
+
+    def __init__(self, name: str, indices: "torch.Tensor", count: int) -> None:
+        self.name = name
+        self.ids = indices[:count] if indices.device.type == "cpu" else None
+        self._checked_page_counts: set = set()
+
+    def check(self, num_cache_pages: int) -> None:
+        if self.ids is None or num_cache_pages in self._checked_page_counts:
+            return
+        bad = ((self.ids < 0) | (self.ids >= num_cache_pages)).nonzero()
+        if bad.numel() > 0:
+            i = int(bad[0, 0])
+            raise ValueError(
+                f"{self.name}[{i}] = {int(self.ids[i])} is out of range [0, {num_cache_pages}) "
+                f"(the paged_kv_cache has {num_cache_pages} pages)"
+            )
+        self._checked_page_counts.add(num_cache_pages)
+
+
 def current_stream(device: "torch.device") -> int:
     """PyTorch's current CUDA stream on `device`, as an integer handle."""
     torch = _torch()

@@ -325,6 +325,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             "page_size": page_size,
             "dtype": dtype,
             "indices": run_indices,
+            "host_indices": U.HostPageIds("indices", indices, num_pages),
             "sm_scale": scale,
             "window_left": variant.window_left,
         }
@@ -445,7 +446,7 @@ def _check_paged_cache(
             )
         U.check_same_device("paged_kv_cache[0]", k, "q", q)
         U.check_same_device("paged_kv_cache[1]", v, "q", q)
-    _, page_size, hkv, d = U.paged_kv_geometry(k, kv, kv_layout == "NHD")
+    ref, page_size, hkv, d = U.paged_kv_geometry(k, kv, kv_layout == "NHD")
     layout_shape = "[num_pages, page_size, num_kv_heads, head_dim]" if kv_layout == "NHD" else "[num_pages, num_kv_heads, page_size, head_dim]"
     if page_size != p["page_size"] or hkv != p["num_kv_heads"] or d != p["head_dim"]:
         shape = tuple((kv if kv is not None else k).shape)  # type: ignore[union-attr]
@@ -454,4 +455,5 @@ def _check_paged_cache(
             f"{page_size}, num_kv_heads {hkv}, head_dim {d}, but the plan was made for page_size {p['page_size']}, "
             f"num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
         )
+    p["host_indices"].check(int(ref.shape[0]))  # page ids plan() had on the host, against this cache
     return k, v, kv

@@ -504,6 +504,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "page_size": page_size,
             "dtype": dtype,
             "indices": run_indices,
+            "host_indices": U.HostPageIds("paged_kv_indices", paged_kv_indices, num_pages),
             "causal": causal,
             "sm_scale": scale,
             "window_left": variant.window_left,

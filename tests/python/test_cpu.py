@@ -741,3 +741,16 @@ def test_example_decode_loop_without_gpu(repo_root):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "ran nothing" in lines[0], r.stdout
+
+
+def test_host_page_ids_are_checked_against_the_cache_once_per_page_count():
+    from tessera import _utils as U
+
+    ids = U.HostPageIds("indices", _i32([3, 7, 0, 99]), 3)  # only the first indptr[-1] = 3 count
+    ids.check(8)
+    ids.check(8)  # once per page count
+    with pytest.raises(ValueError, match=r"indices\[1\] = 7 is out of range \[0, 7\)"):
+        ids.check(7)
+    with pytest.raises(ValueError, match=r"indices\[0\] = -2 is out of range"):
+        U.HostPageIds("indices", _i32([-2, 1]), 2).check(8)
+    assert U.HostPageIds("indices", torch.zeros(0, dtype=torch.int32), 0).ids.numel() == 0

@@ -558,6 +558,30 @@ def test_readme_example():
         assert_close(out[b], lse[b], ref_o[0], ref_lse[0], torch.bfloat16, f"README example request {b}")
 
 
+def test_host_page_ids_out_of_range_are_named_at_run(workspace):
+    """Page ids plan() got on the host are checked against the cache at run(): an id past the
+    cache's pages (or negative) is a ValueError naming it, for the decode and prefill wrappers,
+    never silently masked."""
+    kv_cache = torch.randn(8, 2, 16, 2, 64, dtype=torch.float16, device="cuda")  # 8 pages
+    indptr = torch.tensor([0, 2, 3], dtype=torch.int32)
+    last = torch.tensor([16, 3], dtype=torch.int32)
+    q = torch.randn(2, 4, 64, dtype=torch.float16, device="cuda")
+    decode = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+    for bad, index in ((8, 1), (-1, 2)):
+        indices = torch.tensor([3, bad, 5] if index == 1 else [3, 4, bad], dtype=torch.int32)  # host
+        decode.plan(indptr, indices, last, 4, 2, 64, 16, q_data_type=torch.float16)
+        with pytest.raises(ValueError, match=rf"indices\[{index}\] = {bad} is out of range \[0, 8\)"):
+            decode.run(q, kv_cache)
+    decode.plan(indptr, torch.tensor([3, 4, 5], dtype=torch.int32), last, 4, 2, 64, 16, q_data_type=torch.float16)
+    decode.run(q, kv_cache)  # in range: runs
+    prefill = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+    qo_indptr = torch.tensor([0, 1, 2], dtype=torch.int32)
+    prefill.plan(qo_indptr, indptr, torch.tensor([3, 9, 5], dtype=torch.int32), last, 4, 2, 64, 16,
+                 q_data_type=torch.float16)
+    with pytest.raises(ValueError, match=r"paged_kv_indices\[1\] = 9 is out of range \[0, 8\)"):
+        prefill.run(q, kv_cache)
+
+
 # --- variants: FlashInfer's window_left, logits_soft_cap, pos_encoding_mode, custom masks -----------
 #
 # The reference applies each option from its definition (docs/design.md §1.2, FlashInfer's semantics),

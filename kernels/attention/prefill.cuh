@@ -49,12 +49,7 @@ TESSERA_DEVICE void compute_tile(const AttentionParams<T>& p, const VariantParam
   const Applier applier(p, vp, w, c);
   Softmax softmax(applier.zero_reference);
   float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
-#pragma unroll
-  for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-    for (int n = 0; n < kN8D; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[mq][n][i] = 0.f;
+  zero_fragments(o);
   // P of the tile whose P V comes next, as A fragments (16-bit pairs). With the P V lag (sm90), it
   // waits a whole iteration: packed at the end of tile t, read by the P V issued in tile t + 1.
   uint32_t pfrag[kMmaQ][Traits::kMmaKV][4];  // [m16 tile][k16 step][A fragment]

@@ -32,22 +32,36 @@ TESSERA_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 template <typename T>
 TESSERA_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
-template <>
-TESSERA_DEVICE void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// One specialisation per input type; TYPE is the C++ type, PTX_TYPE its name in the instruction.
+#define TESSERA_MMA_M16N8K16(TYPE, PTX_TYPE)                                                              \
+  template <>                                                                                             \
+  TESSERA_DEVICE void mma_m16n8k16<TYPE>(float(&d)[4], const uint32_t(&a)[4], uint32_t b0, uint32_t b1) { \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE                          \
+                 ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                 \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                         \
+  }
+TESSERA_MMA_M16N8K16(__nv_bfloat16, "bf16")
+TESSERA_MMA_M16N8K16(__half, "f16")
+#undef TESSERA_MMA_M16N8K16
+
+/// The two n8 tiles of one ldmatrix_x4 B load (b0, b1 of the first tile, then of the second):
+/// d0 += A * B0, d1 += A * B1.
+template <typename T>
+TESSERA_DEVICE void mma_m16n8k16_pair(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  mma_m16n8k16<T>(d0, a, b[0], b[1]);
+  mma_m16n8k16<T>(d1, a, b[2], b[3]);
 }
 
-template <>
-TESSERA_DEVICE void mma_m16n8k16<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+/// Zeroes an accumulator array of MMA fragments, [tiles][n8 tiles][fragment].
+template <int M, int N, int F>
+TESSERA_DEVICE void zero_fragments(float (&acc)[M][N][F]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int i = 0; i < F; ++i) acc[m][n][i] = 0.f;
 }
 
 /// Two floats rounded to a packed pair of T (low half = x), the register form of an A operand.

@@ -86,12 +86,7 @@ struct Sm80Mainloop {
   TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* /*q_tile*/, IssuePreviousPv&&) const {
     static_assert(!kIssuePreviousPv, "the sm80 mainloop issues P V in its own tile");
     const uint32_t k_frag = smem_addr(k_tile()) + k_frag_offset;
-#pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-      for (int n = 0; n < kN8KV; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[mq][n][i] = 0.f;
+    zero_fragments(s);
 #pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
       uint32_t a[kMmaQ][4];  // [m16 tile][A fragment]
@@ -102,10 +97,7 @@ struct Sm80Mainloop {
         uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
         ldmatrix_x4(b, (k_frag ^ (kd << 5)) + nk * 16 * kRowBytes);
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_m16n8k16<T>(s[mq][2 * nk], a[mq], b[0], b[1]);
-          mma_m16n8k16<T>(s[mq][2 * nk + 1], a[mq], b[2], b[3]);
-        }
+        for (int mq = 0; mq < kMmaQ; ++mq) mma_m16n8k16_pair<T>(s[mq][2 * nk], s[mq][2 * nk + 1], a[mq], b);
       }
     }
   }
@@ -123,10 +115,7 @@ struct Sm80Mainloop {
         uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
         ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kRowBytes);
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) {
-          mma_m16n8k16<T>(o[mq][2 * nd], pfrag[mq][kk], b[0], b[1]);
-          mma_m16n8k16<T>(o[mq][2 * nd + 1], pfrag[mq][kk], b[2], b[3]);
-        }
+        for (int mq = 0; mq < kMmaQ; ++mq) mma_m16n8k16_pair<T>(o[mq][2 * nd], o[mq][2 * nd + 1], pfrag[mq][kk], b);
       }
     }
   }

@@ -213,24 +213,25 @@ TESSERA_DEVICE int loader_thread() {
                                   : static_cast<int>(threadIdx.x);
 }
 
-/// Synchronises the threads that load tiles.
-template <typename Traits>
-TESSERA_DEVICE void loader_sync() {
+/// Synchronises the threads of one role: warp-specialised, the role's warps at its named barrier;
+/// otherwise every warp has every role, so the whole CTA.
+template <typename Traits, uint32_t kBarrier, int kRoleThreads>
+TESSERA_DEVICE void role_sync() {
   if constexpr (Traits::kWarpSpecialized) {
-    named_barrier_sync(kLoaderBarrier, Traits::kLoaderThreads);
+    named_barrier_sync(kBarrier, kRoleThreads);
   } else {
     __syncthreads();
   }
 }
-
+/// Synchronises the threads that load tiles.
+template <typename Traits>
+TESSERA_DEVICE void loader_sync() {
+  role_sync<Traits, kLoaderBarrier, Traits::kLoaderThreads>();
+}
 /// Synchronises the threads that compute (their shared-memory transforms of Q, K, V).
 template <typename Traits>
 TESSERA_DEVICE void compute_sync() {
-  if constexpr (Traits::kWarpSpecialized) {
-    named_barrier_sync(kComputeBarrier, Traits::kComputeThreads);
-  } else {
-    __syncthreads();
-  }
+  role_sync<Traits, kComputeBarrier, Traits::kComputeThreads>();
 }
 
 /// Warp-specialised: how the producer completes a K/V stage's `full` barrier (and Q's `q_full`).

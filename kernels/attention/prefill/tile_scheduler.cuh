@@ -26,8 +26,16 @@ struct OneShotScheduler {
   struct Arguments {
     int32_t num_q_tiles;
   };
+  /// The CTA's tile, resolved by initial_work up to its KV span, which work() computes where the
+  /// tile runs: the span's constant parts (no sink segment, KV from position 0 for most variants)
+  /// then stay constants for the compiler, which keeps the loaders' row positions induction
+  /// variables (a span carried through the cursor made the producer's loop longer: measured slower,
+  /// bench/results/LOG.md).
   struct Cursor {
-    PrefillWork work;  // the CTA's one tile, resolved by initial_work
+    RequestExtent e;
+    int request;
+    int kv_head;
+    int packed_begin;
     bool valid;
   };
   static constexpr bool kPersistent = false;
@@ -39,20 +47,16 @@ struct OneShotScheduler {
 
   /// The CTA's tile; not valid past the request's queries.
   template <KVFormatKind kFormat, typename Variant, typename T>
-  TESSERA_DEVICE Cursor initial_work(const AttentionParams<T>& p, const VariantParams& vp) const {
+  TESSERA_DEVICE Cursor initial_work(const AttentionParams<T>& p, const VariantParams&) const {
     Cursor c;
-    PrefillWork& w = c.work;
     const bool heads_fastest = args.num_q_tiles == 1;
     // Heaviest causal tiles (the last query rows) are scheduled first.
     const int q_tile = heads_fastest ? 0 : args.num_q_tiles - 1 - static_cast<int>(blockIdx.x);
-    w.request = blockIdx.y;
-    w.kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
-    w.e = request_extent<kFormat>(p, w.request);
-    w.packed_begin = q_tile * Traits::CTA_TILE_Q;
-    c.valid = w.packed_begin < w.e.qo_len * p.group_size;
-    if (!c.valid) return c;
-    w.span = tile_kv_span<Traits, kFormat, Variant>(p, vp, w.e, w.packed_begin, 0, w.e.kv_len);
-    w.out = TileOutput{nullptr, nullptr};
+    c.request = blockIdx.y;
+    c.kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
+    c.e = request_extent<kFormat>(p, c.request);
+    c.packed_begin = q_tile * Traits::CTA_TILE_Q;
+    c.valid = c.packed_begin < c.e.qo_len * p.group_size;
     return c;
   }
   TESSERA_DEVICE Cursor next_work(Cursor c) const {
@@ -61,8 +65,13 @@ struct OneShotScheduler {
   }
   TESSERA_DEVICE bool valid(const Cursor& c) const { return c.valid; }
   template <KVFormatKind kFormat, typename Variant, typename T>
-  TESSERA_DEVICE bool work(const AttentionParams<T>&, const VariantParams&, const Cursor& c, PrefillWork& w) const {
-    w = c.work;
+  TESSERA_DEVICE bool work(const AttentionParams<T>& p, const VariantParams& vp, const Cursor& c, PrefillWork& w) const {
+    w.e = c.e;
+    w.request = c.request;
+    w.kv_head = c.kv_head;
+    w.packed_begin = c.packed_begin;
+    w.span = tile_kv_span<Traits, kFormat, Variant>(p, vp, c.e, c.packed_begin, 0, c.e.kv_len);
+    w.out = TileOutput{nullptr, nullptr};
     return true;
   }
 };

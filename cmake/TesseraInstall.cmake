@@ -8,6 +8,8 @@ install(TARGETS tessera EXPORT tesseraTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY include/tessera DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# tessera/head_dims.h is generated from the configuration table (src/CMakeLists.txt).
+install(DIRECTORY ${TESSERA_GENERATED_DIR}/include/tessera DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT tesseraTargets NAMESPACE tessera:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tessera)
 
 configure_package_config_file(cmake/tesseraConfig.cmake.in

@@ -3,9 +3,11 @@
 // (ragged, paged, block-sparse); decode picks CUDA cores or the tensor-core prefill template.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -65,7 +67,11 @@ void check_outputs(const TensorView& q, const TensorView& o, const TensorView& l
 
 HeadConfig check_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim) {
   const HeadConfig heads{num_qo_heads, num_kv_heads, head_dim};
-  validate_heads(heads, {64, 128, 256});
+  validate_heads(heads, {});
+  TESSERA_CHECK(std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), head_dim) !=
+                    std::end(kSupportedHeadDims),
+                StatusCode::kUnsupported)
+      << "head_dim = " << head_dim << " is not supported (supported: " << kSupportedHeadDimsText << ")";
   TESSERA_CHECK_ARG(num_qo_heads <= 65535 && num_kv_heads <= 65535)
       << "num_qo_heads = " << num_qo_heads << ", num_kv_heads = " << num_kv_heads << ", expected <= 65535";
   return heads;
@@ -173,25 +179,50 @@ bool q_tile_override(int head_dim, QTile& out) {
   static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
   if (override_text == nullptr || *override_text == '\0') return false;
   const std::string v = override_text;
-  TESSERA_CHECK_ARG(v == "16" || ((v == "16w" || v == "128") && head_dim != 256) || v == "64" ||
-                    (v == "128wg" && head_dim == 128 && current_device_has_wgmma()))
-      << "TESSERA_PREFILL_QTILE = " << v
-      << ", expected 16, 16w, 64, 128 or 128wg (16w and 128 not with head_dim 256; 128wg only with head_dim 128 "
-         "on an sm_90 device)";
-  out = v == "16"    ? QTile::k16
-        : v == "16w" ? QTile::k16Wide
-        : v == "64"  ? QTile::k64
-        : v == "128" ? QTile::k128
-                     : QTile::k128Wgmma;
-  return true;
+  constexpr QTile kTiles[] = {QTile::k16, QTile::k16Wide, QTile::k64, QTile::k128, QTile::k128Wgmma};
+  for (QTile q : kTiles) {
+    if (v != q_tile_name(q)) continue;
+    TESSERA_CHECK_ARG(has_prefill_config(head_dim, q) && (q != QTile::k128Wgmma || current_device_has_wgmma()))
+        << "TESSERA_PREFILL_QTILE = " << v << ": head_dim " << head_dim << " has no such tile"
+        << (q == QTile::k128Wgmma ? " on this device" : "") << " (src/config/attention_configs.txt)";
+    out = q;
+    return true;
+  }
+  TESSERA_FAIL(StatusCode::kInvalidArgument) << "TESSERA_PREFILL_QTILE = " << v << ", expected 16, 16w, 64, 128 or 128wg";
 }
 }  // namespace
+
+const char* q_tile_name(QTile q_tile) {
+  switch (q_tile) {
+    case QTile::k16: return "16";
+    case QTile::k16Wide: return "16w";
+    case QTile::k64: return "64";
+    case QTile::k128: return "128";
+    case QTile::k128Wgmma: return "128wg";
+  }
+  return "?";
+}
+
+void fail_unsupported_head_dim(const char* family, int head_dim, const char* supported) {
+  TESSERA_FAIL(StatusCode::kUnsupported) << family << ": head_dim = " << head_dim << " is not supported (supported: "
+                                         << supported << ")";
+}
+
+void fail_no_prefill_config(int head_dim, QTile q_tile) {
+  TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim << ", query tile "
+                                      << q_tile_name(q_tile) << " (src/config/attention_configs.txt)";
+}
+
+void fail_unsupported_format(const char* family, int head_dim, KVFormatKind format) {
+  TESSERA_FAIL(StatusCode::kUnsupported) << family << " (head_dim " << head_dim << "): KV format "
+                                         << static_cast<int>(format) << " is not built for this head dim";
+}
 
 QTile choose_q_tile(int head_dim, double avg_packed_rows) {
   QTile forced;
   if (q_tile_override(head_dim, forced)) return forced;
   if (avg_packed_rows <= 16.0) return QTile::k16;
-  if (avg_packed_rows <= 64.0 || head_dim == 256) return QTile::k64;
+  if (avg_packed_rows <= 64.0) return QTile::k64;
   return q_tile_128(head_dim);
 }
 
@@ -199,14 +230,19 @@ QTile q_tile_128(int head_dim) {
   // TESSERA_PREFILL_WGMMA=0 keeps the mma.sync tile on sm_90 (tests cover the configuration sm_80
   // devices run; benchmarks compare the two). Read once per process.
   static const bool wgmma_allowed = env_choice("TESSERA_PREFILL_WGMMA", {"1", "0"}) == "1";
-  return head_dim == 128 && wgmma_allowed && current_device_has_wgmma() ? QTile::k128Wgmma : QTile::k128;
+  if (has_prefill_config(head_dim, QTile::k128Wgmma) && wgmma_allowed && current_device_has_wgmma()) {
+    return QTile::k128Wgmma;
+  }
+  return has_prefill_config(head_dim, QTile::k128) ? QTile::k128 : QTile::k64;
 }
 
 QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count) {
   QTile forced;
   if (q_tile_override(head_dim, forced)) return forced;
   const QTile q_tile = choose_q_tile(head_dim, avg_packed_rows);
-  if (q_tile == QTile::k16 && head_dim != 256 && pairs_at_16_rows < sm_count) return QTile::k16Wide;
+  if (q_tile == QTile::k16 && has_prefill_config(head_dim, QTile::k16Wide) && pairs_at_16_rows < sm_count) {
+    return QTile::k16Wide;
+  }
   return q_tile;
 }
 
@@ -214,14 +250,12 @@ template <typename T>
 void launch_prefill(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format, int head_dim,
                     int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
   const int64_t q_tiles_at_16 = (max_qo_len * p.group_size + 15) / 16;
-  const QTile q_tile = choose_q_tile_for_grid(head_dim, avg_qo_len * p.group_size,
-                                              q_tiles_at_16 * p.batch_size * p.num_kv_heads, current_device_sm_count());
-  switch (head_dim) {
-    case 64: return launch_prefill_head_dim<T, 64>(p, variant, format, q_tile, max_qo_len, stream);
-    case 128: return launch_prefill_head_dim<T, 128>(p, variant, format, q_tile, max_qo_len, stream);
-    case 256: return launch_prefill_head_dim<T, 256>(p, variant, format, q_tile, max_qo_len, stream);
-  }
-  TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (supported: 64, 128, 256)";
+  with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
+    const QTile q_tile = choose_q_tile_for_grid(head_dim, avg_qo_len * p.group_size,
+                                                q_tiles_at_16 * p.batch_size * p.num_kv_heads,
+                                                current_device_sm_count());
+    launch_prefill_head_dim<T, decltype(head_dim_tag)::value>(p, variant, format, q_tile, max_qo_len, stream);
+  });
 }
 
 template void launch_prefill<__half>(const AttentionParams<__half>&, const ResolvedVariant&, KVFormatKind, int,

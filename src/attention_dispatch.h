@@ -12,7 +12,8 @@ namespace detail {
 
 /// Launches the CUDA-core decode kernel (kernels/attention/decode.cuh): one query row per request
 /// (p.qo_indptr == nullptr and qo_len 1 per request, q row b = request b), ragged or paged KV, any
-/// group size. T is __half or __nv_bfloat16; head_dim is 64, 128 or 256.
+/// group size. T is __half or __nv_bfloat16; head_dim one with a decode row in the configuration
+/// table (others are kUnsupported).
 template <typename T>
 void launch_decode_cuda_cores(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int head_dim,
                               cudaStream_t stream);

@@ -109,66 +109,6 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
   launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
 }
 
-template <typename Traits, typename T>
-void launch_prefill_format(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
-                           kernels::KVFormatKind format, int64_t max_qo_len, cudaStream_t stream) {
-  switch (format) {
-    case kernels::KVFormatKind::kRagged:
-      return launch_prefill_config<Traits, kernels::KVFormatKind::kRagged>(p, variant, max_qo_len, stream);
-    case kernels::KVFormatKind::kPaged:
-      return launch_prefill_config<Traits, kernels::KVFormatKind::kPaged>(p, variant, max_qo_len, stream);
-    case kernels::KVFormatKind::kBlockSparse:
-      return launch_prefill_config<Traits, kernels::KVFormatKind::kBlockSparse>(p, variant, max_qo_len, stream);
-  }
-  TESSERA_FAIL(StatusCode::kInternal) << "unknown KV format " << static_cast<int>(format);
-}
-
-template <typename Traits>
-struct TraitsTag {
-  using type = Traits;
-};
-
-/// Calls f(TraitsTag<Traits>{}) with the traits of `q_tile` for HEAD_DIM (C++17 stand-in for a
-/// template lambda).
-template <typename T, int HEAD_DIM, typename F>
-void with_q_tile(QTile q_tile, F&& f) {
-  switch (q_tile) {
-    case QTile::k16:
-      return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k16>::Traits>{});
-    case QTile::k16Wide:
-      if constexpr (HEAD_DIM != 256) return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k16Wide>::Traits>{});
-      break;
-    case QTile::k64:
-      return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k64>::Traits>{});
-    case QTile::k128:
-      if constexpr (HEAD_DIM != 256) return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k128>::Traits>{});
-      break;
-    case QTile::k128Wgmma:
-      if constexpr (HEAD_DIM == 128) {
-        TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kInternal)
-            << "the wgmma prefill configuration was chosen on a device without it";
-        return f(TraitsTag<typename PrefillConfig<T, HEAD_DIM, QTile::k128Wgmma>::Traits>{});
-      }
-      break;
-  }
-  TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << HEAD_DIM << ", query tile "
-                                      << static_cast<int>(q_tile);
-}
-
-template <kernels::KVFormatKind kFormat>
-using FormatTag = std::integral_constant<kernels::KVFormatKind, kFormat>;
-
-/// Calls f(FormatTag<format>{}) for the runtime value `format`.
-template <typename F>
-void with_format(kernels::KVFormatKind format, F&& f) {
-  switch (format) {
-    case kernels::KVFormatKind::kRagged: return f(FormatTag<kernels::KVFormatKind::kRagged>{});
-    case kernels::KVFormatKind::kPaged: return f(FormatTag<kernels::KVFormatKind::kPaged>{});
-    case kernels::KVFormatKind::kBlockSparse: return f(FormatTag<kernels::KVFormatKind::kBlockSparse>{});
-  }
-  TESSERA_FAIL(StatusCode::kInternal) << "unknown KV format " << static_cast<int>(format);
-}
-
 /// Launches the persistent kernel of one configuration and format (and its contraction).
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_persistent_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
@@ -214,33 +154,41 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
   }
 }
 
+/// Calls f(ConfigTag<Config>{}, FormatTag<format>{}) for the table's configuration of (T, HEAD_DIM,
+/// q_tile) and `format`; a configuration or format the table lacks is an error.
+template <typename T, int HEAD_DIM, typename F>
+void with_prefill_config(QTile q_tile, kernels::KVFormatKind format, F&& f) {
+  PrefillTiles<T, HEAD_DIM>::with_q_tile(q_tile, [&](auto config_tag) {
+    using Config = typename decltype(config_tag)::type;
+    if constexpr (Config::Traits::kWgmma) {
+      TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kInternal)
+          << "the wgmma prefill configuration was chosen on a device without it";
+    }
+    with_config_format<Config>(format, "prefill", [&](auto format_tag) { f(config_tag, format_tag); });
+  });
+}
+
 template <typename T, int HEAD_DIM>
 void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                                 kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
                                 cudaStream_t stream) {
-  with_format(format, [&](auto format_tag) {
-    constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
-    with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
-      using Traits = typename decltype(traits_tag)::type;
-      launch_persistent_config<Traits, kFormat>(p, variant, launch, stream);
-    });
+  with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
+    using Traits = typename decltype(config_tag)::type::Traits;
+    launch_persistent_config<Traits, decltype(format_tag)::value>(p, variant, launch, stream);
   });
 }
 
 template <typename T, int HEAD_DIM>
 int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   int ctas = 0;
-  with_format(format, [&](auto format_tag) {
-    constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
-    with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
-      using Traits = typename decltype(traits_tag)::type;
-      auto kernel =
-          kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, T>;
-      ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-      TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
-                                                                       Traits::kSmemBytes))
-          << " (occupancy of the persistent kernel)";
-    });
+  with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
+    using Traits = typename decltype(config_tag)::type::Traits;
+    auto kernel = kernels::attention_prefill_kernel<Traits, decltype(format_tag)::value, kernels::DefaultVariant,
+                                                    kernels::PlannedScheduler, T>;
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
+                                                                     Traits::kSmemBytes))
+        << " (occupancy of the persistent kernel)";
   });
   return ctas;
 }
@@ -248,9 +196,9 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
 template <typename T, int HEAD_DIM>
 void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream) {
-  with_q_tile<T, HEAD_DIM>(q_tile, [&](auto traits_tag) {
-    using Traits = typename decltype(traits_tag)::type;
-    launch_prefill_format<Traits>(p, variant, format, max_qo_len, stream);
+  with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
+    using Traits = typename decltype(config_tag)::type::Traits;
+    launch_prefill_config<Traits, decltype(format_tag)::value>(p, variant, max_qo_len, stream);
   });
 }
 

@@ -7,7 +7,8 @@
 //   same dtype; o the same as q), any strides with a contiguous last dimension and 16-byte
 //   aligned rows. Index arrays are i32, contiguous, in device memory.
 // - Heads: num_qo_heads % num_kv_heads == 0; query head h reads KV head h / (Hq / Hkv) (GQA; MQA
-//   when Hkv == 1). head_dim (D) is 64, 128 or 256 (kSupportedHeadDims).
+//   when Hkv == 1). head_dim (D) is one of kSupportedHeadDims (tessera/head_dims.h, generated
+//   from the build's kernel configuration table).
 // - Positions: within a request with qo_len queries and kv_len keys, query i sits at position
 //   kv_len - qo_len + i and key j at j; causal masking hides keys j > kv_len - qo_len + i.
 // - Logits are sm_scale * q.k (sm_scale < 0 selects 1/sqrt(D)).
@@ -22,14 +23,12 @@
 
 #include "tessera/export.h"
 #include "tessera/formats.h"
+#include "tessera/head_dims.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
 #include "tessera/variant.h"
 
 namespace tessera {
-
-/// Head dimensions with compiled kernels.
-inline constexpr int64_t kSupportedHeadDims[] = {64, 128, 256};
 
 struct AttentionOptions {
   double sm_scale = -1.0;  ///< logit scale, > 0; < 0 means 1/sqrt(head_dim); 0 is an error

@@ -6,8 +6,9 @@
 //   head reads the same K/V rows, so they share one copy in shared memory and each K/V byte leaves
 //   DRAM once (large groups are split into chunks of at most kGroups heads so that per-thread state
 //   stays one head; the chunks then re-read K/V, mostly from L2).
-// - A "row group" of kThreadsPerRow = HEAD_DIM / 8 threads covers one K/V row with one 16-byte
-//   vector per thread; dot products are reduced inside the row group with shuffles.
+// - A "row group" of kThreadsPerRow threads covers one K/V row with one 16-byte vector per thread
+//   (HEAD_DIM / 8 of them, rounded up to a power of two); dot products are reduced inside the row
+//   group with shuffles.
 // - K/V rows are gathered row by row (any page size, including 1 and 3) with 16-byte cp.async
 //   into a kStages-deep ring of tiles, kStages - 1 tiles ahead of the computation, so each CTA keeps
 //   (kStages - 1) * kStageBytes in flight while it computes. The page-table lookups for the next
@@ -29,20 +30,25 @@
 namespace tessera {
 namespace kernels {
 
-template <typename T, int HEAD_DIM_, int STAGES_ = 4>
+template <typename T, int HEAD_DIM_, int GROUPS_, int LOAD_ROWS_PER_GROUP_, int STAGES_>
 struct DecodeTraits {
   using DType = T;
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int kVecElems = vec_elems<T>();               // elements per 16-byte vector
-  static constexpr int kThreadsPerRow = HEAD_DIM / kVecElems;    // one row group: 8, 16 or 32 threads
-  // Row groups per CTA: 8 keeps 128 threads for head_dim 128 (256 for 256); head_dim 64 takes 16 so
-  // that its CTA still has 128 threads and its tile as many bytes as the others.
-  static constexpr int kGroups = HEAD_DIM == 64 ? 16 : 8;
+  static constexpr int kVecsPerRow = HEAD_DIM / kVecElems;       // 16-byte vectors of a row's data
+  // One row group: a power of two of threads, for the xor-shuffle reductions. A row whose vector
+  // count is not one (head_dim 96: 12) gets the next power of two; the extra threads hold zeros
+  // (their copies zero-fill, they store nothing), and shared-memory rows are kRowElems wide.
+  static constexpr int kThreadsPerRow = kVecsPerRow <= 8 ? 8 : kVecsPerRow <= 16 ? 16 : 32;
+  static constexpr int kRowElems = kThreadsPerRow * kVecElems;   // a row in shared memory
+  // Row groups per CTA (the configuration table picks them: 8 keeps 128 threads for head_dim 128;
+  // head_dim 64 takes 16 so that its CTA still has 128 threads and its tile as many bytes).
+  static constexpr int kGroups = GROUPS_;
   static constexpr int kThreads = kGroups * kThreadsPerRow;
-  // Rows each row group copies per tile: sized so a stage is 8 KB for every head dim, which with
-  // 3 stages ahead (24 KB per CTA) covers DRAM latency at an SM's share of bandwidth even when a
-  // single CTA runs on the SM (the tail of the grid).
-  static constexpr int kLoadRowsPerGroup = HEAD_DIM == 256 ? 1 : 2;
+  // Rows each row group copies per tile: sized so a stage is about 8 KB for every head dim, which
+  // with 3 stages ahead (24 KB per CTA) covers DRAM latency at an SM's share of bandwidth even
+  // when a single CTA runs on the SM (the tail of the grid).
+  static constexpr int kLoadRowsPerGroup = LOAD_ROWS_PER_GROUP_;
   static constexpr int kTileRows = kGroups * kLoadRowsPerGroup;  // K/V rows per pipeline stage
   static constexpr int kStages = STAGES_;
   // Rows whose dot products are in flight together: two independent shuffle chains per step.
@@ -52,12 +58,12 @@ struct DecodeTraits {
   struct SharedStorage {
     union {
       struct {
-        T k[kStages][kTileRows][HEAD_DIM];  // [kStages][kTileRows][HEAD_DIM]
-        T v[kStages][kTileRows][HEAD_DIM];  // [kStages][kTileRows][HEAD_DIM]
+        T k[kStages][kTileRows][kRowElems];  // [kStages][kTileRows][kRowElems], HEAD_DIM of data
+        T v[kStages][kTileRows][kRowElems];  // [kStages][kTileRows][kRowElems]
       } kv;
       // Reused once the pipeline has drained: one partial state per row group.
       struct {
-        float acc[kGroups][HEAD_DIM];  // [kGroups][HEAD_DIM] unnormalised sum of 2^(s - m) * v
+        float acc[kGroups][kRowElems];  // [kGroups][kRowElems] unnormalised sum of 2^(s - m) * v
         float m[kGroups];              // [kGroups] running max
         float d[kGroups];              // [kGroups] sum of 2^(s - m)
       } merge;
@@ -70,6 +76,7 @@ struct DecodeTraits {
   static_assert(sizeof(T) == 2, "f16 or bf16");
   static_assert(kVecElems * static_cast<int>(sizeof(T)) == kVecBytes, "one 16-byte vector per thread and row");
   static_assert(HEAD_DIM % kVecElems == 0, "whole vectors per row");
+  static_assert(kVecsPerRow <= kThreadsPerRow, "a row group covers its row");
   static_assert(kThreadsPerRow <= kWarpSize && kWarpSize % kThreadsPerRow == 0,
                 "a row group lies inside one warp: its reductions are shuffles");
   static_assert((kThreadsPerRow & (kThreadsPerRow - 1)) == 0, "xor-shuffle reduction needs a power of two");
@@ -116,8 +123,11 @@ struct KVTileLoader {
   int64_t v_offset[kRows];  // [kRows]
   bool valid[kRows];        // [kRows]
 
+  bool has_data;  // false for a padding thread of the row group: its copies zero-fill
+
   TESSERA_DEVICE KVTileLoader(const AttentionParams<T>& p, int kv_head, int group_, int vec) : group(group_) {
     vec_elem = vec * Traits::kVecElems;
+    has_data = Traits::kVecsPerRow == Traits::kThreadsPerRow || vec < Traits::kVecsPerRow;
     k_head = p.k + kv_head * p.k_head_stride + vec_elem;
     v_head = p.v + kv_head * p.v_head_stride + vec_elem;
   }
@@ -144,8 +154,8 @@ struct KVTileLoader {
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int row = group + j * Traits::kGroups;
-      cp_async_16_zfill(&smem.kv.k[stage][row][vec_elem], k_head + k_offset[j], valid[j]);
-      cp_async_16_zfill(&smem.kv.v[stage][row][vec_elem], v_head + v_offset[j], valid[j]);
+      cp_async_16_zfill(&smem.kv.k[stage][row][vec_elem], k_head + k_offset[j], valid[j] && has_data);
+      cp_async_16_zfill(&smem.kv.v[stage][row][vec_elem], v_head + v_offset[j], valid[j] && has_data);
       if (vec_elem == 0) smem.row_valid[stage][row] = valid[j];
     }
   }
@@ -216,13 +226,17 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
   const bool computes = row_slot < row_slots;
   const int qo_head = kv_head * g + head_begin + head_slot;
 
+  // A padding thread of the row group (vec past the row's data) holds zeros throughout.
+  const bool has_data = Traits::kVecsPerRow == Traits::kThreadsPerRow || vec < Traits::kVecsPerRow;
   float q[N];  // [N] this thread's query elements, times sm_scale * log2(e)
   {
     Vec<T> qv;
-    qv.load(p.q + static_cast<int64_t>(b) * p.q_row_stride + static_cast<int64_t>(qo_head) * p.q_head_stride +
-            vec_elem);
+    if (has_data) {
+      qv.load(p.q + static_cast<int64_t>(b) * p.q_row_stride + static_cast<int64_t>(qo_head) * p.q_head_stride +
+              vec_elem);
+    }
 #pragma unroll
-    for (int i = 0; i < N; ++i) q[i] = to_float(qv.data[i]) * p.sm_scale_log2;
+    for (int i = 0; i < N; ++i) q[i] = has_data ? to_float(qv.data[i]) * p.sm_scale_log2 : 0.f;
   }
 
   const RequestExtent e = request_extent<kFormat>(p, b);
@@ -305,8 +319,10 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
   Vec<T> out;
 #pragma unroll
   for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(sum.acc[i] * inv_d);
-  out.store(p.o + static_cast<int64_t>(b) * p.o_row_stride + static_cast<int64_t>(qo_head) * p.o_head_stride +
-            vec_elem);
+  if (has_data) {
+    out.store(p.o + static_cast<int64_t>(b) * p.o_row_stride + static_cast<int64_t>(qo_head) * p.o_head_stride +
+              vec_elem);
+  }
   if (p.lse != nullptr && vec == 0) {
     p.lse[static_cast<int64_t>(b) * p.lse_row_stride + static_cast<int64_t>(qo_head) * p.lse_head_stride] = sum.lse();
   }

@@ -125,7 +125,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
   // This item's Q buffer: the producer's next to fill, the compute warps' next to read (the same
   // buffer: each role's ring position advances once per item).
   const int q_stage = kRole == WarpRole::kProducer ? ring.fill_q.stage : ring.read_q.stage;
-  T* const q_tile = q_stage == 0 ? smem.q : smem.extra_q + (q_stage - 1) * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+  T* const q_tile = q_stage == 0 ? smem.q : smem.extra_q + (q_stage - 1) * Traits::kQTileElems;
   KVTileSource<Traits, kFormat, Variant, T> kv(p, w, smem, Traits::kWarpSpecialized ? ring.tiles : 0u);
   if constexpr (Traits::kWarpSpecialized) {
     Sm90Mainloop<Traits, kFormat, Variant, T> ml{smem, kv, ring};

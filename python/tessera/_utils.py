@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__: list = []  # private module
 
-_SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 
 
@@ -288,8 +287,9 @@ def check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dim_na
         raise ValueError(
             f"num_qo_heads = {hq} is not a multiple of num_kv_heads = {hkv} (GQA needs num_qo_heads % num_kv_heads == 0)"
         )
-    if d not in _SUPPORTED_HEAD_DIMS:
-        raise unsupported(head_dim_name, d, ", ".join(map(str, _SUPPORTED_HEAD_DIMS)))
+    supported = _C().supported_head_dims()  # the build's kernel configuration table
+    if d not in supported:
+        raise unsupported(head_dim_name, d, ", ".join(map(str, supported)))
     return hq, hkv, d
 
 

@@ -243,7 +243,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             indices: int32 ``[>= indptr[-1]]`` page ids, on the GPU (used by :meth:`run`).
             last_page_len: int32 ``[batch_size]``, tokens in each request's last page, in
                 ``[1, page_size]`` (copied to the CPU).
-            num_qo_heads, num_kv_heads, head_dim: head configuration (head_dim 64, 128 or 256).
+            num_qo_heads, num_kv_heads, head_dim: head configuration (head_dim one of tessera._C.supported_head_dims()).
             page_size: tokens per page (any value >= 1).
             pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc;
                 the ALiBi slopes live on the workspace's GPU, kept by the wrapper).

@@ -411,7 +411,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             paged_kv_indptr: int32 ``[batch_size + 1]`` page ranges (copied to the CPU).
             paged_kv_indices: int32 ``[>= paged_kv_indptr[-1]]`` page ids on the GPU.
             paged_kv_last_page_len: int32 ``[batch_size]`` in ``[1, page_size]`` (copied to the CPU).
-            num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim 64, 128 or 256).
+            num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim one of tessera._C.supported_head_dims()).
             page_size: tokens per page (>= 1).
             head_dim_vo: only ``None`` or ``head_dim_qk``.
             causal: causal mask with offset ``kv_len - qo_len``.
@@ -647,7 +647,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         Args:
             qo_indptr: int32 ``[batch_size + 1]`` query row ranges (copied to the CPU).
             kv_indptr: int32 ``[batch_size + 1]`` KV row ranges (copied to the CPU).
-            num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim 64, 128 or 256).
+            num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim one of tessera._C.supported_head_dims()).
             head_dim_vo: only ``None`` or ``head_dim_qk``.
             causal: causal mask with offset ``kv_len - qo_len``.
             pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc; the

@@ -95,31 +95,11 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 int tile_rows(QTile t) { return t == QTile::k16 || t == QTile::k16Wide ? 16 : t == QTile::k64 ? 64 : 128; }
 
 
-template <int HEAD_DIM>
-int kv_tile_rows_for(QTile t) {
-  switch (t) {
-    case QTile::k16: return PrefillConfig<__half, HEAD_DIM, QTile::k16>::Traits::CTA_TILE_KV;
-    case QTile::k16Wide:
-      if constexpr (HEAD_DIM != 256) return PrefillConfig<__half, HEAD_DIM, QTile::k16Wide>::Traits::CTA_TILE_KV;
-      break;
-    case QTile::k64: return PrefillConfig<__half, HEAD_DIM, QTile::k64>::Traits::CTA_TILE_KV;
-    case QTile::k128:
-      if constexpr (HEAD_DIM != 256) return PrefillConfig<__half, HEAD_DIM, QTile::k128>::Traits::CTA_TILE_KV;
-      break;
-    case QTile::k128Wgmma:
-      if constexpr (HEAD_DIM == 128) return PrefillConfig<__half, HEAD_DIM, QTile::k128Wgmma>::Traits::CTA_TILE_KV;
-      break;
-  }
-  TESSERA_FAIL(StatusCode::kInternal) << "no KV tile for head_dim " << HEAD_DIM;
-}
-
 int kv_tile_rows(int head_dim, QTile t) {
-  switch (head_dim) {
-    case 64: return kv_tile_rows_for<64>(t);
-    case 128: return kv_tile_rows_for<128>(t);
-    case 256: return kv_tile_rows_for<256>(t);
-  }
-  TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (64, 128, 256)";
+  const int rows = prefill_kv_tile_rows(head_dim, t);
+  TESSERA_CHECK(rows > 0, StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim
+                                                  << ", query tile " << q_tile_name(t);
+  return rows;
 }
 
 /// CTAs of the persistent kernel per SM, from the occupancy API once per (device, dtype, head
@@ -138,24 +118,21 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   }
   int result = 0;
   TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
-    switch (head_dim) {
-      case 64: result = persistent_ctas_per_sm<T, 64>(format, t); break;
-      case 128: result = persistent_ctas_per_sm<T, 128>(format, t); break;
-      case 256: result = persistent_ctas_per_sm<T, 256>(format, t); break;
-      default:
-        TESSERA_FAIL(StatusCode::kUnsupported) << "head_dim = " << head_dim << " is not supported (64, 128, 256)";
-    }
+    with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
+      result = persistent_ctas_per_sm<T, decltype(head_dim_tag)::value>(format, t);
+    });
   });
   TESSERA_CHECK(result >= 1, StatusCode::kInternal) << "the persistent kernel does not fit an SM (head_dim "
-                                                     << head_dim << ", query tile " << tile_rows(t) << ")";
+                                                     << head_dim << ", query tile " << q_tile_name(t) << ")";
   std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, result);
   return result;
 }
 
 QTile to_qtile(QueryTile t, int head_dim) {
-  TESSERA_CHECK_ARG(!(t == QueryTile::k128 && head_dim == 256))
-      << "options.q_tile = 128 with head_dim 256, expected 16 or 64 (no 128-row tile at head_dim 256)";
+  TESSERA_CHECK_ARG(t != QueryTile::k128 || q_tile_128(head_dim) != QTile::k64)
+      << "options.q_tile = 128 with head_dim " << head_dim << ", expected 16 or 64 (no 128-row tile at head_dim "
+      << head_dim << ")";
   switch (t) {
     case QueryTile::k16: return QTile::k16;
     case QueryTile::k64: return QTile::k64;
@@ -560,12 +537,9 @@ class AttentionRuntime {
                                   shape_.num_kv_heads * info_.q_tile_rows * (shape_.head_dim / 8);
     launch.contraction_blocks =
         merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
-    switch (shape_.head_dim) {
-      case 64: return launch_persistent_head_dim<T, 64>(p, variant_, format_, q_tile_, launch, s);
-      case 128: return launch_persistent_head_dim<T, 128>(p, variant_, format_, q_tile_, launch, s);
-      case 256: return launch_persistent_head_dim<T, 256>(p, variant_, format_, q_tile_, launch, s);
-    }
-    TESSERA_FAIL(StatusCode::kInternal) << "head_dim " << shape_.head_dim;
+    with_prefill_head_dim(static_cast<int>(shape_.head_dim), [&](auto head_dim_tag) {
+      launch_persistent_head_dim<T, decltype(head_dim_tag)::value>(p, variant_, format_, q_tile_, launch, s);
+    });
   }
 
   /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants
@@ -679,11 +653,10 @@ class AttentionRuntime {
     WorkspaceLayout l;
     // The most CTAs any configuration of these bounds can put on the device.
     int per_sm = 1;
-    const int head_dims[] = {64, 128, 256};
-    for (int d : head_dims) {
+    for (int d : kPrefillHeadDims) {
       if (d > bounds.head_dim) continue;
       for (QTile t : {QTile::k16, QTile::k64, QTile::k128}) {
-        if (t == QTile::k128 && d == 256) continue;
+        if (!has_prefill_config(d, t)) continue;
         per_sm = std::max(per_sm, ctas_per_sm(DType::kBF16, d, format, t));
       }
     }

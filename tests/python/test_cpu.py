@@ -66,7 +66,7 @@ def test_python_m_tessera():
     assert "kernels compiled for: sm_" in out
     for family in ("decode", "prefill (FA2-class)", "runtime", "merge", "append"):
         assert re.search(rf"^  {re.escape(family)} ", out, re.M), f"{family} missing from:\n{out}"
-    assert "head_dim 64, 128, 256; float16, bfloat16" in out
+    assert "head_dim 64, 96, 128, 256; float16, bfloat16" in out
     assert "float16, bfloat16, float32" in out
 
 
@@ -74,7 +74,7 @@ def test_build_info():
     info = tessera.build_info()
     assert info["version"] == tessera.__version__
     assert info["cuda_archs"] and all(re.fullmatch(r"\d+a?", a) for a in info["cuda_archs"])
-    assert list(_C.supported_head_dims()) == [64, 128, 256]
+    assert list(_C.supported_head_dims()) == [64, 96, 128, 256]
     assert len(info["gpus"]) == _C.cuda_device_count()
     assert {k["family"] for k in info["kernels"]} == {"decode", "prefill (FA2-class)", "runtime", "merge", "append"}
 
@@ -420,7 +420,7 @@ def test_plan_argument_checks(cls, plan):
     with pytest.raises(ValueError, match="num_kv_heads = 0"):
         plan(w, num_kv_heads=0)
     with pytest.raises(NotImplementedError, match=hd):
-        plan(w, **{hd: 96})
+        plan(w, **{hd: 80})
     with pytest.raises(TypeError, match="num_qo_heads must be an int"):
         plan(w, num_qo_heads=8.0)
     with pytest.raises(ValueError, match="sm_scale"):
@@ -547,8 +547,8 @@ def test_single_decode_checks():
         f(q, k, v[:5])
     with pytest.raises(ValueError, match="num_qo_heads = 8 is not a multiple of num_kv_heads = 3"):
         f(q, torch.randn(4, 3, 128).half(), torch.randn(4, 3, 128).half())
-    with pytest.raises(NotImplementedError, match="head_dim=96"):
-        f(q[:, :96], k[..., :96], v[..., :96])
+    with pytest.raises(NotImplementedError, match="head_dim=80"):
+        f(q[:, :80], k[..., :80], v[..., :80])
     with pytest.raises(ValueError, match="q is on cpu, expected a CUDA tensor"):
         f(q, k, v)  # everything else is valid: the device is what stops it
 
@@ -657,7 +657,7 @@ def test_cpp_errors_map_to_python_exceptions():
     assert type(e.value) is ValueError and e.value.status_code == _C.StatusCode.invalid_argument
     # kUnsupported -> NotImplementedError (checked before the device is queried).
     b = _C.RuntimeBounds()
-    b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads, b.num_kv_heads, b.head_dim = 4, 4, 8, 2, 96
+    b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads, b.num_kv_heads, b.head_dim = 4, 4, 8, 2, 80
     with pytest.raises(NotImplementedError, match="head_dim") as e:
         _C.BatchDecodeWrapper.workspace_size(b, _C.RuntimeOptions(), 0)
     assert e.value.status_code == _C.StatusCode.unsupported

@@ -158,7 +158,7 @@ class Paged:
 
 # --- single-request functions --------------------------------------------------------------------
 
-SINGLE_DECODE = make_cases(6, 1, kv_len=KV_LENS + (100,), group=(1, 4, 5), head_dim=(64, 128),
+SINGLE_DECODE = make_cases(6, 1, kv_len=KV_LENS + (100,), group=(1, 4, 5), head_dim=(64, 96, 128),
                            layout=("NHD", "HND"), dtype=DTYPES)
 
 
@@ -180,7 +180,7 @@ def test_single_decode(c):
     assert_close(only, None, ref_attention(q[None], k, v, False, 0.3)[0][0], None, dtype, "single_decode sm_scale")
 
 
-SINGLE_PREFILL = make_cases(8, 2, qo_len=QO_LENS, kv_len=KV_LENS, group=(1, 4, 5), head_dim=(64, 128),
+SINGLE_PREFILL = make_cases(8, 2, qo_len=QO_LENS, kv_len=KV_LENS, group=(1, 4, 5), head_dim=(64, 96, 128),
                             layout=("NHD", "HND"), dtype=DTYPES, causal=(False, True))
 
 
@@ -202,7 +202,7 @@ def test_single_prefill(c):
 
 # --- batch decode ----------------------------------------------------------------------------------
 
-DECODE = make_cases(16, 3, batch=(1, 7), kv_len=KV_LENS, page_size=(1, 16), group=(1, 4, 5), head_dim=(64, 128),
+DECODE = make_cases(16, 3, batch=(1, 7), kv_len=KV_LENS, page_size=(1, 16), group=(1, 4, 5), head_dim=(64, 96, 128),
                     layout=("NHD", "HND"), dtype=DTYPES, combined=(False, True))
 
 
@@ -235,7 +235,7 @@ def test_batch_decode(c, workspace):
 # --- batch prefill over paged KV -------------------------------------------------------------------
 
 PREFILL_PAGED = make_cases(20, 4, batch=(1, 7), qo_len=QO_LENS, kv_len=KV_LENS, page_size=(1, 16),
-                           group=(1, 4, 5), head_dim=(64, 128), layout=("NHD", "HND"), dtype=DTYPES,
+                           group=(1, 4, 5), head_dim=(64, 96, 128), layout=("NHD", "HND"), dtype=DTYPES,
                            causal=(False, True), combined=(False, True))
 
 
@@ -267,7 +267,7 @@ def test_batch_prefill_paged(c, workspace):
 # --- batch prefill over ragged KV ------------------------------------------------------------------
 
 PREFILL_RAGGED = make_cases(12, 5, batch=(1, 7), qo_len=QO_LENS, kv_len=KV_LENS, group=(1, 4, 5),
-                            head_dim=(64, 128), layout=("NHD", "HND"), dtype=DTYPES, causal=(False, True))
+                            head_dim=(64, 96, 128), layout=("NHD", "HND"), dtype=DTYPES, causal=(False, True))
 
 
 @pytest.mark.parametrize("c", PREFILL_RAGGED, ids=case_id)

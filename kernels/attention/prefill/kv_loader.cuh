@@ -60,9 +60,11 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
   // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass
   // row/chunk divisions of a flat index are loop-invariant in the persistent kernel, which hoists
   // them out of its item loop and spilled 15 of them (60 B) with the 4 x 32 tile.
-  static_assert(Traits::kLoaderThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
-  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kRowChunks;
-  const int chunk = tid % Traits::kRowChunks, row0 = tid / Traits::kRowChunks;
+  // Threads span the stored row's chunk columns; those past the data (a padded row) copy nothing.
+  static_assert(Traits::kLoaderThreads % Traits::kSmemRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kSmemRowChunks;
+  const int chunk = tid % Traits::kSmemRowChunks, row0 = tid / Traits::kSmemRowChunks;
+  if (Traits::kSmemRowChunks != Traits::kRowChunks && chunk >= Traits::kRowChunks) return;
 #pragma unroll
   for (int it = 0; it < (Traits::CTA_TILE_Q + kRowsPerPass - 1) / kRowsPerPass; ++it) {
     const int row = row0 + it * kRowsPerPass;
@@ -124,10 +126,11 @@ template <typename Traits, KVPart kPart = KVPart::kBoth, typename T>
 TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
-  static_assert((Traits::CTA_TILE_KV * Traits::kRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
-  static_assert(Traits::kLoaderThreads % Traits::kRowChunks == 0, "a thread keeps its chunk column");
-  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kRowChunks;
-  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kRowChunks / Traits::kLoaderThreads;
+  // Threads span the stored row's chunk columns; those past the data (a padded row) copy nothing.
+  static_assert((Traits::CTA_TILE_KV * Traits::kSmemRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
+  static_assert(Traits::kLoaderThreads % Traits::kSmemRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kSmemRowChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kSmemRowChunks / Traits::kLoaderThreads;
   // Table entries are read in batches before any copy of the batch is issued: ptxas pads an
   // LDGSTS that closely follows the shared-memory load of its address with three never-executed
   // LDS (a hazard guard), 3 of ~11 instructions per 16-byte copy when loads and copies alternate.
@@ -136,7 +139,8 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
   static_assert(kRowsPerThread % kBatch == 0, "whole batches");
   const int tid = loader_thread<Traits>();
-  const int chunk = tid % Traits::kRowChunks, row0 = tid / Traits::kRowChunks;
+  const int chunk = tid % Traits::kSmemRowChunks, row0 = tid / Traits::kSmemRowChunks;
+  if (Traits::kSmemRowChunks != Traits::kRowChunks && chunk >= Traits::kRowChunks) return;
   // When a pass spans whole 8-row swizzle periods, this thread's swizzled chunk is the same in
   // every row it copies, and its destinations are one base plus constant strides (immediates).
   constexpr bool kFixedSwizzle = kRowsPerPass % 8 == 0;

@@ -22,8 +22,8 @@ template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 struct Sm80Mainloop {
   static_assert(!Traits::kWarpSpecialized && !Traits::kWgmma, "the sm80 mainloop: every warp loads and computes");
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
-  static constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
-  static constexpr uint32_t kRowBytes = Traits::kRowChunks * 16;
+  static constexpr int kTileElems = Traits::kKVTileElems;
+  static constexpr uint32_t kRowBytes = Traits::kSmemRowChunks * 16;  // a stored row (SwizzledTile)
   using Source = KVTileSource<Traits, kFormat, Variant, T>;
 
   const PrefillSmem<Traits>& smem;
@@ -77,8 +77,8 @@ struct Sm80Mainloop {
     kv.resolve(tile + Traits::kStages);
   }
 
-  TESSERA_DEVICE T* k_tile() const { return smem.k + read.stage * kTileElems; }  // [CTA_TILE_KV][HEAD_DIM]
-  TESSERA_DEVICE T* v_tile() const { return smem.v + read.stage * kTileElems; }  // [CTA_TILE_KV][HEAD_DIM]
+  TESSERA_DEVICE T* k_tile() const { return smem.k + read.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  TESSERA_DEVICE T* v_tile() const { return smem.v + read.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
 
   /// MMA: S = Q K^T for this warp's rows and columns (Q from the mainloop's fragment addresses).
   /// The interface's P V lag (mainloop_sm90.cuh) does not apply: P V runs in its own tile.

@@ -27,7 +27,7 @@ struct Sm90Mainloop {
   static_assert(Traits::kWarpSpecialized && Traits::kWgmma && Traits::kPvLag == 1,
                 "the sm90 mainloop: a producer warpgroup and wgmma warpgroups with P V a tile behind");
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
-  static constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
+  static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
   using Source = KVTileSource<Traits, kFormat, Variant, T>;
 

@@ -68,18 +68,26 @@ struct PrefillTraits {
   static_assert((kN8KV & (kN8KV - 1)) == 0, "the softmax's max and sum trees halve kN8KV");
   static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
   static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
-  static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks per row
+  static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks of a row's data
+  // Chunks a row takes in shared memory, and the chunk columns the loaders spread their threads
+  // over: the mma.sync mainloop XORs the k16 step into its ldmatrix addresses, which needs rows of
+  // a power of two of at least 8 chunks. A head dim whose row is not one (96: 12 chunks) is stored
+  // in the next power of two; its last chunks are never written or read (a quarter of the Q/K/V
+  // buffers at 96), so it runs the other head dims' inner loops unchanged.
+  static constexpr int kSmemRowChunks = kRowChunks <= 8 ? 8 : kRowChunks <= 16 ? 16 : kRowChunks <= 32 ? 32 : 64;
   // Shared-memory layout of a ROWS-row Q, K or V tile, as the MMA kind reads it.
   template <int ROWS>
-  using SmemTile = typename OperandTile<kWgmma, ROWS, kRowChunks>::type;
+  using SmemTile = typename OperandTile<kWgmma, ROWS, kSmemRowChunks>::type;
 
-  static constexpr int kQTileBytes = CTA_TILE_Q * HEAD_DIM * static_cast<int>(sizeof(T));
+  static constexpr int kQTileElems = CTA_TILE_Q * kSmemRowChunks * 8;    // [CTA_TILE_Q][kSmemRowChunks * 8]
+  static constexpr int kKVTileElems = CTA_TILE_KV * kSmemRowChunks * 8;  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  static constexpr int kQTileBytes = kQTileElems * static_cast<int>(sizeof(T));
   // Q buffers. Warp-specialised: two, so the producer copies the next work item's Q while the
   // compute warps still read the current one (the persistent kernel's items are short: W4's
   // causal 1k requests average ~5 KV tiles, and a single buffer left each item's Q copy exposed
   // behind the previous item's last P V and epilogue). Elsewhere one.
   static constexpr int kQStages = kWarpSpecialized ? 2 : 1;
-  static constexpr int kKVTileBytes = CTA_TILE_KV * HEAD_DIM * static_cast<int>(sizeof(T));
+  static constexpr int kKVTileBytes = kKVTileElems * static_cast<int>(sizeof(T));
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
   // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
@@ -115,7 +123,9 @@ struct PrefillTraits {
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
-  static_assert(HEAD_DIM % 64 == 0, "the swizzle spans 8 chunks of 8 elements");
+  static_assert(HEAD_DIM % 16 == 0, "whole k16 steps of Q K^T, pairs of n8 tiles of O, an even number of chunks");
+  static_assert(kSmemRowChunks >= kRowChunks && kSmemRowChunks <= 64, "the stored row holds the data");
+  static_assert(!kWgmma || kSmemRowChunks == kRowChunks, "wgmma operands are unpadded (Sw128Tile)");
   static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
   static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
   static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
@@ -138,10 +148,11 @@ struct PrefillTraits {
 template <typename Traits>
 struct PrefillSmem {
   using T = typename Traits::DType;
-  T* q;         // [CTA_TILE_Q][HEAD_DIM], swizzled: Q buffer 0
-  T* extra_q;   // [kQStages - 1][CTA_TILE_Q][HEAD_DIM], swizzled: the other Q buffers, after the barriers
-  T* k;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
-  T* v;         // [kStages][CTA_TILE_KV][HEAD_DIM], swizzled
+  // Rows of kSmemRowChunks * 8 elements, HEAD_DIM of them data (see PrefillTraits).
+  T* q;         // [CTA_TILE_Q][kSmemRowChunks * 8], swizzled: Q buffer 0
+  T* extra_q;   // [kQStages - 1][CTA_TILE_Q][kSmemRowChunks * 8], swizzled: the other Q buffers, after the barriers
+  T* k;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
+  T* v;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
   uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (see StageCompletion)

@@ -298,7 +298,7 @@ const RealKernel kPrefill = {
     "__nv_bfloat16>"};
 const RealKernel kDecode = {
     "decode", "kernels/attention/decode.cuh",
-    "&tessera::kernels::batch_decode_kernel<tessera::kernels::DecodeTraits<__nv_bfloat16, 128>, "
+    "&tessera::kernels::batch_decode_kernel<tessera::kernels::DecodeTraits<__nv_bfloat16, 128, 8, 2, 4>, "
     "tessera::kernels::KVFormatKind::kPaged, __nv_bfloat16>"};
 
 void compile_real_kernel(const RealKernel& k, const std::string& arch, int sm) {

@@ -390,7 +390,7 @@ double kv_elements(const AttentionCase& c) {
 
 std::vector<AttentionCase> decode_cases() {
   std::vector<AttentionCase> cases;
-  Deck dtype({0, 1}, 11), dim({64, 128, 256}, 12), kv({0, 1, 15, 512, 2049, 16384}, 13), batch({1, 7, 64}, 14),
+  Deck dtype({0, 1}, 11), dim({64, 96, 128, 256}, 12), kv({0, 1, 15, 512, 2049, 16384}, 13), batch({1, 7, 64}, 14),
       page({1, 3, 16, 64}, 15), layout({0, 1}, 16), hkv({1, 2, 3}, 17), strided({1, 0, 0, 0, 0}, 18),
       nolse({1, 0, 0, 0, 0, 0, 0}, 19), causal({1, 0, 0, 0}, 20), scaled({1, 0, 0, 0, 0, 0}, 21),
       combined({0, 1}, 22), nan_unused({1, 0}, 23);
@@ -472,14 +472,20 @@ std::vector<AttentionCase> decode_cases() {
   // 64 x 3 = 192 CTAs of 16-row tiles: more than the SMs of an H100 / H200 (132), so the one-shot
   // grid keeps the 4-warp 16-row tile; the small batches above take the wide one (8 warps, KV128).
   AttentionCase s5 = small(Entry::kPaged, DecodeKernel::kTensorCores, Layout::kNHD, DType::kBF16, 64, 37, 3, 3, 4, 128);
-  cases.insert(cases.end(), {s1, s2, s3, s4, s5});
+  // head_dim 96: padded rows in both families (a 16-thread row group with 4 idle threads; 16-chunk
+  // shared-memory rows with 4 unused chunks).
+  AttentionCase s6 = small(Entry::kPaged, DecodeKernel::kCudaCores, Layout::kHND, DType::kF16, 7, 37, 3, 2, 5, 96);
+  s6.nan_unused = true;
+  AttentionCase s7 = small(Entry::kRagged, DecodeKernel::kTensorCores, Layout::kNHD, DType::kBF16, 5, 20, 0, 2, 4, 96);
+  s7.strided = true;
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7});
   make_names_unique(cases, case_name);
   return cases;
 }
 
 std::vector<AttentionCase> prefill_cases() {
   std::vector<AttentionCase> cases;
-  Deck dtype({0, 1}, 31), dim({64, 128, 256}, 32), kv({0, 1, 15, 512, 2049, 16384}, 33), batch({1, 7, 64}, 34),
+  Deck dtype({0, 1}, 31), dim({64, 96, 128, 256}, 32), kv({0, 1, 15, 512, 2049, 16384}, 33), batch({1, 7, 64}, 34),
       page({1, 3, 16, 64}, 35), layout({0, 1}, 36), hkv({1, 2, 4}, 37), group({1, 4, 5, 7, 8}, 38),
       strided({1, 0, 0, 0, 0}, 39), nolse({1, 0, 0, 0, 0, 0, 0}, 40), scaled({1, 0, 0, 0, 0, 0}, 41),
       nan_unused({1, 0}, 42), loose({1, 0, 0}, 43);
@@ -575,7 +581,11 @@ std::vector<AttentionCase> prefill_cases() {
   s4.strided = true;
   // Long rows at head_dim 128: the 128-row tile (wgmma on sm_90; s1 too, 85 packed rows).
   AttentionCase s5 = small(Entry::kRagged, Layout::kNHD, DType::kF16, 3, 130, 300, 0, 2, 1, 128, false);
-  cases.insert(cases.end(), {s1, s2, s3, s4, s5});
+  // head_dim 96 (padded shared-memory rows): the 128-row tile and a paged 64-row one.
+  AttentionCase s6 = small(Entry::kRagged, Layout::kNHD, DType::kBF16, 3, 130, 300, 0, 2, 1, 96, true);
+  AttentionCase s7 = small(Entry::kPaged, Layout::kHND, DType::kF16, 5, 20, 45, 3, 2, 3, 96, false);
+  s7.nan_unused = true;
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7});
   make_names_unique(cases, case_name);
   return cases;
 }
@@ -1128,7 +1138,7 @@ std::vector<BlockSparseCase> block_sparse_cases() {
   // (partial last block row and column block), M <= N so that causal rows all have keys in range.
   const Shape shapes[] = {{1, 1, 70, 333},     {16, 16, 300, 1000}, {64, 16, 577, 2049}, {7, 3, 128, 515},
                           {128, 64, 600, 2049}, {1, 16, 17, 4100},   {16, 1, 130, 512}};
-  Deck dtype({0, 1}, 51), dim({64, 128, 256}, 52), group({1, 4, 5, 7, 8}, 53), hkv({1, 2}, 54),
+  Deck dtype({0, 1}, 51), dim({64, 96, 128, 256}, 52), group({1, 4, 5, 7, 8}, 53), hkv({1, 2}, 54),
       density({15, 40, 70, 100}, 55), strided({1, 0, 0, 0}, 56), nolse({1, 0, 0, 0, 0}, 57);
   std::vector<BlockSparseCase> cases;
   for (const Shape& sh : shapes) {
@@ -1196,8 +1206,16 @@ std::vector<BlockSparseCase> block_sparse_cases() {
   s2.head_dim = 128;
   s2.causal = false;
   s2.strided = true;
+  BlockSparseCase s3 = s2;  // head_dim 96: padded shared-memory rows
+  s3.head_dim = 96;
+  s3.block_rows = 1;
+  s3.block_cols = 16;
+  s3.group = 4;
+  s3.causal = true;
+  s3.strided = false;
   cases.push_back(s1);
   cases.push_back(s2);
+  cases.push_back(s3);
   make_names_unique(cases, block_sparse_case_name);
   return cases;
 }

@@ -131,7 +131,7 @@ TEST(BlockSparseErrors, BadArgumentsAreNamed) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::block_sparse_attention(t(0, bf, {M, Hq, 96}), blocks(Hkv, 96), t(3, bf, {M, Hq, 96}), lse);
+    tessera::block_sparse_attention(t(0, bf, {M, Hq, 80}), blocks(Hkv, 80), t(3, bf, {M, Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::block_sparse_attention(t(0, bf, {M, 6, D}), blocks(4, D), t(3, bf, {M, 6, D}), t(4, DType::kF32, {M, 6}));

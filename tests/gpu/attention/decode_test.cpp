@@ -77,8 +77,8 @@ TEST(DecodeErrors, SingleDecodeNamesTheArgument) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::single_decode(f.t(0, bf, {Hq, 96}), f.t(1, bf, {L, Hkv, 96}), f.t(2, bf, {L, Hkv, 96}), Layout::kNHD,
-                           f.t(3, bf, {Hq, 96}), lse);
+    tessera::single_decode(f.t(0, bf, {Hq, 80}), f.t(1, bf, {L, Hkv, 80}), f.t(2, bf, {L, Hkv, 80}), Layout::kNHD,
+                           f.t(3, bf, {Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::single_decode(f.t(0, bf, {6, D}), f.t(1, bf, {L, 4, D}), f.t(2, bf, {L, 4, D}), Layout::kNHD,
@@ -91,8 +91,8 @@ TEST(DecodeErrors, SingleDecodeNamesTheArgument) {
                    {"lse.shape"});
   for (DecodeKernel kernel : {DecodeKernel::kCudaCores, DecodeKernel::kTensorCores}) {
     expect_error_any([&] {
-      tessera::single_decode(f.t(0, bf, {Hq, 96}), f.t(1, bf, {L, Hkv, 96}), f.t(2, bf, {L, Hkv, 96}), Layout::kNHD,
-                             f.t(3, bf, {Hq, 96}), lse, {}, nullptr, kernel);
+      tessera::single_decode(f.t(0, bf, {Hq, 80}), f.t(1, bf, {L, Hkv, 80}), f.t(2, bf, {L, Hkv, 80}), Layout::kNHD,
+                             f.t(3, bf, {Hq, 80}), lse, {}, nullptr, kernel);
     }, {"head_dim"}, StatusCode::kUnsupported);
   }
 }
@@ -107,7 +107,7 @@ TEST(DecodeErrors, BatchDecodePagedNamesTheArgument) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::batch_decode_paged(f.t(0, bf, {B, Hq, 96}), f.paged(Hkv, 96), f.t(3, bf, {B, Hq, 96}), lse);
+    tessera::batch_decode_paged(f.t(0, bf, {B, Hq, 80}), f.paged(Hkv, 80), f.t(3, bf, {B, Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::batch_decode_paged(f.t(0, bf, {B, 6, D}), f.paged(4, D), f.t(3, bf, {B, 6, D}),
@@ -135,8 +135,8 @@ TEST(DecodeErrors, BatchDecodeRaggedNamesTheArgument) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::batch_decode_ragged(f.t(0, bf, {B, Hq, 96}), f.t(1, bf, {16, Hkv, 96}), f.t(2, bf, {16, Hkv, 96}),
-                                 kv_indptr, f.t(3, bf, {B, Hq, 96}), lse);
+    tessera::batch_decode_ragged(f.t(0, bf, {B, Hq, 80}), f.t(1, bf, {16, Hkv, 80}), f.t(2, bf, {16, Hkv, 80}),
+                                 kv_indptr, f.t(3, bf, {B, Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::batch_decode_ragged(f.t(0, bf, {B, 6, D}), f.t(1, bf, {16, 4, D}), f.t(2, bf, {16, 4, D}), kv_indptr,

@@ -80,8 +80,8 @@ TEST(PrefillErrors, SinglePrefillNamesTheArgument) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::single_prefill(f.t(0, bf, {Q, Hq, 96}), f.t(1, bf, {L, Hkv, 96}), f.t(2, bf, {L, Hkv, 96}), Layout::kNHD,
-                            f.t(3, bf, {Q, Hq, 96}), lse);
+    tessera::single_prefill(f.t(0, bf, {Q, Hq, 80}), f.t(1, bf, {L, Hkv, 80}), f.t(2, bf, {L, Hkv, 80}), Layout::kNHD,
+                            f.t(3, bf, {Q, Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::single_prefill(f.t(0, bf, {Q, 6, D}), f.t(1, bf, {L, 4, D}), f.t(2, bf, {L, 4, D}), Layout::kNHD,
@@ -106,8 +106,8 @@ TEST(PrefillErrors, BatchPrefillRaggedNamesTheArgument) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::batch_prefill_ragged(f.t(0, bf, {Q, Hq, 96}), f.qo(), 4, f.t(1, bf, {L, Hkv, 96}),
-                                  f.t(2, bf, {L, Hkv, 96}), f.kv(), f.t(3, bf, {Q, Hq, 96}), lse);
+    tessera::batch_prefill_ragged(f.t(0, bf, {Q, Hq, 80}), f.qo(), 4, f.t(1, bf, {L, Hkv, 80}),
+                                  f.t(2, bf, {L, Hkv, 80}), f.kv(), f.t(3, bf, {Q, Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::batch_prefill_ragged(f.t(0, bf, {Q, 6, D}), f.qo(), 4, f.t(1, bf, {L, 4, D}), f.t(2, bf, {L, 4, D}),
@@ -143,7 +143,7 @@ TEST(PrefillErrors, BatchPrefillPagedNamesTheArgument) {
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   expect_error_any([&] {
-    tessera::batch_prefill_paged(f.t(0, bf, {Q, Hq, 96}), f.qo(), 4, f.paged(Hkv, 96), f.t(3, bf, {Q, Hq, 96}), lse);
+    tessera::batch_prefill_paged(f.t(0, bf, {Q, Hq, 80}), f.qo(), 4, f.paged(Hkv, 80), f.t(3, bf, {Q, Hq, 80}), lse);
   }, {"head_dim"}, StatusCode::kUnsupported);
   expect_error_any([&] {
     tessera::batch_prefill_paged(f.t(0, bf, {Q, 6, D}), f.qo(), 4, f.paged(4, D), f.t(3, bf, {Q, 6, D}),

@@ -300,7 +300,7 @@ std::vector<RuntimeCase> runtime_cases() {
     }
     c.group = 4;
     c.page_size = 16;
-    for (int64_t d : {64, 256}) {
+    for (int64_t d : {64, 96, 256}) {
       c.head_dim = d;
       cases.push_back(named(c, "odd"));
     }
@@ -339,7 +339,7 @@ std::vector<RuntimeCase> runtime_cases() {
     }
     c.causal = true;
     c.dtype = DType::kF16;
-    for (int64_t d : {64, 256}) {
+    for (int64_t d : {64, 96, 256}) {
       c.head_dim = d;
       cases.push_back(named(c, "mixed"));
     }

@@ -1,0 +1,73 @@
+// The vocabulary of the generated configuration table (src/config/attention_configs.txt ->
+// <build>/src/config/attention_configs.h): query tiles, the configuration templates the table
+// specialises, and the errors of its switches.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/attention/params.cuh"
+
+namespace tessera {
+namespace detail {
+
+/// Query rows per CTA. The rows are packed (query, head-in-group) pairs, so a decode step with
+/// GQA group 4 fills 4 rows of a tile. k16Wide: 16 rows whose KV tiles 8 warps split (grids that
+/// leave SMs idle); k128Wgmma: the 128-row tile computed with wgmma (sm_90a).
+enum class QTile { k16, k16Wide, k64, k128, k128Wgmma };
+
+/// "16", "16w", "64", "128", "128wg": the names TESSERA_PREFILL_QTILE and error messages use.
+const char* q_tile_name(QTile q_tile);
+
+/// The prefill tile (PrefillTraits) of element type T, head dim HEAD_DIM and query tile Q, with
+/// the KV formats it is built for (kFormats); specialised by the generated table only.
+template <typename T, int HEAD_DIM, QTile Q>
+struct PrefillConfig;
+
+/// The CUDA-core decode kernel's traits (DecodeTraits) and formats; specialised by the table only.
+template <typename T, int HEAD_DIM>
+struct DecodeConfig;
+
+/// A configuration as a value, for the generated switches' callbacks (C++17 has no template
+/// lambdas): f(ConfigTag<C>{}) reads C::Traits and C::kFormats.
+template <typename Config>
+struct ConfigTag {
+  using type = Config;
+};
+
+constexpr uint32_t format_bit(kernels::KVFormatKind format) { return 1u << static_cast<int>(format); }
+
+[[noreturn]] void fail_unsupported_head_dim(const char* family, int head_dim, const char* supported);
+[[noreturn]] void fail_no_prefill_config(int head_dim, QTile q_tile);
+[[noreturn]] void fail_unsupported_format(const char* family, int head_dim, kernels::KVFormatKind format);
+
+template <kernels::KVFormatKind kFormat>
+using FormatTag = std::integral_constant<kernels::KVFormatKind, kFormat>;
+
+/// Calls f(FormatTag<format>{}) when Config is built for `format`; otherwise an error naming the
+/// family and head dim.
+template <typename Config, typename F>
+void with_config_format(kernels::KVFormatKind format, const char* family, F&& f) {
+  constexpr int kHeadDim = Config::Traits::HEAD_DIM;
+  switch (format) {
+    case kernels::KVFormatKind::kRagged:
+      if constexpr ((Config::kFormats & format_bit(kernels::KVFormatKind::kRagged)) != 0) {
+        return f(FormatTag<kernels::KVFormatKind::kRagged>{});
+      }
+      break;
+    case kernels::KVFormatKind::kPaged:
+      if constexpr ((Config::kFormats & format_bit(kernels::KVFormatKind::kPaged)) != 0) {
+        return f(FormatTag<kernels::KVFormatKind::kPaged>{});
+      }
+      break;
+    case kernels::KVFormatKind::kBlockSparse:
+      if constexpr ((Config::kFormats & format_bit(kernels::KVFormatKind::kBlockSparse)) != 0) {
+        return f(FormatTag<kernels::KVFormatKind::kBlockSparse>{});
+      }
+      break;
+  }
+  fail_unsupported_format(family, kHeadDim, format);
+}
+
+}  // namespace detail
+}  // namespace tessera

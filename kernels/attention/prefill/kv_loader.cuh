@@ -222,7 +222,7 @@ struct PrefillWork {
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
 struct KVTileSource {
   using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
-  static constexpr int kTileElems = Traits::CTA_TILE_KV * Traits::HEAD_DIM;
+  static constexpr int kTileElems = Traits::kKVTileElems;  // a stage: stored rows (PrefillTraits)
   const AttentionParams<T>& p;
   const RequestExtent& e;
   const int kv_head;

@@ -110,7 +110,7 @@ struct Sm90Mainloop {
     if constexpr (kByCopies) fence_proxy_async_shared();
   }
 
-  TESSERA_DEVICE T* k_tile() const { return smem.k + ring.read_k.stage * kTileElems; }  // [CTA_TILE_KV][HEAD_DIM]
+  TESSERA_DEVICE T* k_tile() const { return smem.k + ring.read_k.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
   TESSERA_DEVICE T* v_tile() const { return nullptr; }  // V stages trail K stages: see issue_pv
 
   /// MMA: S = Q K^T of the warpgroup's 64 rows against all 128 keys (this warp's share is s[0],
@@ -147,7 +147,7 @@ struct Sm90Mainloop {
                                int v_tile_index, const Applier& applier) const {
     smem.v_pipeline().consumer_wait(ring.read_v);
     if constexpr (kByCopies) fence_proxy_async_shared();  // the copies, before wgmma's async-proxy reads
-    T* v_tile = smem.v + ring.read_v.stage * kTileElems;  // [CTA_TILE_KV][HEAD_DIM]
+    T* v_tile = smem.v + ring.read_v.stage * kTileElems;  // [CTA_TILE_KV][kSmemRowChunks * 8]
     if constexpr (Variant::kHasValueTransform) {
       applier.transform_values(v_tile, kv.keys(v_tile_index));
       fence_proxy_async_shared();

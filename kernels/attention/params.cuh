@@ -97,12 +97,14 @@ struct BlockSparseKVParams {
   const IdT* indices;          // [num_indices] column-block ids, in [0, num_blocks) (others: masked)
   const uint8_t* block_flags;  // [num_indices] 1: every pair of that listed block is visible, so a tile
                                // of such blocks skips the mask; nullptr: every tile is masked
-  IdT block_rows;              // Br: query rows per block row (the last block row may have fewer)
-  IdT block_cols;              // Bc: columns per column block (the last may reach past N: masked)
+  // ptxas loads two counts that share an 8-byte word at once, so their order changes the
+  // block-sparse kernels' scheduling: compare a new order with scripts/sass-diff.sh.
   IdT num_blocks;              // column blocks, ceil(N / Bc): the bound a block id is checked against
+  IdT block_cols;              // Bc: columns per column block (the last may reach past N: masked)
+  IdT num_cols;                // N: columns (rows of k and v)
+  IdT block_rows;              // Br: query rows per block row (the last block row may have fewer)
   IdT num_indices;             // entries of indices (and block_flags): indptr entries are clamped to it
   IdT num_rows;                // M: query rows (rows of q and o)
-  IdT num_cols;                // N: columns (rows of k and v)
 };
 
 /// Everything an attention kernel reads besides its variant's parameters. QT, KVT, OT: element

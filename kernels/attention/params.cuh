@@ -132,7 +132,8 @@ struct AttentionParams {
   PagedKVParams<IdT> paged;
   BlockSparseKVParams<IdT> block_sparse;
 
-  int32_t batch_size;    // requests (block-sparse: block rows, ceil(M / Br))
+  int32_t batch_size;    // requests (block-sparse: block rows, ceil(M / Br)); the runtime passes the
+                         // bound its workspace's index arrays hold (its plan names the requests)
   int32_t num_qo_heads;  // Hq
   int32_t num_kv_heads;  // Hkv
   int32_t group_size;    // Hq / Hkv: query heads per KV head

@@ -414,20 +414,10 @@ void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const Te
   const ResolvedVariant variant = call_variant(options, q, heads, kv.num_row_blocks(), true);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    p.block_flags = kv.block_flags.defined() ? kv.block_flags.data_as<const uint8_t>() : nullptr;
-    p.k = kv.k.data_as<const T>();
-    p.v = kv.v.data_as<const T>();
-    p.k_row_stride = kv.k.strides[0];
-    p.k_head_stride = kv.k.strides[1];
-    p.v_row_stride = kv.v.strides[0];
-    p.v_head_stride = kv.v.strides[1];
-    p.kv_indptr = kv.indptr.data_as<const int32_t>();
-    p.kv_indices = kv.indices.data_as<const int32_t>();
-    p.page_size = static_cast<int32_t>(kv.block_cols);
-    p.num_pages = static_cast<int32_t>(kv.num_col_blocks());
-    p.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
-    p.num_kv_rows = static_cast<int32_t>(kv.num_cols());
-    p.block_rows = static_cast<int32_t>(kv.block_rows);
+    block_sparse_kv_params<T>(p, kv.k, kv.v, kv.indices.data_as<const int32_t>(), kv.indices.shape[0], kv.block_rows,
+                              kv.block_cols, kv.num_rows, kv.num_cols());
+    p.block_sparse.indptr = kv.indptr.data_as<const int32_t>();
+    p.block_sparse.block_flags = kv.block_flags.defined() ? kv.block_flags.data_as<const uint8_t>() : nullptr;
     p.batch_size = static_cast<int32_t>(kv.num_row_blocks());
     detail::launch_prefill<T>(p, variant, KVFormatKind::kBlockSparse, static_cast<int>(heads.head_dim), kv.block_rows,
                               static_cast<double>(kv.block_rows), stream);

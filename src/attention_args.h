@@ -44,16 +44,16 @@ AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const 
                                 const HeadConfig& heads, const AttentionOptions& options) {
   AttentionParams<T> p{};
   const bool one_row = q.ndim == 2;
-  p.q = q.data_as<const T>();
-  p.q_row_stride = one_row ? 0 : q.strides[0];
-  p.q_head_stride = q.strides[q.ndim - 2];
-  p.o = o.data_as<T>();
-  p.o_row_stride = o.ndim == 2 ? 0 : o.strides[0];
-  p.o_head_stride = o.strides[o.ndim - 2];
+  p.q.data = q.data_as<const T>();
+  p.q.row_stride = one_row ? 0 : q.strides[0];
+  p.q.head_stride = q.strides[q.ndim - 2];
+  p.o.data = o.data_as<T>();
+  p.o.row_stride = o.ndim == 2 ? 0 : o.strides[0];
+  p.o.head_stride = o.strides[o.ndim - 2];
   if (lse.data != nullptr) {
-    p.lse = lse.data_as<float>();
-    p.lse_row_stride = lse.ndim == 1 ? 0 : lse.strides[0];
-    p.lse_head_stride = lse.strides[lse.ndim - 1];
+    p.o.lse = lse.data_as<float>();
+    p.o.lse_row_stride = lse.ndim == 1 ? 0 : lse.strides[0];
+    p.o.lse_head_stride = lse.strides[lse.ndim - 1];
   }
   p.num_q_rows = static_cast<int32_t>(one_row ? 1 : q.shape[0]);
   p.num_qo_heads = static_cast<int32_t>(heads.num_qo_heads);
@@ -66,52 +66,75 @@ AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const 
   return p;
 }
 
-/// Dense K/V of one request, NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D], as a ragged gather.
+/// K and V as rows: k and v are [rows, Hkv, D] (row_axis 0) or [Hkv, rows, D] (row_axis 1), the
+/// rows of ragged KV (one request or many) and the columns of block-sparse KV.
+template <typename T>
+void kv_row_tensors(AttentionParams<T>& p, const TensorView& k, const TensorView& v, int row_axis) {
+  const int head_axis = 1 - row_axis;
+  p.kv.k = k.data_as<const T>();
+  p.kv.v = v.data_as<const T>();
+  p.kv.k_row_stride = k.strides[row_axis];
+  p.kv.k_head_stride = k.strides[head_axis];
+  p.kv.v_row_stride = v.strides[row_axis];
+  p.kv.v_head_stride = v.strides[head_axis];
+}
+
+/// Dense K/V of one request, NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D], as ragged KV without
+/// an indptr.
 template <typename T>
 void dense_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, Layout layout) {
-  const int row = layout == Layout::kNHD ? 0 : 1, head = 1 - row;
-  p.k = k.data_as<const T>();
-  p.v = v.data_as<const T>();
-  p.k_row_stride = k.strides[row];
-  p.k_head_stride = k.strides[head];
-  p.v_row_stride = v.strides[row];
-  p.v_head_stride = v.strides[head];
-  p.kv_indptr = nullptr;
-  p.kv_len_single = static_cast<int32_t>(k.shape[row]);
-  p.num_kv_rows = p.kv_len_single;
+  const int row = layout == Layout::kNHD ? 0 : 1;
+  kv_row_tensors<T>(p, k, v, row);
+  p.ragged.indptr = nullptr;
+  p.ragged.len_single = static_cast<int32_t>(k.shape[row]);
+  p.ragged.num_rows = p.ragged.len_single;
   p.batch_size = 1;
 }
 
 template <typename T>
 void ragged_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, const TensorView& kv_indptr) {
-  p.k = k.data_as<const T>();
-  p.v = v.data_as<const T>();
-  p.k_row_stride = k.strides[0];
-  p.k_head_stride = k.strides[1];
-  p.v_row_stride = v.strides[0];
-  p.v_head_stride = v.strides[1];
-  p.kv_indptr = kv_indptr.data_as<const int32_t>();
-  p.num_kv_rows = static_cast<int32_t>(k.shape[0]);
+  kv_row_tensors<T>(p, k, v, 0);
+  p.ragged.indptr = kv_indptr.data_as<const int32_t>();
+  p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
   p.batch_size = static_cast<int32_t>(kv_indptr.shape[0] - 1);
 }
 
+/// Paged K/V: p.kv's row strides are the slot strides within a page.
 template <typename T>
 void paged_kv_params(AttentionParams<T>& p, const PagedKV& kv) {
-  p.k = kv.k.data_as<const T>();
-  p.v = kv.v.data_as<const T>();
-  p.k_page_stride = kv.k_page_stride();
-  p.k_row_stride = kv.k_slot_stride();
-  p.k_head_stride = kv.k_head_stride();
-  p.v_page_stride = kv.v_page_stride();
-  p.v_row_stride = kv.v_slot_stride();
-  p.v_head_stride = kv.v_head_stride();
-  p.kv_indptr = kv.indptr.data_as<const int32_t>();
-  p.kv_indices = kv.indices.data_as<const int32_t>();
-  p.last_page_len = kv.last_page_len.data_as<const int32_t>();
-  p.page_size = static_cast<int32_t>(kv.page_size());
-  p.num_pages = static_cast<int32_t>(kv.num_pages());
-  p.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
+  p.kv.k = kv.k.data_as<const T>();
+  p.kv.v = kv.v.data_as<const T>();
+  p.kv.k_row_stride = kv.k_slot_stride();
+  p.kv.k_head_stride = kv.k_head_stride();
+  p.kv.v_row_stride = kv.v_slot_stride();
+  p.kv.v_head_stride = kv.v_head_stride();
+  p.paged.k_page_stride = kv.k_page_stride();
+  p.paged.v_page_stride = kv.v_page_stride();
+  p.paged.indptr = kv.indptr.data_as<const int32_t>();
+  p.paged.indices = kv.indices.data_as<const int32_t>();
+  p.paged.last_page_len = kv.last_page_len.data_as<const int32_t>();
+  p.paged.page_size = static_cast<int32_t>(kv.page_size());
+  p.paged.num_pages = static_cast<int32_t>(kv.num_pages());
+  p.paged.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
   p.batch_size = static_cast<int32_t>(kv.batch_size());
+}
+
+/// Block-sparse K/V but its indptr and block flags: k and v are [N, Hkv, D]. `indices`: the
+/// column-block ids the kernels read (the one-shot call's own, or run()'s device address of them).
+/// The caller sets block_sparse.indptr, block_sparse.block_flags and batch_size (the runtime's
+/// come from the plan).
+template <typename T>
+void block_sparse_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, const int32_t* indices,
+                            int64_t num_indices, int64_t block_rows, int64_t block_cols, int64_t num_rows,
+                            int64_t num_cols) {
+  kv_row_tensors<T>(p, k, v, 0);
+  p.block_sparse.indices = indices;
+  p.block_sparse.num_indices = static_cast<int32_t>(num_indices);
+  p.block_sparse.block_rows = static_cast<int32_t>(block_rows);
+  p.block_sparse.block_cols = static_cast<int32_t>(block_cols);
+  p.block_sparse.num_blocks = static_cast<int32_t>((num_cols + block_cols - 1) / block_cols);
+  p.block_sparse.num_rows = static_cast<int32_t>(num_rows);
+  p.block_sparse.num_cols = static_cast<int32_t>(num_cols);
 }
 
 /// K and V of a single request: NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D].

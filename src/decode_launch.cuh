@@ -17,7 +17,7 @@ namespace detail {
 
 template <typename Traits, kernels::KVFormatKind kFormat, typename T>
 void launch_decode_config(const kernels::AttentionParams<T>& p, cudaStream_t stream) {
-  auto kernel = kernels::batch_decode_kernel<Traits, kFormat, T>;
+  auto kernel = kernels::batch_decode_kernel<Traits, kFormat, kernels::AttentionParams<T>>;
   ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   // Groups larger than one CTA's row groups are split over CTAs (grid z) so that each thread keeps
   // the state of a single query head.

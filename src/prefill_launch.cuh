@@ -46,7 +46,10 @@ VariantKernelRequest prefill_variant_request(const char* scheduler, const char* 
   r.header = "kernels/attention/prefill.cuh";
   r.kernel = "tessera::kernels::attention_prefill_kernel";
   r.args_before = prefill_template_args<Traits, kFormat>();
-  r.args_after = str_cat(scheduler, ", ", cuda_type_name<typename Traits::DType>());
+  using T = typename Traits::DType;
+  static_assert(std::is_same<kernels::AttentionParams<T>, kernels::AttentionParams<T, T, T, kernels::int32_t>>::value,
+                "params_type_name spells the launches' kernels::AttentionParams<T> with its defaults written out");
+  r.args_after = str_cat(scheduler, ", ", params_type_name<T>());
   r.dynamic_smem_bytes = smem_bytes;
   // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
   r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
@@ -94,7 +97,8 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
   const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads);
   typename kernels::OneShotScheduler<Traits>::Arguments tiles{static_cast<int32_t>(q_tiles)};
   if (variant.is_default) {
-    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler, T>;
+    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler,
+                                                    kernels::AttentionParams<T>>;
     // One work item per CTA: only the first Q buffer (kOneItemSmemBytes).
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kOneItemSmemBytes);
     kernel<<<grid, Traits::kThreads, Traits::kOneItemSmemBytes, stream>>>(p, variant.params, tiles);
@@ -122,7 +126,8 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
   const dim3 grid(static_cast<unsigned>(launch.grid_cols),
                   static_cast<unsigned>(p.num_kv_heads / launch.work.heads_per_cta));
   if (variant.is_default) {
-    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, T>;
+    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler,
+                                                    kernels::AttentionParams<T>>;
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
     kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
     TESSERA_CHECK_LAUNCH();
@@ -148,8 +153,8 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
     dependent.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &dependent;
     config.numAttrs = current_device_has_dependent_launch() ? 1 : 0;
-    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<T, kFormat>, p, launch.work,
-                                          static_cast<int>(Traits::CTA_TILE_Q), HEAD_DIM))
+    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<kernels::AttentionParams<T>, kFormat>,
+                                          p, launch.work, static_cast<int>(Traits::CTA_TILE_Q), HEAD_DIM))
         << " (contraction of the plan/run runtime)";
   }
 }
@@ -184,7 +189,7 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
     using Traits = typename decltype(config_tag)::type::Traits;
     auto kernel = kernels::attention_prefill_kernel<Traits, decltype(format_tag)::value, kernels::DefaultVariant,
-                                                    kernels::PlannedScheduler, T>;
+                                                    kernels::PlannedScheduler, kernels::AttentionParams<T>>;
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
     TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
                                                                      Traits::kSmemBytes))

@@ -27,11 +27,14 @@ struct ContractionTraits {
 /// runtime and the merge count is read from the workspace, so one captured launch serves any plan.
 /// Launched as a programmatic dependent of the persistent kernel (sm_90+): everything up to the
 /// partial states (the plan, written before that kernel started) is read while it still runs.
-template <typename T, KVFormatKind kFormat>
+/// Params: the persistent kernel's AttentionParams (request extents and outputs).
+template <typename Params, KVFormatKind kFormat>
 __global__ void __launch_bounds__(ContractionTraits::kThreadsPerBlock)
-merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const int q_tile_rows, const int head_dim) {
+merge_planned_kernel(const Params p, const PlannedWork work, const int q_tile_rows, const int head_dim) {
+  using OT = typename Params::OType;
   constexpr int N = ContractionTraits::kFloatsPerThread;
-  static_assert(vec_elems<T>() == N, "16-bit outputs");
+  static_assert(vec_elems<OT>() == N, "16-bit outputs");
+  static_assert(kInt32Indices<Params>, "the contraction takes int32 index arrays (int32 query rows)");
   const int vecs = head_dim / N;
   const int64_t per_merge = static_cast<int64_t>(p.num_kv_heads) * q_tile_rows * vecs;
   const int64_t total = static_cast<int64_t>(*work.num_merges) * per_merge;
@@ -42,7 +45,7 @@ merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const i
     const int kv_head = static_cast<int>((t / (static_cast<int64_t>(vecs) * q_tile_rows)) % p.num_kv_heads);
     const PlannedMerge merge = work.merges[t / per_merge];
     if (merge.request < 0 || merge.request >= p.batch_size) continue;  // never produced by the planner
-    const RequestExtent e = request_extent<kFormat>(p, merge.request);
+    const RequestExtent e = KVFormat<kFormat>::request_extent(p, merge.request);
     const int packed = merge.packed_begin + row;
     const int qo_idx = packed / p.group_size;
     if (qo_idx >= e.qo_len) continue;
@@ -72,13 +75,13 @@ merge_planned_kernel(const AttentionParams<T> p, const PlannedWork work, const i
         }
       }
     }
-    Vec<T> out;
+    Vec<OT> out;
     const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
 #pragma unroll
-    for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(acc.acc[i] * inv_d);
-    out.store(p.o + static_cast<int64_t>(e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + vec * N);
-    if (p.lse != nullptr && vec == 0) {
-      p.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = acc.lse();
+    for (int i = 0; i < N; ++i) out.data[i] = from_float<OT>(acc.acc[i] * inv_d);
+    out.store(p.o.data + static_cast<int64_t>(e.q_begin + qo_idx) * p.o.row_stride + head * p.o.head_stride + vec * N);
+    if (p.o.lse != nullptr && vec == 0) {
+      p.o.lse[static_cast<int64_t>(e.q_begin + qo_idx) * p.o.lse_row_stride + head * p.o.lse_head_stride] = acc.lse();
     }
   }
 }

@@ -112,8 +112,9 @@ TESSERA_DEVICE uint32_t row_group_mask() {
 /// This thread's share of each tile copy: vector `vec` of rows group + j * kGroups. The gather
 /// addresses of the next tile are computed (page-table loads issued) one iteration before the copy
 /// so their latency overlaps the computation of the current tile.
-template <typename Traits, KVFormatKind kFormat, typename T>
+template <typename Traits, KVFormatKind kFormat, typename Params>
 struct KVTileLoader {
+  using T = typename Params::KVType;
   static constexpr int kRows = Traits::kLoadRowsPerGroup;
   const T* k_head;  // K of this KV head at this thread's vector (element offset within a row)
   const T* v_head;
@@ -125,14 +126,14 @@ struct KVTileLoader {
 
   bool has_data;  // false for a padding thread of the row group: its copies zero-fill
 
-  TESSERA_DEVICE KVTileLoader(const AttentionParams<T>& p, int kv_head, int group_, int vec) : group(group_) {
+  TESSERA_DEVICE KVTileLoader(const Params& p, int kv_head, int group_, int vec) : group(group_) {
     vec_elem = vec * Traits::kVecElems;
     has_data = Traits::kVecsPerRow == Traits::kThreadsPerRow || vec < Traits::kVecsPerRow;
-    k_head = p.k + kv_head * p.k_head_stride + vec_elem;
-    v_head = p.v + kv_head * p.v_head_stride + vec_elem;
+    k_head = p.kv.k + kv_head * p.kv.k_head_stride + vec_elem;
+    v_head = p.kv.v + kv_head * p.kv.v_head_stride + vec_elem;
   }
 
-  TESSERA_DEVICE void prepare(const AttentionParams<T>& p, const RequestExtent& e, int tile) {
+  TESSERA_DEVICE void prepare(const Params& p, const RequestExtent& e, int tile) {
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int32_t pos = tile * Traits::kTileRows + group + j * Traits::kGroups;
@@ -140,7 +141,7 @@ struct KVTileLoader {
       k_offset[j] = 0;
       v_offset[j] = 0;
       if (valid[j]) {
-        const KVRow r = kv_row<kFormat>(p, e, pos);
+        const KVRow r = KVFormat<kFormat>::row(p, e, pos);
         valid[j] = r.valid;
         k_offset[j] = r.valid ? r.k_offset : 0;
         v_offset[j] = r.valid ? r.v_offset : 0;
@@ -196,9 +197,17 @@ TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int
 
 /// Grid: (batch_size, num_kv_heads, head chunks), where head chunks = ceil(group_size / kGroups);
 /// block: Traits::kThreads; dynamic shared memory: Traits::kSmemBytes. p.qo_indptr must be nullptr:
-/// request b's query is row b of q.
-template <typename Traits, KVFormatKind kFormat, typename T>
-__global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const AttentionParams<T> p) {
+/// request b's query is row b of q. Params: an AttentionParams whose KV type is Traits::DType.
+template <typename Traits, KVFormatKind kFormat, typename Params>
+__global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const Params p) {
+  using QT = typename Params::QType;
+  using KVT = typename Params::KVType;
+  using OT = typename Params::OType;
+  static_assert(kSameType<KVT, typename Traits::DType>, "the shared-memory ring holds K/V as they are in memory");
+  // A thread's query vector lines up with its K/V vector: the same elements per 16-byte load.
+  static_assert(kSameType<QT, KVT>, "the decode kernel needs q in the K/V element type");
+  static_assert(vec_elems<OT>() == Traits::kVecElems, "a thread stores its output elements as one 16-byte vector");
+  static_assert(kInt32Indices<Params>, "the decode kernel takes int32 index arrays (int32 KV positions)");
   constexpr int N = Traits::kVecElems;
   constexpr int kGroups = Traits::kGroups;
   constexpr int kStages = Traits::kStages;
@@ -230,19 +239,19 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
   const bool has_data = Traits::kVecsPerRow == Traits::kThreadsPerRow || vec < Traits::kVecsPerRow;
   float q[N];  // [N] this thread's query elements, times sm_scale * log2(e)
   {
-    Vec<T> qv;
+    Vec<QT> qv;
     if (has_data) {
-      qv.load(p.q + static_cast<int64_t>(b) * p.q_row_stride + static_cast<int64_t>(qo_head) * p.q_head_stride +
+      qv.load(p.q.data + static_cast<int64_t>(b) * p.q.row_stride + static_cast<int64_t>(qo_head) * p.q.head_stride +
               vec_elem);
     }
 #pragma unroll
     for (int i = 0; i < N; ++i) q[i] = has_data ? to_float(qv.data[i]) * p.sm_scale_log2 : 0.f;
   }
 
-  const RequestExtent e = request_extent<kFormat>(p, b);
+  const RequestExtent e = KVFormat<kFormat>::request_extent(p, b);
   const int num_tiles = ceil_div(max(e.kv_len, 0), kTileRows);
   const uint32_t mask = decode::row_group_mask<Traits::kThreadsPerRow>();
-  decode::KVTileLoader<Traits, kFormat, T> loader(p, kv_head, group, vec);
+  decode::KVTileLoader<Traits, kFormat, Params> loader(p, kv_head, group, vec);
   OnlineSoftmax<N> state;  // one query head over the rows this row group has seen
   decode::PipelineStage<kStages> load_stage, compute_stage;
 
@@ -271,10 +280,10 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
     if (computes) {
       int row = row_slot;
       for (; row + (kStep - 1) * row_slots < kTileRows; row += kStep * row_slots) {
-        decode::compute_rows<Traits, kStep, T>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
+        decode::compute_rows<Traits, kStep, KVT>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
       }
       for (; row < kTileRows; row += row_slots) {
-        decode::compute_rows<Traits, 1, T>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
+        decode::compute_rows<Traits, 1, KVT>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
       }
     }
     compute_stage.advance();
@@ -316,15 +325,16 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const At
   }
 
   const float inv_d = sum.inv_sum();
-  Vec<T> out;
+  Vec<OT> out;
 #pragma unroll
-  for (int i = 0; i < N; ++i) out.data[i] = from_float<T>(sum.acc[i] * inv_d);
+  for (int i = 0; i < N; ++i) out.data[i] = from_float<OT>(sum.acc[i] * inv_d);
   if (has_data) {
-    out.store(p.o + static_cast<int64_t>(b) * p.o_row_stride + static_cast<int64_t>(qo_head) * p.o_head_stride +
+    out.store(p.o.data + static_cast<int64_t>(b) * p.o.row_stride + static_cast<int64_t>(qo_head) * p.o.head_stride +
               vec_elem);
   }
-  if (p.lse != nullptr && vec == 0) {
-    p.lse[static_cast<int64_t>(b) * p.lse_row_stride + static_cast<int64_t>(qo_head) * p.lse_head_stride] = sum.lse();
+  if (p.o.lse != nullptr && vec == 0) {
+    p.o.lse[static_cast<int64_t>(b) * p.o.lse_row_stride + static_cast<int64_t>(qo_head) * p.o.lse_head_stride] =
+        sum.lse();
   }
 }
 

@@ -1,7 +1,13 @@
-// Parameters shared by the attention kernels (decode and prefill families) and the gather of KV
-// rows from any format. A KV format is a block-sparse matrix (docs/design.md §1): the kernels walk a
-// request's logical KV positions 0 .. kv_len-1 and ask the format where row `pos` lives and which
-// column (key index, for masking) it is.
+// Parameters shared by the attention kernels (decode, prefill and the contraction) and the gather of
+// KV rows from any format. A KV format is a block-sparse matrix (docs/design.md §1): the kernels walk
+// a request's logical KV positions 0 .. kv_len-1 and ask the format, KVFormat<kFormat>, where row
+// `pos` lives and which column (key index, for masking) it is.
+//
+// AttentionParams keeps one element type per operand (queries QT, keys and values KVT, outputs OT)
+// and the type of the index arrays (IdT), so that KV stored in another type than the queries (fp8
+// KV) has a place in the parameters; a kernel that needs two of them equal static_asserts it. Each
+// KV format has its own sub-struct, whose fields mean one thing: a kernel instantiated for a format
+// reads its format's sub-struct only, and the host leaves the others zero.
 #pragma once
 
 #include "kernels/common/platform.cuh"
@@ -9,50 +15,131 @@
 namespace tessera {
 namespace kernels {
 
+/// True when A and B are the same type (the kernels' static_asserts on AttentionParams' element
+/// types; NVRTC compiles these headers, so no host <type_traits>).
+template <typename A, typename B>
+inline constexpr bool kSameType = false;
+template <typename A>
+inline constexpr bool kSameType<A, A> = true;
+
 enum class KVFormatKind : int {
-  kRagged = 0,       // request b owns rows kv_indptr[b] .. kv_indptr[b+1]-1 (dense: one request)
-  kPaged = 1,        // page table: kv_indptr (pages per request), kv_indices, last_page_len
-  kBlockSparse = 2,  // "request" = query block row; its KV = the listed column blocks of Bc rows
+  kRagged = 0,       // RaggedKVParams: request b owns a range of rows of k/v (dense: one request)
+  kPaged = 1,        // PagedKVParams: a page table per request (page ids, last page's length)
+  kBlockSparse = 2,  // BlockSparseKVParams: "request" = query block row; its KV = listed column blocks
 };
 
-template <typename T>
+/// Queries: element (row, head, d) is at data[row * row_stride + head * head_stride + d].
+template <typename QT>
+struct QueryTensor {
+  const QT* data;       // [num_q_rows, Hq, D], D contiguous
+  int64_t row_stride;   // elements between query rows (0 for the single row of single decode)
+  int64_t head_stride;  // elements between query heads
+};
+
+/// Keys and values. Element (head h, d) of KV row address r is at k[r + h * k_head_stride + d]
+/// (v likewise); the format turns a logical position into r (KVFormat<kFormat>::row_in_block):
+/// row * row_stride for ragged and block-sparse KV, page * page stride + slot * row_stride for
+/// paged KV.
+template <typename KVT>
+struct KVTensors {
+  const KVT* k;           // ragged, block-sparse: [rows, Hkv, D] or [Hkv, rows, D]; paged: [pages, ...] with
+                          // page_size slots per page, in any order of (slot, head); D contiguous
+  const KVT* v;           // as k, with its own strides
+  int64_t k_row_stride;   // elements between rows of k (paged: between slots of a page)
+  int64_t k_head_stride;  // elements between heads of k
+  int64_t v_row_stride;   // elements between rows of v (paged: between slots of a page)
+  int64_t v_head_stride;  // elements between heads of v
+};
+
+/// Outputs, in the query rows' layout: element (row, head, d) is at data[row * row_stride + head *
+/// head_stride + d]; its LSE, when asked for, at lse[row * lse_row_stride + head * lse_head_stride].
+template <typename OT>
+struct OutputTensor {
+  OT* data;                 // [num_q_rows, Hq, D], D contiguous
+  int64_t row_stride;       // elements between rows (0 for the single row of single decode)
+  int64_t head_stride;      // elements between heads
+  float* lse;               // [num_q_rows, Hq] base-2 log-sum-exp of each row's logits, or nullptr
+  int64_t lse_row_stride;   // floats between rows of lse (0 for a single row)
+  int64_t lse_head_stride;  // floats between heads of lse
+};
+
+/// Ragged KV: each request owns a contiguous range of rows of k/v.
+template <typename IdT>
+struct RaggedKVParams {
+  const IdT* indptr;  // [batch_size + 1] row offsets: request b owns rows indptr[b] .. indptr[b+1]-1;
+                      // nullptr: a single request (batch_size 1) of rows 0 .. len_single-1
+  IdT len_single;     // rows of the single request when indptr is nullptr
+  IdT num_rows;       // rows of k/v: indptr entries are clamped to it
+};
+
+/// Paged KV: request b's positions fill its pages in order, page_size slots each, the last page
+/// last_page_len of them.
+template <typename IdT>
+struct PagedKVParams {
+  const IdT* indptr;         // [batch_size + 1] offsets into indices: request b's pages are
+                             // indices[indptr[b]] .. indices[indptr[b+1]-1]
+  const IdT* indices;        // [num_indices] page ids, in [0, num_pages) (others: rows zero-filled, masked)
+  const IdT* last_page_len;  // [batch_size] used slots of each request's last page, clamped to [1, page_size]
+  int64_t k_page_stride;     // elements between pages of k
+  int64_t v_page_stride;     // elements between pages of v
+  IdT page_size;             // slots per page
+  IdT num_pages;             // pages of k/v: the bound a page id is checked against
+  IdT num_indices;           // entries of indices: indptr entries are clamped to it
+};
+
+/// Block-sparse KV over an M x N attention matrix (rows: queries, columns: keys) cut into Br x Bc
+/// blocks: block row r is the kernels' request r (query rows r*Br .. min(M, r*Br+Br)-1), and its
+/// KV is the listed column blocks, concatenated (column block c: columns c*Bc .. c*Bc+Bc-1).
+template <typename IdT>
+struct BlockSparseKVParams {
+  const IdT* indptr;           // [batch_size + 1] offsets into indices: block row r lists
+                               // indices[indptr[r]] .. indices[indptr[r+1]-1]
+  const IdT* indices;          // [num_indices] column-block ids, in [0, num_blocks) (others: masked)
+  const uint8_t* block_flags;  // [num_indices] 1: every pair of that listed block is visible, so a tile
+                               // of such blocks skips the mask; nullptr: every tile is masked
+  // ptxas loads two counts that share an 8-byte word at once, so their order changes the
+  // block-sparse kernels' scheduling: compare a new order with scripts/sass-diff.sh.
+  IdT num_blocks;              // column blocks, ceil(N / Bc): the bound a block id is checked against
+  IdT block_cols;              // Bc: columns per column block (the last may reach past N: masked)
+  IdT num_cols;                // N: columns (rows of k and v)
+  IdT block_rows;              // Br: query rows per block row (the last block row may have fewer)
+  IdT num_indices;             // entries of indices (and block_flags): indptr entries are clamped to it
+  IdT num_rows;                // M: query rows (rows of q and o)
+};
+
+/// Everything an attention kernel reads besides its variant's parameters. QT, KVT, OT: element
+/// types of q, k/v and o; IdT: of the index arrays. AttentionParams<T> is the same-dtype case.
+template <typename QT, typename KVT = QT, typename OT = QT, typename IdT = int32_t>
 struct AttentionParams {
-  // Queries and outputs: [rows, Hq, D]; request b owns rows qo_indptr[b] .. qo_indptr[b+1]-1
-  // (BSR: block row r owns rows r*Br .. min(M, r*Br+Br)-1).
-  const T* q;
-  int64_t q_row_stride, q_head_stride;
-  T* o;
-  int64_t o_row_stride, o_head_stride;
-  float* lse;  // [rows, Hq] base-2, or nullptr
-  int64_t lse_row_stride, lse_head_stride;
-  const int32_t* qo_indptr;  // [batch + 1]; nullptr: request b owns rows b*qo_len_single .. +qo_len_single-1
-  int32_t qo_len_single;
+  using QType = QT;
+  using KVType = KVT;
+  using OType = OT;
+  using IdType = IdT;
 
-  // Keys and values. Element (row address r, head h, d) is at k + r + h * k_head_stride + d where
-  // the row address comes from kv_row_offset().
-  const T* k;
-  const T* v;
-  int64_t k_row_stride, k_head_stride, k_page_stride;  // row = slot within a page when paged
-  int64_t v_row_stride, v_head_stride, v_page_stride;
-  const int32_t* kv_indptr;      // ragged: rows; paged: pages; BSR: column blocks per block row
-  const int32_t* kv_indices;     // paged: page ids; BSR: column-block ids
-  const int32_t* last_page_len;  // paged only
-  int32_t kv_len_single;         // ragged with kv_indptr == nullptr: one request of this length
-  int32_t page_size;             // paged: page size; BSR: Bc
-  int32_t num_pages;             // paged: pages in k/v; BSR: column blocks; bound for clamping
-  int32_t num_indices;           // entries in kv_indices
-  int32_t num_kv_rows;           // ragged: rows in k/v; BSR: N (columns); bound for clamping
-  int32_t block_rows;            // BSR: Br
-  int32_t num_q_rows;            // total rows of q (BSR: M)
+  QueryTensor<QT> q;
+  KVTensors<KVT> kv;
+  OutputTensor<OT> o;
 
-  int32_t batch_size;  // requests (BSR: block rows)
-  int32_t num_qo_heads;
-  int32_t num_kv_heads;
-  int32_t group_size;      // num_qo_heads / num_kv_heads
-  float sm_scale_log2;     // sm_scale * log2(e): logits are kept in base 2
-  float sm_scale;          // natural units, for variant hooks that transform logits
-  bool causal;
-  const uint8_t* block_flags;  // BSR: 1 per listed block whose pairs are all visible, or nullptr
+  // The query rows of each request, for ragged and paged KV (block-sparse KV: its block rows).
+  const IdT* qo_indptr;  // [batch_size + 1] row offsets: request b owns rows qo_indptr[b] .. qo_indptr[b+1]-1;
+                         // nullptr: request b owns rows b*qo_len_single .. b*qo_len_single+qo_len_single-1
+  IdT qo_len_single;     // query rows per request when qo_indptr is nullptr
+  IdT num_q_rows;        // rows of q and o: qo_indptr entries are clamped to it
+
+  // The KV format's description: a kernel reads the sub-struct of the format it was instantiated
+  // for (kFormat), never another one.
+  RaggedKVParams<IdT> ragged;
+  PagedKVParams<IdT> paged;
+  BlockSparseKVParams<IdT> block_sparse;
+
+  int32_t batch_size;    // requests (block-sparse: block rows, ceil(M / Br)); the runtime passes the
+                         // bound its workspace's index arrays hold (its plan names the requests)
+  int32_t num_qo_heads;  // Hq
+  int32_t num_kv_heads;  // Hkv
+  int32_t group_size;    // Hq / Hkv: query heads per KV head
+  float sm_scale_log2;   // sm_scale * log2(e): logits are kept in base 2
+  float sm_scale;        // natural units, for variant hooks that transform logits
+  bool causal;           // query at position p sees keys 0 .. p (positions: RequestExtent::q_pos_offset)
 };
 
 /// Query rows and KV extent of one request.
@@ -60,46 +147,10 @@ struct RequestExtent {
   int32_t q_begin;   // first row of q
   int32_t qo_len;
   int32_t kv_len;    // logical KV positions 0 .. kv_len-1
-  int32_t kv_begin;  // ragged: first row; paged: first entry of kv_indices; BSR: first entry
+  int32_t kv_begin;  // ragged: first row of k/v; paged: first entry of paged.indices; BSR: first
+                     // entry of block_sparse.indices
   int32_t q_pos_offset;  // position of query 0: kv_len - qo_len (BSR: N - M + q_begin)
 };
-
-template <KVFormatKind kFormat, typename T>
-TESSERA_DEVICE RequestExtent request_extent(const AttentionParams<T>& p, int32_t b) {
-  RequestExtent e;
-  if (kFormat == KVFormatKind::kBlockSparse) {
-    e.q_begin = b * p.block_rows;
-    e.qo_len = min(p.block_rows, p.num_q_rows - e.q_begin);
-    e.kv_begin = min(max(p.kv_indptr[b], 0), p.num_indices);
-    const int32_t blocks = min(max(p.kv_indptr[b + 1], e.kv_begin), p.num_indices) - e.kv_begin;
-    e.kv_len = blocks * p.page_size;  // columns past N inside the last block are masked
-    e.q_pos_offset = p.num_kv_rows - p.num_q_rows + e.q_begin;
-    return e;
-  }
-  if (p.qo_indptr != nullptr) {
-    e.q_begin = min(max(p.qo_indptr[b], 0), p.num_q_rows);
-    e.qo_len = min(max(p.qo_indptr[b + 1], e.q_begin), p.num_q_rows) - e.q_begin;
-  } else {  // every request has qo_len_single rows, request b's at row b * qo_len_single
-    e.q_begin = b * p.qo_len_single;
-    e.qo_len = p.qo_len_single;
-  }
-  if (kFormat == KVFormatKind::kRagged) {
-    if (p.kv_indptr != nullptr) {
-      e.kv_begin = min(max(p.kv_indptr[b], 0), p.num_kv_rows);
-      e.kv_len = min(max(p.kv_indptr[b + 1], e.kv_begin), p.num_kv_rows) - e.kv_begin;
-    } else {
-      e.kv_begin = 0;
-      e.kv_len = p.kv_len_single;
-    }
-  } else {
-    e.kv_begin = min(max(p.kv_indptr[b], 0), p.num_indices);
-    const int32_t pages = min(max(p.kv_indptr[b + 1], e.kv_begin), p.num_indices) - e.kv_begin;
-    const int32_t last = min(max(p.last_page_len[b], 1), p.page_size);
-    e.kv_len = pages > 0 ? (pages - 1) * p.page_size + last : 0;
-  }
-  e.q_pos_offset = e.kv_len - e.qo_len;
-  return e;
-}
 
 /// Where logical KV position `pos` (0 <= pos < kv_len) of a request lives, as element offsets of
 /// its row in k and in v (head 0, d 0), and the key index that masks compare against. A row whose
@@ -111,45 +162,136 @@ struct KVRow {
   bool valid;
 };
 
-/// The global load kv_row depends on: the page (paged) or column block (BSR) id of `pos`; 0 for
-/// ragged KV. Split out so kernels can issue it a tile ahead of the copies that need it.
-template <KVFormatKind kFormat, typename T>
-TESSERA_DEVICE int32_t kv_row_block(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos) {
-  return kFormat == KVFormatKind::kRagged ? 0 : p.kv_indices[e.kv_begin + pos / p.page_size];
+/// Query rows of request b for ragged and paged KV.
+template <typename Params>
+TESSERA_DEVICE void request_query_rows(const Params& p, int32_t b, RequestExtent& e) {
+  if (p.qo_indptr != nullptr) {
+    e.q_begin = min(max(p.qo_indptr[b], 0), p.num_q_rows);
+    e.qo_len = min(max(p.qo_indptr[b + 1], e.q_begin), p.num_q_rows) - e.q_begin;
+  } else {  // every request has qo_len_single rows, request b's at row b * qo_len_single
+    e.q_begin = b * p.qo_len_single;
+    e.qo_len = p.qo_len_single;
+  }
 }
 
-/// kv_row given the id kv_row_block returned for `pos`.
-template <KVFormatKind kFormat, typename T>
-TESSERA_DEVICE KVRow kv_row_in_block(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos, int32_t block) {
-  KVRow r;
-  if (kFormat == KVFormatKind::kRagged) {
+/// The per-format part of the kernels, one specialisation per KVFormatKind, each reading its own
+/// sub-struct of AttentionParams:
+/// - request_extent(p, b): request b's query rows and KV extent;
+/// - row_block(p, e, pos): the global load row_in_block depends on, the page (paged) or column
+///   block (BSR) id of `pos`; 0 for ragged KV. Split out so kernels can issue it a tile ahead of
+///   the copies that need it;
+/// - row_in_block(p, e, pos, block): where `pos` lives (KVRow), given row_block's id;
+/// - row(p, e, pos): both.
+template <KVFormatKind kFormat>
+struct KVFormat;
+
+template <>
+struct KVFormat<KVFormatKind::kRagged> {
+  template <typename Params>
+  static TESSERA_DEVICE RequestExtent request_extent(const Params& p, int32_t b) {
+    RequestExtent e;
+    request_query_rows(p, b, e);
+    if (p.ragged.indptr != nullptr) {
+      e.kv_begin = min(max(p.ragged.indptr[b], 0), p.ragged.num_rows);
+      e.kv_len = min(max(p.ragged.indptr[b + 1], e.kv_begin), p.ragged.num_rows) - e.kv_begin;
+    } else {
+      e.kv_begin = 0;
+      e.kv_len = p.ragged.len_single;
+    }
+    e.q_pos_offset = e.kv_len - e.qo_len;
+    return e;
+  }
+  template <typename Params>
+  static TESSERA_DEVICE int32_t row_block(const Params&, const RequestExtent&, int32_t) {
+    return 0;
+  }
+  template <typename Params>
+  static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent& e, int32_t pos, int32_t) {
+    KVRow r;
     const int64_t row = e.kv_begin + pos;
-    r.k_offset = row * p.k_row_stride;
-    r.v_offset = row * p.v_row_stride;
+    r.k_offset = row * p.kv.k_row_stride;
+    r.v_offset = row * p.kv.v_row_stride;
     r.key = pos;
     r.valid = true;
-  } else {
-    const int32_t slot = pos % p.page_size;
-    if (kFormat == KVFormatKind::kPaged) {
-      r.valid = block >= 0 && block < p.num_pages;
-      r.k_offset = static_cast<int64_t>(block) * p.k_page_stride + static_cast<int64_t>(slot) * p.k_row_stride;
-      r.v_offset = static_cast<int64_t>(block) * p.v_page_stride + static_cast<int64_t>(slot) * p.v_row_stride;
-      r.key = pos;
-    } else {
-      const int32_t column = block * p.page_size + slot;
-      r.valid = block >= 0 && block < p.num_pages && column < p.num_kv_rows;
-      r.k_offset = static_cast<int64_t>(column) * p.k_row_stride;
-      r.v_offset = static_cast<int64_t>(column) * p.v_row_stride;
-      r.key = column;
-    }
+    return r;
   }
-  return r;
-}
+  template <typename Params>
+  static TESSERA_DEVICE KVRow row(const Params& p, const RequestExtent& e, int32_t pos) {
+    return row_in_block(p, e, pos, row_block(p, e, pos));
+  }
+};
 
-template <KVFormatKind kFormat, typename T>
-TESSERA_DEVICE KVRow kv_row(const AttentionParams<T>& p, const RequestExtent& e, int32_t pos) {
-  return kv_row_in_block<kFormat>(p, e, pos, kv_row_block<kFormat>(p, e, pos));
-}
+template <>
+struct KVFormat<KVFormatKind::kPaged> {
+  template <typename Params>
+  static TESSERA_DEVICE RequestExtent request_extent(const Params& p, int32_t b) {
+    RequestExtent e;
+    request_query_rows(p, b, e);
+    e.kv_begin = min(max(p.paged.indptr[b], 0), p.paged.num_indices);
+    const int32_t pages = min(max(p.paged.indptr[b + 1], e.kv_begin), p.paged.num_indices) - e.kv_begin;
+    const int32_t last = min(max(p.paged.last_page_len[b], 1), p.paged.page_size);
+    e.kv_len = pages > 0 ? (pages - 1) * p.paged.page_size + last : 0;
+    e.q_pos_offset = e.kv_len - e.qo_len;
+    return e;
+  }
+  template <typename Params>
+  static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
+    return p.paged.indices[e.kv_begin + pos / p.paged.page_size];
+  }
+  template <typename Params>
+  static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t page) {
+    KVRow r;
+    const int32_t slot = pos % p.paged.page_size;
+    r.valid = page >= 0 && page < p.paged.num_pages;
+    r.k_offset = static_cast<int64_t>(page) * p.paged.k_page_stride + static_cast<int64_t>(slot) * p.kv.k_row_stride;
+    r.v_offset = static_cast<int64_t>(page) * p.paged.v_page_stride + static_cast<int64_t>(slot) * p.kv.v_row_stride;
+    r.key = pos;
+    return r;
+  }
+  template <typename Params>
+  static TESSERA_DEVICE KVRow row(const Params& p, const RequestExtent& e, int32_t pos) {
+    return row_in_block(p, e, pos, row_block(p, e, pos));
+  }
+};
+
+template <>
+struct KVFormat<KVFormatKind::kBlockSparse> {
+  template <typename Params>
+  static TESSERA_DEVICE RequestExtent request_extent(const Params& p, int32_t b) {
+    const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
+    RequestExtent e;
+    e.q_begin = b * bs.block_rows;
+    e.qo_len = min(bs.block_rows, bs.num_rows - e.q_begin);
+    e.kv_begin = min(max(bs.indptr[b], 0), bs.num_indices);
+    const int32_t blocks = min(max(bs.indptr[b + 1], e.kv_begin), bs.num_indices) - e.kv_begin;
+    e.kv_len = blocks * bs.block_cols;  // columns past N inside the last block are masked
+    e.q_pos_offset = bs.num_cols - bs.num_rows + e.q_begin;
+    return e;
+  }
+  template <typename Params>
+  static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
+    return p.block_sparse.indices[e.kv_begin + pos / p.block_sparse.block_cols];
+  }
+  template <typename Params>
+  static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t block) {
+    const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
+    KVRow r;
+    const int32_t column = block * bs.block_cols + pos % bs.block_cols;
+    r.valid = block >= 0 && block < bs.num_blocks && column < bs.num_cols;
+    r.k_offset = static_cast<int64_t>(column) * p.kv.k_row_stride;
+    r.v_offset = static_cast<int64_t>(column) * p.kv.v_row_stride;
+    r.key = column;
+    return r;
+  }
+  template <typename Params>
+  static TESSERA_DEVICE KVRow row(const Params& p, const RequestExtent& e, int32_t pos) {
+    return row_in_block(p, e, pos, row_block(p, e, pos));
+  }
+};
+
+/// The index type every kernel takes: RequestExtent and the row tables hold int32 positions.
+template <typename Params>
+inline constexpr bool kInt32Indices = kSameType<typename Params::IdType, int32_t>;
 
 }  // namespace kernels
 }  // namespace tessera

@@ -39,12 +39,13 @@ namespace kernels {
 /// The compute warps' side of one work tile: for each KV tile, the mainloop's Q K^T, the
 /// variant's transforms and masks, the online softmax, P V; then the epilogue. The mainloop's
 /// loads were started by the caller (sm80: its prologue; sm90: the producer warpgroup).
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename Mainloop, typename T>
-TESSERA_DEVICE void compute_tile(const AttentionParams<T>& p, const VariantParams& vp, const PrefillWork& w,
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Mainloop, typename Params, typename T>
+TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const PrefillWork& w,
                                  const PrefillSmem<Traits>& smem, const FragmentCoords<Traits>& c, Mainloop& ml,
                                  const typename Mainloop::Source& kv, T* q_tile) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
-  using Applier = VariantApplier<Traits, kFormat, Variant, T>;
+  using Applier = VariantApplier<Traits, kFormat, Variant, Params>;
+  using PT = typename Params::KVType;  // P's element type: P V multiplies P by V in V's type
   using Softmax = TileSoftmax<Traits, Variant::kUseSoftmax, Applier::kMayUseZeroReference, Applier::kSplitKeyBias>;
   const Applier applier(p, vp, w, c);
   Softmax softmax(applier.zero_reference);
@@ -90,10 +91,10 @@ TESSERA_DEVICE void compute_tile(const AttentionParams<T>& p, const VariantParam
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
       for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-        pfrag[mq][kk][0] = pack_pair<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
-        pfrag[mq][kk][1] = pack_pair<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
-        pfrag[mq][kk][2] = pack_pair<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
-        pfrag[mq][kk][3] = pack_pair<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+        pfrag[mq][kk][0] = pack_pair<PT>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+        pfrag[mq][kk][1] = pack_pair<PT>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+        pfrag[mq][kk][2] = pack_pair<PT>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+        pfrag[mq][kk][3] = pack_pair<PT>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
       }
     // O += P V: here, or with the lag in the next iteration's Q K^T.
     if constexpr (Traits::kPvLag == 0) ml.issue_pv(o, pfrag, tile, applier);
@@ -111,24 +112,25 @@ TESSERA_DEVICE void compute_tile(const AttentionParams<T>& p, const VariantParam
     for (int tile = 0; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<false>{});
   }
   ml.finish();
-  PrefillEpilogue<Traits, Variant, Softmax, T>{p, vp, w, c, applier.batch}.store(o, softmax, smem);
+  PrefillEpilogue<Traits, Variant, Softmax, Params>{p, vp, w, c, applier.batch}.store(o, softmax, smem);
 }
 
 /// One work tile, as this warp's role sees it. The caller has synchronised the CTA since any
 /// earlier use of shared memory (the warp-specialised ring orders work items through its
 /// mbarriers instead).
-template <typename Traits, KVFormatKind kFormat, typename Variant, WarpRole kRole, typename T>
-TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantParams& vp, const PrefillWork& w,
-                                   char* smem_raw, RingPosition<Traits>& ring) {
+template <typename Traits, KVFormatKind kFormat, typename Variant, WarpRole kRole, typename Params>
+TESSERA_DEVICE void attention_tile(const Params& p, const VariantParams& vp, const PrefillWork& w, char* smem_raw,
+                                   RingPosition<Traits>& ring) {
+  using T = typename Traits::DType;  // the tiles' element type
   static_assert((kRole == WarpRole::kAll) == !Traits::kWarpSpecialized, "roles split warp-specialised tiles only");
   const PrefillSmem<Traits> smem(smem_raw);
   // This item's Q buffer: the producer's next to fill, the compute warps' next to read (the same
   // buffer: each role's ring position advances once per item).
   const int q_stage = kRole == WarpRole::kProducer ? ring.fill_q.stage : ring.read_q.stage;
   T* const q_tile = q_stage == 0 ? smem.q : smem.extra_q + (q_stage - 1) * Traits::kQTileElems;
-  KVTileSource<Traits, kFormat, Variant, T> kv(p, w, smem, Traits::kWarpSpecialized ? ring.tiles : 0u);
+  KVTileSource<Traits, kFormat, Variant, Params> kv(p, w, smem, Traits::kWarpSpecialized ? ring.tiles : 0u);
   if constexpr (Traits::kWarpSpecialized) {
-    Sm90Mainloop<Traits, kFormat, Variant, T> ml{smem, kv, ring};
+    Sm90Mainloop<Traits, kFormat, Variant, Params> ml{smem, kv, ring};
     if constexpr (kRole == WarpRole::kProducer) {
       ml.produce(p, w, q_tile);
     } else {
@@ -137,7 +139,7 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
     }
   } else {
     const FragmentCoords<Traits> c;
-    Sm80Mainloop<Traits, kFormat, Variant, T> ml(smem, kv, q_tile, c);
+    Sm80Mainloop<Traits, kFormat, Variant, Params> ml(smem, kv, q_tile, c);
     // The ldmatrix addressing XORs k16 steps into 1024-byte-aligned tile bases.
     if (smem_addr(smem_raw) % 1024 != 0) __trap();  // never: the declaration's alignment; never silently wrong
     ml.load_prologue(p, w, q_tile);
@@ -148,11 +150,17 @@ TESSERA_DEVICE void attention_tile(const AttentionParams<T>& p, const VariantPar
 /// The prefill kernel: Scheduler<Traits> (tile_scheduler.cuh) says which work tiles the CTA runs,
 /// and every tile is the same composition. Grid and arguments per scheduler: OneShotScheduler
 /// takes the query tiles per request (grid: see one_shot_grid on the host), PlannedScheduler the
-/// runtime's plan (grid: columns x KV head groups).
-template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename T>
+/// runtime's plan (grid: columns x KV head groups). Params: an AttentionParams, passed by value
+/// (the JIT-compiled instances take the host's struct as it is: src/prefill_launch.cuh).
+template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename Params>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
-attention_prefill_kernel(const AttentionParams<T> p, const VariantParams vp,
-                         const typename Scheduler<Traits>::Arguments args) {
+attention_prefill_kernel(const Params p, const VariantParams vp, const typename Scheduler<Traits>::Arguments args) {
+  // One element type in the tiles: Q K^T multiplies Q and K as they are in memory (mixed types
+  // would need a conversion on the way into shared memory).
+  static_assert(kSameType<typename Params::QType, typename Traits::DType> &&
+                    kSameType<typename Params::KVType, typename Traits::DType>,
+                "the prefill kernel needs q and k/v of the tile's element type (Traits::DType)");
+  static_assert(kInt32Indices<Params>, "the prefill kernel takes int32 index arrays (int32 KV positions)");
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of the tiles
   Scheduler<Traits>::on_launch();
   const Scheduler<Traits> scheduler(args);

@@ -429,8 +429,16 @@ class AttentionRuntime {
     const HeadConfig heads{shape_.num_qo_heads, shape_.num_kv_heads, shape_.head_dim};
     kernels::AttentionParams<T> p = query_params<T>(q, o, lse, heads, shape_.attention);
     p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.qo_indptr);
-    p.kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
-    p.last_page_len = reinterpret_cast<const int32_t*>(workspace_ + layout_.last_page_len);
+    // The plan's KV ranges per request: rows (ragged), pages (paged) or column blocks (block-sparse).
+    const int32_t* kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
+    switch (format_) {
+      case KVFormatKind::kRagged: p.ragged.indptr = kv_indptr; break;
+      case KVFormatKind::kPaged:
+        p.paged.indptr = kv_indptr;
+        p.paged.last_page_len = reinterpret_cast<const int32_t*>(workspace_ + layout_.last_page_len);
+        break;
+      case KVFormatKind::kBlockSparse: p.block_sparse.indptr = kv_indptr; break;
+    }
     // The workspace's index arrays hold max_batch entries: every request index of any later
     // plan is inside them, so a captured launch stays valid.
     p.batch_size = layout_.max_batch;
@@ -820,12 +828,12 @@ void paged_cache_params(kernels::AttentionParams<T>& p, const PagedKVCache& kv) 
   view.layout = kv.layout;
   view.indices = kv.indices;
   // The page ranges, last-page lengths and batch bound come from the plan (query_part).
-  const int32_t* indptr = p.kv_indptr;
-  const int32_t* last_page_len = p.last_page_len;
+  const int32_t* indptr = p.paged.indptr;
+  const int32_t* last_page_len = p.paged.last_page_len;
   const int32_t batch = p.batch_size;
   paged_kv_params<T>(p, view);
-  p.kv_indptr = indptr;
-  p.last_page_len = last_page_len;
+  p.paged.indptr = indptr;
+  p.paged.last_page_len = last_page_len;
   p.batch_size = batch;
 }
 
@@ -841,7 +849,7 @@ void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
     paged_cache_params<T>(p, kv);
-    p.kv_indices = ids.device_data;
+    p.paged.indices = ids.device_data;
     rt.launch<T>(p, &ids, stream);
   });
 }
@@ -962,13 +970,8 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
       << "k has " << k.shape[0] << " rows, expected >= kv_indptr[B] = " << rt.total_kv_units() << " of the plan";
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
-    p.k = k.data_as<const T>();
-    p.v = v.data_as<const T>();
-    p.k_row_stride = k.strides[0];
-    p.k_head_stride = k.strides[1];
-    p.v_row_stride = v.strides[0];
-    p.v_head_stride = v.strides[1];
-    p.num_kv_rows = static_cast<int32_t>(k.shape[0]);
+    detail::kv_row_tensors<T>(p, k, v, 0);
+    p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
     rt.launch<T>(p, nullptr, stream);
   });
 }
@@ -1034,20 +1037,10 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   ids.bound = (rt.num_cols() + rt.page_size() - 1) / rt.page_size();
   ids.increasing = true;
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    // indptr and the batch bound come from the plan (query_part); no block flags (every tile masked).
     kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
-    p.k = k.data_as<const T>();
-    p.v = v.data_as<const T>();
-    p.k_row_stride = k.strides[0];
-    p.k_head_stride = k.strides[1];
-    p.v_row_stride = v.strides[0];
-    p.v_head_stride = v.strides[1];
-    p.kv_indices = ids.device_data;
-    p.page_size = static_cast<int32_t>(rt.page_size());
-    p.num_kv_rows = static_cast<int32_t>(rt.num_cols());
-    p.num_pages = static_cast<int32_t>(ids.bound);
-    p.num_indices = static_cast<int32_t>(indices.shape[0]);
-    p.block_rows = static_cast<int32_t>(rt.block_rows());
-    p.num_q_rows = static_cast<int32_t>(rt.num_rows());
+    detail::block_sparse_kv_params<T>(p, k, v, ids.device_data, indices.shape[0], rt.block_rows(), rt.page_size(),
+                                      rt.num_rows(), rt.num_cols());
     rt.launch<T>(p, &ids, stream);
   });
 }

@@ -71,5 +71,15 @@ const char* cuda_type_name<__half>();
 template <>
 const char* cuda_type_name<__nv_bfloat16>();
 
+/// The kernels' parameter type for element type T, as template-argument text:
+/// "tessera::kernels::AttentionParams<T, T, T, tessera::kernels::int32_t>" (q, k/v and o of type T,
+/// int32 index arrays), the type the host's kernels::AttentionParams<T> is. A JIT-compiled kernel
+/// receives that struct by value, so the text must name exactly the host's type.
+template <typename T>
+std::string params_type_name() {
+  const std::string t = cuda_type_name<T>();
+  return "tessera::kernels::AttentionParams<" + t + ", " + t + ", " + t + ", tessera::kernels::int32_t>";
+}
+
 }  // namespace detail
 }  // namespace tessera

@@ -16,10 +16,12 @@
 namespace tessera {
 namespace kernels {
 
-template <typename Traits, typename Variant, typename Softmax, typename T>
+template <typename Traits, typename Variant, typename Softmax, typename Params>
 struct PrefillEpilogue {
   static constexpr int kMmaQ = Traits::kMmaQ, kN8D = Traits::kN8D;
-  const AttentionParams<T>& p;
+  using OT = typename Params::OType;  // the output's element type; the accumulators are fp32
+  static_assert(sizeof(OT) == 2, "the stores pack two 16-bit outputs per 32-bit word (pack_pair)");
+  const Params& p;
   const VariantParams& vp;
   const PrefillWork& w;
   const FragmentCoords<Traits>& c;
@@ -69,15 +71,15 @@ struct PrefillEpilogue {
       if (t == 0) w.out.partial_lse[row] = lse;
       return;
     }
-    T* dst = p.o + static_cast<int64_t>(w.e.q_begin + qo_idx) * p.o_row_stride + head * p.o_head_stride + 2 * t;
+    OT* dst = p.o.data + static_cast<int64_t>(w.e.q_begin + qo_idx) * p.o.row_stride + head * p.o.head_stride + 2 * t;
 #pragma unroll
     for (int n = 0; n < kN8D; ++n) {
       *reinterpret_cast<uint32_t*>(dst + n * 8) =
-          pack_pair<T>(final_value(o[mq][n][2 * h], inv, qo_idx, head, n * 8 + 2 * t),
-                       final_value(o[mq][n][2 * h + 1], inv, qo_idx, head, n * 8 + 2 * t + 1));
+          pack_pair<OT>(final_value(o[mq][n][2 * h], inv, qo_idx, head, n * 8 + 2 * t),
+                        final_value(o[mq][n][2 * h + 1], inv, qo_idx, head, n * 8 + 2 * t + 1));
     }
-    if (p.lse != nullptr && t == 0) {
-      p.lse[static_cast<int64_t>(w.e.q_begin + qo_idx) * p.lse_row_stride + head * p.lse_head_stride] = lse;
+    if (p.o.lse != nullptr && t == 0) {
+      p.o.lse[static_cast<int64_t>(w.e.q_begin + qo_idx) * p.o.lse_row_stride + head * p.o.lse_head_stride] = lse;
     }
   }
 
@@ -133,13 +135,14 @@ struct PrefillEpilogue {
       uint32_t packed_out[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        packed_out[j] = pack_pair<T>(final_value(sum.acc[2 * j], inv, r.qo_idx, r.head, c0 + 2 * j),
-                                     final_value(sum.acc[2 * j + 1], inv, r.qo_idx, r.head, c0 + 2 * j + 1));
+        packed_out[j] = pack_pair<OT>(final_value(sum.acc[2 * j], inv, r.qo_idx, r.head, c0 + 2 * j),
+                                      final_value(sum.acc[2 * j + 1], inv, r.qo_idx, r.head, c0 + 2 * j + 1));
       }
-      T* dst = p.o + static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.o_row_stride + r.head * p.o_head_stride + c0;
+      OT* dst =
+          p.o.data + static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.o.row_stride + r.head * p.o.head_stride + c0;
       *reinterpret_cast<uint4*>(dst) = make_uint4(packed_out[0], packed_out[1], packed_out[2], packed_out[3]);
-      if (p.lse != nullptr && c0 == 0) {
-        p.lse[static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.lse_row_stride + r.head * p.lse_head_stride] = lse;
+      if (p.o.lse != nullptr && c0 == 0) {
+        p.o.lse[static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.o.lse_row_stride + r.head * p.o.lse_head_stride] = lse;
       }
     }
   }

@@ -21,14 +21,14 @@ struct PackedRow {
   int qo_idx;
   int head;
 };
-template <typename T>
-TESSERA_DEVICE PackedRow unpack_row(const AttentionParams<T>& p, int kv_head, int packed) {
+template <typename Params>
+TESSERA_DEVICE PackedRow unpack_row(const Params& p, int kv_head, int packed) {
   // Unsigned (both are >= 0): a signed division costs twice the instructions.
   const int qo_idx = static_cast<int>(static_cast<uint32_t>(packed) / static_cast<uint32_t>(p.group_size));
   return PackedRow{qo_idx, kv_head * p.group_size + (packed - qo_idx * p.group_size)};
 }
 
-/// Where a tile's result goes: the final output (o, lse of AttentionParams) when `partial_o` is
+/// Where a tile's result goes: the final output (AttentionParams::o, with its lse) when `partial_o` is
 /// null, else an fp32 partial state of the tile's rows — normalised output [CTA_TILE_Q][HEAD_DIM]
 /// at partial_o and base-2 LSE [CTA_TILE_Q] at partial_lse — for the merge.
 struct TileOutput {
@@ -41,9 +41,10 @@ struct TileOutput {
 /// ([CTA_TILE_Q] int64 of scratch shared memory, free until the caller's next barrier), so each
 /// of a thread's 16-byte copies costs a table load, an add and a predicate rather than a
 /// division and 64-bit address arithmetic (~35 instructions per copy, 16 copies per thread).
-template <typename Traits, typename T>
-TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int packed_begin,
-                                T* q_smem, int64_t* row_offsets) {
+template <typename Traits, typename Params, typename T>
+TESSERA_DEVICE void load_q_tile(const Params& p, const RequestExtent& e, int kv_head, int packed_begin, T* q_smem,
+                                int64_t* row_offsets) {
+  static_assert(kSameType<T, typename Params::QType>, "the query tile holds q's elements as they are in memory");
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
   static_assert(Traits::CTA_TILE_Q <= Traits::kLoaderThreads, "one thread per query row");
   const int tid = loader_thread<Traits>();
@@ -53,7 +54,7 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
   if (tid < Traits::CTA_TILE_Q) {
     const PackedRow r = unpack_row(p, kv_head, packed_begin + tid);
     row_offsets[tid] =
-        r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q_row_stride + r.head * p.q_head_stride
+        r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q.row_stride + r.head * p.q.head_stride
                             : -1;
   }
   loader_sync<Traits>();
@@ -70,7 +71,7 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
     const int row = row0 + it * kRowsPerPass;
     if (Traits::CTA_TILE_Q % kRowsPerPass != 0 && row >= Traits::CTA_TILE_Q) break;
     const int64_t offset = row_offsets[row];
-    cp_async_16_zfill(q_smem + Tile::chunk_offset(row, chunk) * 8, p.q + (offset < 0 ? 0 : offset) + chunk * 8,
+    cp_async_16_zfill(q_smem + Tile::chunk_offset(row, chunk) * 8, p.q.data + (offset < 0 ? 0 : offset) + chunk * 8,
                       offset >= 0);
   }
 }
@@ -78,11 +79,10 @@ TESSERA_DEVICE void load_q_tile(const AttentionParams<T>& p, const RequestExtent
 /// The page / column-block id of KV row `row` of the tile starting at kv_begin (the page-table
 /// load), or -1 at or past kv_end (the end of the CTA's KV range). Loaded one tile before
 /// resolve_kv_rows consumes it, so its latency hides behind a tile of computation.
-template <typename Traits, KVFormatKind kFormat, typename T>
-TESSERA_DEVICE int32_t load_kv_block_id(const AttentionParams<T>& p, const RequestExtent& e, int kv_end, int kv_begin,
-                                        int row) {
+template <typename Traits, KVFormatKind kFormat, typename Params>
+TESSERA_DEVICE int32_t load_kv_block_id(const Params& p, const RequestExtent& e, int kv_end, int kv_begin, int row) {
   const int pos = kv_begin + row;
-  return row < Traits::CTA_TILE_KV && pos < kv_end ? kv_row_block<kFormat>(p, e, pos) : -1;
+  return row < Traits::CTA_TILE_KV && pos < kv_end ? KVFormat<kFormat>::row_block(p, e, pos) : -1;
 }
 
 /// A row-table entry: the global byte address of a K or V row of the CTA's KV head; a missing
@@ -101,18 +101,18 @@ struct RowAddress {
 /// `row` with its block id from load_kv_block_id, into the row table; rows at or past kv_end are
 /// missing (zero-filled and masked). A barrier separates this from the copies, so the copying
 /// threads hold no per-row registers while the accumulators are live.
-template <typename Traits, KVFormatKind kFormat, typename T>
-TESSERA_DEVICE void resolve_kv_rows(const AttentionParams<T>& p, const RequestExtent& e, int kv_head, int kv_end,
-                                    int kv_begin, int32_t block, uint64_t* row_table, int32_t* row_keys) {
+template <typename Traits, KVFormatKind kFormat, typename Params>
+TESSERA_DEVICE void resolve_kv_rows(const Params& p, const RequestExtent& e, int kv_head, int kv_end, int kv_begin,
+                                    int32_t block, uint64_t* row_table, int32_t* row_keys) {
   static_assert(Traits::CTA_TILE_KV <= Traits::kLoaderThreads, "one thread per KV row");
   const int row = loader_thread<Traits>();
   if (row >= Traits::CTA_TILE_KV) return;
   const int pos = kv_begin + row;
   KVRow r{0, 0, -1, false};
-  if (pos < kv_end) r = kv_row_in_block<kFormat>(p, e, pos, block);
-  constexpr int kElem = static_cast<int>(sizeof(T));
-  row_table[2 * row] = RowAddress::make(p.k, r.k_offset + kv_head * p.k_head_stride, kElem, r.valid, true);
-  row_table[2 * row + 1] = RowAddress::make(p.v, r.v_offset + kv_head * p.v_head_stride, kElem, r.valid, false);
+  if (pos < kv_end) r = KVFormat<kFormat>::row_in_block(p, e, pos, block);
+  constexpr int kElem = static_cast<int>(sizeof(typename Params::KVType));
+  row_table[2 * row] = RowAddress::make(p.kv.k, r.k_offset + kv_head * p.kv.k_head_stride, kElem, r.valid, true);
+  row_table[2 * row + 1] = RowAddress::make(p.kv.v, r.v_offset + kv_head * p.kv.v_head_stride, kElem, r.valid, false);
   row_keys[row] = r.valid ? r.key : -1;
 }
 
@@ -219,11 +219,11 @@ struct PrefillWork {
 /// latency hides behind a tile of computation), resolved into a row table (addresses and keys),
 /// and copied into a stage by cp.async. Row tables form a ring (Traits::kRowTables), indexed by
 /// the CTA's running tile count when warp-specialised so the ring carries on across work items.
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct KVTileSource {
   using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
   static constexpr int kTileElems = Traits::kKVTileElems;  // a stage: stored rows (PrefillTraits)
-  const AttentionParams<T>& p;
+  const Params& p;
   const RequestExtent& e;
   const int kv_head;
   const Tiles tiles;
@@ -231,7 +231,7 @@ struct KVTileSource {
   const uint32_t tiles_before;  // the CTA's tiles of earlier work items (warp-specialised), else 0
   int32_t block = -1;           // page / column-block id of this thread's row of the next tile to resolve
 
-  TESSERA_DEVICE KVTileSource(const AttentionParams<T>& p_, const PrefillWork& w, const PrefillSmem<Traits>& smem_,
+  TESSERA_DEVICE KVTileSource(const Params& p_, const PrefillWork& w, const PrefillSmem<Traits>& smem_,
                               uint32_t tiles_before_)
       : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span), smem(smem_), tiles_before(tiles_before_) {}
 
@@ -267,9 +267,9 @@ struct KVTileSource {
 
 /// The KV span of a query tile: [kv_first, kv_end) of the request, clipped by causal masking
 /// (nothing past the last row's position; the planner mirrors this clip) and by the variant.
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
-TESSERA_DEVICE KVSpan tile_kv_span(const AttentionParams<T>& p, const VariantParams& vp, const RequestExtent& e,
-                                   int packed_begin, int kv_first, int kv_end) {
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
+TESSERA_DEVICE KVSpan tile_kv_span(const Params& p, const VariantParams& vp, const RequestExtent& e, int packed_begin,
+                                   int kv_first, int kv_end) {
   const int q_pos_first = e.q_pos_offset + packed_begin / p.group_size;
   const int q_pos_last = e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
   if (kFormat != KVFormatKind::kBlockSparse) {

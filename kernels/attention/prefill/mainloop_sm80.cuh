@@ -18,13 +18,14 @@
 namespace tessera {
 namespace kernels {
 
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct Sm80Mainloop {
+  using T = typename Traits::DType;  // the Q and K/V tiles' element type (the kernel checks Params' types match)
   static_assert(!Traits::kWarpSpecialized && !Traits::kWgmma, "the sm80 mainloop: every warp loads and computes");
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr uint32_t kRowBytes = Traits::kSmemRowChunks * 16;  // a stored row (SwizzledTile)
-  using Source = KVTileSource<Traits, kFormat, Variant, T>;
+  using Source = KVTileSource<Traits, kFormat, Variant, Params>;
 
   const PrefillSmem<Traits>& smem;
   Source& kv;
@@ -53,7 +54,7 @@ struct Sm80Mainloop {
 
   /// Load: the query tile (packed rows past the request's queries zero-filled) and the first
   /// kStages - 1 KV tiles, each its own cp.async group, and the row table of the next.
-  TESSERA_DEVICE void load_prologue(const AttentionParams<T>& p, const PrefillWork& w, T* q_tile) {
+  TESSERA_DEVICE void load_prologue(const Params& p, const PrefillWork& w, T* q_tile) {
     load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
     cp_async_commit();
     kv.load_block_id(0);

@@ -22,14 +22,15 @@
 namespace tessera {
 namespace kernels {
 
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct Sm90Mainloop {
+  using T = typename Traits::DType;  // the Q and K/V tiles' element type (the kernel checks Params' types match)
   static_assert(Traits::kWarpSpecialized && Traits::kWgmma && Traits::kPvLag == 1,
                 "the sm90 mainloop: a producer warpgroup and wgmma warpgroups with P V a tile behind");
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
-  using Source = KVTileSource<Traits, kFormat, Variant, T>;
+  using Source = KVTileSource<Traits, kFormat, Variant, Params>;
 
   const PrefillSmem<Traits>& smem;
   Source& kv;
@@ -40,7 +41,7 @@ struct Sm90Mainloop {
   /// its stages are free (see Traits::kRowTables), then each copy waits for its stage and its full
   /// barrier is completed as kStageCompletion says, so the compute warps wait for the copies only,
   /// never for the producer's next step.
-  TESSERA_DEVICE void produce(const AttentionParams<T>& p, const PrefillWork& w, T* q_tile) {
+  TESSERA_DEVICE void produce(const Params& p, const PrefillWork& w, T* q_tile) {
     const MbarrierPipeline<Traits::kStages> k_pipe = smem.k_pipeline(), v_pipe = smem.v_pipeline();
     const MbarrierPipeline<Traits::kQStages> q_pipe = smem.q_pipeline();
     // The buffer's previous item (kQStages items back) is done with it.

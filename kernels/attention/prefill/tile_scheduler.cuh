@@ -46,15 +46,15 @@ struct OneShotScheduler {
   static TESSERA_DEVICE void on_launch() {}
 
   /// The CTA's tile; not valid past the request's queries.
-  template <KVFormatKind kFormat, typename Variant, typename T>
-  TESSERA_DEVICE Cursor initial_work(const AttentionParams<T>& p, const VariantParams&) const {
+  template <KVFormatKind kFormat, typename Variant, typename Params>
+  TESSERA_DEVICE Cursor initial_work(const Params& p, const VariantParams&) const {
     Cursor c;
     const bool heads_fastest = args.num_q_tiles == 1;
     // Heaviest causal tiles (the last query rows) are scheduled first.
     const int q_tile = heads_fastest ? 0 : args.num_q_tiles - 1 - static_cast<int>(blockIdx.x);
     c.request = blockIdx.y;
     c.kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
-    c.e = request_extent<kFormat>(p, c.request);
+    c.e = KVFormat<kFormat>::request_extent(p, c.request);
     c.packed_begin = q_tile * Traits::CTA_TILE_Q;
     c.valid = c.packed_begin < c.e.qo_len * p.group_size;
     return c;
@@ -64,8 +64,8 @@ struct OneShotScheduler {
     return c;
   }
   TESSERA_DEVICE bool valid(const Cursor& c) const { return c.valid; }
-  template <KVFormatKind kFormat, typename Variant, typename T>
-  TESSERA_DEVICE bool work(const AttentionParams<T>& p, const VariantParams& vp, const Cursor& c, PrefillWork& w) const {
+  template <KVFormatKind kFormat, typename Variant, typename Params>
+  TESSERA_DEVICE bool work(const Params& p, const VariantParams& vp, const Cursor& c, PrefillWork& w) const {
     w.e = c.e;
     w.request = c.request;
     w.kv_head = c.kv_head;
@@ -98,8 +98,8 @@ struct PlannedScheduler {
   /// The contraction may launch now: its CTAs read the plan's merge descriptors and request
   /// extents while this grid runs, then wait for it before touching the partial states.
   static TESSERA_DEVICE void on_launch() { allow_dependent_launch(); }
-  template <KVFormatKind kFormat, typename Variant, typename T>
-  TESSERA_DEVICE Cursor initial_work(const AttentionParams<T>&, const VariantParams&) const {
+  template <KVFormatKind kFormat, typename Variant, typename Params>
+  TESSERA_DEVICE Cursor initial_work(const Params&, const VariantParams&) const {
     return {0, first};
   }
   TESSERA_DEVICE Cursor next_work(Cursor c) const {
@@ -118,14 +118,14 @@ struct PlannedScheduler {
 
   /// The planned item at the cursor; false for an item the planner never produces (a request out
   /// of range), which the CTA skips.
-  template <KVFormatKind kFormat, typename Variant, typename T>
-  TESSERA_DEVICE bool work(const AttentionParams<T>& p, const VariantParams& vp, Cursor c, PrefillWork& w) const {
+  template <KVFormatKind kFormat, typename Variant, typename Params>
+  TESSERA_DEVICE bool work(const Params& p, const VariantParams& vp, Cursor c, PrefillWork& w) const {
     const PlannedItem item = args.items[c.item];
     if (item.request < 0 || item.request >= p.batch_size) return false;
     w.request = item.request;
     w.kv_head = Traits::kWarpSpecialized ? static_cast<int>(blockIdx.y) * args.heads_per_cta + c.head
                                          : static_cast<int>(blockIdx.y);
-    w.e = request_extent<kFormat>(p, item.request);
+    w.e = KVFormat<kFormat>::request_extent(p, item.request);
     w.packed_begin = item.packed_begin;
     w.out = TileOutput{nullptr, nullptr};
     if (item.partial >= 0) {

@@ -46,8 +46,10 @@ TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
   }
 }
 
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename T>
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct VariantApplier {
+  using QT = typename Params::QType;    // the query tile's elements
+  using KVT = typename Params::KVType;  // the K/V tiles' elements, and P's (P V multiplies P by V in V's type)
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV;
   static constexpr bool kSoftmax = Variant::kUseSoftmax;
   static constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;
@@ -57,7 +59,7 @@ struct VariantApplier {
   // (2^-9 relative) moves each logit by ~1e-3 (natural units, D = 128): harmless to outputs, but
   // it moved softmax variants' LSE past the bf16 tolerance (tests/python, soft-cap with RoPE and a
   // window), so they keep the FMUL; so does fp16, which could flush small scaled elements.
-  static constexpr bool kPrescaleQuery = !kSoftmax && HasFloatRange<T>::value;
+  static constexpr bool kPrescaleQuery = !kSoftmax && HasFloatRange<QT>::value;
   // A bias linear in the key (ALiBi) over consecutive keys (every format but block-sparse) is
   // split into a per-row term, added in the exponent, and per-column constants: one FFMA per
   // logit with an immediate instead of the key's conversion, a subtraction and an FFMA.
@@ -66,12 +68,12 @@ struct VariantApplier {
   // goes straight from S to the exponentials, without the max trees, the lanes' shuffles and the
   // rescale vote (the chain between the two MMA phases). fp16 P would flush small weights, and a
   // bound beyond kZeroReferenceMaxExponent (cap > 44) keeps the running max.
-  static constexpr bool kMayUseZeroReference = kSoftmax && Variant::kBoundedLogits && HasFloatRange<T>::value;
+  static constexpr bool kMayUseZeroReference = kSoftmax && Variant::kBoundedLogits && HasFloatRange<KVT>::value;
   static_assert(!(Variant::kBoundedLogits && kSplitKeyBias), "the zero reference has no row bias");
   static constexpr bool kTransformsOperands = Variant::kHasQueryTransform || Variant::kHasKeyTransform ||
                                               Variant::kHasValueTransform || kPrescaleQuery;
 
-  const AttentionParams<T>& p;
+  const Params& p;
   const VariantParams& vp;
   const PrefillWork& w;
   const FragmentCoords<Traits>& c;
@@ -88,7 +90,7 @@ struct VariantApplier {
   float key_slope[kMmaQ][2];     // [m16 tile][row half], folded units
   int32_t key_offset[kMmaQ][2];  // [m16 tile][row half]
 
-  TESSERA_DEVICE VariantApplier(const AttentionParams<T>& p_, const VariantParams& vp_, const PrefillWork& w_,
+  TESSERA_DEVICE VariantApplier(const Params& p_, const VariantParams& vp_, const PrefillWork& w_,
                                 const FragmentCoords<Traits>& c_)
       : p(p_),
         vp(vp_),
@@ -113,7 +115,7 @@ struct VariantApplier {
   }
 
   /// The variant's value transform of a V tile (keys: its rows' keys, -1 for missing rows).
-  TESSERA_DEVICE void transform_values(T* v_tile, const int32_t* keys) const {
+  TESSERA_DEVICE void transform_values(KVT* v_tile, const int32_t* keys) const {
     transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
       if (keys[row] < 0) return false;
       x = Variant::value_transform(vp, w.e, x, batch, -1, keys[row], -1, w.kv_head, dim, Traits::HEAD_DIM);
@@ -125,7 +127,7 @@ struct VariantApplier {
   /// work item, with the logits' input scale when kPrescaleQuery), the keys, and the values
   /// unless the mainloop transforms them itself when it issues P V (kValuesLater).
   template <bool kValuesLater>
-  TESSERA_DEVICE void transform_operands(int tile, T* q_tile, T* k_tile, T* v_tile, const int32_t* keys) const {
+  TESSERA_DEVICE void transform_operands(int tile, QT* q_tile, KVT* k_tile, KVT* v_tile, const int32_t* keys) const {
     if constexpr (kTransformsOperands) {
       if ((Variant::kHasQueryTransform || (kPrescaleQuery && logits_input_scale != 1.f)) && tile == 0) {
         transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(q_tile, [&](int row, int dim, float2& x) {
@@ -163,12 +165,14 @@ struct VariantApplier {
       // Listed blocks flagged full need no mask (the flags cover every mask in effect) as long as
       // every column exists: an out-of-range block id or the padded last block keeps its mask,
       // whatever its flag says, so missing columns never join the softmax.
-      bool full = p.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
-      for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV; pos += p.page_size - pos % p.page_size) {
-        const int entry = w.e.kv_begin + pos / p.page_size;
-        const int32_t block = p.kv_indices[entry];
-        full = p.block_flags[entry] != 0 && block >= 0 &&
-               static_cast<int64_t>(block + 1) * p.page_size <= p.num_kv_rows;
+      const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
+      bool full = bs.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
+      for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV;
+           pos += bs.block_cols - pos % bs.block_cols) {
+        const int entry = w.e.kv_begin + pos / bs.block_cols;
+        const int32_t block = bs.indices[entry];
+        full = bs.block_flags[entry] != 0 && block >= 0 &&
+               static_cast<int64_t>(block + 1) * bs.block_cols <= bs.num_cols;
       }
       needs = !full;
     }

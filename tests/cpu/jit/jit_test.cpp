@@ -295,11 +295,11 @@ const RealKernel kPrefill = {
     "prefill", "kernels/attention/prefill.cuh",
     "&tessera::kernels::attention_prefill_kernel<tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 64, 64, 4, 1>, "
     "tessera::kernels::KVFormatKind::kPaged, tessera::kernels::DefaultVariant, tessera::kernels::OneShotScheduler, "
-    "__nv_bfloat16>"};
+    "tessera::kernels::AttentionParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, tessera::kernels::int32_t>>"};
 const RealKernel kDecode = {
     "decode", "kernels/attention/decode.cuh",
     "&tessera::kernels::batch_decode_kernel<tessera::kernels::DecodeTraits<__nv_bfloat16, 128, 8, 2, 4>, "
-    "tessera::kernels::KVFormatKind::kPaged, __nv_bfloat16>"};
+    "tessera::kernels::KVFormatKind::kPaged, tessera::kernels::AttentionParams<__nv_bfloat16>>"};
 
 void compile_real_kernel(const RealKernel& k, const std::string& arch, int sm) {
   CompileRequest r;

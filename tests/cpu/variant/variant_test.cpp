@@ -51,7 +51,9 @@ VariantKernelRequest prefill_request(const char* dtype, const char* format) {
   r.kernel = "tessera::kernels::attention_prefill_kernel";
   r.args_before = std::string("tessera::kernels::PrefillTraits<") + dtype +
                   ", 128, 128, 64, 8, 1, 2, 2>, tessera::kernels::KVFormatKind::" + format;
-  r.args_after = std::string("tessera::kernels::OneShotScheduler, ") + dtype;
+  r.args_after = std::string("tessera::kernels::OneShotScheduler, ") +
+                 (std::string(dtype) == "__half" ? detail::params_type_name<__half>()
+                                                 : detail::params_type_name<__nv_bfloat16>());
   r.description = "test prefill";
   return r;
 }
@@ -198,7 +200,7 @@ TEST(VariantJit, PersistentAndDecodeTilesCompile) {
   v.is_default = false;
   v.features = feature::kWindow | feature::kSinks | feature::kSoftCap | feature::kAlibi | feature::kRope;
   VariantKernelRequest persistent = prefill_request("__half", "kPaged");
-  persistent.args_after = "tessera::kernels::PlannedScheduler, __half";
+  persistent.args_after = "tessera::kernels::PlannedScheduler, " + detail::params_type_name<__half>();
   VariantKernelRequest decode = prefill_request("__nv_bfloat16", "kPaged");
   decode.args_before = "tessera::kernels::PrefillTraits<__nv_bfloat16, 128, 16, 64, 1, 4, 3, 1>, "
                        "tessera::kernels::KVFormatKind::kPaged";

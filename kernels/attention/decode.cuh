@@ -141,7 +141,7 @@ struct KVTileLoader {
       k_offset[j] = 0;
       v_offset[j] = 0;
       if (valid[j]) {
-        const KVRow r = KVFormat<kFormat>::row(p, e, pos);
+        const KVRow r = kv_row<kFormat>(p, e, pos);
         valid[j] = r.valid;
         k_offset[j] = r.valid ? r.k_offset : 0;
         v_offset[j] = r.valid ? r.v_offset : 0;

@@ -162,16 +162,32 @@ struct KVRow {
   bool valid;
 };
 
-/// Query rows of request b for ragged and paged KV.
+/// Entries indptr[b] .. indptr[b+1]-1 of an offsets array, clamped to [0, bound]: a malformed
+/// indptr makes a request empty or short, never a read out of range. Returns the count.
+template <typename IdT>
+TESSERA_DEVICE int32_t clamped_range(const IdT* indptr, int32_t b, int32_t bound, int32_t& begin) {
+  begin = min(max(indptr[b], 0), bound);
+  return min(max(indptr[b + 1], begin), bound) - begin;
+}
+
+/// The block (page or column block) listed for position `pos` of a request whose positions fill
+/// its listed blocks of `block_size` in order, from entry e.kv_begin of `indices` on.
+template <typename IdT>
+TESSERA_DEVICE int32_t listed_block(const IdT* indices, const RequestExtent& e, int32_t pos, int32_t block_size) {
+  return indices[e.kv_begin + pos / block_size];
+}
+
+/// Query rows of request b for ragged and paged KV (the KV fields are the caller's to fill).
 template <typename Params>
-TESSERA_DEVICE void request_query_rows(const Params& p, int32_t b, RequestExtent& e) {
+TESSERA_DEVICE RequestExtent request_query_rows(const Params& p, int32_t b) {
+  RequestExtent e;
   if (p.qo_indptr != nullptr) {
-    e.q_begin = min(max(p.qo_indptr[b], 0), p.num_q_rows);
-    e.qo_len = min(max(p.qo_indptr[b + 1], e.q_begin), p.num_q_rows) - e.q_begin;
+    e.qo_len = clamped_range(p.qo_indptr, b, p.num_q_rows, e.q_begin);
   } else {  // every request has qo_len_single rows, request b's at row b * qo_len_single
     e.q_begin = b * p.qo_len_single;
     e.qo_len = p.qo_len_single;
   }
+  return e;
 }
 
 /// The per-format part of the kernels, one specialisation per KVFormatKind, each reading its own
@@ -181,7 +197,7 @@ TESSERA_DEVICE void request_query_rows(const Params& p, int32_t b, RequestExtent
 ///   block (BSR) id of `pos`; 0 for ragged KV. Split out so kernels can issue it a tile ahead of
 ///   the copies that need it;
 /// - row_in_block(p, e, pos, block): where `pos` lives (KVRow), given row_block's id;
-/// - row(p, e, pos): both.
+/// kv_row (below) composes the two.
 template <KVFormatKind kFormat>
 struct KVFormat;
 
@@ -189,11 +205,9 @@ template <>
 struct KVFormat<KVFormatKind::kRagged> {
   template <typename Params>
   static TESSERA_DEVICE RequestExtent request_extent(const Params& p, int32_t b) {
-    RequestExtent e;
-    request_query_rows(p, b, e);
+    RequestExtent e = request_query_rows(p, b);
     if (p.ragged.indptr != nullptr) {
-      e.kv_begin = min(max(p.ragged.indptr[b], 0), p.ragged.num_rows);
-      e.kv_len = min(max(p.ragged.indptr[b + 1], e.kv_begin), p.ragged.num_rows) - e.kv_begin;
+      e.kv_len = clamped_range(p.ragged.indptr, b, p.ragged.num_rows, e.kv_begin);
     } else {
       e.kv_begin = 0;
       e.kv_len = p.ragged.len_single;
@@ -207,17 +221,8 @@ struct KVFormat<KVFormatKind::kRagged> {
   }
   template <typename Params>
   static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent& e, int32_t pos, int32_t) {
-    KVRow r;
     const int64_t row = e.kv_begin + pos;
-    r.k_offset = row * p.kv.k_row_stride;
-    r.v_offset = row * p.kv.v_row_stride;
-    r.key = pos;
-    r.valid = true;
-    return r;
-  }
-  template <typename Params>
-  static TESSERA_DEVICE KVRow row(const Params& p, const RequestExtent& e, int32_t pos) {
-    return row_in_block(p, e, pos, row_block(p, e, pos));
+    return KVRow{row * p.kv.k_row_stride, row * p.kv.v_row_stride, pos, true};
   }
 };
 
@@ -225,10 +230,8 @@ template <>
 struct KVFormat<KVFormatKind::kPaged> {
   template <typename Params>
   static TESSERA_DEVICE RequestExtent request_extent(const Params& p, int32_t b) {
-    RequestExtent e;
-    request_query_rows(p, b, e);
-    e.kv_begin = min(max(p.paged.indptr[b], 0), p.paged.num_indices);
-    const int32_t pages = min(max(p.paged.indptr[b + 1], e.kv_begin), p.paged.num_indices) - e.kv_begin;
+    RequestExtent e = request_query_rows(p, b);
+    const int32_t pages = clamped_range(p.paged.indptr, b, p.paged.num_indices, e.kv_begin);
     const int32_t last = min(max(p.paged.last_page_len[b], 1), p.paged.page_size);
     e.kv_len = pages > 0 ? (pages - 1) * p.paged.page_size + last : 0;
     e.q_pos_offset = e.kv_len - e.qo_len;
@@ -236,21 +239,15 @@ struct KVFormat<KVFormatKind::kPaged> {
   }
   template <typename Params>
   static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
-    return p.paged.indices[e.kv_begin + pos / p.paged.page_size];
+    return listed_block(p.paged.indices, e, pos, p.paged.page_size);
   }
   template <typename Params>
   static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t page) {
-    KVRow r;
     const int32_t slot = pos % p.paged.page_size;
-    r.valid = page >= 0 && page < p.paged.num_pages;
-    r.k_offset = static_cast<int64_t>(page) * p.paged.k_page_stride + static_cast<int64_t>(slot) * p.kv.k_row_stride;
-    r.v_offset = static_cast<int64_t>(page) * p.paged.v_page_stride + static_cast<int64_t>(slot) * p.kv.v_row_stride;
-    r.key = pos;
-    return r;
-  }
-  template <typename Params>
-  static TESSERA_DEVICE KVRow row(const Params& p, const RequestExtent& e, int32_t pos) {
-    return row_in_block(p, e, pos, row_block(p, e, pos));
+    const bool valid = page >= 0 && page < p.paged.num_pages;
+    return KVRow{static_cast<int64_t>(page) * p.paged.k_page_stride + static_cast<int64_t>(slot) * p.kv.k_row_stride,
+                 static_cast<int64_t>(page) * p.paged.v_page_stride + static_cast<int64_t>(slot) * p.kv.v_row_stride,
+                 pos, valid};
   }
 };
 
@@ -262,32 +259,31 @@ struct KVFormat<KVFormatKind::kBlockSparse> {
     RequestExtent e;
     e.q_begin = b * bs.block_rows;
     e.qo_len = min(bs.block_rows, bs.num_rows - e.q_begin);
-    e.kv_begin = min(max(bs.indptr[b], 0), bs.num_indices);
-    const int32_t blocks = min(max(bs.indptr[b + 1], e.kv_begin), bs.num_indices) - e.kv_begin;
+    const int32_t blocks = clamped_range(bs.indptr, b, bs.num_indices, e.kv_begin);
     e.kv_len = blocks * bs.block_cols;  // columns past N inside the last block are masked
     e.q_pos_offset = bs.num_cols - bs.num_rows + e.q_begin;
     return e;
   }
   template <typename Params>
-  static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
-    return p.block_sparse.indices[e.kv_begin + pos / p.block_sparse.block_cols];
-  }
-  template <typename Params>
   static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t block) {
     const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
-    KVRow r;
     const int32_t column = block * bs.block_cols + pos % bs.block_cols;
-    r.valid = block >= 0 && block < bs.num_blocks && column < bs.num_cols;
-    r.k_offset = static_cast<int64_t>(column) * p.kv.k_row_stride;
-    r.v_offset = static_cast<int64_t>(column) * p.kv.v_row_stride;
-    r.key = column;
-    return r;
+    const bool valid = block >= 0 && block < bs.num_blocks && column < bs.num_cols;
+    return KVRow{static_cast<int64_t>(column) * p.kv.k_row_stride, static_cast<int64_t>(column) * p.kv.v_row_stride,
+                 column, valid};
   }
   template <typename Params>
-  static TESSERA_DEVICE KVRow row(const Params& p, const RequestExtent& e, int32_t pos) {
-    return row_in_block(p, e, pos, row_block(p, e, pos));
+  static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
+    return listed_block(p.block_sparse.indices, e, pos, p.block_sparse.block_cols);
   }
 };
+
+/// Where position `pos` of a request lives when the block id need not be loaded ahead: row_block,
+/// then row_in_block.
+template <KVFormatKind kFormat, typename Params>
+TESSERA_DEVICE KVRow kv_row(const Params& p, const RequestExtent& e, int32_t pos) {
+  return KVFormat<kFormat>::row_in_block(p, e, pos, KVFormat<kFormat>::row_block(p, e, pos));
+}
 
 /// The index type every kernel takes: RequestExtent and the row tables hold int32 positions.
 template <typename Params>

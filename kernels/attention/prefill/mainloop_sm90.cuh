@@ -24,9 +24,9 @@ namespace kernels {
 
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct Sm90Mainloop {
-  using T = typename Traits::DType;  // the Q and K/V tiles' element type (the kernel checks Params' types match)
   static_assert(Traits::kWarpSpecialized && Traits::kWgmma && Traits::kPvLag == 1,
                 "the sm90 mainloop: a producer warpgroup and wgmma warpgroups with P V a tile behind");
+  using T = typename Traits::DType;  // the wgmma operands' element type (the kernel checks Params' types match)
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;

@@ -30,6 +30,7 @@ struct Sm80Mainloop {
   const PrefillSmem<Traits>& smem;
   Source& kv;
   PipelineState<Traits::kStages> fill, read;  // the stage being filled, the stage being computed
+  int current = 0;                             // the tile between wait_tile and tile_done
   // ldmatrix addresses. A lane's fragment row is fixed for the whole tile and its rows are 8k +
   // lane % 8, so the swizzled chunk is (2 * step + half) ^ (lane % 8) = ((half ^ lane % 8)) ^
   // 2 * step: a k16 step only XORs (step << 5) into the byte address, and a further m16 / k16 /
@@ -67,29 +68,40 @@ struct Sm80Mainloop {
     kv.resolve(Traits::kStages - 1);
   }
 
-  /// Load: waits for `tile` (and Q), then issues the copies of tile + kStages - 1 into the stage
-  /// tile - 1 freed and resolves the row table of tile + kStages.
+  /// Load: waits for `tile` (and Q), then the loads this allows: the copies of tile + kStages - 1
+  /// into the stage tile - 1 freed and the row table of tile + kStages (with
+  /// Traits::kLoadsBehindMma, issued by qk() and tile_done() instead, behind the MMAs).
   TESSERA_DEVICE void wait_tile(int tile) {
     cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
     // After this barrier: every thread finished computing tile - 1 (its stage and row table are
     // free) and resolved tile + kStages - 1.
     __syncthreads();
-    copy(tile + Traits::kStages - 1);
-    kv.resolve(tile + Traits::kStages);
+    current = tile;
+    if constexpr (!Traits::kLoadsBehindMma) {
+      copy(tile + Traits::kStages - 1);
+      kv.resolve(tile + Traits::kStages);
+    }
   }
 
   TESSERA_DEVICE T* k_tile() const { return smem.k + read.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
   TESSERA_DEVICE T* v_tile() const { return smem.v + read.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
 
-  /// MMA: S = Q K^T for this warp's rows and columns (Q from the mainloop's fragment addresses).
-  /// The interface's P V lag (mainloop_sm90.cuh) does not apply: P V runs in its own tile.
+  /// MMA: S = Q K^T for this warp's rows and columns (Q from the mainloop's fragment addresses),
+  /// then (kLoadsBehindMma) the copies wait_tile allowed. The interface's P V lag
+  /// (mainloop_sm90.cuh) does not apply: P V runs in its own tile.
   template <bool kIssuePreviousPv, typename IssuePreviousPv>
-  TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* /*q_tile*/, IssuePreviousPv&&) const {
+  TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* /*q_tile*/, IssuePreviousPv&&) {
     static_assert(!kIssuePreviousPv, "the sm80 mainloop issues P V in its own tile");
+    constexpr int kChains = Traits::kQkChains;
     const uint32_t k_frag = smem_addr(k_tile()) + k_frag_offset;
+    // Partial S of the k16 steps kd % kChains == c + 1 (kQkChains, traits.cuh); chain 0 is s.
+    float s_more[kChains > 1 ? kChains - 1 : 1][kMmaQ][kN8KV][4];  // [chain - 1][m16 tile][n8 tile of KV][fragment]
     zero_fragments(s);
 #pragma unroll
+    for (int c = 0; c + 1 < kChains; ++c) zero_fragments(s_more[c]);
+#pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
+      float(&acc)[kMmaQ][kN8KV][4] = kd % kChains == 0 ? s : s_more[kd % kChains - 1];  // unrolled: a constant choice
       uint32_t a[kMmaQ][4];  // [m16 tile][A fragment]
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq) ldmatrix_x4(a[mq], (q_frag ^ (kd << 5)) + mq * 16 * kRowBytes);
@@ -98,8 +110,19 @@ struct Sm80Mainloop {
         uint32_t b[4];  // b0, b1 of n8 tile 2nk, then of 2nk+1
         ldmatrix_x4(b, (k_frag ^ (kd << 5)) + nk * 16 * kRowBytes);
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) mma_m16n8k16_pair<T>(s[mq][2 * nk], s[mq][2 * nk + 1], a[mq], b);
+        for (int mq = 0; mq < kMmaQ; ++mq) mma_m16n8k16_pair<T>(acc[mq][2 * nk], acc[mq][2 * nk + 1], a[mq], b);
       }
+    }
+    if constexpr (Traits::kLoadsBehindMma) copy(current + Traits::kStages - 1);
+    if constexpr (kChains > 1) {
+#pragma unroll
+      for (int c = 0; c + 1 < kChains; ++c)
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+          for (int n = 0; n < kN8KV; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[mq][n][i] += s_more[c][mq][n][i];
     }
   }
 
@@ -124,7 +147,12 @@ struct Sm80Mainloop {
   /// P V completed in issue_pv.
   TESSERA_DEVICE void complete_pv(float (&)[kMmaQ][kN8D][4], const uint32_t (&)[kMmaQ][Traits::kMmaKV][4],
                                   float) const {}
-  TESSERA_DEVICE void tile_done() { read.advance(); }
+  /// With kLoadsBehindMma, resolves the row table of tile + kStages after the P V MMAs were
+  /// issued; the next tile's barrier publishes it.
+  TESSERA_DEVICE void tile_done() {
+    if constexpr (Traits::kLoadsBehindMma) kv.resolve(current + Traits::kStages);
+    read.advance();
+  }
   /// After the work item's last tile: no copy outlives the item (the copies past its last tile
   /// are empty groups).
   TESSERA_DEVICE void finish() const { cp_async_wait<0>(); }

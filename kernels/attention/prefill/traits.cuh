@@ -67,6 +67,20 @@ struct PrefillTraits {
   static constexpr int kN8KV = kWarpColsKV / 8;                   // n8 tiles of S per warp
   static_assert((kN8KV & (kN8KV - 1)) == 0, "the softmax's max and sum trees halve kN8KV");
   static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
+  // Decode-sized warp tiles (one m16 x two n8 of S per warp: the 16-row tiles) are latency-bound
+  // when a CTA runs alone on its SM (a long request of a skewed decode batch): each scheduler has
+  // one warp, and a KV tile is one chain of dependent steps. Two changes shorten the chain:
+  // - kQkChains: a warp's S is kMmaQ x kN8KV accumulators, each the end of kMmaD dependent
+  //   mma.sync; here even and odd k16 steps go to separate accumulators, summed after the loop
+  //   (4 chains of half the depth, 8 more registers).
+  // - kLoadsBehindMma: the tile's copies (tile + kStages - 1) are issued after its Q K^T MMAs and
+  //   its row-table resolve after its P V MMAs, so their ~250 instructions fill the MMAs' latency
+  //   instead of preceding the first MMA.
+  // Larger warp tiles have independent chains enough, and their registers are all accumulators:
+  // issued late, the copies' addresses spilled (8-80 bytes).
+  static constexpr bool kChainBoundTile = !kWgmma && kMmaQ * kN8KV <= 2;
+  static constexpr int kQkChains = kChainBoundTile && kMmaD % 2 == 0 ? 2 : 1;
+  static constexpr bool kLoadsBehindMma = kChainBoundTile;
   static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
   static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks of a row's data
   // Chunks a row takes in shared memory, and the chunk columns the loaders spread their threads

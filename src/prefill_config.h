@@ -15,7 +15,9 @@ namespace detail {
 /// the query tile — up to 16 rows: k16, a 16-row tile with 4 warps splitting each KV tile (decode
 /// and short appends are memory bound: wide KV tiles keep bytes in flight); up to 64 rows: k64, one
 /// m16 tile per warp; longer: the 128-row tile of the head dim (q_tile_128) when the table has one,
-/// else k64 (head_dim 256: a 128-row tile would need 256 accumulator registers per thread). The
+/// else k64. Head_dim 256's 128-row tile is 8 warps x 16 rows (one CTA per SM, the 64-row
+/// tile's warps per SM): 32 rows per warp would need 256 accumulator registers per thread, and 8
+/// warps sharing each K/V tile halve the K/V copies per FLOP against two 64-row CTAs. The
 /// 128-row tile of head_dim 128 is 4 warps x 32 rows: each K/V fragment loaded from shared memory
 /// feeds two m16 tiles, which halves that traffic per FLOP (the O and S accumulators then take 192
 /// of 255 registers, so two CTAs share an SM).

@@ -585,7 +585,11 @@ std::vector<AttentionCase> prefill_cases() {
   AttentionCase s6 = small(Entry::kRagged, Layout::kNHD, DType::kBF16, 3, 130, 300, 0, 2, 1, 96, true);
   AttentionCase s7 = small(Entry::kPaged, Layout::kHND, DType::kF16, 5, 20, 45, 3, 2, 3, 96, false);
   s7.nan_unused = true;
-  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7});
+  // head_dim 256: s3 (132 packed rows) runs the 128-row tile (8 warps x 16 rows); a paged causal
+  // one too, and a 64-row one (40 packed rows).
+  AttentionCase s8 = small(Entry::kPaged, Layout::kHND, DType::kBF16, 3, 130, 300, 16, 2, 1, 256, true);
+  AttentionCase s9 = small(Entry::kRagged, Layout::kNHD, DType::kBF16, 3, 40, 100, 0, 2, 1, 256, true);
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7, s8, s9});
   make_names_unique(cases, case_name);
   return cases;
 }

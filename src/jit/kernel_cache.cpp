@@ -109,6 +109,26 @@ bool read_fd(int fd, std::string* out) {
   }
 }
 
+/// Reads regular file `fd` (at offset 0) straight into *out when it holds exactly `expected` bytes;
+/// false on a read error or any other length. One read into the final buffer: a warm load copies
+/// nothing, and a bad size in the metadata allocates nothing.
+bool read_fd_exact(int fd, uint64_t expected, std::vector<char>* out) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) != expected) return false;
+  out->resize(static_cast<size_t>(expected) + 1);  // the extra byte catches a file that grew
+  size_t got = 0;
+  while (got < out->size()) {
+    const ssize_t n = ::read(fd, out->data() + got, out->size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got != expected) return false;
+  out->resize(static_cast<size_t>(expected));
+  return true;
+}
+
 enum class OpenResult { kOpened, kMissing, kUntrusted, kFailed };
 
 /// Opens `name` in `dir_fd` for reading, without following a symbolic link and without blocking
@@ -609,16 +629,16 @@ KernelCache::DiskEntry KernelCache::try_load(int arch_fd, const std::string& arc
   }
   auto k = std::make_shared<CachedKernel>();
   uint64_t cubin_bytes = 0;
-  std::string meta, cubin_sha, cubin;
+  std::string meta, cubin_sha;
   if (!read_fd(meta_fd.get(), &meta) || !parse_meta(meta, key, arch, k.get(), &cubin_bytes, &cubin_sha) ||
-      !read_fd(cubin_fd.get(), &cubin) || cubin.size() != cubin_bytes || sha256_hex(cubin) != cubin_sha) {
+      !read_fd_exact(cubin_fd.get(), cubin_bytes, &k->cubin) ||
+      sha256_hex(std::string_view(k->cubin.data(), k->cubin.size())) != cubin_sha) {
     entry.state = EntryState::kCorrupt;
     return entry;
   }
   // Recency for eviction, recorded by the cache itself: atime may be off (noatime, relatime).
   // Best effort: a read-only cache still serves hits.
   ::futimens(cubin_fd.get(), nullptr);
-  k->cubin.assign(cubin.begin(), cubin.end());
   k->cubin_path = cubin_path(arch, key);
   entry.state = EntryState::kValid;
   entry.kernel = std::move(k);

@@ -163,21 +163,73 @@ std::string cubin_sha(const std::vector<char>& cubin) {
 
 // ---- SHA-256, sources, diagnostics, architectures ---------------------------------------------
 
+// Every engine this build and CPU can run; the x86 SHA-extension engine is reported when missing.
+std::vector<Sha256Engine> available_sha256_engines() {
+  std::vector<Sha256Engine> engines = {Sha256Engine::kPortable};
+  if (sha256_engine_available(Sha256Engine::kX86Sha)) {
+    engines.push_back(Sha256Engine::kX86Sha);
+  } else {
+    std::printf("[ NOTE     ] no x86 SHA extensions in this build or CPU: "
+                "only the portable SHA-256 engine is tested\n");
+  }
+  return engines;
+}
+
 TEST(JitSha256, KnownVectors) {
-  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  // Incremental updates across block boundaries give the one-shot digest.
-  std::string data;
-  for (int i = 0; i < 1000; ++i) data += static_cast<char>(i * 7 + 1);
-  Sha256 h;
-  for (size_t pos = 0; pos < data.size(); pos += 13) h.update(data.substr(pos, 13));
-  EXPECT_EQ(h.hex_digest(), sha256_hex(data));
-  // Fields are length-prefixed: no concatenation ambiguity.
-  EXPECT_NE(Sha256().field("ab").field("c").hex_digest(), Sha256().field("a").field("bc").hex_digest());
+  for (const Sha256Engine engine : available_sha256_engines()) {
+    SCOPED_TRACE(engine == Sha256Engine::kPortable ? "portable" : "x86 SHA extensions");
+    const auto hex = [engine](std::string_view s) { return Sha256(engine).update(s).hex_digest(); };
+    EXPECT_EQ(hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_EQ(hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    EXPECT_EQ(hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    // Incremental updates across block boundaries give the one-shot digest.
+    std::string data;
+    for (int i = 0; i < 1000; ++i) data += static_cast<char>(i * 7 + 1);
+    Sha256 h(engine);
+    for (size_t pos = 0; pos < data.size(); pos += 13) h.update(data.substr(pos, 13));
+    EXPECT_EQ(h.hex_digest(), hex(data));
+    // Fields are length-prefixed: no concatenation ambiguity.
+    EXPECT_NE(Sha256(engine).field("ab").field("c").hex_digest(), Sha256(engine).field("a").field("bc").hex_digest());
+  }
+  EXPECT_EQ(sha256_hex("abc"), Sha256(default_sha256_engine()).update("abc").hex_digest());
+}
+
+TEST(JitSha256, EnginesAgreeOnRandomMessages) {
+  const std::vector<Sha256Engine> engines = available_sha256_engines();
+  std::mt19937 rng(20261125);
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 200; ++n) lengths.push_back(n);  // every padding case around 1-3 blocks
+  for (int i = 0; i < 20; ++i) lengths.push_back(std::uniform_int_distribution<size_t>(200, 400000)(rng));
+  for (const size_t n : lengths) {
+    std::string data(n, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    const std::string reference = Sha256(Sha256Engine::kPortable).update(data).hex_digest();
+    for (const Sha256Engine engine : engines) {
+      // Uneven pieces: buffered partial blocks and multi-block runs both reach the engine.
+      Sha256 h(engine);
+      for (size_t pos = 0; pos < n;) {
+        const size_t take = std::min(n - pos, std::uniform_int_distribution<size_t>(1, 300)(rng));
+        h.update(data.data() + pos, take);
+        pos += take;
+      }
+      ASSERT_EQ(h.hex_digest(), reference) << "length " << n;
+    }
+  }
+}
+
+TEST(JitSha256, UnavailableEngineIsANamedError) {
+  if (sha256_engine_available(Sha256Engine::kX86Sha)) {
+    GTEST_SKIP() << "this CPU has the x86 SHA extensions: no unavailable engine to ask for";
+  }
+  try {
+    Sha256 h(Sha256Engine::kX86Sha);
+    FAIL() << "expected tessera::Error";
+  } catch (const tessera::Error& e) {
+    EXPECT_EQ(e.code(), tessera::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("x86 SHA extensions"), std::string::npos) << e.what();
+  }
 }
 
 TEST(JitHeaders, EveryKernelHeaderIsEmbeddedVerbatim) {
@@ -525,6 +577,7 @@ TEST(JitCache, CorruptEntriesAreRecompiled) {
   const std::vector<Damage> damages = {
       {"empty cubin", cubin, ""},
       {"truncated cubin", cubin, good_cubin.substr(0, good_cubin.size() / 2)},
+      {"cubin with bytes appended", cubin, good_cubin + std::string(100, '\0')},
       {"flipped byte in cubin", cubin, flipped},
       {"empty meta", meta, ""},
       {"truncated meta", meta, good_meta.substr(0, good_meta.size() - 10)},

@@ -204,7 +204,8 @@ std::string ParamValue::json() const {
 // ------------------------------------------------------------------------------------------------
 // OutputSink
 
-OutputSink::OutputSink(RunInfo info, const std::string& json_path) : info_(std::move(info)) {
+OutputSink::OutputSink(RunInfo info, const std::string& json_path, bool with_samples)
+    : info_(std::move(info)), with_samples_(with_samples) {
   if (json_path == "-") {
     json_stdout_ = true;
   } else if (!json_path.empty()) {
@@ -236,7 +237,7 @@ void OutputSink::add(const Result& r) {
               fixed(fraction, 3).c_str(), r.ceiling_name.empty() ? "-" : r.ceiling_name.c_str());
   std::fflush(stdout);
 
-  const std::string line = to_json(r, info_);
+  const std::string line = to_json(r, info_, with_samples_);
   if (json_file_ != nullptr) {
     std::fprintf(json_file_, "%s\n", line.c_str());
     std::fflush(json_file_);
@@ -250,7 +251,7 @@ void OutputSink::finish() {
   std::fflush(stdout);
 }
 
-std::string OutputSink::to_json(const Result& r, const RunInfo& info) {
+std::string OutputSink::to_json(const Result& r, const RunInfo& info, bool with_samples) {
   const bool has_ceiling = !r.ceiling_name.empty();
   const double fraction =
       has_ceiling ? r.value / r.ceiling_value : std::numeric_limits<double>::quiet_NaN();
@@ -279,7 +280,15 @@ std::string OutputSink::to_json(const Result& r, const RunInfo& info) {
     << ", \"gpu\": " << json_escape(info.gpu)                  //
     << ", \"sm_count\": " << info.sm_count                     //
     << ", \"date\": " << json_escape(info.date)                //
-    << ", \"commit\": " << json_escape(info.commit) << "}";
+    << ", \"commit\": " << json_escape(info.commit);
+  if (with_samples) {
+    o << ", \"samples_us\": [";
+    for (size_t i = 0; i < r.timing.samples_us.size(); ++i) {
+      o << (i > 0 ? ", " : "") << json_number(r.timing.samples_us[i]);
+    }
+    o << "]";
+  }
+  o << "}";
   return o.str();
 }
 

@@ -185,7 +185,9 @@ struct RunInfo {
 class OutputSink {
  public:
   /// json_path: "" for no JSON, "-" for stdout, otherwise a file opened for appending.
-  OutputSink(RunInfo info, const std::string& json_path);
+  /// with_samples: each JSON line also carries "samples_us", every timed run in run order (to see
+  /// how a cell's runs spread and drift within a measurement).
+  OutputSink(RunInfo info, const std::string& json_path, bool with_samples = false);
   ~OutputSink();
   OutputSink(const OutputSink&) = delete;
   OutputSink& operator=(const OutputSink&) = delete;
@@ -195,13 +197,14 @@ class OutputSink {
   void finish();
   const RunInfo& info() const { return info_; }
 
-  static std::string to_json(const Result& r, const RunInfo& info);
+  static std::string to_json(const Result& r, const RunInfo& info, bool with_samples = false);
 
  private:
   void print_table_header();
   RunInfo info_;
   FILE* json_file_ = nullptr;
   bool json_stdout_ = false;
+  bool with_samples_ = false;
   bool header_printed_ = false;
   std::vector<std::string> stdout_json_;
 };

@@ -33,6 +33,7 @@ struct Options {
   int device = 0;
   bool list = false;
   bool help = false;
+  bool samples = false;
 };
 
 void print_usage(FILE* out) {
@@ -47,6 +48,7 @@ void print_usage(FILE* out) {
                "  --warmup N       untimed warm-up runs per workload (default 5)\n"
                "  --cooldown-ms N  the GPU idles N ms before each measurement, so no result depends on\n"
                "                   the power state earlier workloads left (default 1000; 0: none)\n"
+               "  --samples        the JSON lines also list every timed run (\"samples_us\", in run order)\n"
                "  --filter TEXT    run only workloads whose name contains TEXT, or one of A|B|... (ceilings\n"
                "                   still run)\n"
                "  --device N       CUDA device to use (default 0)\n"
@@ -114,6 +116,8 @@ Options parse_args(int argc, char** argv) {
       opt.filter = take_value();
     } else if (arg == "--list" && !has_value) {
       opt.list = true;
+    } else if (arg == "--samples" && !has_value) {
+      opt.samples = true;
     } else if ((arg == "--help" || arg == "-h") && !has_value) {
       opt.help = true;
     } else {
@@ -214,7 +218,7 @@ int run(const Options& opt) {
     BENCH_CUDA(cudaRuntimeGetVersion(&runtime_version));
     BENCH_CUDA(cudaDriverGetVersion(&driver_version));
 
-    sink = std::make_unique<tb::OutputSink>(info, opt.json_path);
+    sink = std::make_unique<tb::OutputSink>(info, opt.json_path, opt.samples);
     tb::BenchContext ctx(opt.device, opt.iters, opt.warmup, opt.cooldown_ms, *sink);
 
     std::printf("tessera-bench %s, %s: %s (sm_%d%d, %d SMs, L2 %d MiB), CUDA runtime %s, driver %s\n",

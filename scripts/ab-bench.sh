@@ -7,7 +7,8 @@
 #   Environment: ROUNDS (default 3), RUNS (a ;-separated list of tessera-bench argument sets,
 #   default: the quick suite, W2 at 4k and 16k, every W4 set), ITERS (default 30), COOLDOWN_MS
 #   (default 300), OUT (default /tmp/tessera-ab), BUILD_DIR (default build-sm90a), FIRST (base or
-#   new: the side that runs first in each round, default base).
+#   new: the side that runs first in each round, default base), PIN (a CPU list for taskset: both
+#   sides' processes run on those CPUs, for the host-clock cells; default: unpinned).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--stage" ]; then
@@ -45,11 +46,12 @@ for round in $(seq 1 "$ROUNDS"); do
   for side in $sides; do
     exe=$BUILD_DIR/bench/tessera-bench
     [ $side = base ] && exe=.ab-base/$BUILD_DIR/bench/tessera-bench
+    [ -n "${PIN:-}" ] && exe="taskset -c $PIN $exe"
     commit=$new_rev
     [ $side = base ] && commit=$base_rev
     for args in "${run_sets[@]}"; do
       # shellcheck disable=SC2086
-      TESSERA_GIT_COMMIT=$commit "$exe" $args --iters "$ITERS" --cooldown-ms "$COOLDOWN_MS" --json - 2>>"$OUT/ab-stderr.log" |
+      TESSERA_GIT_COMMIT=$commit $exe $args --iters "$ITERS" --cooldown-ms "$COOLDOWN_MS" --json - 2>>"$OUT/ab-stderr.log" |
         grep '^{' | python3 -c "
 import json, sys
 for line in sys.stdin:

@@ -534,7 +534,10 @@ RunInfo make_run_info(int device) {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   info.date = buf;
-  info.commit = TESSERA_GIT_COMMIT;
+  // The configure-time commit goes stale in a build directory reused across revisions; a
+  // TESSERA_GIT_COMMIT set at run time (scripts/ab-bench.sh, gpu-check.sh) names the tree measured.
+  const char* commit = std::getenv("TESSERA_GIT_COMMIT");
+  info.commit = commit != nullptr && *commit != '\0' ? commit : TESSERA_GIT_COMMIT;
   return info;
 }
 

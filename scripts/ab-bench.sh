@@ -55,7 +55,7 @@ for round in $(seq 1 "$ROUNDS"); do
         grep '^{' | python3 -c "
 import json, sys
 for line in sys.stdin:
-    r = json.loads(line); r['ab_side'] = '$side'; r['ab_round'] = $round; print(json.dumps(r))" >>"$OUT/ab.jsonl"
+    r = json.loads(line); r['ab_side'] = '$side'; r['ab_round'] = $round; r['commit'] = '$commit'; print(json.dumps(r))" >>"$OUT/ab.jsonl"
     done
     echo "round $round $side done"
   done

@@ -1,5 +1,5 @@
 // Warpgroup tensor-core instructions of sm_90a (wgmma): shared-memory matrix descriptors, the
-// m64n128k16 MMA with fp32 accumulation, and the fences around it. A warpgroup is 4 consecutive
+// m64nNk16 MMAs (N = 64, 128) with fp32 accumulation, and the fences around it. A warpgroup is 4 consecutive
 // warps (128 threads); all of them execute every instruction here together.
 //
 // Accumulator layout of m64nNk16 (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts"
@@ -102,9 +102,10 @@ TESSERA_DEVICE void warpgroup_registers_increase() {
 
 /// Ties the accumulators to this point of the program: the compiler may not move their reads or
 /// writes across it, so none lands between a wgmma and the wait that completes it.
-TESSERA_DEVICE void wgmma_fence_operands(float (&d)[64]) {
+template <int N>
+TESSERA_DEVICE void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /// The same for A fragments in registers (a register-A wgmma reads them until its wait), N words.
@@ -124,71 +125,91 @@ TESSERA_DEVICE void wgmma_wait_after(float value, uint32_t slot) {
   wgmma_wait<N>();
 }
 
-/// d (64 x 128, fp32) = A * B^T + (accumulate ? d : 0) for one warpgroup: A (64 x 16) and B
-/// (128 x 16) both K-major in shared memory (descriptors from smem_desc_sw128).
-template <typename T>
-TESSERA_DEVICE void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate);
+/// d (64 x N, fp32) = A * B^T + (accumulate ? d : 0) for one warpgroup: A (64 x 16) and B
+/// (N x 16) both K-major in shared memory (descriptors from smem_desc_sw128). N is 64 or 128;
+/// a thread holds N / 2 accumulators.
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
 
-/// d (64 x 128, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) in registers
-/// (four packed pairs, the m16n8k16 A fragment of the thread's warp), B (16 x 128) MN-major in
-/// shared memory (128 contiguous elements per K row, two 64-element column blocks).
-template <typename T>
-TESSERA_DEVICE void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
-                                        bool accumulate);
+/// d (64 x N, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) in registers
+/// (four packed pairs, the m16n8k16 A fragment of the thread's warp), B (16 x N) MN-major in
+/// shared memory (N contiguous elements per K row, in 64-element column blocks).
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
+                                      bool accumulate);
 
 #if TESSERA_WGMMA_AVAILABLE
-// The 64 fp32 accumulators of a thread's share of an m64n128 tile, as asm operands %0 .. %63.
-#define TESSERA_WGMMA_D_REGS                                                                                          \
+// A thread's accumulators of an m64n64 tile (32) and of an m64n128 tile (64), as asm operands %0 ..
+#define TESSERA_WGMMA_D32_REGS                                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TESSERA_WGMMA_D64_REGS                                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                  \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                  \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define TESSERA_WGMMA_D_OPERANDS                                                                                      \
+#define TESSERA_WGMMA_D32_OPERANDS                                                                                    \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                     \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),               \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),             \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),             \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),             \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),             \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),             \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define TESSERA_WGMMA_D64_OPERANDS                                                                                    \
+  TESSERA_WGMMA_D32_OPERANDS, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),           \
+      "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),         \
+      "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
+      "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),         \
+      "+f"(d[62]), "+f"(d[63])
 
-// The two operand forms for one 16-bit input type (PTX name PTX_TYPE). Accumulate is the
-// scale-d predicate; scale-a/b are 1; SS takes both operands K-major (no transpose); RS takes B
-// MN-major (transpose-b = 1).
-#define TESSERA_WGMMA_M64N128K16(TYPE, PTX_TYPE)                                                                      \
+// The two operand forms of m64nNk16 for one 16-bit input type (PTX name PTX_TYPE). Accumulate is
+// the scale-d predicate; scale-a/b are 1; SS takes both operands K-major (no transpose); RS takes
+// B MN-major (transpose-b = 1). The operand numbers after the accumulators are spelled out:
+// SS_TAIL names desc_a, desc_b and the accumulate flag; RS_TAIL the four A words, desc_b and the
+// flag; ACC the flag's number.
+#define TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, N, REGS, OPERANDS, SS_ACC, SS_TAIL, RS_ACC, RS_TAIL)                    \
   template <>                                                                                                         \
-  TESSERA_DEVICE void wgmma_m64n128k16_ss<TYPE>(float(&d)[64], uint64_t desc_a, uint64_t desc_b,                      \
-                                                bool accumulate) {                                                    \
-    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, %66, 0;\n"                                                   \
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " " TESSERA_WGMMA_D_REGS       \
-                 ", %64, %65, acc, 1, 1, 0, 0;\n}\n"                                                                  \
-                 : TESSERA_WGMMA_D_OPERANDS                                                                           \
+  TESSERA_DEVICE void wgmma_m64nNk16_ss<TYPE, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b,                  \
+                                                 bool accumulate) {                                                   \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " SS_ACC ", 0;\n"                                            \
+                 " wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " REGS SS_TAIL           \
+                 ", acc, 1, 1, 0, 0;\n}\n"                                                                             \
+                 : OPERANDS                                                                                           \
                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));                                 \
   }                                                                                                                   \
   template <>                                                                                                         \
-  TESSERA_DEVICE void wgmma_m64n128k16_rs<TYPE>(float(&d)[64], const uint32_t(&a)[4],                                 \
-                                                uint64_t desc_b_mn_major, bool accumulate) {                          \
-    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, %69, 0;\n"                                                   \
-                 " wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " " TESSERA_WGMMA_D_REGS       \
-                 ", {%64, %65, %66, %67}, %68, acc, 1, 1, 1;\n}\n"                                                    \
-                 : TESSERA_WGMMA_D_OPERANDS                                                                           \
+  TESSERA_DEVICE void wgmma_m64nNk16_rs<TYPE, N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b_mn_major,   \
+                                                 bool accumulate) {                                                   \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " RS_ACC ", 0;\n"                                            \
+                 " wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " REGS RS_TAIL           \
+                 ", acc, 1, 1, 1;\n}\n"                                                                                \
+                 : OPERANDS                                                                                           \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major),                                  \
                    "r"(static_cast<uint32_t>(accumulate)));                                                           \
   }
-TESSERA_WGMMA_M64N128K16(__nv_bfloat16, "bf16")
-TESSERA_WGMMA_M64N128K16(__half, "f16")
-#undef TESSERA_WGMMA_M64N128K16
-#undef TESSERA_WGMMA_D_OPERANDS
-#undef TESSERA_WGMMA_D_REGS
+#define TESSERA_WGMMA_N64(TYPE, PTX_TYPE)                                                                             \
+  TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 64, TESSERA_WGMMA_D32_REGS, TESSERA_WGMMA_D32_OPERANDS, "%34", ", %32, %33",  \
+                        "%37", ", {%32, %33, %34, %35}, %36")
+#define TESSERA_WGMMA_N128(TYPE, PTX_TYPE)                                                                            \
+  TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 128, TESSERA_WGMMA_D64_REGS, TESSERA_WGMMA_D64_OPERANDS, "%66", ", %64, %65", \
+                        "%69", ", {%64, %65, %66, %67}, %68")
+TESSERA_WGMMA_N64(__nv_bfloat16, "bf16")
+TESSERA_WGMMA_N64(__half, "f16")
+TESSERA_WGMMA_N128(__nv_bfloat16, "bf16")
+TESSERA_WGMMA_N128(__half, "f16")
+#undef TESSERA_WGMMA_N128
+#undef TESSERA_WGMMA_N64
+#undef TESSERA_WGMMA_M64NK16
+#undef TESSERA_WGMMA_D64_OPERANDS
+#undef TESSERA_WGMMA_D32_OPERANDS
+#undef TESSERA_WGMMA_D64_REGS
+#undef TESSERA_WGMMA_D32_REGS
 #else
 // Other targets compile the callers but never run them.
-template <typename T>
-TESSERA_DEVICE void wgmma_m64n128k16_ss(float (&)[64], uint64_t, uint64_t, bool) {
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&)[N / 2], uint64_t, uint64_t, bool) {
   __trap();
 }
-template <typename T>
-TESSERA_DEVICE void wgmma_m64n128k16_rs(float (&)[64], const uint32_t (&)[4], uint64_t, bool) {
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&)[N / 2], const uint32_t (&)[4], uint64_t, bool) {
   __trap();
 }
 #endif

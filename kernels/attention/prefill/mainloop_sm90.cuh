@@ -2,7 +2,7 @@
 // and copies Q and K/V tiles (cp.async, any KV format) into mbarrier pipelines, and the compute
 // warpgroups issue wgmma: each warpgroup multiplies its 64 rows by the whole 128-row K tile
 // (m64n128k16, Q and K read from shared memory through descriptors) and P, straight from the S
-// registers, by the V tile. The accumulators give each warp the same 16-row fragments as the
+// registers, by the V tile (m64nDk16, D the head dim). The accumulators give each warp the same 16-row fragments as the
 // mma.sync path, so the variant applier, the softmax and the epilogue are shared.
 //
 // The compute warpgroups never meet at a CTA barrier inside the tile loop, so one warpgroup's
@@ -29,6 +29,8 @@ struct Sm90Mainloop {
   using T = typename Traits::DType;  // the wgmma operands' element type (the kernel checks Params' types match)
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   static constexpr int kTileElems = Traits::kKVTileElems;
+  static constexpr int kSRegs = kN8KV * 4;  // a thread's S accumulators of the warpgroup's 64 x CTA_TILE_KV
+  static constexpr int kORegs = kN8D * 4;   // a thread's O accumulators of the warpgroup's 64 x HEAD_DIM
   static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
 
@@ -119,14 +121,16 @@ struct Sm90Mainloop {
   /// issue_previous_pv; frees the K stage once Q K^T is done.
   template <bool kLagged, typename IssuePreviousPv>
   TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* q_tile, IssuePreviousPv&& issue_previous_pv) const {
-    float(&s_wg)[64] = reinterpret_cast<float(&)[64]>(s[0]);  // [64] = [n8 tile][fragment]
+    float(&s_wg)[kSRegs] = reinterpret_cast<float(&)[kSRegs]>(s[0]);  // [kN8KV * 4] = [n8 tile][fragment]
     const uint32_t q_tile_addr = smem_addr(q_tile);
     const int q_wg_row0 = (static_cast<int>(threadIdx.x) / kWarpSize / 4) * 64;
     wgmma_fence();
 #pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
-      wgmma_m64n128k16_ss<T>(s_wg, sw128_k_major_desc<Traits::CTA_TILE_Q>(q_tile_addr, q_wg_row0, kd),
-                             sw128_k_major_desc<Traits::CTA_TILE_KV>(smem_addr(k_tile()), 0, kd), kd > 0);
+      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s_wg,
+                                                sw128_k_major_desc<Traits::CTA_TILE_Q>(q_tile_addr, q_wg_row0, kd),
+                                                sw128_k_major_desc<Traits::CTA_TILE_KV>(smem_addr(k_tile()), 0, kd),
+                                                kd > 0);
     }
     wgmma_commit();
     if constexpr (kLagged) {
@@ -154,13 +158,13 @@ struct Sm90Mainloop {
       fence_proxy_async_shared();
       compute_sync<Traits>();
     }
-    float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);  // [64] = [n8 tile of D][fragment]
+    float(&o_wg)[kORegs] = reinterpret_cast<float(&)[kORegs]>(o[0]);  // [kN8D * 4] = [n8 tile of D][fragment]
     wgmma_fence_operands(o_wg);
     wgmma_fence();  // the rescale's and the packing's register writes precede the reads
 #pragma unroll
     for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-      wgmma_m64n128k16_rs<T>(o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk),
-                             true);
+      wgmma_m64nNk16_rs<T, Traits::HEAD_DIM>(
+          o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk), true);
     }
     wgmma_commit();
   }
@@ -169,7 +173,7 @@ struct Sm90Mainloop {
   TESSERA_DEVICE void complete_pv(float (&o)[kMmaQ][kN8D][4], uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4],
                               float after) const {
     wgmma_wait_after<0>(after, smem_addr(smem.wait_anchor + threadIdx.x));
-    float(&o_wg)[64] = reinterpret_cast<float(&)[64]>(o[0]);
+    float(&o_wg)[kORegs] = reinterpret_cast<float(&)[kORegs]>(o[0]);
     wgmma_fence_operands(o_wg);
     // P's registers were read by the P V in flight: keep them allocated until here.
     uint32_t(&p_wg)[Traits::kMmaKV * 4] = reinterpret_cast<uint32_t(&)[Traits::kMmaKV * 4]>(pfrag[0]);

@@ -13,7 +13,7 @@ namespace tessera {
 namespace kernels {
 
 /// The tensor-core instructions of a prefill configuration: mma.sync m16n8k16 fed by ldmatrix
-/// (sm_80+), or wgmma m64n128k16 from shared-memory descriptors (sm_90a; one warpgroup per 64
+/// (sm_80+), or wgmma m64nNk16 from shared-memory descriptors (sm_90a; one warpgroup per 64
 /// query rows). Softmax, masks, variants, loaders and epilogue are the same code for both: the
 /// wgmma accumulators hold each warp's 16 rows in the m16n8 fragment layout (wgmma.cuh).
 enum class MmaKind : int { kSync = 0, kWgmma = 1 };
@@ -147,11 +147,12 @@ struct PrefillTraits {
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
   static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
-  // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile with
-  // m64n128k16, so the KV tile (N of Q K^T) and the head dim (N of P V) are both 128.
-  static_assert(!kWgmma || (HEAD_DIM == 128 && CTA_TILE_KV == 128 && NUM_WARPS_KV == 1 && kWarpRowsQ == 16 &&
-                            NUM_WARPS_Q % 4 == 0),
-                "wgmma configurations: head_dim 128, 128-row KV tiles, warpgroups of 4 warps x 16 query rows");
+  // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile: Q K^T with
+  // m64n128k16 (the KV tile is N), P V with m64nDk16 (the head dim is N; kernels/common/wgmma.cuh
+  // has N = 64 and 128; 256 would need 128 O accumulators per thread beside S).
+  static_assert(!kWgmma || ((HEAD_DIM == 64 || HEAD_DIM == 128) && CTA_TILE_KV == 128 && NUM_WARPS_KV == 1 &&
+                            kWarpRowsQ == 16 && NUM_WARPS_Q % 4 == 0),
+                "wgmma configurations: head_dim 64 or 128, 128-row KV tiles, warpgroups of 4 warps x 16 query rows");
   static_assert(!kWarpSpecialized ||
                     (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads && CTA_TILE_Q <= kLoaderThreads &&
                      kProducerRegs * kProducerWarps * kWarpSize + kComputeRegs * kComputeThreads <= 65536 &&

@@ -1,5 +1,5 @@
 // Warpgroup tensor-core instructions of sm_90a (wgmma): shared-memory matrix descriptors, the
-// m64nNk16 MMAs (N = 64, 128) with fp32 accumulation, and the fences around it. A warpgroup is 4 consecutive
+// m64nNk16 MMAs (N = 64, 128, 256) with fp32 accumulation, and the fences around it. A warpgroup is 4 consecutive
 // warps (128 threads); all of them execute every instruction here together.
 //
 // Accumulator layout of m64nNk16 (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts"
@@ -126,7 +126,7 @@ TESSERA_DEVICE void wgmma_wait_after(float value, uint32_t slot) {
 }
 
 /// d (64 x N, fp32) = A * B^T + (accumulate ? d : 0) for one warpgroup: A (64 x 16) and B
-/// (N x 16) both K-major in shared memory (descriptors from smem_desc_sw128). N is 64 or 128;
+/// (N x 16) both K-major in shared memory (descriptors from smem_desc_sw128). N is 64, 128 or 256;
 /// a thread holds N / 2 accumulators.
 template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
@@ -139,7 +139,7 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                       bool accumulate);
 
 #if TESSERA_WGMMA_AVAILABLE
-// A thread's accumulators of an m64n64 tile (32) and of an m64n128 tile (64), as asm operands %0 ..
+// A thread's accumulators of an m64n64 (32), m64n128 (64) and m64n256 (128) tile, as asm operands %0 ..
 #define TESSERA_WGMMA_D32_REGS                                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -159,6 +159,26 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
       "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),         \
       "+f"(d[62]), "+f"(d[63])
+
+#define TESSERA_WGMMA_D128_REGS \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "  \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define TESSERA_WGMMA_D128_OPERANDS \
+  TESSERA_WGMMA_D64_OPERANDS, \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
 // The two operand forms of m64nNk16 for one 16-bit input type (PTX name PTX_TYPE). Accumulate is
 // the scale-d predicate; scale-a/b are 1; SS takes both operands K-major (no transpose); RS takes
@@ -191,15 +211,23 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
 #define TESSERA_WGMMA_N128(TYPE, PTX_TYPE)                                                                            \
   TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 128, TESSERA_WGMMA_D64_REGS, TESSERA_WGMMA_D64_OPERANDS, "%66", ", %64, %65", \
                         "%69", ", {%64, %65, %66, %67}, %68")
+#define TESSERA_WGMMA_N256(TYPE, PTX_TYPE)                                                                            \
+  TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 256, TESSERA_WGMMA_D128_REGS, TESSERA_WGMMA_D128_OPERANDS, "%130",           \
+                        ", %128, %129", "%133", ", {%128, %129, %130, %131}, %132")
 TESSERA_WGMMA_N64(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N64(__half, "f16")
 TESSERA_WGMMA_N128(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N128(__half, "f16")
+TESSERA_WGMMA_N256(__nv_bfloat16, "bf16")
+TESSERA_WGMMA_N256(__half, "f16")
+#undef TESSERA_WGMMA_N256
 #undef TESSERA_WGMMA_N128
 #undef TESSERA_WGMMA_N64
 #undef TESSERA_WGMMA_M64NK16
+#undef TESSERA_WGMMA_D128_OPERANDS
 #undef TESSERA_WGMMA_D64_OPERANDS
 #undef TESSERA_WGMMA_D32_OPERANDS
+#undef TESSERA_WGMMA_D128_REGS
 #undef TESSERA_WGMMA_D64_REGS
 #undef TESSERA_WGMMA_D32_REGS
 #else

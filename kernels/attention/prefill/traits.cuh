@@ -96,11 +96,16 @@ struct PrefillTraits {
   static constexpr int kQTileElems = CTA_TILE_Q * kSmemRowChunks * 8;    // [CTA_TILE_Q][kSmemRowChunks * 8]
   static constexpr int kKVTileElems = CTA_TILE_KV * kSmemRowChunks * 8;  // [CTA_TILE_KV][kSmemRowChunks * 8]
   static constexpr int kQTileBytes = kQTileElems * static_cast<int>(sizeof(T));
-  // Q buffers. Warp-specialised: two, so the producer copies the next work item's Q while the
-  // compute warps still read the current one (the persistent kernel's items are short: W4's
-  // causal 1k requests average ~5 KV tiles, and a single buffer left each item's Q copy exposed
-  // behind the previous item's last P V and epilogue). Elsewhere one.
-  static constexpr int kQStages = kWarpSpecialized ? 2 : 1;
+  // Q buffers. Warp-specialised: two where they fit, so the producer copies the next work item's
+  // Q while the compute warps still read the current one (the persistent kernel's items are short:
+  // W4's causal 1k requests average ~5 KV tiles, and a single buffer left each item's Q copy
+  // exposed behind the previous item's last P V and epilogue). Head dim 256's 64 KB Q tiles leave
+  // room for one beside the K/V ring. Elsewhere one.
+  static constexpr int kRowBytes = kSmemRowChunks * 16;
+  static constexpr bool kSecondQFits =
+      2 * CTA_TILE_Q * kRowBytes + 2 * STAGES_ * CTA_TILE_KV * kRowBytes + (STAGES_ + 2) * CTA_TILE_KV * 20 + 8 * 1024 <=
+      227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch
+  static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   static constexpr int kKVTileBytes = kKVTileElems * static_cast<int>(sizeof(T));
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
@@ -148,11 +153,14 @@ struct PrefillTraits {
   static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
   // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile: Q K^T with
-  // m64n128k16 (the KV tile is N), P V with m64nDk16 (the head dim is N; kernels/common/wgmma.cuh
-  // has N = 64 and 128; 256 would need 128 O accumulators per thread beside S).
-  static_assert(!kWgmma || ((HEAD_DIM == 64 || HEAD_DIM == 128) && CTA_TILE_KV == 128 && NUM_WARPS_KV == 1 &&
+  // m64nKk16 (K the KV tile), P V with m64nDk16 (D the head dim); kernels/common/wgmma.cuh has N =
+  // 64, 128 and 256. Head dim 256 takes 64-row KV tiles: its O is 128 accumulators per thread,
+  // and a 128-row tile's S (64 more) and P would not fit beside it in the compute registers.
+  static_assert(!kWgmma || ((HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256) &&
+                            (CTA_TILE_KV == 128 || (CTA_TILE_KV == 64 && HEAD_DIM == 256)) && NUM_WARPS_KV == 1 &&
                             kWarpRowsQ == 16 && NUM_WARPS_Q % 4 == 0),
-                "wgmma configurations: head_dim 64 or 128, 128-row KV tiles, warpgroups of 4 warps x 16 query rows");
+                "wgmma configurations: head_dim 64, 128 or 256, 128-row KV tiles (64 at head_dim 256), "
+                "warpgroups of 4 warps x 16 query rows");
   static_assert(!kWarpSpecialized ||
                     (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads && CTA_TILE_Q <= kLoaderThreads &&
                      kProducerRegs * kProducerWarps * kWarpSize + kComputeRegs * kComputeThreads <= 65536 &&

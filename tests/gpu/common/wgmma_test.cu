@@ -186,6 +186,7 @@ void dispatch(const WgmmaShape& s, uint64_t seed) {
   if (s.n == 128 && s.k == 128) f16 ? Run<__half, 128, 128>::go(seed) : Run<__nv_bfloat16, 128, 128>::go(seed);
   else if (s.n == 128 && s.k == 64) f16 ? Run<__half, 128, 64>::go(seed) : Run<__nv_bfloat16, 128, 64>::go(seed);
   else if (s.n == 64 && s.k == 128) f16 ? Run<__half, 64, 128>::go(seed) : Run<__nv_bfloat16, 64, 128>::go(seed);
+  else if (s.n == 256 && s.k == 64) f16 ? Run<__half, 256, 64>::go(seed) : Run<__nv_bfloat16, 256, 64>::go(seed);
   else FAIL() << "no instantiation for n " << s.n << ", k " << s.k;
 }
 template <typename T, int N, int K>
@@ -207,11 +208,14 @@ TEST_P(WgmmaTest, RegisterAMnMajorB) {
   dispatch<RunRs>(GetParam(), test_seed());
 }
 
-// Q K^T shapes (n 128, k = head dim) and P V shapes (k 128, n = head dim).
+// Q K^T shapes (n = the KV tile, k = head dim) and P V shapes (k = the KV tile, n = head dim):
+// head dims 64 and 128 over 128-row KV tiles, 256 over 64-row ones (n 64 x k 128 stands in for
+// head_dim 256's Q K^T, whose 64 KB of operands exceed a static shared array).
 INSTANTIATE_TEST_SUITE_P(Shapes, WgmmaTest,
                          ::testing::Values(WgmmaShape{DType::kF16, 128, 128}, WgmmaShape{DType::kBF16, 128, 128},
                                            WgmmaShape{DType::kF16, 128, 64}, WgmmaShape{DType::kBF16, 128, 64},
-                                           WgmmaShape{DType::kF16, 64, 128}, WgmmaShape{DType::kBF16, 64, 128}),
+                                           WgmmaShape{DType::kF16, 64, 128}, WgmmaShape{DType::kBF16, 64, 128},
+                                           WgmmaShape{DType::kF16, 256, 64}, WgmmaShape{DType::kBF16, 256, 64}),
                          [](const ::testing::TestParamInfo<WgmmaShape>& info) {
                            return std::string(tessera::dtype_name(info.param.dtype)) + "_n" +
                                   std::to_string(info.param.n) + "_k" + std::to_string(info.param.k);

@@ -18,7 +18,10 @@ from collections import OrderedDict
 DTYPES = OrderedDict([("f16", "__half"), ("bf16", "__nv_bfloat16")])
 FORMATS = OrderedDict([("ragged", "kRagged"), ("paged", "kPaged"), ("bsr", "kBlockSparse")])
 # q_tile name -> query rows it implies (checked against the tile_q column)
-Q_TILES = OrderedDict([("k16", 16), ("k16Wide", 16), ("k64", 64), ("k128", 128), ("k128Wgmma", 128)])
+# The query rows each QTile may have. k128Wgmma is the sm90a tile for long queries: 128 rows, or
+# 192 (three compute warpgroups) where a head dim's registers allow it.
+Q_TILES = OrderedDict([("k16", (16,)), ("k16Wide", (16,)), ("k64", (64,)), ("k128", (128,)),
+                       ("k128Wgmma", (128, 192))])
 ARCH_MMA = {"sm80": "kSync", "sm90a": "kWgmma"}
 DECODE_COLUMNS = ["family", "head_dim", "row_groups", "rows_per_group", "stages", "formats", "dtypes"]
 PREFILL_COLUMNS = ["family", "arch", "head_dim", "q_tile", "tile_q", "tile_kv", "warps_q", "warps_kv", "stages",
@@ -73,9 +76,9 @@ def parse(path):
                     raise TableError(f"{where}: arch '{row['arch']}' is not one of {', '.join(ARCH_MMA)}")
                 if row["q_tile"] not in Q_TILES:
                     raise TableError(f"{where}: q_tile '{row['q_tile']}' is not one of {', '.join(Q_TILES)}")
-                if Q_TILES[row["q_tile"]] != row["tile_q"]:
+                if row["tile_q"] not in Q_TILES[row["q_tile"]]:
                     raise TableError(f"{where}: tile_q = {row['tile_q']} for {row['q_tile']}, expected "
-                                     f"{Q_TILES[row['q_tile']]}")
+                                     f"{' or '.join(str(n) for n in Q_TILES[row['q_tile']])}")
                 if (row["q_tile"] == "k128Wgmma") != (row["arch"] == "sm90a"):
                     raise TableError(f"{where}: k128Wgmma is the sm90a tile, and the only one")
                 prefill.append(row)
@@ -166,6 +169,25 @@ def header(decode, prefill, table_name):
     w("    default: return 0;")
     w("  }")
     w("}")
+    w("")
+    w("/// The query tile rows (packed rows) of the prefill configuration (head_dim, q_tile); 0 when the")
+    w("/// table has none. The runtime cuts requests into tiles of this many rows.")
+    w("constexpr int prefill_q_tile_rows(int head_dim, QTile q_tile) {")
+    w("  switch (head_dim) {")
+    for d in head_dims(prefill):
+        w(f"    case {d}:")
+        w("      switch (q_tile) {")
+        for r in prefill:
+            if r["head_dim"] == d:
+                w(f"        case QTile::{r['q_tile']}: return {r['tile_q']};")
+        w("        default: return 0;")
+        w("      }")
+    w("    default: return 0;")
+    w("  }")
+    w("}")
+    w("")
+    w("/// The most query tile rows of any prefill configuration (the runtime's partial-state slots).")
+    w(f"inline constexpr int kMaxPrefillQTileRows = {max(r['tile_q'] for r in prefill)};")
     w("")
     w("/// Whether the table has the prefill configuration (head_dim, q_tile).")
     w("constexpr bool has_prefill_config(int head_dim, QTile q_tile) { return prefill_kv_tile_rows(head_dim, q_tile) > 0; }")

@@ -29,7 +29,7 @@ enum class SplitMode : int32_t {
 
 struct PlannerConfig {
   int32_t group_size = 1;      ///< num_qo_heads / num_kv_heads, >= 1
-  int32_t q_tile_rows = 16;    ///< packed rows per query tile (16, 64 or 128)
+  int32_t q_tile_rows = 16;    ///< packed rows per query tile (16, 64, 128 or 192)
   int32_t kv_tile_rows = 64;   ///< the kernel's KV tile: chunk sizes are multiples of it
   int32_t num_ctas = 1;        ///< grid columns (CTAs per KV head), >= 1
   bool causal = false;         ///< clip each tile's KV range to what its last query sees

@@ -92,7 +92,12 @@ constexpr int32_t kMinChunkWhenBusy = 1024;
 
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-int tile_rows(QTile t) { return t == QTile::k16 || t == QTile::k16Wide ? 16 : t == QTile::k64 ? 64 : 128; }
+int q_tile_rows(int head_dim, QTile t) {
+  const int rows = prefill_q_tile_rows(head_dim, t);
+  TESSERA_CHECK(rows > 0, StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim
+                                                  << ", query tile " << q_tile_name(t);
+  return rows;
+}
 
 
 int kv_tile_rows(int head_dim, QTile t) {
@@ -303,7 +308,7 @@ class AttentionRuntime {
 
     runtime::PlannerConfig config;
     config.group_size = group;
-    config.q_tile_rows = tile_rows(q_tile);
+    config.q_tile_rows = q_tile_rows(head_dim, q_tile);
     config.kv_tile_rows = kv_tile_rows(head_dim, q_tile);
     config.num_ctas = cols;
     config.causal = shape.attention.causal && format_ != KVFormatKind::kBlockSparse;
@@ -674,7 +679,8 @@ class AttentionRuntime {
         (bounds.max_total_qo_tokens * max_group + kMinTileRows - 1) / kMinTileRows + bounds.max_batch_size;
     // Partial states: a plan with chunk size L = total / CTAs splits at most 2 chunks per CTA
     // (docs/design.md §6); tile rows of the largest tile the wrapper uses.
-    const int64_t max_tile_rows = decode ? std::min<int64_t>(128, std::max<int64_t>(16, max_group)) : 128;
+    const int64_t max_tile_rows =
+        decode ? std::min<int64_t>(kMaxPrefillQTileRows, std::max<int64_t>(16, max_group)) : kMaxPrefillQTileRows;
     l.partial_floats = 2 * max_ctas * max_tile_rows * bounds.head_dim;
     l.partial_lse_floats = 2 * max_ctas * max_tile_rows;
     const int64_t max_partials = l.partial_lse_floats / kMinTileRows;

@@ -46,16 +46,21 @@ TESSERA_DEVICE void load_q_tile(const Params& p, const RequestExtent& e, int kv_
                                 int64_t* row_offsets) {
   static_assert(kSameType<T, typename Params::QType>, "the query tile holds q's elements as they are in memory");
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
-  static_assert(Traits::CTA_TILE_Q <= Traits::kLoaderThreads, "one thread per query row");
   const int tid = loader_thread<Traits>();
   // Warp-specialised, the producer runs from item to item without a loader barrier in between
   // when an item has no KV tiles: every thread must be done reading the previous item's offsets.
   if constexpr (Traits::kWarpSpecialized) loader_sync<Traits>();
-  if (tid < Traits::CTA_TILE_Q) {
-    const PackedRow r = unpack_row(p, kv_head, packed_begin + tid);
-    row_offsets[tid] =
-        r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q.row_stride + r.head * p.q.head_stride
-                            : -1;
+  // A thread per query row, in passes when the tile has more rows than loader threads.
+  const auto row_offset = [&](int row) {
+    const PackedRow r = unpack_row(p, kv_head, packed_begin + row);
+    return r.qo_idx < e.qo_len ? static_cast<int64_t>(e.q_begin + r.qo_idx) * p.q.row_stride + r.head * p.q.head_stride
+                               : int64_t{-1};
+  };
+  if constexpr (Traits::CTA_TILE_Q <= Traits::kLoaderThreads) {
+    if (tid < Traits::CTA_TILE_Q) row_offsets[tid] = row_offset(tid);
+  } else {
+#pragma unroll
+    for (int row = tid; row < Traits::CTA_TILE_Q; row += Traits::kLoaderThreads) row_offsets[row] = row_offset(row);
   }
   loader_sync<Traits>();
   // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass

@@ -50,8 +50,11 @@ struct PrefillTraits {
   // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
   // kernel is compiled for 65536 / kThreads registers per thread). At 40 the persistent kernel's
   // producer, which carries the item loop, spilled 16-24 bytes.
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kComputeRegs = 224;
+  static constexpr int kProducerRegs = NUM_WARPS_Q_ * NUM_WARPS_KV_ > 8 ? 32 : 56;
+  // The compute warpgroups share the rest of the SM's 64K registers (multiples of 8, at most 240):
+  // 224 with two of them, 152 with three.
+  static constexpr int kComputeShare = (65536 - kProducerRegs * kProducerWarps * kWarpSize) / kComputeThreads / 8 * 8;
+  static constexpr int kComputeRegs = !kWarpSpecialized ? 0 : kComputeShare > 240 ? 240 : kComputeShare;
   // K/V tiles in flight: one computed while kStages - 1 load. Memory-bound decode tiles go deeper.
   static constexpr int kStages = STAGES_;
   // Occupancy the register allocation must allow (__launch_bounds__): latency hiding for the
@@ -162,10 +165,10 @@ struct PrefillTraits {
                 "wgmma configurations: head_dim 64, 128 or 256, 128-row KV tiles (64 at head_dim 256), "
                 "warpgroups of 4 warps x 16 query rows");
   static_assert(!kWarpSpecialized ||
-                    (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads && CTA_TILE_Q <= kLoaderThreads &&
+                    (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads &&
                      kProducerRegs * kProducerWarps * kWarpSize + kComputeRegs * kComputeThreads <= 65536 &&
                      kComputeRegs % 8 == 0 && kProducerRegs % 8 == 0),
-                "one producer warpgroup with a thread per Q and KV row; registers within the SM's 64K");
+                "one producer warpgroup with a thread per KV row; registers within the SM's 64K");
 };
 
 template <typename Traits>

@@ -646,7 +646,7 @@ TEST(Planner, RandomBatches) {
   constexpr int64_t kTileBudget = int64_t{1} << 15;  // keeps prefill batches testable in seconds
   constexpr int32_t kMaxLen = 131072;
   const int32_t groups[] = {1, 4, 5, 8};
-  const int32_t q_tiles[] = {16, 64, 128};
+  const int32_t q_tiles[] = {16, 64, 128, 192};
   const int32_t kv_tiles[] = {32, 64, 128};
   const int32_t ctas[] = {1, 7, 33, 132, 264};
   const int64_t alphas[] = {1, 1, 1, 0, 2, 8};

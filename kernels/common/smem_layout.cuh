@@ -17,29 +17,48 @@ struct SwizzledTile {
   static TESSERA_DEVICE int chunk_offset(int row, int chunk) { return row * ROW_CHUNKS + (chunk ^ (row & 7)); }
 };
 
-/// The operand layout wgmma reads with the 128-byte swizzle (wgmma.cuh): ROWS rows of ROW_CHUNKS
-/// chunks, cut into column blocks of 8 chunks (64 elements); block b of every row forms one
-/// [ROWS][128 B] array, the blocks stored one after another, and within a block chunk c of row r
-/// sits at c ^ (r % 8). Rows are 128 B apart, so 8 rows make one 1024-byte swizzle atom.
-template <int ROWS, int ROW_CHUNKS>
-struct Sw128Tile {
-  static_assert(ROW_CHUNKS % 8 == 0 && ROWS % 8 == 0, "whole 8-row, 128-byte atoms");
-  static constexpr int kRowStrideChunks = 8;
-  static constexpr int kBlockBytes = ROWS * 128;  // one column block: the MN-major operand's block stride
+/// The operand layout wgmma reads with a swizzle of ATOM_CHUNKS 16-byte chunks: 128 bytes (8
+/// chunks), 64 (4) or 32 (2) (wgmma.cuh). ROWS rows of ROW_CHUNKS chunks are cut into column
+/// blocks of ATOM_CHUNKS chunks; block b of every row forms one [ROWS][ATOM_CHUNKS * 16 B] array,
+/// the blocks stored one after another. Within a block, chunk c of row r sits at c ^ s(r), where
+/// s(r) is the row's byte offset shifted right by 7 (mod ATOM_CHUNKS): the hardware XORs address
+/// bits 7.. into bits 4.. . So 8 rows make one atom (1024, 512 or 256 bytes), the swizzle's period.
+/// The widest swizzle whose chunk count divides the row is taken (WgmmaTile): 128 bytes for head
+/// dims 64, 128 and 256; 64 bytes for 96, whose 192-byte rows are three 64-byte blocks, so no
+/// padding is stored or read.
+template <int ROWS, int ROW_CHUNKS, int ATOM_CHUNKS>
+struct SwizzledOperandTile {
+  static_assert(ATOM_CHUNKS == 8 || ATOM_CHUNKS == 4 || ATOM_CHUNKS == 2, "the 128-, 64- or 32-byte swizzle");
+  static_assert(ROW_CHUNKS % ATOM_CHUNKS == 0 && ROWS % 8 == 0, "whole column blocks and 8-row atoms");
+  static constexpr int kRows = ROWS;
+  static constexpr int kAtomChunks = ATOM_CHUNKS;
+  static constexpr int kRowStrideChunks = ATOM_CHUNKS;         // from a row to the next, within a block
+  static constexpr int kRowBytes = ATOM_CHUNKS * 16;           // a row's share of one column block
+  static constexpr int kAtomBytes = 8 * kRowBytes;             // 8 rows: the swizzle's period
+  static constexpr int kBlockBytes = ROWS * kRowBytes;         // one column block
+  static constexpr int kStepsPerBlock = ATOM_CHUNKS / 2;       // k16 steps (32 bytes) across a block's rows
   static TESSERA_DEVICE int chunk_offset(int row, int chunk) {
-    return (chunk >> 3) * (ROWS * 8) + row * 8 + ((chunk & 7) ^ (row & 7));
+    const int swizzle = ((row * ATOM_CHUNKS) >> 3) & (ATOM_CHUNKS - 1);
+    return (chunk / ATOM_CHUNKS) * (ROWS * ATOM_CHUNKS) + row * ATOM_CHUNKS + ((chunk % ATOM_CHUNKS) ^ swizzle);
   }
 };
 
+/// The swizzle width (chunks) of a row of ROW_CHUNKS chunks: the widest that divides it.
+constexpr int wgmma_atom_chunks(int row_chunks) {
+  return row_chunks % 8 == 0 ? 8 : row_chunks % 4 == 0 ? 4 : 2;
+}
+template <int ROWS, int ROW_CHUNKS>
+using WgmmaTile = SwizzledOperandTile<ROWS, ROW_CHUNKS, wgmma_atom_chunks(ROW_CHUNKS)>;
+
 /// The layout of a ROWS-row operand tile for mma.sync (ldmatrix reads; SwizzledTile) or for wgmma
-/// (Sw128Tile).
+/// (WgmmaTile).
 template <bool kWgmmaOperand, int ROWS, int ROW_CHUNKS>
 struct OperandTile {
   using type = SwizzledTile<ROW_CHUNKS>;
 };
 template <int ROWS, int ROW_CHUNKS>
 struct OperandTile<true, ROWS, ROW_CHUNKS> {
-  using type = Sw128Tile<ROWS, ROW_CHUNKS>;
+  using type = WgmmaTile<ROWS, ROW_CHUNKS>;
 };
 
 }  // namespace kernels

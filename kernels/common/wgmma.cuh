@@ -1,6 +1,7 @@
 // Warpgroup tensor-core instructions of sm_90a (wgmma): shared-memory matrix descriptors, the
-// m64nNk16 MMAs (N = 64, 128, 256) with fp32 accumulation, and the fences around it. A warpgroup is 4 consecutive
-// warps (128 threads); all of them execute every instruction here together.
+// m64nNk16 MMAs (N = 64, 96, 128, 256) with fp32 accumulation, and the fences around it. A
+// warpgroup is 4 consecutive warps (128 threads); all of them execute every instruction here
+// together.
 //
 // Accumulator layout of m64nNk16 (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts"
 // of wgmma): warp w of the warpgroup owns rows 16w .. 16w+15, and d[4n .. 4n+3] of a thread holds
@@ -8,10 +9,10 @@
 // with g = lane / 4, t = lane % 4). A from registers (k16) is laid out as mma.sync m16n8k16's A.
 // So a wgmma S tile converts into P's A operand as the m16n8k16 tiles do (mma.cuh).
 //
-// Shared-memory operands use the 128-byte swizzle: an "atom" is 8 rows of 128 bytes (64 16-bit
-// elements), 1024-byte aligned, with 16-byte chunk c of row r stored at chunk c ^ (r % 8) — the
-// layout Sw128Tile (smem_layout.cuh) writes. The hardware applies the XOR to address bits, so a
-// descriptor may start 32, 64 or 96 bytes into an atom's rows (the k16 steps of a K-major operand).
+// Shared-memory operands are swizzled (SwizzledOperandTile, smem_layout.cuh): an "atom" is 8 rows
+// of 128, 64 or 32 bytes (64, 32 or 16 16-bit elements), aligned to its size, with 16-byte chunk c
+// of row r stored at c XOR (address bits 7.. of the row). The hardware applies the XOR to address
+// bits, so a K-major descriptor may start 32, 64 or 96 bytes into an atom's rows (the k16 steps).
 #pragma once
 
 #include "kernels/common/platform.cuh"
@@ -27,30 +28,37 @@
 namespace tessera {
 namespace kernels {
 
-/// A wgmma shared-memory descriptor with the 128-byte swizzle. Byte quantities are multiples of
-/// 16. For a K-major operand (rows of the M or N dimension, K contiguous): `stride_bytes` is the
-/// distance between 8-row atoms (1024 for 128-byte rows packed together) and `leading_bytes` is
-/// unused (a k16 step stays inside one atom row). For an MN-major operand (K rows, M or N
-/// contiguous): `leading_bytes` is the distance between 64-element column blocks along M or N and
-/// `stride_bytes` the distance between 8-row atoms along K.
-TESSERA_DEVICE uint64_t smem_desc_sw128(uint32_t smem_address, uint32_t leading_bytes, uint32_t stride_bytes) {
+/// A wgmma shared-memory descriptor of a SwizzledOperandTile with kAtomChunks-chunk rows (128-,
+/// 64- or 32-byte swizzle). Byte quantities are multiples of 16. For a K-major operand (rows of
+/// the M or N dimension, K contiguous): `stride_bytes` is the distance between 8-row atoms and
+/// `leading_bytes` is unused (a k16 step stays inside one atom row). For an MN-major operand (K
+/// rows, M or N contiguous): `leading_bytes` is the distance between column blocks along M or N
+/// and `stride_bytes` the distance between 8-row atoms along K.
+template <int kAtomChunks>
+TESSERA_DEVICE uint64_t smem_desc_swizzled(uint32_t smem_address, uint32_t leading_bytes, uint32_t stride_bytes) {
+  static_assert(kAtomChunks == 8 || kAtomChunks == 4 || kAtomChunks == 2, "a swizzled layout");
+  constexpr uint64_t kLayout = kAtomChunks == 8 ? 1 : kAtomChunks == 4 ? 2 : 3;  // bits 62-63: 128, 64, 32 B
   return static_cast<uint64_t>((smem_address & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);  // 62-63 = 1: 128-byte swizzle
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (kLayout << 62);
 }
 
-/// The descriptor of k16 step `kd` of a K-major Sw128Tile operand: rows row0 .. row0 + 63 (A,
-/// M = 64) or all ROWS (B, N = ROWS) of a tile at `tile` (shared-window address, 1024-aligned)
-/// with ROWS rows. Step kd lies in column block kd / 4, 32 * (kd % 4) bytes into its rows.
-template <int ROWS>
-TESSERA_DEVICE uint64_t sw128_k_major_desc(uint32_t tile, int row0, int kd) {
-  return smem_desc_sw128(tile + (kd / 4) * (ROWS * 128) + row0 * 128 + (kd % 4) * 32, 16, 1024);
+/// The descriptor of k16 step `kd` of a K-major operand of layout Tile (a SwizzledOperandTile):
+/// rows row0 .. row0 + 63 (A, M = 64) or all Tile::kRows (B) of a tile at `tile` (shared-window
+/// address, aligned to the tile's atom). Step kd lies in column block kd / kStepsPerBlock, 32
+/// bytes per step into its rows.
+template <typename Tile>
+TESSERA_DEVICE uint64_t wgmma_k_major_desc(uint32_t tile, int row0, int kd) {
+  return smem_desc_swizzled<Tile::kAtomChunks>(tile + (kd / Tile::kStepsPerBlock) * Tile::kBlockBytes +
+                                                   row0 * Tile::kRowBytes + (kd % Tile::kStepsPerBlock) * 32,
+                                               16, Tile::kAtomBytes);
 }
 
-/// The descriptor of k16 step `kk` (K rows 16kk .. 16kk + 15) of an MN-major Sw128Tile operand
-/// of ROWS K rows and 128 MN columns (two column blocks ROWS * 128 bytes apart).
-template <int ROWS>
-TESSERA_DEVICE uint64_t sw128_mn_major_desc(uint32_t tile, int kk) {
-  return smem_desc_sw128(tile + kk * 16 * 128, ROWS * 128, 1024);
+/// The descriptor of k16 step `kk` (K rows 16kk .. 16kk + 15) of an MN-major operand of layout
+/// Tile: Tile::kRows K rows, the M or N columns in its column blocks.
+template <typename Tile>
+TESSERA_DEVICE uint64_t wgmma_mn_major_desc(uint32_t tile, int kk) {
+  return smem_desc_swizzled<Tile::kAtomChunks>(tile + kk * 2 * Tile::kAtomBytes, Tile::kBlockBytes,
+                                               Tile::kAtomBytes);
 }
 
 /// Orders this thread's earlier register writes (accumulators, A fragments) before the wgmma
@@ -126,23 +134,28 @@ TESSERA_DEVICE void wgmma_wait_after(float value, uint32_t slot) {
 }
 
 /// d (64 x N, fp32) = A * B^T + (accumulate ? d : 0) for one warpgroup: A (64 x 16) and B
-/// (N x 16) both K-major in shared memory (descriptors from smem_desc_sw128). N is 64, 128 or 256;
+/// (N x 16) both K-major in shared memory (descriptors from smem_desc_swizzled). N is 64, 96, 128 or 256;
 /// a thread holds N / 2 accumulators.
 template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
 
 /// d (64 x N, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) in registers
 /// (four packed pairs, the m16n8k16 A fragment of the thread's warp), B (16 x N) MN-major in
-/// shared memory (N contiguous elements per K row, in 64-element column blocks).
+/// shared memory (N contiguous elements per K row, in the layout's column blocks).
 template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
                                       bool accumulate);
 
 #if TESSERA_WGMMA_AVAILABLE
-// A thread's accumulators of an m64n64 (32), m64n128 (64) and m64n256 (128) tile, as asm operands %0 ..
+// A thread's accumulators of an m64n64 (32), m64n96 (48), m64n128 (64) and m64n256 (128) tile, as asm
+// operands %0 ..
 #define TESSERA_WGMMA_D32_REGS                                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TESSERA_WGMMA_D48_REGS                                                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
 #define TESSERA_WGMMA_D64_REGS                                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                  \
@@ -153,6 +166,10 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),               \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),             \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define TESSERA_WGMMA_D48_OPERANDS                                                                                    \
+  TESSERA_WGMMA_D32_OPERANDS, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),           \
+      "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),         \
+      "+f"(d[46]), "+f"(d[47])
 #define TESSERA_WGMMA_D64_OPERANDS                                                                                    \
   TESSERA_WGMMA_D32_OPERANDS, "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),           \
       "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]),         \
@@ -208,6 +225,9 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
 #define TESSERA_WGMMA_N64(TYPE, PTX_TYPE)                                                                             \
   TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 64, TESSERA_WGMMA_D32_REGS, TESSERA_WGMMA_D32_OPERANDS, "%34", ", %32, %33",  \
                         "%37", ", {%32, %33, %34, %35}, %36")
+#define TESSERA_WGMMA_N96(TYPE, PTX_TYPE)                                                                             \
+  TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 96, TESSERA_WGMMA_D48_REGS, TESSERA_WGMMA_D48_OPERANDS, "%50", ", %48, %49",  \
+                        "%53", ", {%48, %49, %50, %51}, %52")
 #define TESSERA_WGMMA_N128(TYPE, PTX_TYPE)                                                                            \
   TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 128, TESSERA_WGMMA_D64_REGS, TESSERA_WGMMA_D64_OPERANDS, "%66", ", %64, %65", \
                         "%69", ", {%64, %65, %66, %67}, %68")
@@ -216,19 +236,24 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                         ", %128, %129", "%133", ", {%128, %129, %130, %131}, %132")
 TESSERA_WGMMA_N64(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N64(__half, "f16")
+TESSERA_WGMMA_N96(__nv_bfloat16, "bf16")
+TESSERA_WGMMA_N96(__half, "f16")
 TESSERA_WGMMA_N128(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N128(__half, "f16")
 TESSERA_WGMMA_N256(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N256(__half, "f16")
 #undef TESSERA_WGMMA_N256
 #undef TESSERA_WGMMA_N128
+#undef TESSERA_WGMMA_N96
 #undef TESSERA_WGMMA_N64
 #undef TESSERA_WGMMA_M64NK16
 #undef TESSERA_WGMMA_D128_OPERANDS
 #undef TESSERA_WGMMA_D64_OPERANDS
+#undef TESSERA_WGMMA_D48_OPERANDS
 #undef TESSERA_WGMMA_D32_OPERANDS
 #undef TESSERA_WGMMA_D128_REGS
 #undef TESSERA_WGMMA_D64_REGS
+#undef TESSERA_WGMMA_D48_REGS
 #undef TESSERA_WGMMA_D32_REGS
 #else
 // Other targets compile the callers but never run them.

@@ -66,11 +66,11 @@ TESSERA_DEVICE void load_q_tile(const Params& p, const RequestExtent& e, int kv_
   // A thread keeps one chunk column and steps down the rows, as load_kv_tile does: per-pass
   // row/chunk divisions of a flat index are loop-invariant in the persistent kernel, which hoists
   // them out of its item loop and spilled 15 of them (60 B) with the 4 x 32 tile.
-  // Threads span the stored row's chunk columns; those past the data (a padded row) copy nothing.
-  static_assert(Traits::kLoaderThreads % Traits::kSmemRowChunks == 0, "a thread keeps its chunk column");
-  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kSmemRowChunks;
-  const int chunk = tid % Traits::kSmemRowChunks, row0 = tid / Traits::kSmemRowChunks;
-  if (Traits::kSmemRowChunks != Traits::kRowChunks && chunk >= Traits::kRowChunks) return;
+  // Threads span kLoaderRowChunks chunk columns; those past the row's data copy nothing.
+  static_assert(Traits::kLoaderThreads % Traits::kLoaderRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kLoaderRowChunks;
+  const int chunk = tid % Traits::kLoaderRowChunks, row0 = tid / Traits::kLoaderRowChunks;
+  if (Traits::kLoaderRowChunks != Traits::kRowChunks && chunk >= Traits::kRowChunks) return;
 #pragma unroll
   for (int it = 0; it < (Traits::CTA_TILE_Q + kRowsPerPass - 1) / kRowsPerPass; ++it) {
     const int row = row0 + it * kRowsPerPass;
@@ -131,11 +131,11 @@ template <typename Traits, KVPart kPart = KVPart::kBoth, typename T>
 TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
-  // Threads span the stored row's chunk columns; those past the data (a padded row) copy nothing.
-  static_assert((Traits::CTA_TILE_KV * Traits::kSmemRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
-  static_assert(Traits::kLoaderThreads % Traits::kSmemRowChunks == 0, "a thread keeps its chunk column");
-  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kSmemRowChunks;
-  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kSmemRowChunks / Traits::kLoaderThreads;
+  // Threads span kLoaderRowChunks chunk columns; those past the row's data copy nothing.
+  static_assert((Traits::CTA_TILE_KV * Traits::kLoaderRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
+  static_assert(Traits::kLoaderThreads % Traits::kLoaderRowChunks == 0, "a thread keeps its chunk column");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / Traits::kLoaderRowChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV * Traits::kLoaderRowChunks / Traits::kLoaderThreads;
   // Table entries are read in batches before any copy of the batch is issued: ptxas pads an
   // LDGSTS that closely follows the shared-memory load of its address with three never-executed
   // LDS (a hazard guard), 3 of ~11 instructions per 16-byte copy when loads and copies alternate.
@@ -144,8 +144,8 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;
   static_assert(kRowsPerThread % kBatch == 0, "whole batches");
   const int tid = loader_thread<Traits>();
-  const int chunk = tid % Traits::kSmemRowChunks, row0 = tid / Traits::kSmemRowChunks;
-  if (Traits::kSmemRowChunks != Traits::kRowChunks && chunk >= Traits::kRowChunks) return;
+  const int chunk = tid % Traits::kLoaderRowChunks, row0 = tid / Traits::kLoaderRowChunks;
+  if (Traits::kLoaderRowChunks != Traits::kRowChunks && chunk >= Traits::kRowChunks) return;
   // When a pass spans whole 8-row swizzle periods, this thread's swizzled chunk is the same in
   // every row it copies, and its destinations are one base plus constant strides (immediates).
   constexpr bool kFixedSwizzle = kRowsPerPass % 8 == 0;

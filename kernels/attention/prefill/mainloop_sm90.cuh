@@ -33,6 +33,8 @@ struct Sm90Mainloop {
   static constexpr int kORegs = kN8D * 4;   // a thread's O accumulators of the warpgroup's 64 x HEAD_DIM
   static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
+  using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;    // the loaders' layouts
+  using KVTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
 
   const PrefillSmem<Traits>& smem;
   Source& kv;
@@ -127,10 +129,8 @@ struct Sm90Mainloop {
     wgmma_fence();
 #pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
-      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s_wg,
-                                                sw128_k_major_desc<Traits::CTA_TILE_Q>(q_tile_addr, q_wg_row0, kd),
-                                                sw128_k_major_desc<Traits::CTA_TILE_KV>(smem_addr(k_tile()), 0, kd),
-                                                kd > 0);
+      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s_wg, wgmma_k_major_desc<QTile>(q_tile_addr, q_wg_row0, kd),
+                                                wgmma_k_major_desc<KVTile>(smem_addr(k_tile()), 0, kd), kd > 0);
     }
     wgmma_commit();
     if constexpr (kLagged) {
@@ -164,7 +164,7 @@ struct Sm90Mainloop {
 #pragma unroll
     for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
       wgmma_m64nNk16_rs<T, Traits::HEAD_DIM>(
-          o_wg, pfrag[0][kk], sw128_mn_major_desc<Traits::CTA_TILE_KV>(smem_addr(v_tile), kk), true);
+          o_wg, pfrag[0][kk], wgmma_mn_major_desc<KVTile>(smem_addr(v_tile), kk), true);
     }
     wgmma_commit();
   }

@@ -86,12 +86,16 @@ struct PrefillTraits {
   static constexpr bool kLoadsBehindMma = kChainBoundTile;
   static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
   static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks of a row's data
-  // Chunks a row takes in shared memory, and the chunk columns the loaders spread their threads
-  // over: the mma.sync mainloop XORs the k16 step into its ldmatrix addresses, which needs rows of
-  // a power of two of at least 8 chunks. A head dim whose row is not one (96: 12 chunks) is stored
-  // in the next power of two; its last chunks are never written or read (a quarter of the Q/K/V
-  // buffers at 96), so it runs the other head dims' inner loops unchanged.
-  static constexpr int kSmemRowChunks = kRowChunks <= 8 ? 8 : kRowChunks <= 16 ? 16 : kRowChunks <= 32 ? 32 : 64;
+  // The chunk columns the loaders spread their threads over: a power of two of at least 8, so that
+  // a thread keeps its column from pass to pass; threads past the row's data (head dim 96: 12 of
+  // 16 columns) copy nothing.
+  static constexpr int kLoaderRowChunks = kRowChunks <= 8 ? 8 : kRowChunks <= 16 ? 16 : kRowChunks <= 32 ? 32 : 64;
+  // Chunks a row takes in shared memory. The mma.sync mainloop XORs the k16 step into its ldmatrix
+  // addresses, which needs rows of a power of two chunks: head dim 96 (12 chunks) is stored in 16,
+  // its last chunks never written or read (a quarter of the Q/K/V buffers), so it runs the other
+  // head dims' inner loops unchanged. wgmma reads rows as they are, in the widest swizzle that
+  // divides them (WgmmaTile: 64-byte blocks at 96).
+  static constexpr int kSmemRowChunks = kWgmma ? kRowChunks : kLoaderRowChunks;
   // Shared-memory layout of a ROWS-row Q, K or V tile, as the MMA kind reads it.
   template <int ROWS>
   using SmemTile = typename OperandTile<kWgmma, ROWS, kSmemRowChunks>::type;
@@ -146,8 +150,8 @@ struct PrefillTraits {
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
   static_assert(HEAD_DIM % 16 == 0, "whole k16 steps of Q K^T, pairs of n8 tiles of O, an even number of chunks");
-  static_assert(kSmemRowChunks >= kRowChunks && kSmemRowChunks <= 64, "the stored row holds the data");
-  static_assert(!kWgmma || kSmemRowChunks == kRowChunks, "wgmma operands are unpadded (Sw128Tile)");
+  static_assert(kSmemRowChunks >= kRowChunks && kLoaderRowChunks >= kRowChunks && kLoaderRowChunks <= 64,
+                "the stored row holds the data; the loaders' columns cover it");
   static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
   static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
   static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
@@ -157,12 +161,12 @@ struct PrefillTraits {
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
   // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile: Q K^T with
   // m64nKk16 (K the KV tile), P V with m64nDk16 (D the head dim); kernels/common/wgmma.cuh has N =
-  // 64, 128 and 256. Head dim 256 takes 64-row KV tiles: its O is 128 accumulators per thread,
+  // 64, 96, 128 and 256. Head dim 256 takes 64-row KV tiles: its O is 128 accumulators per thread,
   // and a 128-row tile's S (64 more) and P would not fit beside it in the compute registers.
-  static_assert(!kWgmma || ((HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256) &&
+  static_assert(!kWgmma || ((HEAD_DIM == 64 || HEAD_DIM == 96 || HEAD_DIM == 128 || HEAD_DIM == 256) &&
                             (CTA_TILE_KV == 128 || (CTA_TILE_KV == 64 && HEAD_DIM == 256)) && NUM_WARPS_KV == 1 &&
                             kWarpRowsQ == 16 && NUM_WARPS_Q % 4 == 0),
-                "wgmma configurations: head_dim 64, 128 or 256, 128-row KV tiles (64 at head_dim 256), "
+                "wgmma configurations: head_dim 64, 96, 128 or 256, 128-row KV tiles (64 at head_dim 256), "
                 "warpgroups of 4 warps x 16 query rows");
   static_assert(!kWarpSpecialized ||
                     (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads &&

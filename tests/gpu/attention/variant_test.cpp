@@ -257,6 +257,18 @@ std::vector<AttentionCase> variant_cases() {
   add(decode_ragged({f16, 128, 4, 2, 5, 1, 2049, 0, nocausal}, user(UserVariant::kTransforms)));
   add(prefill_ragged({f16, 64, 1, 4, 5, 513, 513, 0, causal}, user(UserVariant::kTransforms)));
   add(nan_pad(prefill_paged(NHD, {bf16, 128, 4, 1, 4, 17, 2049, 16, nocausal}, user(UserVariant::kTransforms))));
+  // Head dim 96 on the long-query tile (on sm_90 the wgmma tile, its operands in 64-byte swizzled
+  // blocks) under each family of hooks: built-in logits transforms and masks, RoPE (pair
+  // transforms across the row's column blocks), a value transform, a JIT mask over page size 1.
+  {
+    VariantDesc v = window(200);
+    v.soft_cap = 30.0;
+    v.alibi = true;
+    add(prefill_ragged({bf16, 96, 4, 2, 3, 513, 2049, 0, causal}, v));
+    add(nan_pad(prefill_paged(HND, {f16, 96, 5, 1, 4, 257, 1025, 16, causal}, rope(PosEncoding::kRopeLlama, true))));
+    add(prefill_paged(NHD, {bf16, 96, 4, 2, 4, 129, 513, 16, nocausal}, user(UserVariant::kTransforms)));
+    add(prefill_paged(HND, {f16, 96, 8, 1, 5, 65, 700, 1, causal}, user(UserVariant::kDocumentMask)));
+  }
 
   // The compute-sanitizer subset: small, odd shapes, NaN page tails, each family of hooks.
   auto small = [](AttentionCase c) {
@@ -274,6 +286,7 @@ std::vector<AttentionCase> variant_cases() {
   add(small(decode_ragged({f16, 64, 1, 2, 5, 1, 17, 0, nocausal}, sigmoid(-1.5))));
   add(small(nan_pad(prefill_paged(NHD, {f16, 128, 1, 2, 5, 5, 30, 1, causal}, mask(MaskKind::kTree)))));
   add(small(decode_single(NHD, {bf16, 64, 4, 1, 1, 1, 21, 0, nocausal}, user(UserVariant::kDocumentMask))));
+  add(small(prefill_ragged({bf16, 96, 5, 1, 3, 29, 70, 0, causal}, user(UserVariant::kTransforms))));
   return cases;
 }
 

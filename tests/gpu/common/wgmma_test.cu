@@ -1,7 +1,8 @@
 // GPU tests of the wgmma wrappers (kernels/common/wgmma.cuh) on their own, before any attention
-// kernel relies on them: the 128-byte-swizzled operand layout (Sw128Tile), the K-major and
-// MN-major descriptors, A from shared memory and from registers, and the accumulator layout of
-// m64n64k16 and m64n128k16, each against an fp64 product computed here.
+// kernel relies on them: the swizzled operand layouts (WgmmaTile: 128-byte, and 64-byte for head
+// dim 96's 192-byte rows), the K-major and MN-major descriptors, A from shared memory and from
+// registers, and the accumulator layout of m64nNk16 for N = 64, 96, 128 and 256, each against an
+// fp64 product computed here.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -23,11 +24,14 @@ using namespace tessera_test;
 
 constexpr int kM = 64;  // one warpgroup's rows
 
-/// Copies a [ROWS][COLS] row-major matrix into its Sw128Tile layout (128 threads).
+template <int ROWS, int COLS>
+using TileOf = WgmmaTile<ROWS, COLS * 2 / 16>;  // COLS 16-bit elements: COLS / 8 chunks per row
+
+/// Copies a [ROWS][COLS] row-major matrix into its WgmmaTile layout (128 threads).
 template <int ROWS, int COLS, typename T>
-__device__ void store_sw128(T* tile, const T* rows) {
+__device__ void store_swizzled(T* tile, const T* rows) {
   constexpr int kRowChunks = COLS * 2 / 16;  // 16-byte chunks per row
-  using Tile = Sw128Tile<ROWS, kRowChunks>;
+  using Tile = TileOf<ROWS, COLS>;
   for (int i = threadIdx.x; i < ROWS * kRowChunks; i += blockDim.x) {
     const int row = i / kRowChunks, chunk = i % kRowChunks;
     *reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, chunk) * 8) =
@@ -50,17 +54,17 @@ __device__ void store_accumulators(const float (&d)[N / 2], float* c) {
 /// attention tile's Q K^T: K the head dim, N the KV tile).
 template <typename T, int N, int K>
 __global__ void wgmma_ss_kernel(const T* a, const T* b, float* c) {
-  __shared__ __align__(1024) T a_tile[kM * K];  // [64][K], Sw128Tile
-  __shared__ __align__(1024) T b_tile[N * K];   // [N][K], Sw128Tile
-  store_sw128<kM, K>(a_tile, a);
-  store_sw128<N, K>(b_tile, b);
+  __shared__ __align__(1024) T a_tile[kM * K];  // [64][K], WgmmaTile
+  __shared__ __align__(1024) T b_tile[N * K];   // [N][K], WgmmaTile
+  store_swizzled<kM, K>(a_tile, a);
+  store_swizzled<N, K>(b_tile, b);
   fence_proxy_async_shared();
   __syncthreads();
   float d[N / 2];  // [n8 block][fragment]
   wgmma_fence();
   for (int kd = 0; kd < K / 16; ++kd) {
-    wgmma_m64nNk16_ss<T, N>(d, sw128_k_major_desc<kM>(smem_addr(a_tile), 0, kd),
-                            sw128_k_major_desc<N>(smem_addr(b_tile), 0, kd), kd > 0);
+    wgmma_m64nNk16_ss<T, N>(d, wgmma_k_major_desc<TileOf<kM, K>>(smem_addr(a_tile), 0, kd),
+                            wgmma_k_major_desc<TileOf<N, K>>(smem_addr(b_tile), 0, kd), kd > 0);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -73,8 +77,8 @@ __global__ void wgmma_ss_kernel(const T* a, const T* b, float* c) {
 /// P V: K the KV tile, N the head dim).
 template <typename T, int N, int K>
 __global__ void wgmma_rs_kernel(const T* p, const T* v, const float* c_init, float* c) {
-  __shared__ __align__(1024) T v_tile[K * N];  // [K][N], Sw128Tile
-  store_sw128<K, N>(v_tile, v);
+  __shared__ __align__(1024) T v_tile[K * N];  // [K][N], WgmmaTile
+  store_swizzled<K, N>(v_tile, v);
   fence_proxy_async_shared();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -90,7 +94,7 @@ __global__ void wgmma_rs_kernel(const T* p, const T* v, const float* c_init, flo
                            pack_pair<T>(at(r0, c0 + 8), at(r0, c0 + 9)),
                            pack_pair<T>(at(r0 + 8, c0 + 8), at(r0 + 8, c0 + 9))};
     wgmma_fence();
-    wgmma_m64nNk16_rs<T, N>(d, a, sw128_mn_major_desc<K>(smem_addr(v_tile), kk), true);
+    wgmma_m64nNk16_rs<T, N>(d, a, wgmma_mn_major_desc<TileOf<K, N>>(smem_addr(v_tile), kk), true);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -106,7 +110,7 @@ bool device_has_wgmma() {
   return major == 9 && minor == 0;
 }
 
-// The shapes the attention tiles use: Q K^T with the head dim (64, 128) as K and the 128-row KV
+// The shapes the attention tiles use: Q K^T with the head dim (64, 96, 128) as K and the 128-row KV
 // tile as N; P V with the KV tile as K and the head dim as N.
 struct WgmmaShape {
   DType dtype;
@@ -187,6 +191,8 @@ void dispatch(const WgmmaShape& s, uint64_t seed) {
   else if (s.n == 128 && s.k == 64) f16 ? Run<__half, 128, 64>::go(seed) : Run<__nv_bfloat16, 128, 64>::go(seed);
   else if (s.n == 64 && s.k == 128) f16 ? Run<__half, 64, 128>::go(seed) : Run<__nv_bfloat16, 64, 128>::go(seed);
   else if (s.n == 256 && s.k == 64) f16 ? Run<__half, 256, 64>::go(seed) : Run<__nv_bfloat16, 256, 64>::go(seed);
+  else if (s.n == 128 && s.k == 96) f16 ? Run<__half, 128, 96>::go(seed) : Run<__nv_bfloat16, 128, 96>::go(seed);
+  else if (s.n == 96 && s.k == 128) f16 ? Run<__half, 96, 128>::go(seed) : Run<__nv_bfloat16, 96, 128>::go(seed);
   else FAIL() << "no instantiation for n " << s.n << ", k " << s.k;
 }
 template <typename T, int N, int K>
@@ -209,13 +215,16 @@ TEST_P(WgmmaTest, RegisterAMnMajorB) {
 }
 
 // Q K^T shapes (n = the KV tile, k = head dim) and P V shapes (k = the KV tile, n = head dim):
-// head dims 64 and 128 over 128-row KV tiles, 256 over 64-row ones (n 64 x k 128 stands in for
-// head_dim 256's Q K^T, whose 64 KB of operands exceed a static shared array).
+// head dims 64, 96 and 128 over 128-row KV tiles, 256 over 64-row ones (n 64 x k 128 stands in for
+// head_dim 256's Q K^T, whose 64 KB of operands exceed a static shared array). Head dim 96 takes
+// the 64-byte swizzle: k 96 (Q K^T, K-major) and n 96 (P V, MN-major).
 INSTANTIATE_TEST_SUITE_P(Shapes, WgmmaTest,
                          ::testing::Values(WgmmaShape{DType::kF16, 128, 128}, WgmmaShape{DType::kBF16, 128, 128},
                                            WgmmaShape{DType::kF16, 128, 64}, WgmmaShape{DType::kBF16, 128, 64},
                                            WgmmaShape{DType::kF16, 64, 128}, WgmmaShape{DType::kBF16, 64, 128},
-                                           WgmmaShape{DType::kF16, 256, 64}, WgmmaShape{DType::kBF16, 256, 64}),
+                                           WgmmaShape{DType::kF16, 256, 64}, WgmmaShape{DType::kBF16, 256, 64},
+                                           WgmmaShape{DType::kF16, 128, 96}, WgmmaShape{DType::kBF16, 128, 96},
+                                           WgmmaShape{DType::kF16, 96, 128}, WgmmaShape{DType::kBF16, 96, 128}),
                          [](const ::testing::TestParamInfo<WgmmaShape>& info) {
                            return std::string(tessera::dtype_name(info.param.dtype)) + "_n" +
                                   std::to_string(info.param.n) + "_k" + std::to_string(info.param.k);

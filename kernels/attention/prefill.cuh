@@ -103,8 +103,10 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
   const int num_kv_tiles = kv.count();
   if constexpr (Traits::kPvLag == 1) {
     if (num_kv_tiles > 0) {
+      ml.open_mma_turns();
       kv_tile_step(0, BoolConstant<false>{});
       for (int tile = 1; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<true>{});
+      ml.close_mma_turns();
       ml.issue_pv(o, pfrag, num_kv_tiles - 1, applier);
       ml.complete_pv(o, pfrag, 0.f);
     }

@@ -62,5 +62,11 @@ TESSERA_DEVICE void named_barrier_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+/// Arrives at named barrier `id` without waiting: the barrier completes when `count` threads have
+/// arrived or synced there (producer/consumer hand-offs between warp groups).
+TESSERA_DEVICE void named_barrier_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 }  // namespace kernels
 }  // namespace tessera

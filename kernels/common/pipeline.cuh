@@ -65,5 +65,30 @@ struct MbarrierPipeline {
   TESSERA_DEVICE void consumer_release(const PipelineState<kStages>& s) const { mbarrier_arrive(empty + s.stage); }
 };
 
+/// Turns in a fixed rotation among kParties groups of kGroupThreads threads (whole warps), through
+/// named barriers kFirstBarrier .. kFirstBarrier + kParties - 1: party i begins a turn once party
+/// i - 1 has ended its turn of the same round (party 0: the last party's turn of the previous
+/// round), so the parties' sections never overlap and follow one another in order. A round of
+/// turns opens with open() (the last party's arrival that lets party 0 begin) and closes with
+/// close() (party 0 consumes the last party's final arrival), so every barrier is balanced again
+/// and the next round, or the CTA's exit, finds none half-complete. Every party takes the same
+/// number of turns between open() and close().
+template <int kParties, int kGroupThreads, uint32_t kFirstBarrier>
+struct TurnRotation {
+  static_assert(kParties >= 2 && kFirstBarrier + kParties <= 16, "named barriers 1-15");
+  int party;  // this thread's group, 0 .. kParties - 1
+
+  TESSERA_DEVICE void open() const {
+    if (party == kParties - 1) named_barrier_arrive(kFirstBarrier, 2 * kGroupThreads);
+  }
+  TESSERA_DEVICE void begin_turn() const { named_barrier_sync(kFirstBarrier + party, 2 * kGroupThreads); }
+  TESSERA_DEVICE void end_turn() const {
+    named_barrier_arrive(kFirstBarrier + (party + 1) % kParties, 2 * kGroupThreads);
+  }
+  TESSERA_DEVICE void close() const {
+    if (party == 0) named_barrier_sync(kFirstBarrier, 2 * kGroupThreads);
+  }
+};
+
 }  // namespace kernels
 }  // namespace tessera

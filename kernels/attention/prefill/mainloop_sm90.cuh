@@ -5,11 +5,15 @@
 // registers, by the V tile (m64nDk16, D the head dim). The accumulators give each warp the same 16-row fragments as the
 // mma.sync path, so the variant applier, the softmax and the epilogue are shared.
 //
-// The compute warpgroups never meet at a CTA barrier inside the tile loop, so one warpgroup's
-// softmax overlaps the other's MMAs. Inside a warpgroup, P V of tile t is issued after Q K^T of
-// tile t + 1 and runs while the softmax of tile t + 1 does (Traits::kPvLag): K and V stages have
-// their own pipelines (a K stage frees after its Q K^T, a V stage after its P V).
-// Not yet: TMA for affine KV, explicit ping-pong ordering of the warpgroups.
+// The compute warpgroups never meet at a CTA barrier inside the tile loop, and they take turns
+// issuing their MMAs (ping-pong, kPingPong): warpgroup w issues a tile's Q K^T and the previous
+// tile's P V once warpgroup w - 1 has issued its own, so the tensor cores run one warpgroup's
+// MMAs back to back while the others compute their softmax, instead of every warpgroup waiting on
+// its MMAs at once and then leaving the tensor cores idle through the exponentials. Inside a
+// warpgroup, P V of tile t is issued after Q K^T of tile t + 1 and runs while the softmax of tile
+// t + 1 does (Traits::kPvLag): K and V stages have their own pipelines (a K stage frees after its
+// Q K^T, a V stage after its P V).
+// Not yet: TMA for affine KV.
 #pragma once
 
 #include "kernels/attention/prefill/kv_loader.cuh"
@@ -35,6 +39,11 @@ struct Sm90Mainloop {
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
   using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;    // the loaders' layouts
   using KVTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  // Ping-pong needs every warpgroup to reach its turn without waiting for another one: a value
+  // transform (issue_pv) meets every compute warp at a barrier inside the turn, so variants with
+  // one keep the unordered issue.
+  static constexpr bool kPingPong = Traits::kComputeWarpgroups > 1 && !Variant::kHasValueTransform;
+  using MmaTurns = TurnRotation<Traits::kComputeWarpgroups, 4 * kWarpSize, kFirstTurnBarrier>;
 
   const PrefillSmem<Traits>& smem;
   Source& kv;
@@ -107,6 +116,15 @@ struct Sm90Mainloop {
   /// Consumer: waits for the work item's Q.
   TESSERA_DEVICE void wait_q() const { smem.q_pipeline().consumer_wait(ring.read_q); }
 
+  /// Consumer: the MMA turns of a work item with KV tiles (every compute warpgroup takes one turn
+  /// per tile in qk) open before its first tile and close after its last.
+  TESSERA_DEVICE void open_mma_turns() const {
+    if constexpr (kPingPong) turns().open();
+  }
+  TESSERA_DEVICE void close_mma_turns() const {
+    if constexpr (kPingPong) turns().close();
+  }
+
   /// Consumer: waits for `tile`'s K stage.
   TESSERA_DEVICE void wait_tile(int /*tile*/) const {
     smem.k_pipeline().consumer_wait(ring.read_k);
@@ -126,6 +144,7 @@ struct Sm90Mainloop {
     float(&s_wg)[kSRegs] = reinterpret_cast<float(&)[kSRegs]>(s[0]);  // [kN8KV * 4] = [n8 tile][fragment]
     const uint32_t q_tile_addr = smem_addr(q_tile);
     const int q_wg_row0 = (static_cast<int>(threadIdx.x) / kWarpSize / 4) * 64;
+    if constexpr (kPingPong) turns().begin_turn();
     wgmma_fence();
 #pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
@@ -133,8 +152,9 @@ struct Sm90Mainloop {
                                                 wgmma_k_major_desc<KVTile>(smem_addr(k_tile()), 0, kd), kd > 0);
     }
     wgmma_commit();
+    if constexpr (kLagged) issue_previous_pv();
+    if constexpr (kPingPong) turns().end_turn();
     if constexpr (kLagged) {
-      issue_previous_pv();
       wgmma_wait<1>();  // this tile's Q K^T (committed first) is done; the P V may still run
     } else {
       wgmma_wait<0>();
@@ -193,6 +213,8 @@ struct Sm90Mainloop {
   }
 
  private:
+  static TESSERA_DEVICE MmaTurns turns() { return MmaTurns{static_cast<int>(threadIdx.x) / (4 * kWarpSize)}; }
+
   /// After a stage's copies are issued: kByCopies completes its full barrier through them (and
   /// this thread's own arrival, which releases the row table it wrote); kAfterWait closes a
   /// cp.async group, waited for before the arrival.

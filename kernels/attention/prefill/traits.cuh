@@ -45,6 +45,7 @@ struct PrefillTraits {
   static constexpr bool kWarpSpecialized = MMA_ == MmaKind::kWgmma;
   static constexpr int kProducerWarps = kWarpSpecialized ? 4 : 0;
   static constexpr int kComputeThreads = kNumWarps * kWarpSize;
+  static constexpr int kComputeWarpgroups = kWarpSpecialized ? kNumWarps / 4 : 0;
   static constexpr int kThreads = (kNumWarps + kProducerWarps) * kWarpSize;  // launched
   static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
   // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
@@ -242,9 +243,12 @@ struct FragmentCoords {
   }
 };
 
-/// Named barriers of the warp-specialised configurations (0 is __syncthreads's).
+/// Named barriers of the warp-specialised configurations (0 is __syncthreads's): the compute
+/// warps', the loaders', and from kFirstTurnBarrier one per compute warpgroup for their MMA turns
+/// (Sm90Mainloop).
 constexpr uint32_t kComputeBarrier = 1;
 constexpr uint32_t kLoaderBarrier = 2;
+constexpr uint32_t kFirstTurnBarrier = 3;
 
 /// This thread's index among the threads that load tiles (the producer warpgroup when
 /// warp-specialised, else the whole CTA).

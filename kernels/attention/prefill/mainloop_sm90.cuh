@@ -1,18 +1,18 @@
 // The sm90 warp-specialised mainloop of the prefill tile (sm_90a): a producer warpgroup resolves
 // and copies Q and K/V tiles (cp.async, any KV format) into mbarrier pipelines, and the compute
-// warpgroups issue wgmma: each warpgroup multiplies its 64 rows by the whole 128-row K tile
-// (m64n128k16, Q and K read from shared memory through descriptors) and P, straight from the S
-// registers, by the V tile (m64nDk16, D the head dim). The accumulators give each warp the same 16-row fragments as the
-// mma.sync path, so the variant applier, the softmax and the epilogue are shared.
+// warpgroups issue wgmma: each warpgroup multiplies its 64 rows by the whole K tile (m64nKk16, Q
+// and K read from shared memory through descriptors) and P, straight from the S registers, by the
+// V tile (m64nDk16, D the head dim). The accumulators give each warp the same 16-row fragments as
+// the mma.sync path, so the variant applier, the softmax and the epilogue are shared.
 //
-// The compute warpgroups never meet at a CTA barrier inside the tile loop, and they take turns
-// issuing their MMAs (ping-pong, kPingPong): warpgroup w issues a tile's Q K^T and the previous
-// tile's P V once warpgroup w - 1 has issued its own, so the tensor cores run one warpgroup's
-// MMAs back to back while the others compute their softmax, instead of every warpgroup waiting on
-// its MMAs at once and then leaving the tensor cores idle through the exponentials. Inside a
-// warpgroup, P V of tile t is issued after Q K^T of tile t + 1 and runs while the softmax of tile
-// t + 1 does (Traits::kPvLag): K and V stages have their own pipelines (a K stage frees after its
-// Q K^T, a V stage after its P V).
+// The compute warpgroups never meet at a CTA barrier inside the tile loop, and (where the traits
+// say so, kMmaTurns) they take turns issuing their MMAs (ping-pong, kPingPong): warpgroup w
+// issues a tile's Q K^T and the previous tile's P V once warpgroup w - 1 has issued its own, so
+// the tensor cores run one warpgroup's MMAs back to back while the others compute their softmax,
+// instead of every warpgroup waiting on its MMAs at once and then leaving the tensor cores idle
+// through the exponentials. Inside a warpgroup, P V of tile t is issued after Q K^T of tile t + 1
+// and runs while the softmax of tile t + 1 does (Traits::kPvLag): K and V stages have their own
+// pipelines (a K stage frees after its Q K^T, a V stage after its P V).
 // Not yet: TMA for affine KV.
 #pragma once
 
@@ -39,10 +39,10 @@ struct Sm90Mainloop {
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
   using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;    // the loaders' layouts
   using KVTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
-  // Ping-pong needs every warpgroup to reach its turn without waiting for another one: a value
-  // transform (issue_pv) meets every compute warp at a barrier inside the turn, so variants with
-  // one keep the unordered issue.
-  static constexpr bool kPingPong = Traits::kComputeWarpgroups > 1 && !Variant::kHasValueTransform;
+  // Where the traits take it (kMmaTurns). Ping-pong needs every warpgroup to reach its turn
+  // without waiting for another one: a value transform (issue_pv) meets every compute warp at a
+  // barrier inside the turn, so variants with one keep the unordered issue.
+  static constexpr bool kPingPong = Traits::kMmaTurns && !Variant::kHasValueTransform;
   using MmaTurns = TurnRotation<Traits::kComputeWarpgroups, 4 * kWarpSize, kFirstTurnBarrier>;
 
   const PrefillSmem<Traits>& smem;

@@ -46,6 +46,13 @@ struct PrefillTraits {
   static constexpr int kProducerWarps = kWarpSpecialized ? 4 : 0;
   static constexpr int kComputeThreads = kNumWarps * kWarpSize;
   static constexpr int kComputeWarpgroups = kWarpSpecialized ? kNumWarps / 4 : 0;
+  // Whether the compute warpgroups take turns issuing their MMAs (ping-pong, Sm90Mainloop). It
+  // pays where a warpgroup's softmax is long beside its MMAs: the softmax's work per KV tile does
+  // not grow with the head dim, the MMAs' does. Measured against the unordered issue (H100,
+  // bench/results/LOG.md): faster at head dims 64 (three warpgroups) and 128 (the variable-length
+  // batches; dense 16k within 1%), slower at 96 (2-3%) and 256 (4-7%), which keep the unordered
+  // issue.
+  static constexpr bool kMmaTurns = kComputeWarpgroups > 1 && (HEAD_DIM == 64 || HEAD_DIM == 128);
   static constexpr int kThreads = (kNumWarps + kProducerWarps) * kWarpSize;  // launched
   static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
   // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the

@@ -52,7 +52,7 @@ BACKENDS = {  # short name -> torch.nn.attention.SDPBackend member
 W1_BATCHES = (1, 16, 64, 128)
 W1_LENGTHS = (1024, 4096, 16384, 32768)
 W2_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
-W2_SHAPES = {"a": (16, 128), "b": (32, 64), "c": (8, 256)}  # tag -> (H, D)
+W2_SHAPES = {"a": (16, 128), "b": (32, 64), "c": (8, 256), "d": (32, 96)}  # tag -> (H, D), as tessera-bench
 W4_SETS = {
     "constant": [1024] * 16,
     "uniform": [906, 942, 553, 777, 1009, 926, 822, 1000, 878, 735, 654, 800, 655, 609, 768, 662],

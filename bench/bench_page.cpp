@@ -1,5 +1,6 @@
 // Appending to a paged KV cache (tessera/page.h). Memory-bound: bytes = appended rows read + rows
-// written into the cache (K and V); reported in GB/s against the copy ceiling.
+// written into the cache (K and V; fp8 caches write one byte per element); reported in GB/s
+// against the copy ceiling.
 #include <cstdint>
 #include <numeric>
 #include <utility>
@@ -15,7 +16,7 @@ namespace {
 using tessera::DType;
 using tessera::Layout;
 
-constexpr DType kDType = DType::kBF16;
+constexpr DType kDType = DType::kBF16;  // the appended rows
 constexpr int64_t kBatch = 64;
 constexpr int64_t kAppendLen = 1024;  // new tokens per request; also its KV length afterwards
 constexpr int64_t kKvHeads = 8;
@@ -25,8 +26,9 @@ constexpr uint64_t kPermutationSeed = 20261122;
 
 
 // 64 requests each append 1024 new rows of [H_kv=8, D=128] bf16 (K + V = 256 MiB) to a fresh
-// cache (KV length 1024 after the append), page size 16, pages in a random order.
-void run_append(BenchContext& ctx, Layout layout) {
+// cache (KV length 1024 after the append), page size 16, pages in a random order. A cache of
+// cache_dtype: bf16 (a copy) or fp8 (quantized with a per-tensor host scale).
+void run_append(BenchContext& ctx, Layout layout, DType cache_dtype = kDType) {
   constexpr int64_t kRows = kBatch * kAppendLen;
   constexpr int64_t kPagesPerRequest = (kAppendLen + kPageSize - 1) / kPageSize;
   constexpr int64_t kNumPages = kBatch * kPagesPerRequest;
@@ -49,10 +51,16 @@ void run_append(BenchContext& ctx, Layout layout) {
   DeviceTensor append_k = ctx.random_tensor(kDType, {kRows, kKvHeads, kHeadDim});
   DeviceTensor append_v = ctx.random_tensor(kDType, {kRows, kKvHeads, kHeadDim});
   const bool nhd = layout == Layout::kNHD;
-  DeviceTensor cache_k = nhd ? ctx.zero_tensor(kDType, {kNumPages, kPageSize, kKvHeads, kHeadDim})
-                             : ctx.zero_tensor(kDType, {kNumPages, kKvHeads, kPageSize, kHeadDim});
-  DeviceTensor cache_v = nhd ? ctx.zero_tensor(kDType, {kNumPages, kPageSize, kKvHeads, kHeadDim})
-                             : ctx.zero_tensor(kDType, {kNumPages, kKvHeads, kPageSize, kHeadDim});
+  DeviceTensor cache_k = nhd ? ctx.zero_tensor(cache_dtype, {kNumPages, kPageSize, kKvHeads, kHeadDim})
+                             : ctx.zero_tensor(cache_dtype, {kNumPages, kKvHeads, kPageSize, kHeadDim});
+  DeviceTensor cache_v = nhd ? ctx.zero_tensor(cache_dtype, {kNumPages, kPageSize, kKvHeads, kHeadDim})
+                             : ctx.zero_tensor(cache_dtype, {kNumPages, kKvHeads, kPageSize, kHeadDim});
+  tessera::KVScales scales;
+  if (tessera::is_fp8(cache_dtype)) {
+    // N(0, 1) rows: |x| / scale stays well inside e4m3's +-448.
+    scales.k = 1.0 / 64;
+    scales.v = 1.0 / 64;
+  }
 
   tessera::PagedKV cache;
   cache.k = cache_k.view;
@@ -64,21 +72,26 @@ void run_append(BenchContext& ctx, Layout layout) {
 
   const Timing t = ctx.measure([&](cudaStream_t stream) {
     tessera::append_paged_kv_cache(append_k.view, append_v.view, d_append_indptr.view, cache,
-                                   stream);
+                                   stream, scales);
   });
-  const double bytes = 2.0 * static_cast<double>(append_k.nbytes() + append_v.nbytes());
-  ctx.report_gbps(t, bytes,
-                  {{"batch", kBatch},
+  // Rows read in kDType, the same elements written in cache_dtype.
+  const double rows_read = static_cast<double>(append_k.nbytes() + append_v.nbytes());
+  const double bytes = rows_read + rows_read / tessera::dtype_size(kDType) * tessera::dtype_size(cache_dtype);
+  Params params = {{"batch", kBatch},
                    {"append_len", kAppendLen},
                    {"H_kv", kKvHeads},
                    {"D", kHeadDim},
                    {"page_size", kPageSize},
                    {"layout", tessera::layout_name(layout)},
-                   {"dtype", tessera::dtype_name(kDType)}});
+                   {"dtype", tessera::dtype_name(kDType)}};
+  // Only where it differs from the rows', so the bf16 workloads' results keep their params.
+  if (cache_dtype != kDType) params.emplace_back("cache_dtype", tessera::dtype_name(cache_dtype));
+  ctx.report_gbps(t, bytes, std::move(params));
 }
 
 void bench_append_paged_nhd(BenchContext& ctx) { run_append(ctx, Layout::kNHD); }
 void bench_append_paged_hnd(BenchContext& ctx) { run_append(ctx, Layout::kHND); }
+void bench_append_paged_nhd_e4m3(BenchContext& ctx) { run_append(ctx, Layout::kNHD, DType::kE4M3); }
 
 }  // namespace
 
@@ -88,5 +101,9 @@ TESSERA_BENCH_WORKLOAD(bench_append_paged_nhd, "append_paged_nhd",
 TESSERA_BENCH_WORKLOAD(bench_append_paged_hnd, "append_paged_hnd",
                        "append 64x1024 rows H_kv=8 D=128 bf16 to a paged cache, page 16, HND",
                        "append", "quick");
+TESSERA_BENCH_WORKLOAD(bench_append_paged_nhd_e4m3, "append_paged_nhd_e4m3",
+                       "append 64x1024 rows H_kv=8 D=128 bf16 to an e4m3 paged cache (per-tensor scale), "
+                       "page 16, NHD",
+                       "append");
 
 }  // namespace tessera_bench

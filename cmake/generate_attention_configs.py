@@ -8,6 +8,7 @@ Writes, under OUT_DIR (files whose content is unchanged are not rewritten, so no
                                       switches, the KV tile of each (head dim, query tile)
   include/tessera/head_dims.h         kSupportedHeadDims (public)
   src/config/<family>_d<D>_<dtype>.cu one instantiation file per (kernel family, head dim, dtype)
+  src/config/prefill_d<D>_<dtype>_<kv>.cu  ... and per fp8 KV storage of the prefill tiles
 and prints the .cu paths, one per line, for CMake. A malformed table is an error naming the line.
 """
 
@@ -16,6 +17,10 @@ import sys
 from collections import OrderedDict
 
 DTYPES = OrderedDict([("f16", "__half"), ("bf16", "__nv_bfloat16")])
+# KV storage of the prefill tiles: "same" (K/V in the operands' dtype) or an fp8 type that the
+# tile dequantizes (KVStorage in src/config/config_types.h).
+KV_STORAGES = OrderedDict([("same", ("kSame", None)), ("e4m3", ("kE4M3", "__nv_fp8_e4m3")),
+                           ("e5m2", ("kE5M2", "__nv_fp8_e5m2"))])
 FORMATS = OrderedDict([("ragged", "kRagged"), ("paged", "kPaged"), ("bsr", "kBlockSparse")])
 # q_tile name -> query rows it implies (checked against the tile_q column)
 # The query rows each QTile may have. k128Wgmma is the sm90a tile for long queries: 128 rows, or
@@ -25,7 +30,7 @@ Q_TILES = OrderedDict([("k16", (16,)), ("k16Wide", (16,)), ("k64", (64,)), ("k12
 ARCH_MMA = {"sm80": "kSync", "sm90a": "kWgmma"}
 DECODE_COLUMNS = ["family", "head_dim", "row_groups", "rows_per_group", "stages", "formats", "dtypes"]
 PREFILL_COLUMNS = ["family", "arch", "head_dim", "q_tile", "tile_q", "tile_kv", "warps_q", "warps_kv", "stages",
-                   "min_ctas", "formats", "dtypes"]
+                   "min_ctas", "formats", "dtypes", "kv"]
 INT_COLUMNS = {"head_dim", "row_groups", "rows_per_group", "stages", "tile_q", "tile_kv", "warps_q", "warps_kv",
                "min_ctas"}
 
@@ -72,6 +77,11 @@ def parse(path):
             row["dtypes"] = parse_list(row["dtypes"], list(DTYPES), "dtype", where)
             row["where"] = where
             if family == "prefill":
+                row["kv"] = parse_list(row["kv"], list(KV_STORAGES), "kv storage", where)
+                if "same" not in row["kv"]:
+                    raise TableError(f"{where}: kv '{','.join(row['kv'])}' must include 'same'")
+                if row["arch"] == "sm90a" and row["kv"] != ["same"]:
+                    raise TableError(f"{where}: fp8 KV is dequantized by the sm80 mainloop only")
                 if row["arch"] not in ARCH_MMA:
                     raise TableError(f"{where}: arch '{row['arch']}' is not one of {', '.join(ARCH_MMA)}")
                 if row["q_tile"] not in Q_TILES:
@@ -104,6 +114,10 @@ def parse(path):
 
 def format_mask(formats):
     return " | ".join(f"format_bit(kernels::KVFormatKind::{FORMATS[f]})" for f in formats)
+
+
+def kv_mask(kvs):
+    return " | ".join(f"kv_storage_bit(KVStorage::{KV_STORAGES[k][0]})" for k in kvs)
 
 
 def head_dims(rows):
@@ -149,9 +163,12 @@ def header(decode, prefill, table_name):
             t = DTYPES[dt]
             w(f"template <> struct PrefillConfig<{t}, {r['head_dim']}, QTile::{r['q_tile']}> {{  "
               f"// {r['where'].rsplit('/', 1)[-1]}")
-            w(f"  using Traits = kernels::PrefillTraits<{t}, {r['head_dim']}, {r['tile_q']}, {r['tile_kv']}, "
-              f"{r['warps_q']}, {r['warps_kv']}, {r['stages']}, {r['min_ctas']}, kernels::MmaKind::{ARCH_MMA[r['arch']]}>;")
+            w("  template <typename KVT>")
+            w(f"  using TraitsFor = kernels::PrefillTraits<{t}, {r['head_dim']}, {r['tile_q']}, {r['tile_kv']}, "
+              f"{r['warps_q']}, {r['warps_kv']}, {r['stages']}, {r['min_ctas']}, kernels::MmaKind::{ARCH_MMA[r['arch']]}, KVT>;")
+            w(f"  using Traits = TraitsFor<{t}>;")
             w(f"  static constexpr uint32_t kFormats = {format_mask(r['formats'])};")
+            w(f"  static constexpr uint32_t kKVStorages = {kv_mask(r['kv'])};")
             w("};")
     w("")
     w("/// The KV tile rows of the prefill configuration (head_dim, q_tile) of any dtype; 0 when the table")
@@ -186,11 +203,35 @@ def header(decode, prefill, table_name):
     w("  }")
     w("}")
     w("")
+    w("/// The KV storages (kv_storage_bit) the prefill configuration (head_dim, q_tile) is built for; 0")
+    w("/// when the table has none.")
+    w("constexpr uint32_t prefill_kv_storages(int head_dim, QTile q_tile) {")
+    w("  switch (head_dim) {")
+    for d in head_dims(prefill):
+        w(f"    case {d}:")
+        w("      switch (q_tile) {")
+        for r in prefill:
+            if r["head_dim"] == d:
+                w(f"        case QTile::{r['q_tile']}: return {kv_mask(r['kv'])};")
+        w("        default: return 0;")
+        w("      }")
+    w("    default: return 0;")
+    w("  }")
+    w("}")
+    w("")
+    w("/// Whether any prefill configuration of head_dim takes KV stored as `kv` (then the head dim's")
+    w("/// launchers are instantiated for it).")
+    w("constexpr bool has_prefill_kv_storage(int head_dim, KVStorage kv) {")
+    w("  return (" + " | ".join(f"prefill_kv_storages(head_dim, QTile::{q})" for q in Q_TILES) + ") & kv_storage_bit(kv);")
+    w("}")
+    w("")
     w("/// The most query tile rows of any prefill configuration (the runtime's partial-state slots).")
     w(f"inline constexpr int kMaxPrefillQTileRows = {max(r['tile_q'] for r in prefill)};")
     w("")
-    w("/// Whether the table has the prefill configuration (head_dim, q_tile).")
-    w("constexpr bool has_prefill_config(int head_dim, QTile q_tile) { return prefill_kv_tile_rows(head_dim, q_tile) > 0; }")
+    w("/// Whether the table has the prefill configuration (head_dim, q_tile) for KV stored as `kv`.")
+    w("constexpr bool has_prefill_config(int head_dim, QTile q_tile, KVStorage kv = KVStorage::kSame) {")
+    w("  return (prefill_kv_storages(head_dim, q_tile) & kv_storage_bit(kv)) != 0;")
+    w("}")
     w("")
     w("/// Calls f(std::integral_constant<int, D>{}) for the decode head dim D == head_dim.")
     w("template <typename F>")
@@ -257,19 +298,21 @@ def public_header(decode, prefill, table_name):
     ])
 
 
-def instantiation(family, d, dtype, table_name):
+def instantiation(family, d, dtype, table_name, kv="same"):
     t = DTYPES[dtype]
+    kvt = KV_STORAGES[kv][1] or t
+    what = f"{dtype}" if kv == "same" else f"{dtype} queries over {kv} KV"
     lines = [f"// Generated from {table_name} by cmake/generate_attention_configs.py: the {family} kernels of",
-             f"// head_dim {d}, {dtype} (one translation unit each: parallel builds).",
+             f"// head_dim {d}, {what} (one translation unit each: parallel builds).",
              f'#include "src/{family}_launch.cuh"', "", "namespace tessera {", "namespace detail {", ""]
     if family == "prefill":
+        params = f"kernels::AttentionParams<{t}, {kvt}>"
         lines += [
-            f"template void launch_prefill_head_dim<{t}, {d}>(const kernels::AttentionParams<{t}>&, const ResolvedVariant&,",
-            "                                                kernels::KVFormatKind, QTile, int64_t, cudaStream_t);",
-            f"template void launch_persistent_head_dim<{t}, {d}>(const kernels::AttentionParams<{t}>&, const ResolvedVariant&,",
-            "                                                   kernels::KVFormatKind, QTile, const PersistentLaunch&,",
-            "                                                   cudaStream_t);",
-            f"template int persistent_ctas_per_sm<{t}, {d}>(kernels::KVFormatKind, QTile);",
+            f"template void launch_prefill_head_dim<{t}, {kvt}, {d}>(const {params}&, const ResolvedVariant&,",
+            "    kernels::KVFormatKind, QTile, int64_t, cudaStream_t);",
+            f"template void launch_persistent_head_dim<{t}, {kvt}, {d}>(const {params}&, const ResolvedVariant&,",
+            "    kernels::KVFormatKind, QTile, const PersistentLaunch&, cudaStream_t);",
+            f"template int persistent_ctas_per_sm<{t}, {kvt}, {d}>(kernels::KVFormatKind, QTile);",
         ]
     else:
         lines += [
@@ -310,9 +353,15 @@ def main(argv):
         for d in head_dims(rows):
             dtypes = [dt for dt in DTYPES if any(dt in r["dtypes"] for r in rows if r["head_dim"] == d)]
             for dt in dtypes:
-                path = os.path.join(out_dir, f"src/config/{family}_d{d}_{dt}.cu")
-                write_if_changed(path, instantiation(family, d, dt, table_name))
-                sources.append(path)
+                kvs = ["same"]
+                if family == "prefill":
+                    kvs = [k for k in KV_STORAGES
+                           if any(k in r["kv"] for r in rows if r["head_dim"] == d and dt in r["dtypes"])]
+                for kv in kvs:
+                    suffix = "" if kv == "same" else f"_{kv}"
+                    path = os.path.join(out_dir, f"src/config/{family}_d{d}_{dt}{suffix}.cu")
+                    write_if_changed(path, instantiation(family, d, dt, table_name, kv))
+                    sources.append(path)
     print("\n".join(sources))
     return 0
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "src/attention_args.h"
@@ -20,6 +21,7 @@
 #include "src/prefill_config.h"
 #include "src/runtime/device_errors.h"
 #include "src/tensor_checks.h"
+#include "src/variant/jit_variant.h"
 #include "tessera/attention.h"
 #include "tessera/validate.h"
 
@@ -34,6 +36,14 @@ namespace detail {
 void check_operand(const TensorView& t, const char* name, int ndim) {
   check_ndim(t, name, ndim);
   check_dtype(t, name, {DType::kF16, DType::kBF16});
+  check_on_cuda(t, name);
+  check_last_dim_contiguous(t, name);
+  detail::check_vector_aligned(t, name);
+}
+
+void check_kv_operand(const TensorView& t, const char* name, int ndim, const TensorView& q) {
+  check_ndim(t, name, ndim);
+  check_dtype(t, name, {q.dtype, DType::kE4M3, DType::kE5M2});
   check_on_cuda(t, name);
   check_last_dim_contiguous(t, name);
   detail::check_vector_aligned(t, name);
@@ -79,10 +89,9 @@ HeadConfig check_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_
 
 /// K and V of a single request: NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D].
 void check_dense_kv(const TensorView& q, const TensorView& k, const TensorView& v, Layout layout) {
-  check_operand(k, "k", 3);
-  check_operand(v, "v", 3);
-  check_dtype(k, "k", {q.dtype});
-  check_dtype(v, "v", {q.dtype});
+  check_kv_operand(k, "k", 3, q);
+  check_kv_operand(v, "v", 3, q);
+  check_dtype(v, "v", {k.dtype});
   check_same_device(q, "q", k, "k");
   check_same_device(q, "q", v, "v");
   TESSERA_CHECK_ARG(layout == Layout::kNHD || layout == Layout::kHND)
@@ -93,9 +102,9 @@ void check_dense_kv(const TensorView& q, const TensorView& k, const TensorView& 
 
 void check_paged_kv(const TensorView& q, const PagedKV& kv, int64_t batch) {
   validate_paged_kv(kv, "paged_kv");
-  check_operand(kv.k, "paged_kv.k", 4);
-  check_operand(kv.v, "paged_kv.v", 4);
-  check_dtype(kv.k, "paged_kv.k", {q.dtype});
+  check_kv_operand(kv.k, "paged_kv.k", 4, q);
+  check_kv_operand(kv.v, "paged_kv.v", 4, q);
+  check_dtype(kv.v, "paged_kv.v", {kv.k.dtype});
   check_same_device(q, "q", kv.k, "paged_kv.k");
   check_on_cuda(kv.indptr, "paged_kv.indptr");
   check_on_cuda(kv.indices, "paged_kv.indices");
@@ -150,23 +159,43 @@ ResolvedVariant call_variant(const AttentionOptions& options, const TensorView& 
   return resolve_variant(options.variant, ctx);
 }
 
-template <typename T>
-void run_decode(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format,
+template <typename T, typename KVT>
+void run_decode(const AttentionParams<T, KVT>& p, const ResolvedVariant& variant, KVFormatKind format,
                 const HeadConfig& heads, DecodeKernel kernel, StreamHandle stream) {
+  constexpr bool kFp8KV = !std::is_same<KVT, T>::value;
   const int64_t group = heads.num_qo_heads / heads.num_kv_heads;
   if (kernel == DecodeKernel::kAuto) {
-    // Variants are hooks of the prefill template, which is also the tensor-core decode family.
-    kernel = group >= 4 || !variant.is_default ? DecodeKernel::kTensorCores : DecodeKernel::kCudaCores;
+    // Variants are hooks of the prefill template, which is also the tensor-core decode family;
+    // so is the dequantization of fp8 KV.
+    kernel = group >= 4 || !variant.is_default || kFp8KV ? DecodeKernel::kTensorCores : DecodeKernel::kCudaCores;
   }
   if (kernel == DecodeKernel::kCudaCores) {
     TESSERA_CHECK(variant.is_default, StatusCode::kUnsupported)
         << "kernel = kCudaCores runs the default variant only; options.variant is set (use kAuto or kTensorCores)";
-    detail::launch_decode_cuda_cores<T>(p, format, static_cast<int>(heads.head_dim), stream);
+    if constexpr (kFp8KV) {
+      TESSERA_FAIL(StatusCode::kUnsupported) << "kernel = kCudaCores reads f16/bf16 K/V only; this K/V is "
+                                             << cuda_type_name<KVT>() << " (use kAuto or kTensorCores)";
+    } else {
+      detail::launch_decode_cuda_cores<T>(p, format, static_cast<int>(heads.head_dim), stream);
+    }
   } else {
     TESSERA_CHECK_ARG(kernel == DecodeKernel::kTensorCores) << "kernel = " << static_cast<int>(kernel)
                                                             << ", expected kAuto, kCudaCores or kTensorCores";
-    detail::launch_prefill<T>(p, variant, format, static_cast<int>(heads.head_dim), 1, 1.0, stream);
+    detail::launch_prefill<T, KVT>(p, variant, format, static_cast<int>(heads.head_dim), 1, 1.0, stream);
   }
+}
+
+/// K/V of dtype kv_dtype for head_dim, with `options.kv_scales`: fp8 only where the table builds
+/// it, and scales only for fp8 (checked against the KV's heads and device).
+void check_kv_storage(const TensorView& k, const char* k_name, int64_t head_dim, int64_t num_kv_heads,
+                      const AttentionOptions& options) {
+  if (is_fp8(k.dtype)) {
+    const KVStorage kv = k.dtype == DType::kE4M3 ? KVStorage::kE4M3 : KVStorage::kE5M2;
+    TESSERA_CHECK(has_prefill_kv_storage(static_cast<int>(head_dim), kv), StatusCode::kUnsupported)
+        << k_name << ".dtype = " << dtype_name(k.dtype) << ": fp8 K/V is not built for head_dim " << head_dim
+        << " (src/config/attention_configs.txt lists the head dims: 64, 128, 256)";
+  }
+  check_kv_scales(options.kv_scales, "options.kv_scales", k.dtype, num_kv_heads, k.device);
 }
 
 }  // namespace
@@ -175,16 +204,17 @@ namespace detail {
 
 namespace {
 /// TESSERA_PREFILL_QTILE, when set: the configuration it names (read once per process).
-bool q_tile_override(int head_dim, QTile& out) {
+bool q_tile_override(int head_dim, QTile& out, KVStorage kv) {
   static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
   if (override_text == nullptr || *override_text == '\0') return false;
   const std::string v = override_text;
   constexpr QTile kTiles[] = {QTile::k16, QTile::k16Wide, QTile::k64, QTile::k128, QTile::k128Wgmma};
   for (QTile q : kTiles) {
     if (v != q_tile_name(q)) continue;
-    TESSERA_CHECK_ARG(has_prefill_config(head_dim, q) && (q != QTile::k128Wgmma || current_device_has_wgmma()))
+    TESSERA_CHECK_ARG(has_prefill_config(head_dim, q, kv) && (q != QTile::k128Wgmma || current_device_has_wgmma()))
         << "TESSERA_PREFILL_QTILE = " << v << ": head_dim " << head_dim << " has no such tile"
-        << (q == QTile::k128Wgmma ? " on this device" : "") << " (src/config/attention_configs.txt)";
+        << (kv != KVStorage::kSame ? " for fp8 K/V" : "") << (q == QTile::k128Wgmma ? " on this device" : "")
+        << " (src/config/attention_configs.txt)";
     out = q;
     return true;
   }
@@ -208,9 +238,10 @@ void fail_unsupported_head_dim(const char* family, int head_dim, const char* sup
                                          << supported << ")";
 }
 
-void fail_no_prefill_config(int head_dim, QTile q_tile) {
+void fail_no_prefill_config(int head_dim, QTile q_tile, const char* kv_type) {
   TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim << ", query tile "
-                                      << q_tile_name(q_tile) << " (src/config/attention_configs.txt)";
+                                      << q_tile_name(q_tile) << (kv_type != nullptr ? " with K/V of type " : "")
+                                      << (kv_type != nullptr ? kv_type : "") << " (src/config/attention_configs.txt)";
 }
 
 void fail_unsupported_format(const char* family, int head_dim, KVFormatKind format) {
@@ -218,50 +249,63 @@ void fail_unsupported_format(const char* family, int head_dim, KVFormatKind form
                                          << static_cast<int>(format) << " is not built for this head dim";
 }
 
-QTile choose_q_tile(int head_dim, double avg_packed_rows) {
+QTile choose_q_tile(int head_dim, double avg_packed_rows, KVStorage kv) {
   QTile forced;
-  if (q_tile_override(head_dim, forced)) return forced;
+  if (q_tile_override(head_dim, forced, kv)) return forced;
   if (avg_packed_rows <= 16.0) return QTile::k16;
   if (avg_packed_rows <= 64.0) return QTile::k64;
-  return q_tile_128(head_dim);
+  return q_tile_128(head_dim, kv);
 }
 
-QTile q_tile_128(int head_dim) {
+QTile q_tile_128(int head_dim, KVStorage kv) {
   // TESSERA_PREFILL_WGMMA=0 keeps the mma.sync tile on sm_90 (tests cover the configuration sm_80
   // devices run; benchmarks compare the two). Read once per process.
   static const bool wgmma_allowed = env_choice("TESSERA_PREFILL_WGMMA", {"1", "0"}) == "1";
-  if (has_prefill_config(head_dim, QTile::k128Wgmma) && wgmma_allowed && current_device_has_wgmma()) {
+  // fp8 K/V: the table builds the mma.sync tiles only (the sm80 mainloop dequantizes).
+  if (has_prefill_config(head_dim, QTile::k128Wgmma, kv) && wgmma_allowed && current_device_has_wgmma()) {
     return QTile::k128Wgmma;
   }
-  return has_prefill_config(head_dim, QTile::k128) ? QTile::k128 : QTile::k64;
+  return has_prefill_config(head_dim, QTile::k128, kv) ? QTile::k128 : QTile::k64;
 }
 
-QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count) {
+QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
+                             KVStorage kv) {
   QTile forced;
-  if (q_tile_override(head_dim, forced)) return forced;
-  const QTile q_tile = choose_q_tile(head_dim, avg_packed_rows);
-  if (q_tile == QTile::k16 && has_prefill_config(head_dim, QTile::k16Wide) && pairs_at_16_rows < sm_count) {
+  if (q_tile_override(head_dim, forced, kv)) return forced;
+  const QTile q_tile = choose_q_tile(head_dim, avg_packed_rows, kv);
+  if (q_tile == QTile::k16 && has_prefill_config(head_dim, QTile::k16Wide, kv) && pairs_at_16_rows < sm_count) {
     return QTile::k16Wide;
   }
   return q_tile;
 }
 
-template <typename T>
-void launch_prefill(const AttentionParams<T>& p, const ResolvedVariant& variant, KVFormatKind format, int head_dim,
-                    int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
+template <typename T, typename KVT>
+void launch_prefill(const AttentionParams<T, KVT>& p, const ResolvedVariant& variant, KVFormatKind format,
+                    int head_dim, int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
   const int64_t q_tiles_at_16 = (max_qo_len * p.group_size + 15) / 16;
   with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
     const QTile q_tile = choose_q_tile_for_grid(head_dim, avg_qo_len * p.group_size,
                                                 q_tiles_at_16 * p.batch_size * p.num_kv_heads,
-                                                current_device_sm_count());
-    launch_prefill_head_dim<T, decltype(head_dim_tag)::value>(p, variant, format, q_tile, max_qo_len, stream);
+                                                current_device_sm_count(), kv_storage_of<KVT, T>());
+    constexpr int kHeadDim = decltype(head_dim_tag)::value;
+    if constexpr (has_prefill_kv_storage(kHeadDim, kv_storage_of<KVT, T>())) {
+      launch_prefill_head_dim<T, KVT, kHeadDim>(p, variant, format, q_tile, max_qo_len, stream);
+    } else {
+      fail_no_prefill_config(kHeadDim, q_tile, cuda_type_name<KVT>());  // the entry points check first
+    }
   });
 }
 
-template void launch_prefill<__half>(const AttentionParams<__half>&, const ResolvedVariant&, KVFormatKind, int,
-                                     int64_t, double, cudaStream_t);
-template void launch_prefill<__nv_bfloat16>(const AttentionParams<__nv_bfloat16>&, const ResolvedVariant&,
-                                            KVFormatKind, int, int64_t, double, cudaStream_t);
+#define TESSERA_INSTANTIATE_LAUNCH_PREFILL(T, KVT)                                                                  \
+  template void launch_prefill<T, KVT>(const AttentionParams<T, KVT>&, const ResolvedVariant&, KVFormatKind, int, \
+                                       int64_t, double, cudaStream_t);
+TESSERA_INSTANTIATE_LAUNCH_PREFILL(__half, __half)
+TESSERA_INSTANTIATE_LAUNCH_PREFILL(__nv_bfloat16, __nv_bfloat16)
+TESSERA_INSTANTIATE_LAUNCH_PREFILL(__half, __nv_fp8_e4m3)
+TESSERA_INSTANTIATE_LAUNCH_PREFILL(__half, __nv_fp8_e5m2)
+TESSERA_INSTANTIATE_LAUNCH_PREFILL(__nv_bfloat16, __nv_fp8_e4m3)
+TESSERA_INSTANTIATE_LAUNCH_PREFILL(__nv_bfloat16, __nv_fp8_e5m2)
+#undef TESSERA_INSTANTIATE_LAUNCH_PREFILL
 
 }  // namespace detail
 
@@ -272,6 +316,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   check_dense_kv(q, k, v, kv_layout);
   const HeadConfig heads = check_heads(q.shape[0], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[1]);
   check_size(k, "k", 2, heads.head_dim);
+  check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   check_operand(o, "o", 2);
   check_dtype(o, "o", {q.dtype});
   check_size(o, "o", 0, q.shape[0]);
@@ -284,10 +329,12 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   }
   const ResolvedVariant variant = call_variant(options, q, heads, 1, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    dense_kv_params<T>(p, k, v, kv_layout);
-    p.qo_len_single = 1;
-    run_decode<T>(p, variant, KVFormatKind::kRagged, heads, kernel, stream);
+    TESSERA_DISPATCH_KV_DTYPE(k.dtype, T, "k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      dense_kv_params(p, k, v, kv_layout);
+      p.qo_len_single = 1;
+      run_decode(p, variant, KVFormatKind::kRagged, heads, kernel, stream);
+    });
   });
 }
 
@@ -297,13 +344,16 @@ void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView
   check_paged_kv(q, kv, q.shape[0]);
   const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
   check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
+  check_kv_storage(kv.k, "paged_kv.k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, q.shape[0], false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    paged_kv_params<T>(p, kv);
-    p.qo_len_single = 1;
-    run_decode<T>(p, variant, KVFormatKind::kPaged, heads, kernel, stream);
+    TESSERA_DISPATCH_KV_DTYPE(kv.k.dtype, T, "paged_kv.k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      paged_kv_params(p, kv);
+      p.qo_len_single = 1;
+      run_decode(p, variant, KVFormatKind::kPaged, heads, kernel, stream);
+    });
   });
 }
 
@@ -316,13 +366,16 @@ void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorV
   validate_indptr(kv_indptr, "kv_indptr", k.shape[0]);
   const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
   check_size(k, "k", 2, heads.head_dim);
+  check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, q.shape[0], false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    ragged_kv_params<T>(p, k, v, kv_indptr);
-    p.qo_len_single = 1;
-    run_decode<T>(p, variant, KVFormatKind::kRagged, heads, kernel, stream);
+    TESSERA_DISPATCH_KV_DTYPE(k.dtype, T, "k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      ragged_kv_params(p, k, v, kv_indptr);
+      p.qo_len_single = 1;
+      run_decode(p, variant, KVFormatKind::kRagged, heads, kernel, stream);
+    });
   });
 }
 
@@ -334,13 +387,16 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   check_size(k, "k", 2, heads.head_dim);
   check_outputs(q, o, lse, q.shape[0]);
   TESSERA_CHECK_ARG(q.shape[0] <= INT32_MAX) << "q.shape[0] = " << q.shape[0] << " exceeds 2^31 - 1";
+  check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   const ResolvedVariant variant = call_variant(options, q, heads, 1, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    dense_kv_params<T>(p, k, v, kv_layout);
-    p.qo_len_single = static_cast<int32_t>(q.shape[0]);
-    detail::launch_prefill<T>(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), q.shape[0],
-                              static_cast<double>(q.shape[0]), stream);
+    TESSERA_DISPATCH_KV_DTYPE(k.dtype, T, "k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      dense_kv_params(p, k, v, kv_layout);
+      p.qo_len_single = static_cast<int32_t>(q.shape[0]);
+      detail::launch_prefill(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), q.shape[0],
+                             static_cast<double>(q.shape[0]), stream);
+    });
   });
 }
 
@@ -357,15 +413,18 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
   validate_indptr(kv_indptr, "kv_indptr", k.shape[0]);
   const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
   check_size(k, "k", 2, heads.head_dim);
+  check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    ragged_kv_params<T>(p, k, v, kv_indptr);
-    p.qo_indptr = qo_indptr.data_as<const int32_t>();
-    check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillRaggedQoIndptr, stream);
-    detail::launch_prefill<T>(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
-                              stream);
+    TESSERA_DISPATCH_KV_DTYPE(k.dtype, T, "k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      ragged_kv_params(p, k, v, kv_indptr);
+      p.qo_indptr = qo_indptr.data_as<const int32_t>();
+      check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillRaggedQoIndptr, stream);
+      detail::launch_prefill(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len,
+                             avg_qo_len, stream);
+    });
   });
 }
 
@@ -380,15 +439,18 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
   const double avg_qo_len = check_qo_indptr(q, qo_indptr, batch, max_qo_len);
   const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
   check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
+  check_kv_storage(kv.k, "paged_kv.k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    paged_kv_params<T>(p, kv);
-    p.qo_indptr = qo_indptr.data_as<const int32_t>();
-    check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillPagedQoIndptr, stream);
-    detail::launch_prefill<T>(p, variant, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len, avg_qo_len,
-                              stream);
+    TESSERA_DISPATCH_KV_DTYPE(kv.k.dtype, T, "paged_kv.k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      paged_kv_params(p, kv);
+      p.qo_indptr = qo_indptr.data_as<const int32_t>();
+      check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillPagedQoIndptr, stream);
+      detail::launch_prefill(p, variant, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len,
+                             avg_qo_len, stream);
+    });
   });
 }
 
@@ -396,9 +458,9 @@ void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const Te
                             const AttentionOptions& options, StreamHandle stream) {
   check_operand(q, "q", 3);
   validate_block_sparse(kv, "block_sparse");
-  check_operand(kv.k, "block_sparse.k", 3);
-  check_operand(kv.v, "block_sparse.v", 3);
-  check_dtype(kv.k, "block_sparse.k", {q.dtype});
+  check_kv_operand(kv.k, "block_sparse.k", 3, q);
+  check_kv_operand(kv.v, "block_sparse.v", 3, q);
+  check_dtype(kv.v, "block_sparse.v", {kv.k.dtype});
   check_same_device(q, "q", kv.k, "block_sparse.k");
   check_on_cuda(kv.indptr, "block_sparse.indptr");
   check_on_cuda(kv.indices, "block_sparse.indices");
@@ -410,17 +472,20 @@ void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const Te
       << "block_sparse: " << kv.num_row_blocks() << " block rows, expected <= 65535";
   const HeadConfig heads = check_heads(q.shape[1], kv.k.shape[1], q.shape[2]);
   check_size(kv.k, "block_sparse.k", 2, heads.head_dim);
+  check_kv_storage(kv.k, "block_sparse.k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, kv.num_row_blocks(), true);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    AttentionParams<T> p = query_params<T>(q, o, lse, heads, options);
-    block_sparse_kv_params<T>(p, kv.k, kv.v, kv.indices.data_as<const int32_t>(), kv.indices.shape[0], kv.block_rows,
-                              kv.block_cols, kv.num_rows, kv.num_cols());
-    p.block_sparse.indptr = kv.indptr.data_as<const int32_t>();
-    p.block_sparse.block_flags = kv.block_flags.defined() ? kv.block_flags.data_as<const uint8_t>() : nullptr;
-    p.batch_size = static_cast<int32_t>(kv.num_row_blocks());
-    detail::launch_prefill<T>(p, variant, KVFormatKind::kBlockSparse, static_cast<int>(heads.head_dim), kv.block_rows,
-                              static_cast<double>(kv.block_rows), stream);
+    TESSERA_DISPATCH_KV_DTYPE(kv.k.dtype, T, "block_sparse.k", KVT, [&] {
+      AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
+      block_sparse_kv_params(p, kv.k, kv.v, kv.indices.data_as<const int32_t>(), kv.indices.shape[0], kv.block_rows,
+                             kv.block_cols, kv.num_rows, kv.num_cols());
+      p.block_sparse.indptr = kv.indptr.data_as<const int32_t>();
+      p.block_sparse.block_flags = kv.block_flags.defined() ? kv.block_flags.data_as<const uint8_t>() : nullptr;
+      p.batch_size = static_cast<int32_t>(kv.num_row_blocks());
+      detail::launch_prefill(p, variant, KVFormatKind::kBlockSparse, static_cast<int>(heads.head_dim), kv.block_rows,
+                             static_cast<double>(kv.block_rows), stream);
+    });
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/attention/params.cuh"
 #include "src/check.h"
+#include "src/kv_scales.h"
 #include "tessera/attention.h"
 #include "tessera/validate.h"
 
@@ -20,6 +21,10 @@ inline constexpr double kLog2e = 1.4426950408889634;
 
 /// A 16-bit tensor of `ndim` dims the kernels read or write in 16-byte vectors.
 void check_operand(const TensorView& t, const char* name, int ndim);
+
+/// A K or V tensor of `ndim` dims: q's dtype, or fp8 (e4m3, e5m2; the mma.sync tiles dequantize
+/// it), last dim contiguous, 16-byte vectors.
+void check_kv_operand(const TensorView& t, const char* name, int ndim, const TensorView& q);
 
 void check_index_array(const TensorView& t, const char* name, const TensorView& data, int64_t length);
 
@@ -38,11 +43,12 @@ inline double resolved_sm_scale(const AttentionOptions& options, int64_t head_di
 }
 
 /// The part of AttentionParams that does not depend on the KV format. q and o are [rows, Hq, D]
-/// (a 2-D [Hq, D] q of single decode is one row).
-template <typename T>
-AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const TensorView& lse,
-                                const HeadConfig& heads, const AttentionOptions& options) {
-  AttentionParams<T> p{};
+/// (a 2-D [Hq, D] q of single decode is one row); KVT: K/V's element type (T, or fp8 with
+/// options.kv_scales).
+template <typename T, typename KVT = T>
+AttentionParams<T, KVT> query_params(const TensorView& q, const TensorView& o, const TensorView& lse,
+                                     const HeadConfig& heads, const AttentionOptions& options) {
+  AttentionParams<T, KVT> p{};
   const bool one_row = q.ndim == 2;
   p.q.data = q.data_as<const T>();
   p.q.row_stride = one_row ? 0 : q.strides[0];
@@ -63,16 +69,18 @@ AttentionParams<T> query_params(const TensorView& q, const TensorView& o, const 
   p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);
   p.sm_scale = static_cast<float>(sm_scale);
   p.causal = options.causal;
+  p.kv_scales = kv_scale_params(options.kv_scales);
   return p;
 }
 
 /// K and V as rows: k and v are [rows, Hkv, D] (row_axis 0) or [Hkv, rows, D] (row_axis 1), the
 /// rows of ragged KV (one request or many) and the columns of block-sparse KV.
-template <typename T>
-void kv_row_tensors(AttentionParams<T>& p, const TensorView& k, const TensorView& v, int row_axis) {
+template <typename Params>
+void kv_row_tensors(Params& p, const TensorView& k, const TensorView& v, int row_axis) {
+  using KVT = typename Params::KVType;
   const int head_axis = 1 - row_axis;
-  p.kv.k = k.data_as<const T>();
-  p.kv.v = v.data_as<const T>();
+  p.kv.k = k.data_as<const KVT>();
+  p.kv.v = v.data_as<const KVT>();
   p.kv.k_row_stride = k.strides[row_axis];
   p.kv.k_head_stride = k.strides[head_axis];
   p.kv.v_row_stride = v.strides[row_axis];
@@ -81,29 +89,30 @@ void kv_row_tensors(AttentionParams<T>& p, const TensorView& k, const TensorView
 
 /// Dense K/V of one request, NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D], as ragged KV without
 /// an indptr.
-template <typename T>
-void dense_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, Layout layout) {
+template <typename Params>
+void dense_kv_params(Params& p, const TensorView& k, const TensorView& v, Layout layout) {
   const int row = layout == Layout::kNHD ? 0 : 1;
-  kv_row_tensors<T>(p, k, v, row);
+  kv_row_tensors(p, k, v, row);
   p.ragged.indptr = nullptr;
   p.ragged.len_single = static_cast<int32_t>(k.shape[row]);
   p.ragged.num_rows = p.ragged.len_single;
   p.batch_size = 1;
 }
 
-template <typename T>
-void ragged_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, const TensorView& kv_indptr) {
-  kv_row_tensors<T>(p, k, v, 0);
+template <typename Params>
+void ragged_kv_params(Params& p, const TensorView& k, const TensorView& v, const TensorView& kv_indptr) {
+  kv_row_tensors(p, k, v, 0);
   p.ragged.indptr = kv_indptr.data_as<const int32_t>();
   p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
   p.batch_size = static_cast<int32_t>(kv_indptr.shape[0] - 1);
 }
 
 /// Paged K/V: p.kv's row strides are the slot strides within a page.
-template <typename T>
-void paged_kv_params(AttentionParams<T>& p, const PagedKV& kv) {
-  p.kv.k = kv.k.data_as<const T>();
-  p.kv.v = kv.v.data_as<const T>();
+template <typename Params>
+void paged_kv_params(Params& p, const PagedKV& kv) {
+  using KVT = typename Params::KVType;
+  p.kv.k = kv.k.data_as<const KVT>();
+  p.kv.v = kv.v.data_as<const KVT>();
   p.kv.k_row_stride = kv.k_slot_stride();
   p.kv.k_head_stride = kv.k_head_stride();
   p.kv.v_row_stride = kv.v_slot_stride();
@@ -123,11 +132,11 @@ void paged_kv_params(AttentionParams<T>& p, const PagedKV& kv) {
 /// column-block ids the kernels read (the one-shot call's own, or run()'s device address of them).
 /// The caller sets block_sparse.indptr, block_sparse.block_flags and batch_size (the runtime's
 /// come from the plan).
-template <typename T>
-void block_sparse_kv_params(AttentionParams<T>& p, const TensorView& k, const TensorView& v, const int32_t* indices,
+template <typename Params>
+void block_sparse_kv_params(Params& p, const TensorView& k, const TensorView& v, const int32_t* indices,
                             int64_t num_indices, int64_t block_rows, int64_t block_cols, int64_t num_rows,
                             int64_t num_cols) {
-  kv_row_tensors<T>(p, k, v, 0);
+  kv_row_tensors(p, k, v, 0);
   p.block_sparse.indices = indices;
   p.block_sparse.num_indices = static_cast<int32_t>(num_indices);
   p.block_sparse.block_rows = static_cast<int32_t>(block_rows);

@@ -20,10 +20,12 @@ void launch_decode_cuda_cores(const kernels::AttentionParams<T>& p, kernels::KVF
 
 /// Launches the FA2-class prefill kernel (kernels/attention/prefill.cuh) over any format, the
 /// prebuilt default variant or a JIT-compiled one. max_qo_len bounds every request's query length
-/// (BSR: Br); avg_qo_len drives the tile choice.
-template <typename T>
-void launch_prefill(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant, kernels::KVFormatKind format,
-                    int head_dim, int64_t max_qo_len, double avg_qo_len, cudaStream_t stream);
+/// (BSR: Br); avg_qo_len drives the tile choice. KVT: T, or fp8 (e4m3, e5m2) for head dims whose
+/// table rows build it (has_prefill_kv_storage; others are an error).
+template <typename T, typename KVT>
+void launch_prefill(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
+                    kernels::KVFormatKind format, int head_dim, int64_t max_qo_len, double avg_qo_len,
+                    cudaStream_t stream);
 
 }  // namespace detail
 }  // namespace tessera

@@ -25,17 +25,19 @@ constexpr const char* format_enumerator() {
 
 template <typename Traits, kernels::KVFormatKind kFormat>
 std::string prefill_template_args() {
-  // The text names these nine parameters only: a PrefillTraits parameter added later must be
+  // The text names these ten parameters only: a PrefillTraits parameter added later must be
   // added here too, or the JIT would compile a different configuration than the host launches.
   static_assert(std::is_same<Traits, kernels::PrefillTraits<typename Traits::DType, Traits::HEAD_DIM, Traits::CTA_TILE_Q,
                                                             Traits::CTA_TILE_KV, Traits::NUM_WARPS_Q, Traits::NUM_WARPS_KV,
-                                                            Traits::kStages, Traits::kMinCtasPerSm, Traits::kMma>>::value,
+                                                            Traits::kStages, Traits::kMinCtasPerSm, Traits::kMma,
+                                                            typename Traits::KVStorage>>::value,
                 "prefill_template_args must spell every PrefillTraits parameter");
   const char* format = format_enumerator<kFormat>();
   return str_cat("tessera::kernels::PrefillTraits<", cuda_type_name<typename Traits::DType>(), ", ", Traits::HEAD_DIM,
                  ", ", Traits::CTA_TILE_Q, ", ", Traits::CTA_TILE_KV, ", ", Traits::NUM_WARPS_Q, ", ",
                  Traits::NUM_WARPS_KV, ", ", Traits::kStages, ", ", Traits::kMinCtasPerSm, ", tessera::kernels::MmaKind::",
-                 Traits::kWgmma ? "kWgmma" : "kSync", ">, tessera::kernels::KVFormatKind::", format);
+                 Traits::kWgmma ? "kWgmma" : "kSync", ", ", cuda_type_name<typename Traits::KVStorage>(),
+                 ">, tessera::kernels::KVFormatKind::", format);
 }
 
 /// The JIT request of the prefill kernel template with one tile scheduler for a non-default
@@ -47,14 +49,16 @@ VariantKernelRequest prefill_variant_request(const char* scheduler, const char* 
   r.kernel = "tessera::kernels::attention_prefill_kernel";
   r.args_before = prefill_template_args<Traits, kFormat>();
   using T = typename Traits::DType;
-  static_assert(std::is_same<kernels::AttentionParams<T>, kernels::AttentionParams<T, T, T, kernels::int32_t>>::value,
-                "params_type_name spells the launches' kernels::AttentionParams<T> with its defaults written out");
-  r.args_after = str_cat(scheduler, ", ", params_type_name<T>());
+  using KVT = typename Traits::KVStorage;
+  static_assert(std::is_same<kernels::AttentionParams<T, KVT>, kernels::AttentionParams<T, KVT, T, kernels::int32_t>>::value,
+                "params_type_name spells the launches' kernels::AttentionParams<T, KVT> with its defaults written out");
+  r.args_after = str_cat(scheduler, ", ", params_type_name<T, KVT>());
   r.dynamic_smem_bytes = smem_bytes;
   // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
   r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
                           Traits::kWgmma ? " wgmma " : " ", format_enumerator<kFormat>(), " ",
-                          cuda_type_name<typename Traits::DType>());
+                          cuda_type_name<typename Traits::DType>(),
+                          Traits::kDequantizeKV ? str_cat(" KV ", cuda_type_name<KVT>()) : std::string());
   return r;
 }
 
@@ -85,9 +89,8 @@ inline dim3 one_shot_grid(int64_t q_tiles, int64_t batch_size, int64_t num_kv_he
   return dim3(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch_size), static_cast<unsigned>(num_kv_heads));
 }
 
-template <typename Traits, kernels::KVFormatKind kFormat, typename T>
-void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant, int64_t max_qo_len,
-                           cudaStream_t stream) {
+template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
+void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int64_t max_qo_len, cudaStream_t stream) {
   const int64_t packed_rows = max_qo_len * p.group_size;
   const int64_t q_tiles = (packed_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q;
   TESSERA_CHECK_ARG(q_tiles <= INT32_MAX && p.batch_size <= 65535 && p.num_kv_heads <= 65535)
@@ -97,8 +100,8 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
   const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads);
   typename kernels::OneShotScheduler<Traits>::Arguments tiles{static_cast<int32_t>(q_tiles)};
   if (variant.is_default) {
-    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler,
-                                                    kernels::AttentionParams<T>>;
+    auto kernel =
+        kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler, Params>;
     // One work item per CTA: only the first Q buffer (kOneItemSmemBytes).
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kOneItemSmemBytes);
     kernel<<<grid, Traits::kThreads, Traits::kOneItemSmemBytes, stream>>>(p, variant.params, tiles);
@@ -107,16 +110,16 @@ void launch_prefill_config(const kernels::AttentionParams<T>& p, const ResolvedV
   }
   const VariantKernelRequest request = oneshot_variant_request<Traits, kFormat>();
   CUfunction fn = variant_kernel(variant, request);
-  kernels::AttentionParams<T> params = p;
+  Params params = p;
   kernels::VariantParams vp = variant.params;
   void* args[] = {&params, &vp, &tiles};
   launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
 }
 
 /// Launches the persistent kernel of one configuration and format (and its contraction).
-template <typename Traits, kernels::KVFormatKind kFormat, typename T>
-void launch_persistent_config(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
-                              const PersistentLaunch& launch, cudaStream_t stream) {
+template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
+void launch_persistent_config(const Params& p, const ResolvedVariant& variant, const PersistentLaunch& launch,
+                              cudaStream_t stream) {
   constexpr int HEAD_DIM = Traits::HEAD_DIM;
   TESSERA_CHECK(launch.work.heads_per_cta >= 1 && p.num_kv_heads % launch.work.heads_per_cta == 0 &&
                     (Traits::kWarpSpecialized || launch.work.heads_per_cta == 1),
@@ -126,15 +129,15 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
   const dim3 grid(static_cast<unsigned>(launch.grid_cols),
                   static_cast<unsigned>(p.num_kv_heads / launch.work.heads_per_cta));
   if (variant.is_default) {
-    auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler,
-                                                    kernels::AttentionParams<T>>;
+    auto kernel =
+        kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, Params>;
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
     kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
     TESSERA_CHECK_LAUNCH();
   } else {
     const VariantKernelRequest request = persistent_variant_request<Traits, kFormat>();
     CUfunction fn = variant_kernel(variant, request);
-    kernels::AttentionParams<T> params = p;
+    Params params = p;
     kernels::VariantParams vp = variant.params;
     kernels::PlannedWork work = launch.work;
     void* args[] = {&params, &vp, &work};
@@ -153,43 +156,49 @@ void launch_persistent_config(const kernels::AttentionParams<T>& p, const Resolv
     dependent.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &dependent;
     config.numAttrs = current_device_has_dependent_launch() ? 1 : 0;
-    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<kernels::AttentionParams<T>, kFormat>,
+    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<Params, kFormat>,
                                           p, launch.work, static_cast<int>(Traits::CTA_TILE_Q), HEAD_DIM))
         << " (contraction of the plan/run runtime)";
   }
 }
 
-/// Calls f(ConfigTag<Config>{}, FormatTag<format>{}) for the table's configuration of (T, HEAD_DIM,
-/// q_tile) and `format`; a configuration or format the table lacks is an error.
-template <typename T, int HEAD_DIM, typename F>
+/// Calls f(ConfigTag<Traits>{}, FormatTag<format>{}) with the traits of the table's configuration
+/// of (T, HEAD_DIM, q_tile) for K/V stored as KVT, and `format`; a configuration, KV storage or
+/// format the table lacks is an error.
+template <typename T, typename KVT, int HEAD_DIM, typename F>
 void with_prefill_config(QTile q_tile, kernels::KVFormatKind format, F&& f) {
   PrefillTiles<T, HEAD_DIM>::with_q_tile(q_tile, [&](auto config_tag) {
     using Config = typename decltype(config_tag)::type;
-    if constexpr (Config::Traits::kWgmma) {
-      TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kInternal)
-          << "the wgmma prefill configuration was chosen on a device without it";
+    if constexpr ((Config::kKVStorages & kv_storage_bit(kv_storage_of<KVT, T>())) != 0) {
+      using Traits = typename Config::template TraitsFor<KVT>;
+      if constexpr (Traits::kWgmma) {
+        TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kInternal)
+            << "the wgmma prefill configuration was chosen on a device without it";
+      }
+      with_config_format<Config>(format, "prefill", [&](auto format_tag) { f(ConfigTag<Traits>{}, format_tag); });
+    } else {
+      fail_no_prefill_config(HEAD_DIM, q_tile, cuda_type_name<KVT>());
     }
-    with_config_format<Config>(format, "prefill", [&](auto format_tag) { f(config_tag, format_tag); });
   });
 }
 
-template <typename T, int HEAD_DIM>
-void launch_persistent_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+template <typename T, typename KVT, int HEAD_DIM>
+void launch_persistent_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
                                 kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
                                 cudaStream_t stream) {
-  with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
-    using Traits = typename decltype(config_tag)::type::Traits;
+  with_prefill_config<T, KVT, HEAD_DIM>(q_tile, format, [&](auto traits_tag, auto format_tag) {
+    using Traits = typename decltype(traits_tag)::type;
     launch_persistent_config<Traits, decltype(format_tag)::value>(p, variant, launch, stream);
   });
 }
 
-template <typename T, int HEAD_DIM>
+template <typename T, typename KVT, int HEAD_DIM>
 int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   int ctas = 0;
-  with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
-    using Traits = typename decltype(config_tag)::type::Traits;
+  with_prefill_config<T, KVT, HEAD_DIM>(q_tile, format, [&](auto traits_tag, auto format_tag) {
+    using Traits = typename decltype(traits_tag)::type;
     auto kernel = kernels::attention_prefill_kernel<Traits, decltype(format_tag)::value, kernels::DefaultVariant,
-                                                    kernels::PlannedScheduler, kernels::AttentionParams<T>>;
+                                                    kernels::PlannedScheduler, kernels::AttentionParams<T, KVT>>;
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
     TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
                                                                      Traits::kSmemBytes))
@@ -198,11 +207,11 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   return ctas;
 }
 
-template <typename T, int HEAD_DIM>
-void launch_prefill_head_dim(const kernels::AttentionParams<T>& p, const ResolvedVariant& variant,
+template <typename T, typename KVT, int HEAD_DIM>
+void launch_prefill_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream) {
-  with_prefill_config<T, HEAD_DIM>(q_tile, format, [&](auto config_tag, auto format_tag) {
-    using Traits = typename decltype(config_tag)::type::Traits;
+  with_prefill_config<T, KVT, HEAD_DIM>(q_tile, format, [&](auto traits_tag, auto format_tag) {
+    using Traits = typename decltype(traits_tag)::type;
     launch_prefill_config<Traits, decltype(format_tag)::value>(p, variant, max_qo_len, stream);
   });
 }

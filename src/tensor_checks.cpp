@@ -1,9 +1,13 @@
 #include "src/tensor_checks.h"
 
+#include <cmath>
+#include <string>
+#include <utility>
 #include <cstdint>
 
 #include "src/check.h"
 #include "tessera/error.h"
+#include "tessera/validate.h"
 
 namespace tessera {
 namespace detail {
@@ -89,6 +93,38 @@ void check_vector_aligned(const TensorView& t, const char* name) {
       throw_error(StatusCode::kInvalidArgument, std::string(name) + ".strides[" + std::to_string(d) + "] = " + std::to_string(t.strides[d]) +
                     ", expected a multiple of " + std::to_string(vec) + " elements (16 bytes)");
     }
+  }
+}
+
+void check_kv_scales(const KVScales& scales, const char* name, DType kv_dtype, int64_t num_kv_heads,
+                     const Device& device) {
+  if (!is_fp8(kv_dtype)) {
+    TESSERA_CHECK_ARG(scales.is_identity())
+        << name << ": scales apply to fp8 (e4m3, e5m2) KV caches only; this cache is " << dtype_name(kv_dtype)
+        << " (leave " << name << " at its defaults: k = v = 1, no device tensors)";
+    return;
+  }
+  for (const auto& [factor, which] : {std::pair<double, const char*>{scales.k, "k"}, {scales.v, "v"}}) {
+    TESSERA_CHECK_ARG(std::isfinite(factor) && factor > 0.0 && std::isfinite(static_cast<float>(factor)) &&
+                      static_cast<float>(factor) > 0.0f)
+        << name << "." << which << " = " << factor << ", expected a finite scale > 0 (representable as f32)";
+  }
+  for (const auto& [t, which] : {std::pair<const TensorView&, const char*>{scales.k_device, "k_device"},
+                                 {scales.v_device, "v_device"}}) {
+    if (!t.defined()) continue;
+    const std::string tname = std::string(name) + "." + which;
+    check_view(t, tname);
+    check_dtype(t, tname.c_str(), {DType::kF32});
+    check_on_cuda(t, tname.c_str());
+    TESSERA_CHECK_ARG(t.device == device)
+        << tname << " is on " << to_string(t.device) << ", expected the KV cache's device " << to_string(device);
+    TESSERA_CHECK_ARG(t.ndim <= 1) << tname << ".ndim = " << t.ndim << ", expected 0 or 1 ([], [1] or [H_kv])";
+    const int64_t n = t.numel();
+    TESSERA_CHECK_ARG(n == 1 || n == num_kv_heads)
+        << tname << " has " << n << " elements, expected 1 (per tensor) or num_kv_heads = " << num_kv_heads
+        << " (per KV head)";
+    TESSERA_CHECK_ARG(t.ndim == 0 || t.strides[0] == 1 || n == 1)
+        << tname << ".strides[0] = " << t.strides[0] << ", expected 1";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/formats.h"
 #include "tessera/tensor.h"
 
 namespace tessera {
@@ -33,6 +34,14 @@ void check_view(const TensorView& t, const std::string& name);
 /// The kernels move data in 16-byte vectors: the data pointer must be 16-byte aligned and every
 /// stride but the last a multiple of 16 bytes; the last dimension's size too.
 void check_vector_aligned(const TensorView& t, const char* name);
+
+/// The scales of a KV cache of dtype kv_dtype with num_kv_heads heads on `device`: for f16/bf16
+/// (and f32) caches the defaults only; for fp8 host factors finite and > 0, device tensors f32 on
+/// `device`, contiguous, with 1 or num_kv_heads elements ([], [1] or [H_kv]). `name` prefixes the
+/// messages ("options.kv_scales"). Device values are not read (a graph may change them later);
+/// the kernels use whatever they hold.
+void check_kv_scales(const KVScales& scales, const char* name, DType kv_dtype, int64_t num_kv_heads,
+                     const Device& device);
 
 // Defined in src/validation.cpp, next to the validators whose element-by-element checks they are.
 

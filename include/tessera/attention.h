@@ -3,8 +3,10 @@
 // block-sparse KV.
 //
 // Common conventions
-// - Tensors are TensorViews on the current CUDA device; q, k, v, o are f16 or bf16 (q, k, v the
-//   same dtype; o the same as q), any strides with a contiguous last dimension and 16-byte
+// - Tensors are TensorViews on the current CUDA device; q and o are f16 or bf16 (the same
+//   dtype), k and v q's dtype or, for head dims 64, 128 and 256, fp8 e4m3 / e5m2 (both the same;
+//   dequantized with options.kv_scales; decode then runs on tensor cores and prefill on the
+//   mma.sync tiles on every GPU); any strides with a contiguous last dimension and 16-byte
 //   aligned rows. Index arrays are i32, contiguous, in device memory.
 // - Heads: num_qo_heads % num_kv_heads == 0; query head h reads KV head h / (Hq / Hkv) (GQA; MQA
 //   when Hkv == 1). head_dim (D) is one of kSupportedHeadDims (tessera/head_dims.h, generated
@@ -36,6 +38,9 @@ struct AttentionOptions {
   /// Built-in and user variants (tessera/variant.h); the default runs the prebuilt kernels, any
   /// other is compiled just in time on first use.
   VariantOptions variant;
+  /// Dequantization scales of an fp8 (e4m3, e5m2) K/V (tessera/formats.h): K and V elements are
+  /// read as x * scale. Defaults only for f16/bf16 K/V.
+  KVScales kv_scales;
 };
 
 /// Kernel family chosen for a decode call (exposed for tests and benchmarks).

@@ -39,4 +39,7 @@ TESSERA_API const char* dtype_name(DType t);
 /// True for the 16-bit floating types attention inputs may use (f16, bf16).
 constexpr bool is_half_precision(DType t) { return t == DType::kF16 || t == DType::kBF16; }
 
+/// True for the 8-bit floating types a KV cache may be stored in (e4m3, e5m2).
+constexpr bool is_fp8(DType t) { return t == DType::kE4M3 || t == DType::kE5M2; }
+
 }  // namespace tessera

@@ -20,6 +20,19 @@ enum class Layout : int32_t {
 };
 TESSERA_API const char* layout_name(Layout layout);
 
+/// Dequantization scales of an fp8 (e4m3 or e5m2) KV cache: a stored element x stands for
+/// x * scale. The scale of K (resp. V) is `k` (`v`) times, when given, the f32 device tensor
+/// `k_device` (`v_device`): one element ([] or [1], per tensor) or one per KV head ([H_kv]). Device
+/// scales are read by the kernels when they run, so a captured CUDA Graph replays with the values
+/// the tensor holds at replay time. f16/bf16 caches take no scales (all defaults).
+struct KVScales {
+  double k = 1.0;        ///< host factor of K's scale: finite, > 0
+  double v = 1.0;        ///< host factor of V's scale: finite, > 0
+  TensorView k_device;   ///< optional f32 [] / [1] / [H_kv] on the KV's device, each finite and > 0
+  TensorView v_device;   ///< optional, as k_device
+  bool is_identity() const { return k == 1.0 && v == 1.0 && !k_device.defined() && !v_device.defined(); }
+};
+
 /// A packed ("ragged") batch: request b owns rows indptr[b] .. indptr[b+1]-1 of `data`.
 struct Ragged {
   TensorView data;    ///< [total_rows, num_heads, head_dim]; any strides, last dim contiguous

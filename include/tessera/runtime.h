@@ -64,6 +64,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "tessera/export.h"
 #include "tessera/attention.h"
@@ -108,7 +109,9 @@ struct RuntimeOptions {
                                    ///< overlap with other kernels
   QueryTile q_tile = QueryTile::kAuto;  ///< with cuda_graph, kAuto is resolved at construction
                                         ///< from the bounds
-  DType dtype = DType::kBF16;      ///< with cuda_graph: the dtype of q, k, v, o (fixed)
+  DType dtype = DType::kBF16;      ///< with cuda_graph: the dtype of q and o (fixed)
+  /// With cuda_graph: the dtype of k and v (fixed); unset: dtype. e4m3 / e5m2 for an fp8 cache.
+  std::optional<DType> kv_dtype;
 };
 
 /// What a plan needs besides its index arrays.
@@ -116,7 +119,10 @@ struct PlanShape {
   int64_t num_qo_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  DType dtype = DType::kBF16;   ///< of q, k, v and o
+  DType dtype = DType::kBF16;   ///< of q and o (f16 or bf16)
+  /// Of k and v: unset means dtype; e4m3 / e5m2 for an fp8 cache (head dims 64, 128, 256; the
+  /// mma.sync tiles dequantize it with attention.kv_scales, on every GPU).
+  std::optional<DType> kv_dtype;
   /// sm_scale, causal and the variant: the built-in softmax variants (window_left,
   /// num_sink_tokens, logits_soft_cap, alibi_slopes, rope) are supported, JIT-compiled on first
   /// use; sigmoid, custom masks and user variants are kUnsupported here (split chunks are merged

@@ -10,17 +10,11 @@
 // reads its format's sub-struct only, and the host leaves the others zero.
 #pragma once
 
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/platform.cuh"
 
 namespace tessera {
 namespace kernels {
-
-/// True when A and B are the same type (the kernels' static_asserts on AttentionParams' element
-/// types; NVRTC compiles these headers, so no host <type_traits>).
-template <typename A, typename B>
-inline constexpr bool kSameType = false;
-template <typename A>
-inline constexpr bool kSameType<A, A> = true;
 
 enum class KVFormatKind : int {
   kRagged = 0,       // RaggedKVParams: request b owns a range of rows of k/v (dense: one request)
@@ -119,6 +113,10 @@ struct AttentionParams {
   QueryTensor<QT> q;
   KVTensors<KVT> kv;
   OutputTensor<OT> o;
+  // fp8 KV only (KVT e4m3 or e5m2): a stored element x of KV head h stands for x *
+  // kv_scales.k_scale(h) (resp. v_scale); the kernels dequantize K/V tiles with it. Zero for
+  // 16-bit KV, whose kernels never read it.
+  KVScaleParams kv_scales;
 
   // The query rows of each request, for ragged and paged KV (block-sparse KV: its block rows).
   const IdT* qo_indptr;  // [batch_size + 1] row offsets: request b owns rows qo_indptr[b] .. qo_indptr[b+1]-1;

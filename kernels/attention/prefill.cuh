@@ -45,7 +45,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
                                  const typename Mainloop::Source& kv, T* q_tile) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   using Applier = VariantApplier<Traits, kFormat, Variant, Params>;
-  using PT = typename Params::KVType;  // P's element type: P V multiplies P by V in V's type
+  using PT = typename Traits::DType;  // P's element type: P V multiplies P by V as the MMAs read it
   using Softmax = TileSoftmax<Traits, Variant::kUseSoftmax, Applier::kMayUseZeroReference, Applier::kSplitKeyBias>;
   const Applier applier(p, vp, w, c);
   Softmax softmax(applier.zero_reference);
@@ -157,11 +157,11 @@ TESSERA_DEVICE void attention_tile(const Params& p, const VariantParams& vp, con
 template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename Params>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 attention_prefill_kernel(const Params p, const VariantParams vp, const typename Scheduler<Traits>::Arguments args) {
-  // One element type in the tiles: Q K^T multiplies Q and K as they are in memory (mixed types
-  // would need a conversion on the way into shared memory).
+  // One element type in the tiles: Q K^T multiplies Q and K as the tiles hold them, q as it is in
+  // memory and k/v as stored or (fp8) dequantized on the way (Traits::KVStorage).
   static_assert(kSameType<typename Params::QType, typename Traits::DType> &&
-                    kSameType<typename Params::KVType, typename Traits::DType>,
-                "the prefill kernel needs q and k/v of the tile's element type (Traits::DType)");
+                    kSameType<typename Params::KVType, typename Traits::KVStorage>,
+                "the prefill kernel needs q of the tile's element type and k/v of its storage type");
   static_assert(kInt32Indices<Params>, "the prefill kernel takes int32 index arrays (int32 KV positions)");
   extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of the tiles
   Scheduler<Traits>::on_launch();

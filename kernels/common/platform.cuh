@@ -35,6 +35,13 @@ struct BoolConstant {
   static constexpr bool value = kValue;
 };
 
+/// True when A and B are the same type (static_asserts on element types; NVRTC compiles these
+/// headers, so no host <type_traits>).
+template <typename A, typename B>
+inline constexpr bool kSameType = false;
+template <typename A>
+inline constexpr bool kSameType<A, A> = true;
+
 template <typename T>
 TESSERA_HOST_DEVICE constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;

@@ -1,19 +1,32 @@
-// Appending new K/V rows of a ragged batch to a paged KV cache. Memory bound: each thread copies
-// one 16-byte vector of K and the matching vector of V for one (row, head). The target slot of a
-// row comes from the page table, which the host describes as it will be AFTER the append.
+// Appending new K/V rows of a ragged batch to a paged KV cache. Memory bound: each thread writes
+// one 16-byte vector of the cache for K and the matching one for V, of one (row, head). The target
+// slot of a row comes from the page table, which the host describes as it will be AFTER the append.
+//
+// Same-dtype caches (f16, bf16, f32) get a copy: one 16-byte load and store per tensor. An fp8
+// cache (e4m3, e5m2) takes f16/bf16 rows and stores x / scale rounded to nearest and saturated to
+// the largest finite fp8 value: a thread reads 16 elements (two 16-byte vectors) and writes them as
+// one 16-byte fp8 vector.
 #pragma once
 
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/vec.cuh"
 
 namespace tessera {
 namespace kernels {
 
-template <typename T>
+/// In: the appended rows' element type; Cache: the cache's (In for a copy, fp8 when quantizing).
+template <typename In, typename Cache = In>
 struct AppendTraits {
-  static constexpr int kVecElems = vec_elems<T>();
+  static constexpr bool kQuantize = IsFp8<Cache>::value;
+  /// Elements per thread and tensor: one 16-byte vector of the cache (16 fp8, 8 f16/bf16, 4 f32).
+  static constexpr int kVecElems = vec_elems<Cache>();
+  /// 16-byte vectors of the appended rows those elements take (2 for f16/bf16 into fp8, else 1).
+  static constexpr int kLoads = kVecElems / vec_elems<In>();
   static constexpr int kThreadsPerBlock = 256;
-  static_assert(kVecElems * sizeof(T) == kVecBytes, "one 16-byte vector per thread and tensor");
+  static_assert(kQuantize ? sizeof(In) == 2 : kSameType<In, Cache>,
+                "a copy into a cache of the rows' dtype, or f16/bf16 rows quantized into fp8");
+  static_assert(kLoads * vec_elems<In>() == kVecElems, "whole 16-byte vectors of the rows");
   static_assert(kThreadsPerBlock % kWarpSize == 0, "whole warps");
 };
 
@@ -38,15 +51,16 @@ struct PagedCacheDesc {
 /// the request's length), or explicitly from per-row arrays (FlashInfer's convention).
 enum class AppendTargetMode { kFromIndptr, kExplicit };
 
-template <typename T>
+template <typename In, typename Cache = In>
 struct AppendParams {
-  const T* append_k;  // [nnz, H, D]
-  const T* append_v;  // [nnz, H, D]
+  const In* append_k;  // [nnz, H, D]
+  const In* append_v;  // [nnz, H, D]
   int64_t k_row_stride, k_head_stride, v_row_stride, v_head_stride;
   const int32_t* append_indptr;  // [batch + 1] (kFromIndptr)
   const int32_t* batch_indices;  // [nnz] (kExplicit)
   const int32_t* positions;      // [nnz] (kExplicit)
-  PagedCacheDesc<T> cache;
+  PagedCacheDesc<Cache> cache;
+  KVScaleParams scales;  // read by fp8 caches only (a copy has no scale)
   int32_t nnz;
   int32_t num_heads;
   int32_t head_dim;
@@ -70,45 +84,99 @@ TESSERA_DEVICE int32_t find_request(const int32_t* indptr, int32_t batch_size, i
   return lo;
 }
 
-template <typename T, AppendTargetMode kMode>
-__global__ void __launch_bounds__(AppendTraits<T>::kThreadsPerBlock)
-append_paged_kv_cache_kernel(const AppendParams<T> p) {
-  constexpr int N = AppendTraits<T>::kVecElems;
-  const PagedCacheDesc<T>& c = p.cache;
-  const int vecs_per_row = p.num_heads * (p.head_dim / N);
+/// The page and slot that appended row `row` goes to; false when the row is to be skipped. The
+/// one place that decides, for every (row dtype, cache dtype).
+template <AppendTargetMode kMode, typename In, typename Cache>
+TESSERA_DEVICE bool append_target_slot(const AppendParams<In, Cache>& p, int32_t row, int32_t& page, int64_t& slot) {
+  const PagedCacheDesc<Cache>& c = p.cache;
+  int32_t b;
+  int64_t pos;
+  if (kMode == AppendTargetMode::kFromIndptr) {
+    b = find_request(p.append_indptr, c.batch_size, row);
+    if (b < 0) return false;
+    const int64_t append_len = p.append_indptr[b + 1] - p.append_indptr[b];
+    pos = paged_kv_len(c, b) - append_len + (row - p.append_indptr[b]);
+  } else {
+    b = p.batch_indices[row];
+    if (b < 0 || b >= c.batch_size) return false;
+    pos = p.positions[row];
+  }
+  // Skip rather than write out of bounds when the index arrays disagree (docs/design.md §4).
+  if (pos < 0 || pos >= paged_kv_len(c, b)) return false;
+  const int64_t page_entry = c.page_indptr[b] + pos / c.page_size;
+  if (page_entry < 0 || page_entry >= c.num_indices) return false;
+  page = c.page_indices[page_entry];
+  if (page < 0 || page >= c.num_pages) return false;
+  slot = pos % c.page_size;
+  return true;
+}
+
+/// 16 f16/bf16 elements (in[0]: elements 0-7, in[1]: 8-15) times inv_scale, rounded to nearest
+/// and saturated to the largest finite F8, as one 16-byte vector (element 0 in the lowest byte,
+/// the order dequantize_vec16 reads).
+template <typename F8, typename In>
+TESSERA_DEVICE uint4 quantize_vec16(const Vec<In> (&in)[2], float inv_scale) {
+  static_assert(IsFp8<F8>::value && sizeof(In) == 2, "f16 or bf16 into fp8");
+  uint32_t words[4];  // [4]: elements 4w .. 4w+3, the lowest byte first
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 4 * w + 2 * h;  // element index in the 16
+      const uint16_t pair = float2_to_fp8x2<F8>(to_float(in[e / 8].data[e % 8]) * inv_scale,
+                                                to_float(in[e / 8].data[e % 8 + 1]) * inv_scale);
+      word |= static_cast<uint32_t>(pair) << (16 * h);
+    }
+    words[w] = word;
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+template <typename In, typename Cache, AppendTargetMode kMode>
+__global__ void __launch_bounds__(AppendTraits<In, Cache>::kThreadsPerBlock)
+append_paged_kv_cache_kernel(const AppendParams<In, Cache> p) {
+  using Traits = AppendTraits<In, Cache>;
+  constexpr int N = Traits::kVecElems;
+  const PagedCacheDesc<Cache>& c = p.cache;
+  const int vecs_per_head = p.head_dim / N;
+  const int vecs_per_row = p.num_heads * vecs_per_head;
   const int64_t total = static_cast<int64_t>(p.nnz) * vecs_per_row;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t row = static_cast<int32_t>(t / vecs_per_row);
     const int within = static_cast<int>(t % vecs_per_row);
-    const int head = within / (p.head_dim / N);
-    const int d = (within % (p.head_dim / N)) * N;
+    const int head = within / vecs_per_head;
+    const int d = (within % vecs_per_head) * N;
 
-    int32_t b;
-    int64_t pos;
-    if (kMode == AppendTargetMode::kFromIndptr) {
-      b = find_request(p.append_indptr, c.batch_size, row);
-      if (b < 0) continue;
-      const int64_t append_len = p.append_indptr[b + 1] - p.append_indptr[b];
-      pos = paged_kv_len(c, b) - append_len + (row - p.append_indptr[b]);
-    } else {
-      b = p.batch_indices[row];
-      if (b < 0 || b >= c.batch_size) continue;
-      pos = p.positions[row];
+    // x / scale as x times the reciprocal: one division per thread rather than per element, and
+    // the (device) scales read before the page-table lookups so their latencies overlap.
+    float k_inv_scale = 1.0f, v_inv_scale = 1.0f;
+    if constexpr (Traits::kQuantize) {
+      k_inv_scale = 1.0f / p.scales.k_scale(head);
+      v_inv_scale = 1.0f / p.scales.v_scale(head);
     }
-    // Skip rather than write out of bounds when the index arrays disagree (docs/design.md §4).
-    if (pos < 0 || pos >= paged_kv_len(c, b)) continue;
-    const int64_t page_entry = c.page_indptr[b] + pos / c.page_size;
-    if (page_entry < 0 || page_entry >= c.num_indices) continue;
-    const int32_t page = c.page_indices[page_entry];
-    if (page < 0 || page >= c.num_pages) continue;
-    const int64_t slot = pos % c.page_size;
+    int32_t page;
+    int64_t slot;
+    if (!append_target_slot<kMode>(p, row, page, slot)) continue;
 
-    Vec<T> k, v;  // [N] each
-    k.load_stream(p.append_k + row * p.k_row_stride + head * p.k_head_stride + d);
-    v.load_stream(p.append_v + row * p.v_row_stride + head * p.v_head_stride + d);
-    k.store(c.k + page * c.k_page_stride + slot * c.k_slot_stride + head * c.k_head_stride + d);
-    v.store(c.v + page * c.v_page_stride + slot * c.v_slot_stride + head * c.v_head_stride + d);
+    Vec<In> k[Traits::kLoads], v[Traits::kLoads];  // [kLoads] each: N consecutive elements
+    const In* k_src = p.append_k + row * p.k_row_stride + head * p.k_head_stride + d;
+    const In* v_src = p.append_v + row * p.v_row_stride + head * p.v_head_stride + d;
+#pragma unroll
+    for (int i = 0; i < Traits::kLoads; ++i) {
+      k[i].load_stream(k_src + i * Vec<In>::kElems);
+      v[i].load_stream(v_src + i * Vec<In>::kElems);
+    }
+    Cache* k_dst = c.k + page * c.k_page_stride + slot * c.k_slot_stride + head * c.k_head_stride + d;
+    Cache* v_dst = c.v + page * c.v_page_stride + slot * c.v_slot_stride + head * c.v_head_stride + d;
+    if constexpr (Traits::kQuantize) {
+      *reinterpret_cast<uint4*>(k_dst) = quantize_vec16<Cache>(k, k_inv_scale);
+      *reinterpret_cast<uint4*>(v_dst) = quantize_vec16<Cache>(v, v_inv_scale);
+    } else {
+      k[0].store(k_dst);
+      v[0].store(v_dst);
+    }
   }
 }
 

@@ -37,8 +37,24 @@ struct ConfigTag {
 
 constexpr uint32_t format_bit(kernels::KVFormatKind format) { return 1u << static_cast<int>(format); }
 
+/// How a prefill configuration's K/V are stored (the table's kv column): as its operands' dtype,
+/// or as fp8 that its mainloop dequantizes.
+enum class KVStorage { kSame = 0, kE4M3 = 1, kE5M2 = 2 };
+constexpr uint32_t kv_storage_bit(KVStorage kv) { return 1u << static_cast<int>(kv); }
+/// The KVStorage of K/V elements of type KVT under operands of type T.
+template <typename KVT, typename T>
+constexpr KVStorage kv_storage_of() {
+  static_assert(std::is_same<KVT, T>::value || std::is_same<KVT, __nv_fp8_e4m3>::value ||
+                    std::is_same<KVT, __nv_fp8_e5m2>::value,
+                "K/V of the operands' type or fp8");
+  return std::is_same<KVT, __nv_fp8_e4m3>::value   ? KVStorage::kE4M3
+         : std::is_same<KVT, __nv_fp8_e5m2>::value ? KVStorage::kE5M2
+                                                   : KVStorage::kSame;
+}
+
 [[noreturn]] void fail_unsupported_head_dim(const char* family, int head_dim, const char* supported);
-[[noreturn]] void fail_no_prefill_config(int head_dim, QTile q_tile);
+/// kv_type: K/V's element type name when they are not stored as the operands' (fp8), else nullptr.
+[[noreturn]] void fail_no_prefill_config(int head_dim, QTile q_tile, const char* kv_type = nullptr);
 [[noreturn]] void fail_unsupported_format(const char* family, int head_dim, kernels::KVFormatKind format);
 
 template <kernels::KVFormatKind kFormat>

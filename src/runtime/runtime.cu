@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "src/runtime/device_errors.h"
 #include "src/runtime/planner.h"
 #include "src/tensor_checks.h"
+#include "src/variant/jit_variant.h"
 #include "tessera/runtime.h"
 
 namespace tessera {
@@ -109,13 +111,13 @@ int kv_tile_rows(int head_dim, QTile t) {
 
 /// CTAs of the persistent kernel per SM, from the occupancy API once per (device, dtype, head
 /// dim, format, tile): plan() asks on every call.
-int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
+int ctas_per_sm(DType dtype, DType kv_dtype, int head_dim, KVFormatKind format, QTile t) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int, int, int>, int> cache;
+  static std::map<std::tuple<int, int, int, int, int, int>, int> cache;
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
-  const auto key = std::make_tuple(device, static_cast<int>(dtype), head_dim, static_cast<int>(format),
-                                   static_cast<int>(t));
+  const auto key = std::make_tuple(device, static_cast<int>(dtype), static_cast<int>(kv_dtype), head_dim,
+                                   static_cast<int>(format), static_cast<int>(t));
   {
     std::lock_guard<std::mutex> lock(mutex);
     const auto it = cache.find(key);
@@ -123,8 +125,15 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   }
   int result = 0;
   TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
-    with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
-      result = persistent_ctas_per_sm<T, decltype(head_dim_tag)::value>(format, t);
+    TESSERA_DISPATCH_KV_DTYPE(kv_dtype, T, "kv_dtype", KVT, [&] {
+      with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
+        constexpr int kHeadDim = decltype(head_dim_tag)::value;
+        if constexpr (has_prefill_kv_storage(kHeadDim, kv_storage_of<KVT, T>())) {
+          result = persistent_ctas_per_sm<T, KVT, kHeadDim>(format, t);
+        } else {
+          fail_no_prefill_config(kHeadDim, t, cuda_type_name<KVT>());  // plan() checks first
+        }
+      });
     });
   });
   TESSERA_CHECK(result >= 1, StatusCode::kInternal) << "the persistent kernel does not fit an SM (head_dim "
@@ -134,14 +143,32 @@ int ctas_per_sm(DType dtype, int head_dim, KVFormatKind format, QTile t) {
   return result;
 }
 
-QTile to_qtile(QueryTile t, int head_dim) {
-  TESSERA_CHECK_ARG(t != QueryTile::k128 || q_tile_128(head_dim) != QTile::k64)
+/// The KVStorage of a validated K/V dtype under q's.
+KVStorage kv_storage(DType kv_dtype, DType dtype) {
+  return kv_dtype == dtype ? KVStorage::kSame : kv_dtype == DType::kE4M3 ? KVStorage::kE4M3 : KVStorage::kE5M2;
+}
+
+/// K/V's dtype: `kv_dtype` when set, else q's.
+DType resolved_kv_dtype(const std::optional<DType>& kv_dtype, DType dtype) { return kv_dtype.value_or(dtype); }
+
+/// A K/V dtype for q's `dtype` and head_dim: the same, or fp8 where the table builds it.
+void check_kv_dtype(DType kv_dtype, DType dtype, int64_t head_dim, const char* name) {
+  TESSERA_CHECK_ARG(kv_dtype == dtype || is_fp8(kv_dtype))
+      << name << " = " << kv_dtype << ", expected " << dtype << " (the dtype of q) or e4m3 / e5m2";
+  TESSERA_CHECK(kv_dtype == dtype || has_prefill_kv_storage(static_cast<int>(head_dim), kv_storage(kv_dtype, dtype)),
+                StatusCode::kUnsupported)
+      << name << " = " << kv_dtype << ": fp8 K/V is not built for head_dim " << head_dim
+      << " (src/config/attention_configs.txt lists the head dims: 64, 128, 256)";
+}
+
+QTile to_qtile(QueryTile t, int head_dim, KVStorage kv) {
+  TESSERA_CHECK_ARG(t != QueryTile::k128 || q_tile_128(head_dim, kv) != QTile::k64)
       << "options.q_tile = 128 with head_dim " << head_dim << ", expected 16 or 64 (no 128-row tile at head_dim "
       << head_dim << ")";
   switch (t) {
     case QueryTile::k16: return QTile::k16;
     case QueryTile::k64: return QTile::k64;
-    case QueryTile::k128: return q_tile_128(head_dim);
+    case QueryTile::k128: return q_tile_128(head_dim, kv);
     case QueryTile::kAuto: break;
   }
   TESSERA_FAIL(StatusCode::kInternal) << "unresolved query tile";
@@ -233,7 +260,7 @@ class AttentionRuntime {
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
       const int head_dim = static_cast<int>(bounds_.head_dim);
-      graph_grid_ = grid_shape(ctas_per_sm(options_.dtype, head_dim, format_, graph_tile_),
+      graph_grid_ = grid_shape(ctas_per_sm(options_.dtype, graph_kv_dtype(), head_dim, format_, graph_tile_),
                                static_cast<int>(bounds_.num_kv_heads), graph_tile_);
     }
   }
@@ -260,6 +287,11 @@ class AttentionRuntime {
     const HeadConfig heads = check_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim);
     TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16)
         << "shape.dtype = " << shape.dtype << ", expected f16 or bf16";
+    const DType kv_dtype = resolved_kv_dtype(shape.kv_dtype, shape.dtype);
+    check_kv_dtype(kv_dtype, shape.dtype, shape.head_dim, "shape.kv_dtype");
+    check_kv_scales(shape.attention.kv_scales, "shape.attention.kv_scales", kv_dtype, shape.num_kv_heads,
+                    Device::cuda(device_));
+    const KVStorage kv = kv_storage(kv_dtype, shape.dtype);
     TESSERA_CHECK_ARG(batch <= bounds_.max_batch_size)
         << "batch size " << batch << " exceeds bounds.max_batch_size = " << bounds_.max_batch_size;
     const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
@@ -286,23 +318,23 @@ class AttentionRuntime {
     QTile q_tile = graph_tile_;
     if (!options_.cuda_graph) {
       if (options_.q_tile != QueryTile::kAuto) {
-        q_tile = to_qtile(options_.q_tile, head_dim);
+        q_tile = to_qtile(options_.q_tile, head_dim, kv);
       } else {
         const double avg_rows = batch > 0 ? static_cast<double>(total_qo) / static_cast<double>(batch) : 1.0;
         if (options_.split_kv == SplitKV::kAuto) {
           int64_t pairs_at_16 = 0;
           for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
           q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * heads.num_kv_heads,
-                                          sm_budget(options_));
+                                          sm_budget(options_), kv);
         } else {
           // kFixed / kNone promise a request the same bits in any batch: the tile (hence the
           // KV tile width and the accumulation order) must not depend on the batch's size.
-          q_tile = choose_q_tile(head_dim, avg_rows * group);
+          q_tile = choose_q_tile(head_dim, avg_rows * group, kv);
         }
       }
     }
     const GridShape grid = options_.cuda_graph ? graph_grid_
-                                               : grid_shape(ctas_per_sm(shape.dtype, head_dim, format_, q_tile),
+                                               : grid_shape(ctas_per_sm(shape.dtype, kv_dtype, head_dim, format_, q_tile),
                                                             static_cast<int>(heads.num_kv_heads), q_tile);
     const int cols = grid.cols;
 
@@ -373,6 +405,7 @@ class AttentionRuntime {
     plan_stream_ = s;
     kv_indptr_host_ = in.kv_indptr;
     shape_ = shape;
+    kv_dtype_ = kv_dtype;
     variant_ = variant;
     q_tile_ = q_tile;
     batch_ = batch;
@@ -426,13 +459,14 @@ class AttentionRuntime {
   int64_t num_rows() const { return num_rows_; }
   int64_t block_rows() const { return block_rows_; }
   const PlanShape& shape() const { return shape_; }
+  DType kv_dtype() const { return kv_dtype_; }  // of the last plan
   const PlanInfo& info() const { return info_; }
 
   /// Builds the query part of the kernel parameters from run()'s tensors and the plan.
-  template <typename T>
-  kernels::AttentionParams<T> query_part(const TensorView& q, const TensorView& o, const TensorView& lse) const {
+  template <typename T, typename KVT>
+  kernels::AttentionParams<T, KVT> query_part(const TensorView& q, const TensorView& o, const TensorView& lse) const {
     const HeadConfig heads{shape_.num_qo_heads, shape_.num_kv_heads, shape_.head_dim};
-    kernels::AttentionParams<T> p = query_params<T>(q, o, lse, heads, shape_.attention);
+    kernels::AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, shape_.attention);
     p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.qo_indptr);
     // The plan's KV ranges per request: rows (ragged), pages (paged) or column blocks (block-sparse).
     const int32_t* kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
@@ -454,8 +488,8 @@ class AttentionRuntime {
   /// run, and records the run's completion. `ids` (paged and block-sparse runs): the index array
   /// run() was given, checked on the host first or, inside a capture, by a captured device check
   /// (check_run_ids_on_host, enqueue_run_ids_check).
-  template <typename T>
-  void launch(const kernels::AttentionParams<T>& p, const RunIds* ids, StreamHandle stream) {
+  template <typename T, typename KVT>
+  void launch(const kernels::AttentionParams<T, KVT>& p, const RunIds* ids, StreamHandle stream) {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
@@ -472,7 +506,7 @@ class AttentionRuntime {
       if (s != plan_stream_) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, 0));
       wait_for_last_run(s);
     }
-    launch_kernels<T>(p, s);
+    launch_kernels(p, s);
     if (capturing) {
       // Recorded by every replay (an external event record node), so that the next plan() and
       // run() wait for the latest replay.
@@ -534,8 +568,8 @@ class AttentionRuntime {
         c, ids.increasing ? DeviceCheckSite::kRuntimeColumnBlocks : DeviceCheckSite::kRuntimePageIds, stream);
   }
 
-  template <typename T>
-  void launch_kernels(const kernels::AttentionParams<T>& p, cudaStream_t s) {
+  template <typename T, typename KVT>
+  void launch_kernels(const kernels::AttentionParams<T, KVT>& p, cudaStream_t s) {
     PersistentLaunch launch;
     launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
     launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
@@ -551,7 +585,12 @@ class AttentionRuntime {
     launch.contraction_blocks =
         merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
     with_prefill_head_dim(static_cast<int>(shape_.head_dim), [&](auto head_dim_tag) {
-      launch_persistent_head_dim<T, decltype(head_dim_tag)::value>(p, variant_, format_, q_tile_, launch, s);
+      constexpr int kHeadDim = decltype(head_dim_tag)::value;
+      if constexpr (has_prefill_kv_storage(kHeadDim, kv_storage_of<KVT, T>())) {
+        launch_persistent_head_dim<T, KVT, kHeadDim>(p, variant_, format_, q_tile_, launch, s);
+      } else {
+        fail_no_prefill_config(kHeadDim, q_tile_, cuda_type_name<KVT>());  // plan() checks first
+      }
     });
   }
 
@@ -599,18 +638,23 @@ class AttentionRuntime {
     if (options_.cuda_graph) {
       TESSERA_CHECK_ARG(options_.dtype == DType::kF16 || options_.dtype == DType::kBF16)
           << "options.dtype = " << options_.dtype << ", expected f16 or bf16 (the dtype a captured run() uses)";
+      check_kv_dtype(graph_kv_dtype(), options_.dtype, bounds_.head_dim, "options.kv_dtype");
     }
   }
 
   QTile resolve_graph_tile() const {
     const int head_dim = static_cast<int>(bounds_.head_dim);
-    if (options_.q_tile != QueryTile::kAuto) return to_qtile(options_.q_tile, head_dim);
+    const KVStorage kv = kv_storage(graph_kv_dtype(), options_.dtype);
+    if (options_.q_tile != QueryTile::kAuto) return to_qtile(options_.q_tile, head_dim, kv);
     const double group = static_cast<double>(bounds_.num_qo_heads / bounds_.num_kv_heads);
     const double avg_rows = decode_ ? 1.0
                                     : static_cast<double>(bounds_.max_total_qo_tokens) /
                                           static_cast<double>(bounds_.max_batch_size);
-    return choose_q_tile(head_dim, avg_rows * group);
+    return choose_q_tile(head_dim, avg_rows * group, kv);
   }
+
+  /// With cuda_graph: K/V's dtype (options.kv_dtype, or options.dtype).
+  DType graph_kv_dtype() const { return resolved_kv_dtype(options_.kv_dtype, options_.dtype); }
 
   // The persistent grid: `cols` columns of one KV head's plan, each CTA running its column for
   // heads_per_cta KV heads in turn. One head per CTA leaves slots idle when num_kv_heads does not
@@ -646,6 +690,9 @@ class AttentionRuntime {
         << " (the captured grid is fixed)";
     TESSERA_CHECK_ARG(shape.dtype == options_.dtype)
         << "cuda_graph: shape.dtype = " << shape.dtype << ", expected options.dtype = " << options_.dtype;
+    TESSERA_CHECK_ARG(resolved_kv_dtype(shape.kv_dtype, shape.dtype) == graph_kv_dtype())
+        << "cuda_graph: shape.kv_dtype = " << resolved_kv_dtype(shape.kv_dtype, shape.dtype)
+        << ", expected options.kv_dtype = " << graph_kv_dtype();
     if (!planned_) return;
     TESSERA_CHECK_ARG(shape.num_qo_heads == shape_.num_qo_heads && shape.attention.causal == shape_.attention.causal &&
                       shape.attention.sm_scale == shape_.attention.sm_scale && in.page_size == page_size_ &&
@@ -658,19 +705,30 @@ class AttentionRuntime {
                       std::memcmp(&variant.params, &variant_.params, sizeof(variant.params)) == 0)
         << "cuda_graph: this plan changes shape.attention.variant (features " << variant.features << ", first plan "
         << variant_.features << " or one of its values), which a captured run() has baked in";
+    const KVScales& a = shape.attention.kv_scales;
+    const KVScales& b = shape_.attention.kv_scales;
+    TESSERA_CHECK_ARG(a.k == b.k && a.v == b.v && a.k_device.data == b.k_device.data &&
+                      a.v_device.data == b.v_device.data && a.k_device.numel() == b.k_device.numel() &&
+                      a.v_device.numel() == b.v_device.numel())
+        << "cuda_graph: this plan changes shape.attention.kv_scales (host factors k = " << a.k << ", v = " << a.v
+        << "; first plan " << b.k << ", " << b.v << ", or the device tensors), which a captured run() has baked in; "
+           "keep the factors and change the values in the device tensors instead";
   }
 
   static WorkspaceLayout compute_layout(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
                                         const RuntimeOptions& options) {
     check_bounds(bounds);
     WorkspaceLayout l;
-    // The most CTAs any configuration of these bounds can put on the device.
+    // The most CTAs any configuration of these bounds can put on the device (fp8 K/V's tiles
+    // hold fewer bytes per stage, so they count too; e5m2's are e4m3's sizes).
     int per_sm = 1;
     for (int d : kPrefillHeadDims) {
       if (d > bounds.head_dim) continue;
       for (QTile t : {QTile::k16, QTile::k64, QTile::k128}) {
-        if (!has_prefill_config(d, t)) continue;
-        per_sm = std::max(per_sm, ctas_per_sm(DType::kBF16, d, format, t));
+        for (DType kv : {DType::kBF16, DType::kE4M3}) {
+          if (!has_prefill_config(d, t, kv_storage(kv, DType::kBF16))) continue;
+          per_sm = std::max(per_sm, ctas_per_sm(DType::kBF16, kv, d, format, t));
+        }
       }
     }
     const int64_t max_ctas = std::max<int64_t>(static_cast<int64_t>(per_sm) * sm_budget(options), bounds.num_kv_heads);
@@ -731,6 +789,7 @@ class AttentionRuntime {
   cudaStream_t plan_stream_ = nullptr;
   std::vector<int32_t> kv_indptr_host_;  // the plan's page (block) ranges, for run()'s id checks
   PlanShape shape_;
+  DType kv_dtype_ = DType::kBF16;  // K/V's dtype in the last plan (shape_.kv_dtype resolved)
   ResolvedVariant variant_;
   QTile q_tile_ = QTile::k16;
   int64_t batch_ = 0, total_qo_ = 0, total_kv_units_ = 0;
@@ -807,13 +866,21 @@ void check_run_index_array(const TensorView& t, const char* name, const TensorVi
   TESSERA_CHECK_ARG(t.defined()) << name << ".data = null, expected " << t.shape[0] << " entries";
 }
 
+/// run()'s K/V in the dtype the plan was made for.
+void check_plan_kv_dtype(const AttentionRuntime& rt, const TensorView& k, const TensorView& v) {
+  TESSERA_CHECK_ARG(k.dtype == rt.kv_dtype() && v.dtype == rt.kv_dtype())
+      << "k.dtype = " << k.dtype << ", v.dtype = " << v.dtype << ", but the plan was made for " << rt.kv_dtype()
+      << " K/V (shape.kv_dtype)";
+}
+
 void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv) {
   TESSERA_CHECK_ARG(kv.layout == Layout::kNHD || kv.layout == Layout::kHND)
       << "kv.layout = " << static_cast<int>(kv.layout) << ", expected NHD or HND";
-  check_operand(kv.k, "kv.k", 4);
-  check_operand(kv.v, "kv.v", 4);
-  check_dtype(kv.k, "kv.k", {q.dtype});
-  check_dtype(kv.v, "kv.v", {q.dtype});
+  check_kv_operand(kv.k, "kv.k", 4, q);
+  check_kv_operand(kv.v, "kv.v", 4, q);
+  TESSERA_CHECK_ARG(kv.k.dtype == rt.kv_dtype() && kv.v.dtype == rt.kv_dtype())
+      << "kv.k.dtype = " << kv.k.dtype << ", kv.v.dtype = " << kv.v.dtype << ", but the plan was made for "
+      << rt.kv_dtype() << " K/V (shape.kv_dtype)";
   check_same_device(q, "q", kv.k, "kv.k");
   check_same_device(q, "q", kv.v, "kv.v");
   for (int d = 0; d < 4; ++d) check_size(kv.v, "kv.v", d, kv.k.shape[d]);
@@ -826,8 +893,8 @@ void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const Pa
   check_run_index_array(kv.indices, "kv.indices", q, rt.total_kv_units(), "kv_indptr[B]");
 }
 
-template <typename T>
-void paged_cache_params(kernels::AttentionParams<T>& p, const PagedKVCache& kv) {
+template <typename Params>
+void paged_cache_params(Params& p, const PagedKVCache& kv) {
   PagedKV view;
   view.k = kv.k;
   view.v = kv.v;
@@ -837,7 +904,7 @@ void paged_cache_params(kernels::AttentionParams<T>& p, const PagedKVCache& kv) 
   const int32_t* indptr = p.paged.indptr;
   const int32_t* last_page_len = p.paged.last_page_len;
   const int32_t batch = p.batch_size;
-  paged_kv_params<T>(p, view);
+  paged_kv_params(p, view);
   p.paged.indptr = indptr;
   p.paged.last_page_len = last_page_len;
   p.batch_size = batch;
@@ -853,10 +920,12 @@ void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv
   ids.device_data = rt.device_ids(kv.indices, ids.name);
   ids.bound = kv.k.shape[0];
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
-    paged_cache_params<T>(p, kv);
-    p.paged.indices = ids.device_data;
-    rt.launch<T>(p, &ids, stream);
+    TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "kv.k", KVT, [&] {
+      kernels::AttentionParams<T, KVT> p = rt.query_part<T, KVT>(q, o, lse);
+      paged_cache_params(p, kv);
+      p.paged.indices = ids.device_data;
+      rt.launch(p, &ids, stream);
+    });
   });
 }
 
@@ -971,14 +1040,17 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
   AttentionRuntime& rt = *impl_;
   rt.check_run_queries(q, o, lse);
   detail::check_dense_kv(q, k, v, Layout::kNHD);
+  detail::check_plan_kv_dtype(rt, k, v);
   rt.check_run_kv_heads(k, "k", 1);
   TESSERA_CHECK_ARG(k.shape[0] >= rt.total_kv_units())
       << "k has " << k.shape[0] << " rows, expected >= kv_indptr[B] = " << rt.total_kv_units() << " of the plan";
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
-    detail::kv_row_tensors<T>(p, k, v, 0);
-    p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
-    rt.launch<T>(p, nullptr, stream);
+    TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "k", KVT, [&] {
+      kernels::AttentionParams<T, KVT> p = rt.query_part<T, KVT>(q, o, lse);
+      detail::kv_row_tensors(p, k, v, 0);
+      p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
+      rt.launch(p, nullptr, stream);
+    });
   });
 }
 
@@ -1033,6 +1105,7 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   rt.check_run_queries(q, o, lse);
   check_size(q, "q", 0, rt.num_rows());
   detail::check_dense_kv(q, k, v, Layout::kNHD);
+  detail::check_plan_kv_dtype(rt, k, v);
   rt.check_run_kv_heads(k, "k", 1);
   check_size(k, "k", 0, rt.num_cols());
   detail::check_run_index_array(indices, "indices", q, rt.total_kv_units(), "indptr[last]");
@@ -1043,11 +1116,13 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   ids.bound = (rt.num_cols() + rt.page_size() - 1) / rt.page_size();
   ids.increasing = true;
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    // indptr and the batch bound come from the plan (query_part); no block flags (every tile masked).
-    kernels::AttentionParams<T> p = rt.query_part<T>(q, o, lse);
-    detail::block_sparse_kv_params<T>(p, k, v, ids.device_data, indices.shape[0], rt.block_rows(), rt.page_size(),
-                                      rt.num_rows(), rt.num_cols());
-    rt.launch<T>(p, &ids, stream);
+    TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "k", KVT, [&] {
+      // indptr and the batch bound come from the plan (query_part); no block flags (every tile masked).
+      kernels::AttentionParams<T, KVT> p = rt.query_part<T, KVT>(q, o, lse);
+      detail::block_sparse_kv_params(p, k, v, ids.device_data, indices.shape[0], rt.block_rows(), rt.page_size(),
+                                     rt.num_rows(), rt.num_cols());
+      rt.launch(p, &ids, stream);
+    });
   });
 }
 

@@ -24,6 +24,14 @@ template <>
 const char* cuda_type_name<__nv_bfloat16>() {
   return "__nv_bfloat16";
 }
+template <>
+const char* cuda_type_name<__nv_fp8_e4m3>() {
+  return "__nv_fp8_e4m3";
+}
+template <>
+const char* cuda_type_name<__nv_fp8_e5m2>() {
+  return "__nv_fp8_e5m2";
+}
 
 namespace {
 

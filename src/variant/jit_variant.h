@@ -18,6 +18,9 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -63,22 +66,28 @@ CUfunction variant_kernel(const ResolvedVariant& variant, const VariantKernelReq
 void launch_variant_kernel(CUfunction fn, const VariantKernelRequest& request, unsigned grid_x, unsigned grid_y,
                            unsigned grid_z, unsigned threads, void** args, cudaStream_t stream);
 
-/// "__half" / "__nv_bfloat16" for the kernels' element types (defined for those two only).
+/// "__half" / "__nv_bfloat16" / "__nv_fp8_e4m3" / "__nv_fp8_e5m2" for the kernels' element types
+/// (defined for those only).
 template <typename T>
 const char* cuda_type_name();
 template <>
 const char* cuda_type_name<__half>();
 template <>
 const char* cuda_type_name<__nv_bfloat16>();
+template <>
+const char* cuda_type_name<__nv_fp8_e4m3>();
+template <>
+const char* cuda_type_name<__nv_fp8_e5m2>();
 
-/// The kernels' parameter type for element type T, as template-argument text:
-/// "tessera::kernels::AttentionParams<T, T, T, tessera::kernels::int32_t>" (q, k/v and o of type T,
-/// int32 index arrays), the type the host's kernels::AttentionParams<T> is. A JIT-compiled kernel
-/// receives that struct by value, so the text must name exactly the host's type.
-template <typename T>
+/// The kernels' parameter type for q/o element type T and K/V element type KVT, as
+/// template-argument text: "tessera::kernels::AttentionParams<T, KVT, T, tessera::kernels::int32_t>"
+/// (int32 index arrays), the type the host's kernels::AttentionParams<T, KVT> is. A JIT-compiled
+/// kernel receives that struct by value, so the text must name exactly the host's type.
+template <typename T, typename KVT = T>
 std::string params_type_name() {
   const std::string t = cuda_type_name<T>();
-  return "tessera::kernels::AttentionParams<" + t + ", " + t + ", " + t + ", tessera::kernels::int32_t>";
+  return "tessera::kernels::AttentionParams<" + t + ", " + cuda_type_name<KVT>() + ", " + t +
+         ", tessera::kernels::int32_t>";
 }
 
 }  // namespace detail

@@ -9,11 +9,18 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "reference/fp8.h"
+
 namespace tessera_test {
 namespace {
 
 void cuda_or_throw(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+/// fp8 dtypes go through the reference codec (tests/reference/fp8.h), never CUDA's conversions.
+tessera_ref::Fp8Format fp8_format(tessera::DType dtype) {
+  return dtype == tessera::DType::kE4M3 ? tessera_ref::Fp8Format::kE4M3 : tessera_ref::Fp8Format::kE5M2;
 }
 
 }  // namespace
@@ -59,6 +66,8 @@ std::vector<double> round_to(tessera::DType dtype, const std::vector<double>& va
       case tessera::DType::kF16: out[i] = __half2float(__float2half_rn(f)); break;
       case tessera::DType::kBF16: out[i] = __bfloat162float(__float2bfloat16_rn(f)); break;
       case tessera::DType::kF32: out[i] = f; break;
+      case tessera::DType::kE4M3:
+      case tessera::DType::kE5M2: out[i] = tessera_ref::fp8_decode(tessera_ref::fp8_encode(values[i], fp8_format(dtype)), fp8_format(dtype)); break;
       default: throw std::runtime_error("round_to: unsupported dtype");
     }
   }
@@ -86,6 +95,13 @@ DeviceBuffer upload_as(tessera::DType dtype, const std::vector<double>& values) 
       buf.upload(h.data(), n * sizeof(float));
       break;
     }
+    case tessera::DType::kE4M3:
+    case tessera::DType::kE5M2: {
+      std::vector<uint8_t> h(n);
+      for (size_t i = 0; i < n; ++i) h[i] = tessera_ref::fp8_encode(values[i], fp8_format(dtype));
+      buf.upload(h.data(), n);
+      break;
+    }
     default: throw std::runtime_error("upload_as: unsupported dtype");
   }
   return buf;
@@ -102,6 +118,8 @@ std::vector<double> download_as(tessera::DType dtype, const void* device_ptr, si
       case tessera::DType::kBF16: { __nv_bfloat16 h; std::memcpy(&h, &raw[i * 2], 2); out[i] = __bfloat162float(h); break; }
       case tessera::DType::kF32: { float f; std::memcpy(&f, &raw[i * 4], 4); out[i] = f; break; }
       case tessera::DType::kI32: { int32_t v; std::memcpy(&v, &raw[i * 4], 4); out[i] = v; break; }
+      case tessera::DType::kE4M3:
+      case tessera::DType::kE5M2: out[i] = tessera_ref::fp8_decode(raw[i], fp8_format(dtype)); break;
       default: throw std::runtime_error("download_as: unsupported dtype");
     }
   }

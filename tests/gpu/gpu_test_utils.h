@@ -51,7 +51,8 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-/// A device tensor of `dtype` holding `values` converted (rounded to nearest) from double.
+/// A device tensor of `dtype` holding `values` converted (rounded to nearest) from double; fp8
+/// dtypes (e4m3, e5m2) through tests/reference/fp8.h, saturating.
 DeviceBuffer upload_as(tessera::DType dtype, const std::vector<double>& values);
 /// Reads `count` elements of `dtype` from device memory and widens them to double.
 std::vector<double> download_as(tessera::DType dtype, const void* device_ptr, size_t count);

@@ -129,7 +129,8 @@ enum class KVPart : int { kBoth = 0, kK = 1, kV = 2 };
 /// tile is kVFromK bytes further, as PrefillSmem lays them out); missing rows are zero-filled.
 template <typename Traits, KVPart kPart = KVPart::kBoth, typename T>
 TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
-  constexpr uint32_t kVFromK = Traits::kStages * Traits::kKVTileBytes;
+  static_assert(!Traits::kDequantizeKV, "fp8 KV lands in the raw ring: load_kv_raw_tile");
+  constexpr uint32_t kVFromK = Traits::kTileStages * Traits::kKVTileBytes;
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
   // Threads span kLoaderRowChunks chunk columns; those past the row's data copy nothing.
   static_assert((Traits::CTA_TILE_KV * Traits::kLoaderRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
@@ -173,6 +174,65 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
       } else {
         cp_async_16_tagged(dst + kVFromK, k_src, v_src);
       }
+    }
+  }
+}
+
+/// fp8 KV: copies the K and V rows resolved in the row table, as stored (HEAD_DIM bytes a row),
+/// into raw stage k_raw (its V stage kStages * kRawTileBytes further); missing rows are
+/// zero-filled. A thread keeps one 16-byte chunk column, as load_kv_tile does.
+template <typename Traits>
+TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) {
+  static_assert(Traits::kDequantizeKV && !Traits::kWarpSpecialized, "the sm80 mainloop's raw ring");
+  constexpr int kChunks = Traits::kRawRowChunks;
+  constexpr uint32_t kVFromK = Traits::kStages * Traits::kRawTileBytes;
+  static_assert(Traits::kLoaderThreads % kChunks == 0 && (Traits::CTA_TILE_KV * kChunks) % Traits::kLoaderThreads == 0,
+                "a thread keeps its chunk column; whole passes");
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / kChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV / kRowsPerPass;
+  const int tid = loader_thread<Traits>();
+  const int chunk = tid % kChunks, row0 = tid / kChunks;
+  const uint32_t dst0 = smem_addr(k_raw) + row0 * Traits::HEAD_DIM + chunk * 16;
+  // The table entries first, then the copies (load_kv_tile: the LDS -> LDGSTS hazard padding).
+  ulonglong2 entries[kRowsPerThread];  // [row of this thread]: {K entry (tagged), V entry}
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    entries[j] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + j * kRowsPerPass));
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    const uint32_t dst = dst0 + j * kRowsPerPass * Traits::HEAD_DIM;
+    cp_async_16x2_tagged(dst, dst + kVFromK, entries[j].x + chunk * 16, entries[j].y + chunk * 16);
+  }
+}
+
+/// fp8 KV: dequantizes raw stage k_raw (K, and V kStages * kRawTileBytes further) into the
+/// swizzled T tiles k_tile and v_tile, K times k_scale and V times v_scale. Zero-filled (missing)
+/// rows stay zero. Every thread of the CTA takes 16-byte chunks of stored rows in turn, K's then
+/// V's: one tensor at a time keeps the live registers to one chunk's (the 128-row tiles' O and S
+/// accumulators are live here; both tensors at once spilled 68 bytes).
+template <typename Traits, typename F8, typename T>
+TESSERA_DEVICE void dequantize_kv_tile(const uint8_t* k_raw, T* k_tile, T* v_tile, float k_scale, float v_scale) {
+  static_assert(Traits::kDequantizeKV, "fp8 KV");
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  constexpr int kChunks = Traits::kRawRowChunks;
+  constexpr int kVFromK = Traits::kStages * Traits::kRawTileBytes;
+#pragma unroll
+  for (int part = 0; part < 2; ++part) {
+    const uint8_t* raw = k_raw + (part == 0 ? 0 : kVFromK);  // [CTA_TILE_KV][HEAD_DIM] stored bytes
+    T* tile = part == 0 ? k_tile : v_tile;
+    const float scale = part == 0 ? k_scale : v_scale;
+    static_assert(Traits::kThreads % kChunks == 0 && (Traits::CTA_TILE_KV * kChunks) % Traits::kThreads == 0,
+                  "a thread keeps its chunk column; whole passes");
+    const int chunk = static_cast<int>(threadIdx.x) % kChunks, row0 = static_cast<int>(threadIdx.x) / kChunks;
+#pragma unroll
+    for (int j = 0; j < Traits::CTA_TILE_KV * kChunks / Traits::kThreads; ++j) {
+      const int row = row0 + j * (Traits::kThreads / kChunks);
+      const int i = row * kChunks + chunk;
+      Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
+      dequantize_vec16<F8>(*reinterpret_cast<const uint4*>(raw + i * 16), scale, out);
+      out[0].store(tile + Tile::chunk_offset(row, 2 * chunk) * 8);
+      out[1].store(tile + Tile::chunk_offset(row, 2 * chunk + 1) * 8);
     }
   }
 }
@@ -263,10 +323,23 @@ struct KVTileSource {
     }
     load_block_id(tile + 1);
   }
-  /// Copies the K (and V) rows of a resolved tile into stage `stage` (kPart: which of them).
+  /// Copies the K (and V) rows of a resolved tile into stage `stage` (kPart: which of them); fp8
+  /// KV into the raw ring's stage.
   template <KVPart kPart = KVPart::kBoth>
   TESSERA_DEVICE void copy(int tile, int stage) const {
-    load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kTileElems);
+    if constexpr (Traits::kDequantizeKV) {
+      static_assert(kPart == KVPart::kBoth, "the sm80 mainloop copies K and V together");
+      load_kv_raw_tile<Traits>(row_table(tile), smem.raw_k + stage * Traits::kRawTileBytes);
+    } else {
+      load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kTileElems);
+    }
+  }
+  /// fp8 KV: dequantizes raw stage `stage` into the T tiles the MMAs read, with this KV head's
+  /// scales.
+  template <typename T>
+  TESSERA_DEVICE void dequantize(int stage, T* k_tile, T* v_tile) const {
+    dequantize_kv_tile<Traits, typename Params::KVType>(smem.raw_k + stage * Traits::kRawTileBytes, k_tile, v_tile,
+                                                        p.kv_scales.k_scale(kv_head), p.kv_scales.v_scale(kv_head));
   }
 };
 

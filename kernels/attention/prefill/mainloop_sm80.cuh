@@ -2,6 +2,11 @@
 // kStages ring, one CTA barrier per KV tile) and computes with mma.sync m16n8k16 fed by ldmatrix
 // from swizzled shared memory.
 //
+// fp8 KV (Traits::kDequantizeKV): the ring holds the stored bytes; after a tile's barrier every
+// thread dequantizes its share into the one T tile pair the MMAs read, and a second barrier
+// publishes it. The raw stage of tile t - 1 and the T tiles are free by then (their last readers,
+// the dequantization and the MMAs of tile t - 1, precede the first barrier).
+//
 // Pipeline: the row tables form a ring of kStages + 1, so the lookups for tile t + kStages can be
 // written while tile t + kStages - 1 is being copied from another table and tile t's keys are read
 // by the mask, with one barrier per tile: a table's last readers (the mask of tile t - 1, copies
@@ -81,10 +86,16 @@ struct Sm80Mainloop {
       copy(tile + Traits::kStages - 1);
       kv.resolve(tile + Traits::kStages);
     }
+    if constexpr (Traits::kDequantizeKV) {
+      kv.dequantize(read.stage, k_tile(), v_tile());
+      __syncthreads();  // the T tiles are complete before any warp reads them
+    }
   }
 
-  TESSERA_DEVICE T* k_tile() const { return smem.k + read.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
-  TESSERA_DEVICE T* v_tile() const { return smem.v + read.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  // The tiles the MMAs read: the stage's, or fp8 KV's one dequantized pair.
+  TESSERA_DEVICE int tile_stage() const { return Traits::kDequantizeKV ? 0 : read.stage; }
+  TESSERA_DEVICE T* k_tile() const { return smem.k + tile_stage() * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  TESSERA_DEVICE T* v_tile() const { return smem.v + tile_stage() * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
 
   /// MMA: S = Q K^T for this warp's rows and columns (Q from the mainloop's fragment addresses),
   /// then (kLoadsBehindMma) the copies wait_tile allowed. The interface's P V lag

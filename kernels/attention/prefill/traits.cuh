@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/attention/params.cuh"
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/pipeline.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/smem_layout.cuh"
@@ -29,9 +30,15 @@ struct RoleTag {
 };
 
 template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_,
-          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync>
+          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync, typename KVT_ = T>
 struct PrefillTraits {
-  using DType = T;
+  using DType = T;  // the MMA operands' type: Q, and K/V as the MMAs read them
+  // K/V as they are stored in memory: T, or fp8 (e4m3, e5m2), which the mainloop dequantizes
+  // into T tiles (times the KV scales) after each tile lands. fp8 -> T is exact and the scale one
+  // multiply, so the tiles the MMAs read are what a T cache of the dequantized values would hold
+  // (up to T's rounding of x * scale).
+  using KVStorage = KVT_;
+  static constexpr bool kDequantizeKV = IsFp8<KVT_>::value;
   static constexpr int HEAD_DIM = HEAD_DIM_;
   static constexpr int CTA_TILE_Q = CTA_TILE_Q_;
   static constexpr int CTA_TILE_KV = CTA_TILE_KV_;
@@ -122,6 +129,16 @@ struct PrefillTraits {
       227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch
   static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   static constexpr int kKVTileBytes = kKVTileElems * static_cast<int>(sizeof(T));
+  // fp8 KV: the cp.async ring holds the stored bytes (kStages raw stages of K and of V, rows of
+  // HEAD_DIM bytes, unswizzled: 16-byte reads and writes of consecutive threads are conflict
+  // free), and the MMAs read one dequantized T tile of K and of V, rewritten each KV tile
+  // (kTileStages). Half the ring's bytes per stage, so the same stages keep as many tokens in
+  // flight as a 16-bit ring; the T tiles cost one more barrier per KV tile.
+  static constexpr int kTileStages = kDequantizeKV ? 1 : kStages;  // T K/V tiles the MMAs read
+  static constexpr int kRawRowChunks = kDequantizeKV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
+  static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
+  static constexpr int kRawRingBytes = 2 * kStages * kRawTileBytes;  // K and V
+  static constexpr int kKVRegionBytes = 2 * kTileStages * kKVTileBytes + kRawRingBytes;
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
   // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
@@ -144,18 +161,22 @@ struct PrefillTraits {
   // buffers. A kernel that runs one work item per CTA (the one-shot grid) uses only Q buffer 0 and
   // launches with kOneItemSmemBytes: the second buffer's 32 KB would come out of the L1 carveout
   // (measured slower: bench/results/LOG.md).
-  static constexpr int kOneItemSmemBytes = kQTileBytes + 2 * kStages * kKVTileBytes + kRowTableBytes +
+  static constexpr int kOneItemSmemBytes = kQTileBytes + kKVRegionBytes + kRowTableBytes +
                                            kQRowScratchBytes + kWaitAnchorBytes + kBarrierBytes;
   static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
   static constexpr int kSmemBytes = kQStages > 1 ? kExtraQOffset + (kQStages - 1) * kQTileBytes : kOneItemSmemBytes;
   // Offsets of the regions (PrefillSmem), tied to the sizes above.
   static constexpr int kKOffset = kQTileBytes;
-  static constexpr int kRowTableOffset = kKOffset + 2 * kStages * kKVTileBytes;
+  static constexpr int kRawOffset = kKOffset + 2 * kTileStages * kKVTileBytes;  // fp8 KV: the raw ring
+  static constexpr int kRowTableOffset = kKOffset + kKVRegionBytes;
   static constexpr int kBarrierOffset = kOneItemSmemBytes - kBarrierBytes;
   static_assert(kRowTableOffset + kRowTableBytes + kWaitAnchorBytes + kQRowScratchBytes == kBarrierOffset,
                 "regions tile [0, kOneItemSmemBytes) without overlap");
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
+  static_assert(kSameType<KVT_, T> || kDequantizeKV, "K/V stored as the operands' type or as fp8");
+  static_assert(!kDequantizeKV || (!kWarpSpecialized && HEAD_DIM % 16 == 0),
+                "fp8 KV: the sm80 mainloop dequantizes (every warp loads); whole 16-byte chunks of a stored row");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
   static_assert(HEAD_DIM % 16 == 0, "whole k16 steps of Q K^T, pairs of n8 tiles of O, an even number of chunks");
   static_assert(kSmemRowChunks >= kRowChunks && kLoaderRowChunks >= kRowChunks && kLoaderRowChunks <= 64,
@@ -163,7 +184,7 @@ struct PrefillTraits {
   static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
   static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
   static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
-  static_assert(kMergeBytes <= 2 * kStages * kKVTileBytes, "the warp merge fits in the K/V buffers");
+  static_assert(kMergeBytes <= kKVRegionBytes, "the warp merge fits in the K/V buffers");
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
   static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
@@ -191,6 +212,9 @@ struct PrefillSmem {
   T* extra_q;   // [kQStages - 1][CTA_TILE_Q][kSmemRowChunks * 8], swizzled: the other Q buffers, after the barriers
   T* k;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
   T* v;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
+                // (fp8 KV: k and v are one T tile each, [kTileStages = 1][...])
+  uint8_t* raw_k;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored K bytes; nullptr otherwise
+  uint8_t* raw_v;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
   uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (see StageCompletion)
@@ -205,7 +229,9 @@ struct PrefillSmem {
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kKOffset);
-    v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
+    v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
+    raw_k = Traits::kDequantizeKV ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset) : nullptr;
+    raw_v = Traits::kDequantizeKV ? raw_k + Traits::kStages * Traits::kRawTileBytes : nullptr;
     rows = reinterpret_cast<uint64_t*>(base + Traits::kRowTableOffset);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
     extra_q = reinterpret_cast<T*>(base + Traits::kExtraQOffset);

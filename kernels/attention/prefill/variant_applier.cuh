@@ -49,7 +49,7 @@ TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct VariantApplier {
   using QT = typename Params::QType;    // the query tile's elements
-  using KVT = typename Params::KVType;  // the K/V tiles' elements, and P's (P V multiplies P by V in V's type)
+  using KVT = typename Traits::DType;  // the K/V tiles' elements as the MMAs read them (fp8 KV dequantized), and P's
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV;
   static constexpr bool kSoftmax = Variant::kUseSoftmax;
   static constexpr bool kTransformLogits = Variant::kHasLogitsTransform || !kSoftmax;

@@ -354,6 +354,10 @@ std::string case_name(const AttentionCase& c) {
     }
   }
   s += std::string("_") + tessera::dtype_name(c.dtype);
+  if (c.fp8 != Fp8KV::kNone) {
+    s += std::string("_kv") + tessera::dtype_name(c.kv_dtype());
+    s += c.kv_scales == KVScaleMode::kHost ? "_hostscale" : c.kv_scales == KVScaleMode::kDevice ? "_devscale" : "_headscale";
+  }
   if (c.entry != Entry::kSingle) s += "_b" + std::to_string(c.batch);
   if (!c.decode) s += "_qo" + std::to_string(c.qo_len);
   s += "_kv" + std::to_string(c.kv_len);
@@ -947,6 +951,51 @@ void prepare_variant(VariantSetup& vs, const AttentionCase& c, const Lengths& le
   }
 }
 
+/// The dequantization scales of an fp8 case: per KV head (equal across heads unless per-head),
+/// each the product of a host factor and, with device scales, a device value.
+struct Fp8Scales {
+  KVScaleMode mode = KVScaleMode::kHost;
+  double k_host = 1, v_host = 1;
+  std::vector<double> k_device, v_device;  // [1] or [Hkv]
+  std::vector<double> k, v;                // [Hkv] what each head's codes are multiplied by
+
+  /// The options' KVScales, uploading the device factors into the two buffers (kept by the caller).
+  tessera::KVScales options(DeviceBuffer& dk, DeviceBuffer& dv) const {
+    tessera::KVScales s;
+    s.k = k_host;
+    s.v = v_host;
+    if (mode != KVScaleMode::kHost) {
+      dk = upload_as(DType::kF32, k_device);
+      dv = upload_as(DType::kF32, v_device);
+      const int64_t n = static_cast<int64_t>(k_device.size());
+      s.k_device = make_view(dk.get(), DType::kF32, {n}, {1});
+      s.v_device = make_view(dv.get(), DType::kF32, {n}, {1});
+    }
+    return s;
+  }
+};
+
+Fp8Scales draw_fp8_scales(const AttentionCase& c, std::mt19937_64& rng) {
+  // Around 1/16: the codes are N(0, 16^2), so K and V come out near N(0, 1). Powers of two times
+  // f32-exact factors, so the kernel's f32 product of host and device factor is the oracle's.
+  std::uniform_int_distribution<int> factor(8, 24);
+  Fp8Scales s;
+  s.mode = c.kv_scales;
+  const int64_t n = c.kv_scales == KVScaleMode::kPerHead ? c.num_kv_heads : 1;
+  s.k_host = factor(rng) / 256.0;
+  s.v_host = factor(rng) / 256.0;
+  for (int64_t h = 0; h < n && c.kv_scales != KVScaleMode::kHost; ++h) {
+    s.k_device.push_back(factor(rng) / 16.0);
+    s.v_device.push_back(factor(rng) / 16.0);
+  }
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    const size_t i = s.k_device.size() > 1 ? static_cast<size_t>(h) : 0;
+    s.k.push_back(s.k_host * (s.k_device.empty() ? 1.0 : s.k_device[i]));
+    s.v.push_back(s.v_host * (s.v_device.empty() ? 1.0 : s.v_device[i]));
+  }
+  return s;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -965,13 +1014,32 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
     k_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
     v_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
   }
+  // fp8 K/V: the uploaded codes (k_store, v_store) and, in k_parts / v_parts, what they stand for
+  // (code x the head's scale), which the oracle sees. 16-bit K/V: the same values.
+  const DType kv_dtype = c.kv_dtype();
+  std::vector<std::vector<double>> k_store = k_parts, v_store = v_parts;
+  Fp8Scales fp8_scales;
+  if (c.fp8 != Fp8KV::kNone) {
+    fp8_scales = draw_fp8_scales(c, rng);
+    for (int64_t b = 0; b < B; ++b) {
+      k_store[b] = round_to(kv_dtype, random_normal(len.kv[b] * Hkv * D, rng, 16.0));
+      v_store[b] = round_to(kv_dtype, random_normal(len.kv[b] * Hkv * D, rng, 16.0));
+      k_parts[b] = k_store[b];
+      v_parts[b] = v_store[b];
+      for (size_t i = 0; i < k_parts[b].size(); ++i) {
+        const int64_t h = static_cast<int64_t>(i / D) % Hkv;
+        k_parts[b][i] *= fp8_scales.k[h];
+        v_parts[b][i] *= fp8_scales.v[h];
+      }
+    }
+  }
   // The variant's own data (masks, offsets, parameters) comes after the inputs, so cases without
   // a variant draw exactly what they always drew.
   VariantSetup vs;
   if (c.variant.any()) prepare_variant(vs, c, len, q_parts, k_parts, v_parts, rng);
   const Packed q = pack_rows(q_parts, Hq * D);
-  const Packed k = pack_rows(k_parts, Hkv * D);
-  const Packed v = pack_rows(v_parts, Hkv * D);
+  const Packed k = pack_rows(k_store, Hkv * D);  // uploaded
+  const Packed v = pack_rows(v_store, Hkv * D);
   q_parts.clear();
   const int64_t total_q = q.indptr.back(), total_kv = k.indptr.back();
   int64_t max_qo = *std::max_element(len.qo.begin(), len.qo.end());
@@ -994,6 +1062,8 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   tessera::AttentionOptions opt;
   opt.sm_scale = c.sm_scale;
   opt.causal = c.causal;
+  DeviceBuffer d_k_scale, d_v_scale;
+  if (c.fp8 != Fp8KV::kNone) opt.kv_scales = fp8_scales.options(d_k_scale, d_v_scale);
   tessera_ref::Options ropt;
   if (vs.active) {
     opt.variant = vs.options;
@@ -1017,9 +1087,9 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
       const int64_t kv_len = len.kv[0];
       const bool hnd = c.layout == Layout::kHND;
       const std::vector<int64_t> shape = hnd ? std::vector<int64_t>{Hkv, kv_len, D} : std::vector<int64_t>{kv_len, Hkv, D};
-      dk = upload_tensor(c.dtype, hnd ? nhd_to_hnd(k.values, kv_len, Hkv, D) : k.values, shape,
+      dk = upload_tensor(kv_dtype, hnd ? nhd_to_hnd(k.values, kv_len, Hkv, D) : k.values, shape,
                          c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
-      dv = upload_tensor(c.dtype, hnd ? nhd_to_hnd(v.values, kv_len, Hkv, D) : v.values, shape,
+      dv = upload_tensor(kv_dtype, hnd ? nhd_to_hnd(v.values, kv_len, Hkv, D) : v.values, shape,
                          c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
       if (c.decode) {
         tessera::single_decode(dq.view, dk.view, dv.view, c.layout, dout.view, lse_view, opt, nullptr, c.kernel);
@@ -1030,8 +1100,8 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
     }
     case Entry::kRagged: {
       const std::vector<int64_t> shape = {total_kv, Hkv, D};
-      dk = upload_tensor(c.dtype, k.values, shape, c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
-      dv = upload_tensor(c.dtype, v.values, shape, c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
+      dk = upload_tensor(kv_dtype, k.values, shape, c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
+      dv = upload_tensor(kv_dtype, v.values, shape, c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
       d_kv_indptr = upload_i32(k.indptr);
       const TensorView kv_indptr = i32_view(d_kv_indptr, B + 1);
       if (c.decode) {
@@ -1045,9 +1115,9 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
     case Entry::kPaged: {
       // Shuffled page ids with 3 spare pages; unused slots NaN (kernels must zero-fill/mask, not
       // multiply them by 0) or 0.
-      cache = tessera_ref::build_paged(k_parts, v_parts, len.kv, Hkv, D, c.page_size, ref_layout(c.layout), seed | 1,
+      cache = tessera_ref::build_paged(k_store, v_store, len.kv, Hkv, D, c.page_size, ref_layout(c.layout), seed | 1,
                                        /*extra_pages=*/3, c.nan_unused ? kNaN : 0.0);
-      paged = upload_paged(c.dtype, cache, c.layout, c.combined_kv, c.strided ? 64 : 0, c.strided ? 8 : 0);
+      paged = upload_paged(kv_dtype, cache, c.layout, c.combined_kv, c.strided ? 64 : 0, c.strided ? 8 : 0);
       if (c.decode) {
         tessera::batch_decode_paged(dq.view, paged.view, dout.view, lse_view, opt, nullptr, c.kernel);
       } else {
@@ -1064,7 +1134,15 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   EXPECT_EQ(padding_changes(dout), 0u) << what << ": elements of o's buffer outside the view were written";
 
   tessera_ref::State ref;
-  if (!vs.q_ref.empty()) {
+  if (vs.q_ref.empty() && c.fp8 != Fp8KV::kNone) {
+    // fp8: the oracle sees the dequantized K/V, in the same ragged reference for every format.
+    const Packed rk = pack_rows(k_parts, Hkv * D), rv = pack_rows(v_parts, Hkv * D);
+    if (c.entry == Entry::kSingle) {
+      ref = tessera_ref::attention_single(q.values, rk.values, rv.values, len.qo[0], len.kv[0], heads, ropt);
+    } else {
+      ref = tessera_ref::attention_ragged(q.values, q.indptr, rk.values, rv.values, rk.indptr, heads, ropt);
+    }
+  } else if (!vs.q_ref.empty()) {
     // Transformed operands (RoPE, user transforms): the oracle sees what the kernel multiplies;
     // every KV format has the same ragged reference.
     const Packed rq = pack_rows(vs.q_ref, Hq * D), rk = pack_rows(vs.k_ref, Hkv * D), rv = pack_rows(vs.v_ref, Hkv * D);

@@ -189,6 +189,15 @@ struct VariantDesc {
 /// "_win37_cap30_alibi_mask_rope31off_sigmoid_sinks4_udoc"-style name suffix ("" for none).
 std::string variant_suffix(const VariantDesc& v);
 
+/// fp8 K/V of a case: none (K/V in the case's dtype), e4m3 or e5m2.
+enum class Fp8KV { kNone, kE4M3, kE5M2 };
+/// How an fp8 case passes its dequantization scales (tessera::KVScales).
+enum class KVScaleMode {
+  kHost,     ///< k and v only
+  kDevice,   ///< host factors times a one-element device tensor each
+  kPerHead,  ///< host factors times a [num_kv_heads] device tensor each
+};
+
 struct AttentionCase {
   bool decode = false;  ///< decode entry points (one query per request) or prefill
   Entry entry = Entry::kSingle;
@@ -212,6 +221,14 @@ struct AttentionCase {
   bool sanitize = false;  ///< member of the compute-sanitizer subset (name suffix _sanitize)
   std::string tag;        ///< extra name suffix (keeps names unique)
   VariantDesc variant;    ///< attention variant (default: none)
+  /// fp8 K/V: stored codes are drawn as N(0, 16^2) rounded to the format, scales around 1/16 per
+  /// tensor or KV head; the oracle sees code x scale in fp64.
+  Fp8KV fp8 = Fp8KV::kNone;
+  KVScaleMode kv_scales = KVScaleMode::kHost;
+
+  tessera::DType kv_dtype() const {
+    return fp8 == Fp8KV::kE4M3 ? tessera::DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? tessera::DType::kE5M2 : dtype;
+  }
 
   int64_t num_qo_heads() const { return num_kv_heads * group; }
 };

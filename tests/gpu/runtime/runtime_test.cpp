@@ -70,12 +70,33 @@ struct RuntimeCase {
   /// Where the wgmma tile runs, the plan groups KV heads per CTA (RuntimeOptions::sm_budget chosen
   /// so that num_kv_heads does not divide the CTA slots of the wgmma tile's persistent grid).
   bool head_groups_with_wgmma = false;
+  /// fp8 K/V: codes N(0, 16^2) rounded to the format, per-tensor host scales kFp8KScale /
+  /// kFp8VScale; the oracle sees code x scale.
+  Fp8KV fp8 = Fp8KV::kNone;
   std::string name;
+
+  DType kv_dtype() const { return fp8 == Fp8KV::kE4M3 ? DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? DType::kE5M2 : dtype; }
 
   int64_t num_qo_heads() const { return num_kv_heads * group; }
 };
 
 void PrintTo(const RuntimeCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr double kFp8KScale = 5.0 / 64, kFp8VScale = 3.0 / 64;
+
+/// K or V of `count` elements: 16-bit values, or for fp8 cases the codes to upload (`stored`)
+/// and what they stand for (the returned values, which the oracle sees).
+std::vector<double> draw_kv(const RuntimeCase& c, int64_t count, double scale, std::mt19937_64& rng,
+                            std::vector<double>& stored) {
+  if (c.fp8 == Fp8KV::kNone) {
+    stored = round_to(c.dtype, random_normal(count, rng));
+    return stored;
+  }
+  stored = round_to(c.kv_dtype(), random_normal(count, rng, 16.0));
+  std::vector<double> values = stored;
+  for (double& x : values) x *= scale;
+  return values;
+}
 
 /// Inputs of one case, their oracle result, and the device copies.
 struct Prepared {
@@ -109,21 +130,22 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
       bsr.indptr.push_back(static_cast<int32_t>(bsr.indices.size()));
     }
     const auto q = round_to(c.dtype, random_normal(m * hq * d, rng));
-    const auto k = round_to(c.dtype, random_normal(n * hkv * d, rng));
-    const auto v = round_to(c.dtype, random_normal(n * hkv * d, rng));
+    std::vector<double> k_store, v_store;
+    const auto k = draw_kv(c, n * hkv * d, kFp8KScale, rng, k_store);
+    const auto v = draw_kv(c, n * hkv * d, kFp8VScale, rng, v_store);
     p.ref = tessera_ref::attention_block_sparse(q, k, v, m, n, bsr, heads, opts);
     p.q = upload_tensor(c.dtype, q, {m, hq, d});
-    p.k = upload_tensor(c.dtype, k, {n, hkv, d});
-    p.v = upload_tensor(c.dtype, v, {n, hkv, d});
+    p.k = upload_tensor(c.kv_dtype(), k_store, {n, hkv, d});
+    p.v = upload_tensor(c.kv_dtype(), v_store, {n, hkv, d});
     p.bsr_indptr = bsr.indptr;
     p.indices = upload_i32(bsr.indices.empty() ? std::vector<int32_t>{0} : bsr.indices);
     p.rows = m;
   } else {
-    std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch);
+    std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch), k_store(batch), v_store(batch);
     for (size_t b = 0; b < batch; ++b) {
       qs[b] = round_to(c.dtype, random_normal(c.qo[b] * hq * d, rng));
-      ks[b] = round_to(c.dtype, random_normal(c.kv[b] * hkv * d, rng));
-      vs[b] = round_to(c.dtype, random_normal(c.kv[b] * hkv * d, rng));
+      ks[b] = draw_kv(c, c.kv[b] * hkv * d, kFp8KScale, rng, k_store[b]);
+      vs[b] = draw_kv(c, c.kv[b] * hkv * d, kFp8VScale, rng, v_store[b]);
     }
     const Packed q = pack_rows(qs, hq * d);
     p.qo_indptr = q.indptr;
@@ -133,13 +155,18 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
       const Packed k = pack_rows(ks, hkv * d), v = pack_rows(vs, hkv * d);
       p.kv_indptr = k.indptr;
       p.ref = tessera_ref::attention_ragged(q.values, q.indptr, k.values, v.values, k.indptr, heads, opts);
-      p.k = upload_tensor(c.dtype, k.values, {k.indptr.back(), hkv, d});
-      p.v = upload_tensor(c.dtype, v.values, {v.indptr.back(), hkv, d});
+      const Packed ku = pack_rows(k_store, hkv * d), vu = pack_rows(v_store, hkv * d);
+      p.k = upload_tensor(c.kv_dtype(), ku.values, {k.indptr.back(), hkv, d});
+      p.v = upload_tensor(c.kv_dtype(), vu.values, {v.indptr.back(), hkv, d});
     } else {
+      // The same page layout (seed) for the uploaded codes and the oracle's values.
+      const uint64_t page_seed = rng() | 1;
       const tessera_ref::PagedCache cache =
-          tessera_ref::build_paged(ks, vs, c.kv, hkv, d, c.page_size, attn::ref_layout(c.layout), rng() | 1, 3, 0.0);
+          tessera_ref::build_paged(ks, vs, c.kv, hkv, d, c.page_size, attn::ref_layout(c.layout), page_seed, 3, 0.0);
       p.ref = tessera_ref::attention_paged(q.values, q.indptr, cache, heads, opts);
-      p.paged = upload_paged(c.dtype, cache, c.layout, /*combined=*/c.page_size % 2 == 1);
+      const tessera_ref::PagedCache stored = tessera_ref::build_paged(k_store, v_store, c.kv, hkv, d, c.page_size,
+                                                                      attn::ref_layout(c.layout), page_seed, 3, 0.0);
+      p.paged = upload_paged(c.kv_dtype(), stored, c.layout, /*combined=*/c.page_size % 2 == 1);
       p.kv_indptr = cache.indptr;
       p.last_page_len = cache.last_page_len;
       p.cache.k = p.paged.view.k;
@@ -180,6 +207,11 @@ tessera::PlanShape shape_for(const RuntimeCase& c) {
   s.head_dim = c.head_dim;
   s.dtype = c.dtype;
   s.attention.causal = c.causal;
+  if (c.fp8 != Fp8KV::kNone) {
+    s.kv_dtype = c.kv_dtype();
+    s.attention.kv_scales.k = kFp8KScale;
+    s.attention.kv_scales.v = kFp8VScale;
+  }
   return s;
 }
 
@@ -258,6 +290,7 @@ void check_against_oracle(const RuntimeCase& c, const Prepared& p, const std::st
 
 RuntimeCase named(RuntimeCase c, const std::string& tag) {
   c.name = std::string(wrapper_name(c.wrapper)) + "_" + tessera::dtype_name(c.dtype) + "_" +
+           (c.fp8 != Fp8KV::kNone ? std::string("kv") + tessera::dtype_name(c.kv_dtype()) + "_" : std::string()) +
            tessera::layout_name(c.layout) + "_B" + std::to_string(c.qo.size()) + "_hkv" +
            std::to_string(c.num_kv_heads) + "_g" + std::to_string(c.group) + "_d" + std::to_string(c.head_dim) +
            (c.causal ? "_causal" : "") +
@@ -373,6 +406,50 @@ std::vector<RuntimeCase> runtime_cases() {
     c.page_size = 64;
     c.with_lse = false;
     cases.push_back(named(c, "append_long"));
+  }
+  // fp8 K/V through every wrapper: decode (one long request split over the grid, an odd batch),
+  // prefill paged and ragged with mixed query lengths, every query tile, block-sparse.
+  {
+    RuntimeCase c;
+    c.wrapper = Wrapper::kDecode;
+    c.fp8 = Fp8KV::kE4M3;
+    c.qo = {1};
+    c.kv = {16384};
+    cases.push_back(named(c, "long"));
+    c.qo.assign(7, 1);
+    c.kv = {0, 1, 15, 512, 2049, 7, 4000};
+    c.fp8 = Fp8KV::kE5M2;
+    c.dtype = DType::kF16;
+    c.page_size = 1;
+    c.group = 5;
+    c.head_dim = 64;
+    cases.push_back(named(c, "odd_p1_sanitize"));
+    for (Wrapper w : {Wrapper::kPrefillPaged, Wrapper::kPrefillRagged}) {
+      RuntimeCase pc;
+      pc.wrapper = w;
+      pc.fp8 = w == Wrapper::kPrefillPaged ? Fp8KV::kE4M3 : Fp8KV::kE5M2;
+      pc.qo = {1, 3, 17, 128, 577, 0, 40};
+      pc.kv = {15, 3, 2049, 512, 1200, 9, 0};
+      pc.page_size = 16;
+      pc.causal = true;
+      cases.push_back(named(pc, "mixed"));
+      pc.head_dim = 256;
+      pc.dtype = DType::kF16;
+      cases.push_back(named(pc, "mixed"));
+      pc.head_dim = 128;
+      for (QueryTile t : {QueryTile::k16, QueryTile::k64, QueryTile::k128}) {
+        pc.tile = t;
+        cases.push_back(named(pc, "tile" + std::to_string(static_cast<int>(t))));
+      }
+    }
+    RuntimeCase bc;
+    bc.wrapper = Wrapper::kBlockSparse;
+    bc.fp8 = Fp8KV::kE4M3;
+    bc.qo = {300};
+    bc.kv = {2100};
+    bc.block_rows = 16;
+    bc.block_cols = 64;
+    cases.push_back(named(bc, "b16x64"));
   }
   // Block-sparse, including vector sparsity (Bc = 1).
   {
@@ -602,6 +679,107 @@ TEST(RuntimeCudaGraph, ReplaysCorrectlyAfterReplans) {
                  std::to_string(wrapper.plan_info().num_partials));
     expect_matches_oracle(dtype, o_host, &lse_host, ref, "graph replay");
   }
+  ASSERT_CUDA_OK(cudaGraphExecDestroy(exec));
+  ASSERT_CUDA_OK(cudaStreamDestroy(stream));
+}
+
+/// fp8 K/V under a captured decode: per-KV-head device scales change between replays (and the
+/// cache between re-plans); every replay matches the oracle on the codes times the current scales.
+TEST(RuntimeCudaGraph, Fp8ReplaysReadTheCurrentDeviceScales) {
+  const int64_t hkv = 2, g = 4, d = 128, page = 16, max_batch = 8, max_pages = 1024;
+  const DType dtype = DType::kBF16, kv_dtype = DType::kE4M3;
+  tessera::RuntimeBounds bounds{max_batch, max_batch, hkv * g, hkv, d};
+  tessera::RuntimeOptions options;
+  options.cuda_graph = true;
+  options.dtype = dtype;
+  options.kv_dtype = kv_dtype;
+  Workspace ws(tessera::BatchDecodeWrapper::workspace_size(bounds, options));
+  tessera::BatchDecodeWrapper wrapper(ws.view, bounds, options);
+  DeviceBuffer q_buf(max_batch * hkv * g * d * 2), o_buf(max_batch * hkv * g * d * 2), lse_buf(max_batch * hkv * g * 4);
+  DeviceBuffer k_buf(max_pages * page * hkv * d), v_buf(max_pages * page * hkv * d), idx_buf(max_pages * 4);
+  DeviceBuffer k_scale(hkv * 4), v_scale(hkv * 4);
+  const TensorView q(q_buf.get(), dtype, {max_batch, hkv * g, d}, Device::cuda(0));
+  const TensorView o(o_buf.get(), dtype, {max_batch, hkv * g, d}, Device::cuda(0));
+  const TensorView lse(lse_buf.get(), DType::kF32, {max_batch, hkv * g}, Device::cuda(0));
+  tessera::PagedKVCache cache;
+  cache.k = TensorView(k_buf.get(), kv_dtype, {max_pages, page, hkv, d}, Device::cuda(0));
+  cache.v = TensorView(v_buf.get(), kv_dtype, {max_pages, page, hkv, d}, Device::cuda(0));
+  cache.indices = TensorView(idx_buf.get(), DType::kI32, {max_pages}, Device::cuda(0));
+  tessera::PlanShape shape{hkv * g, hkv, d, dtype, kv_dtype, {}};
+  shape.attention.kv_scales.k = 0.5;
+  shape.attention.kv_scales.v = 0.25;
+  shape.attention.kv_scales.k_device = TensorView(k_scale.get(), DType::kF32, {hkv}, Device::cuda(0));
+  shape.attention.kv_scales.v_device = TensorView(v_scale.get(), DType::kF32, {hkv}, Device::cuda(0));
+
+  cudaStream_t stream;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::mt19937_64 rng(test_seed());
+  cudaGraphExec_t exec = nullptr;
+  const std::vector<int64_t> batches = {3, 8, 1};
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const int64_t batch = batches[step];
+    std::vector<int64_t> kv(batch);
+    std::uniform_int_distribution<int64_t> len(0, 5000);
+    for (auto& x : kv) x = len(rng);
+    std::vector<std::vector<double>> k_codes(batch), v_codes(batch), qs(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      qs[b] = round_to(dtype, random_normal(hkv * g * d, rng));
+      k_codes[b] = round_to(kv_dtype, random_normal(kv[b] * hkv * d, rng, 16.0));
+      v_codes[b] = round_to(kv_dtype, random_normal(kv[b] * hkv * d, rng, 16.0));
+    }
+    const uint64_t page_seed = rng() | 1;
+    const auto codes = tessera_ref::build_paged(k_codes, v_codes, kv, hkv, d, page, tessera_ref::Layout::NHD,
+                                                page_seed, 0, 0.0);
+    ASSERT_LE(codes.num_pages, max_pages);
+    const Packed qp = pack_rows(qs, hkv * g * d);
+    DeviceBuffer q_dev = upload_as(dtype, qp.values), k_dev = upload_as(kv_dtype, codes.k_pages),
+                 v_dev = upload_as(kv_dtype, codes.v_pages);
+    ASSERT_CUDA_OK(cudaMemcpy(q_buf.get(), q_dev.get(), q_dev.bytes(), cudaMemcpyDeviceToDevice));
+    if (codes.num_pages > 0) {
+      ASSERT_CUDA_OK(cudaMemcpy(k_buf.get(), k_dev.get(), k_dev.bytes(), cudaMemcpyDeviceToDevice));
+      ASSERT_CUDA_OK(cudaMemcpy(v_buf.get(), v_dev.get(), v_dev.bytes(), cudaMemcpyDeviceToDevice));
+      ASSERT_CUDA_OK(cudaMemcpy(idx_buf.get(), codes.indices.data(), codes.indices.size() * 4, cudaMemcpyHostToDevice));
+    }
+    wrapper.plan(host_i32(codes.indptr), host_i32(codes.last_page_len), page, shape, stream);
+    if (exec == nullptr) {
+      cudaGraph_t graph;
+      ASSERT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      wrapper.run(q, cache, o, lse, stream);
+      ASSERT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      ASSERT_CUDA_OK(cudaGraphDestroy(graph));
+    }
+    // Two replays per plan, each with new device scales (per KV head).
+    for (int replay = 0; replay < 2; ++replay) {
+      std::uniform_int_distribution<int> factor(4, 12);
+      const std::vector<float> ks = {factor(rng) / 64.0f, factor(rng) / 64.0f};
+      const std::vector<float> vs = {factor(rng) / 32.0f, factor(rng) / 32.0f};
+      ASSERT_CUDA_OK(cudaMemcpy(k_scale.get(), ks.data(), 8, cudaMemcpyHostToDevice));
+      ASSERT_CUDA_OK(cudaMemcpy(v_scale.get(), vs.data(), 8, cudaMemcpyHostToDevice));
+      ASSERT_CUDA_OK(cudaMemset(o_buf.get(), 0xFF, o_buf.bytes()));
+      ASSERT_CUDA_OK(cudaMemset(lse_buf.get(), 0xFF, lse_buf.bytes()));
+      ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
+      ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+      tessera_ref::PagedCache values = codes;
+      for (size_t i = 0; i < values.k_pages.size(); ++i) {
+        const size_t h = (i / d) % hkv;  // NHD pages: [page, slot, head, d]
+        values.k_pages[i] *= 0.5 * ks[h];
+        values.v_pages[i] *= 0.25 * vs[h];
+      }
+      const auto ref = tessera_ref::attention_paged(qp.values, qp.indptr, values, {hkv * g, hkv, d}, {});
+      const auto o_host = download_as(dtype, o_buf.get(), batch * hkv * g * d);
+      const auto lse_host = download_as(DType::kF32, lse_buf.get(), batch * hkv * g);
+      SCOPED_TRACE("step " + std::to_string(step) + ", replay " + std::to_string(replay));
+      expect_matches_oracle(dtype, o_host, &lse_host, ref, "fp8 graph replay");
+    }
+  }
+  // A plan that changes the host factors is an error under cuda_graph (the capture has them).
+  tessera::PlanShape changed = shape;
+  changed.attention.kv_scales.k = 1.0;
+  const std::vector<int32_t> one_page_indptr = {0, 1}, one_len = {1};
+  expect_error_any([&] { wrapper.plan(host_i32(one_page_indptr), host_i32(one_len), page, changed, stream); },
+                   {"kv_scales"}, StatusCode::kInvalidArgument);
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
   ASSERT_CUDA_OK(cudaGraphExecDestroy(exec));
   ASSERT_CUDA_OK(cudaStreamDestroy(stream));
 }

@@ -1,0 +1,82 @@
+// fp8 (e4m3, e5m2) storage for the KV cache: conversions between 16 stored elements (one 16-byte
+// vector) and the 16-bit types the MMAs take, and the dequantization scales of K and V.
+//
+// Every fp8 value is exactly representable in f16 (e4m3: 3 mantissa bits, |x| <= 448, smallest
+// subnormal 2^-9; e5m2 is f16 with its low 8 mantissa bits dropped), so fp8 -> f16 -> fp32 is
+// exact and the only rounding of a dequantized element is the final one, x * scale to T.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "kernels/common/platform.cuh"
+#include "kernels/common/vec.cuh"
+
+namespace tessera {
+namespace kernels {
+
+template <typename T>
+struct IsFp8 : BoolConstant<false> {};
+template <>
+struct IsFp8<__nv_fp8_e4m3> : BoolConstant<true> {};
+template <>
+struct IsFp8<__nv_fp8_e5m2> : BoolConstant<true> {};
+
+template <typename T>
+constexpr __nv_fp8_interpretation_t fp8_interpretation() {
+  return kSameType<T, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+}
+
+/// Two stored fp8 elements (the low byte first) as fp32.
+template <typename F8>
+TESSERA_DEVICE float2 fp8x2_to_float2(uint16_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), fp8_interpretation<F8>());
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+/// Two fp32 values as stored fp8 elements (the first in the low byte), rounded to nearest and
+/// saturated to the largest finite value (NaN stays NaN).
+template <typename F8>
+TESSERA_DEVICE uint16_t float2_to_fp8x2(float a, float b) {
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, fp8_interpretation<F8>()));
+}
+
+/// 16 stored fp8 elements (one 16-byte vector) times `scale`, as two 16-byte vectors of T:
+/// out[0] holds elements 0-7, out[1] elements 8-15.
+template <typename F8, typename T>
+TESSERA_DEVICE void dequantize_vec16(const uint4& raw, float scale, Vec<T> (&out)[2]) {
+  static_assert(IsFp8<F8>::value && sizeof(T) == 2, "fp8 into f16 or bf16");
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 f = fp8x2_to_float2<F8>(static_cast<uint16_t>(words[w] >> (16 * h)));
+      const int e = 4 * w + 2 * h;  // element index in the 16
+      out[e / 8].data[e % 8] = from_float<T>(f.x * scale);
+      out[e / 8].data[e % 8 + 1] = from_float<T>(f.y * scale);
+    }
+  }
+}
+
+/// The dequantization scales of an fp8 KV cache (tessera::KVScales): K's scale for KV head h is
+/// k * k_device[h * k_device_stride] when k_device is set (stride 0: one scale for the tensor,
+/// 1: one per KV head), else k; V's likewise. Read in the kernels, so a CUDA Graph replays with
+/// the device values of replay time.
+struct KVScaleParams {
+  float k;
+  float v;
+  const float* k_device;  // [1] or [num_kv_heads], or nullptr
+  const float* v_device;  // [1] or [num_kv_heads], or nullptr
+  int32_t k_device_stride;
+  int32_t v_device_stride;
+
+  TESSERA_DEVICE float k_scale(int kv_head) const {
+    return k_device != nullptr ? k * k_device[kv_head * k_device_stride] : k;
+  }
+  TESSERA_DEVICE float v_scale(int kv_head) const {
+    return v_device != nullptr ? v * v_device[kv_head * v_device_stride] : v;
+  }
+};
+
+}  // namespace kernels
+}  // namespace tessera

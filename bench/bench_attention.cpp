@@ -88,7 +88,7 @@ int64_t num_pages_for(const std::vector<int64_t>& lens, int64_t page_size) {
 }
 
 PagedCache make_paged_cache(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t page_size,
-                            int64_t kv_heads, int64_t head_dim) {
+                            int64_t kv_heads, int64_t head_dim, DType kv_dtype = kDType) {
   const int64_t batch = static_cast<int64_t>(lens.size());
   std::vector<int32_t> indptr(static_cast<size_t>(batch) + 1, 0), last_page_len(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
@@ -101,8 +101,8 @@ PagedCache make_paged_cache(BenchContext& ctx, const std::vector<int64_t>& lens,
   c.indptr = ctx.upload_i32(indptr);
   c.indices = ctx.upload_i32(random_permutation(num_pages, kPermutationSeed));
   c.last_page_len = ctx.upload_i32(last_page_len);
-  c.k = ctx.random_tensor(kDType, {num_pages, page_size, kv_heads, head_dim});
-  c.v = ctx.random_tensor(kDType, {num_pages, page_size, kv_heads, head_dim});
+  c.k = ctx.random_tensor(kv_dtype, {num_pages, page_size, kv_heads, head_dim});
+  c.v = ctx.random_tensor(kv_dtype, {num_pages, page_size, kv_heads, head_dim});
   c.kv.k = c.k.view;
   c.kv.v = c.v.view;
   c.kv.layout = tessera::Layout::kNHD;
@@ -154,13 +154,23 @@ HostPages host_pages(const std::vector<int64_t>& lens, int64_t page_size) {
   return h;
 }
 
-tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal) {
+// fp8 K/V (W10): per-tensor scales (their values do not change the work).
+void set_kv_scales(tessera::AttentionOptions& options, DType kv_dtype) {
+  if (!tessera::is_fp8(kv_dtype)) return;
+  options.kv_scales.k = 1.0 / 16;
+  options.kv_scales.v = 1.0 / 16;
+}
+
+tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
+                                 DType kv_dtype = kDType) {
   tessera::PlanShape shape;
   shape.num_qo_heads = qo_heads;
   shape.num_kv_heads = kv_heads;
   shape.head_dim = head_dim;
   shape.dtype = kDType;
+  shape.kv_dtype = kv_dtype;
   shape.attention.causal = causal;
+  set_kv_scales(shape.attention, kv_dtype);
   return shape;
 }
 
@@ -214,29 +224,32 @@ double w1_target(int64_t batch, int64_t len) {
   return -1;
 }
 
-Params decode_params(int64_t batch, const ParamValue& lens, const char* kernel) {
+Params decode_params(int64_t batch, const ParamValue& lens, const char* kernel, DType kv_dtype = kDType) {
   return {{"B", batch},           {"L", lens},       {"Hq", kQoHeads},
           {"Hkv", kKvHeads},      {"D", kHeadDim},   {"page_size", kDecodePageSize},
-          {"layout", "NHD"},      {"dtype", "bf16"}, {"kernel", kernel},
-          {"bytes", "K+V read"}};
+          {"layout", "NHD"},      {"dtype", "bf16"}, {"kv_dtype", tessera::dtype_name(kv_dtype)},
+          {"kernel", kernel},     {"bytes", "K+V read (bytes of kv_dtype)"}};
 }
 
 // Runs batch_decode_paged over `lens`; reports kAuto as "tessera" with `params`, and kCudaCores
 // as "tessera-cuda-cores" with `cuda_core_params` when that is non-empty.
 void run_decode(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
-                Params params, Params cuda_core_params) {
+                Params params, Params cuda_core_params, DType kv_dtype = kDType) {
   const int64_t batch = static_cast<int64_t>(lens.size());
-  const double kv_bytes = 2.0 * static_cast<double>(sum(lens)) * kKvHeads * kHeadDim * kElemBytes;
+  const double kv_elem_bytes = static_cast<double>(tessera::dtype_size(kv_dtype));
+  const double kv_bytes = 2.0 * static_cast<double>(sum(lens)) * kKvHeads * kHeadDim * kv_elem_bytes;
   const double alloc_bytes = 2.0 * static_cast<double>(num_pages_for(lens, kDecodePageSize)) *
-                             kDecodePageSize * kKvHeads * kHeadDim * kElemBytes;
+                             kDecodePageSize * kKvHeads * kHeadDim * kv_elem_bytes;
   if (!fits(name, alloc_bytes)) return;
 
-  PagedCache cache = make_paged_cache(ctx, lens, kDecodePageSize, kKvHeads, kHeadDim);
+  PagedCache cache = make_paged_cache(ctx, lens, kDecodePageSize, kKvHeads, kHeadDim, kv_dtype);
   DeviceTensor q = ctx.random_tensor(kDType, {batch, kQoHeads, kHeadDim});
   DeviceTensor o = ctx.empty_tensor(kDType, {batch, kQoHeads, kHeadDim});
+  tessera::AttentionOptions options;
+  set_kv_scales(options, kv_dtype);
   auto time_kernel = [&](tessera::DecodeKernel kernel) {
     return ctx.measure([&](cudaStream_t stream) {
-      tessera::batch_decode_paged(q.view, cache.kv, o.view, tessera::TensorView(), {}, stream, kernel);
+      tessera::batch_decode_paged(q.view, cache.kv, o.view, tessera::TensorView(), options, stream, kernel);
     });
   };
   Params runtime_params = params;
@@ -251,7 +264,7 @@ void run_decode(BenchContext& ctx, const std::string& name, const std::vector<in
   tessera::BatchDecodeWrapper wrapper(workspace.view, bounds);
   const HostPages pages = host_pages(lens, kDecodePageSize);
   wrapper.plan(host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
-               runtime_shape(kQoHeads, kKvHeads, kHeadDim, false), ctx.stream());
+               runtime_shape(kQoHeads, kKvHeads, kHeadDim, false, kv_dtype), ctx.stream());
   tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
   const Timing t = ctx.measure([&](cudaStream_t stream) {
     wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
@@ -289,6 +302,15 @@ void run_w1v(BenchContext& ctx, const std::string& name, bool skewed) {
   run_decode(ctx, name, lens, std::move(params), {});
 }
 
+// W10(a): the W1 shapes over an e4m3 cache (per-tensor scales), GB/s counted in fp8 bytes; the
+// same run's W1 cells are the bf16 figures (targets: >= 0.95 of the copy ceiling for B >= 64 at
+// L >= 4k and for B >= 16 at L >= 16k; B=1 L=32k at least W1's fraction).
+void run_w10_decode(BenchContext& ctx, const std::string& name, int64_t batch, size_t len_index) {
+  const int64_t len = kW1Lengths[len_index];
+  Params params = decode_params(batch, len, "auto", DType::kE4M3);
+  run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len), std::move(params), {}, DType::kE4M3);
+}
+
 // ------------------------------------------------------------------------------------------------
 // W2 / W4: prefill. FLOPs = 4 * D * Hq * visible pairs, summed over requests.
 
@@ -298,11 +320,12 @@ enum class KvFormat { kRagged, kPaged };
 // length = KV length = lens[b].
 void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
                  int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
-                 int64_t page_size, Params params, bool with_runtime = false) {
+                 int64_t page_size, Params params, bool with_runtime = false, DType kv_dtype = kDType) {
   const int64_t total = sum(lens);
   const int64_t kv_slots = page_size > 0 ? num_pages_for(lens, page_size) * page_size : total;
-  const double bytes = kElemBytes * head_dim *
-                       (2.0 * static_cast<double>(total) * qo_heads + 2.0 * static_cast<double>(kv_slots) * kv_heads);
+  const double kv_elem_bytes = static_cast<double>(tessera::dtype_size(kv_dtype));
+  const double bytes = head_dim * (kElemBytes * 2.0 * static_cast<double>(total) * qo_heads +
+                                   kv_elem_bytes * 2.0 * static_cast<double>(kv_slots) * kv_heads);
   if (!fits(name, bytes)) return;
 
   double flops = 0;
@@ -310,19 +333,20 @@ void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<i
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   tessera::AttentionOptions options;
   options.causal = causal;
+  set_kv_scales(options, kv_dtype);
 
   Packed q = make_packed(ctx, lens, qo_heads, head_dim);
   DeviceTensor o = ctx.empty_tensor(kDType, {total, qo_heads, head_dim});
   Timing t;
   if (page_size > 0) {
-    PagedCache cache = make_paged_cache(ctx, lens, page_size, kv_heads, head_dim);
+    PagedCache cache = make_paged_cache(ctx, lens, page_size, kv_heads, head_dim, kv_dtype);
     t = ctx.measure([&](cudaStream_t stream) {
       tessera::batch_prefill_paged(q.data.view, q.indptr.view, max_len, cache.kv, o.view,
                                    tessera::TensorView(), options, stream);
     });
   } else {
-    DeviceTensor k = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
-    DeviceTensor v = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
+    DeviceTensor k = ctx.random_tensor(kv_dtype, {total, kv_heads, head_dim});
+    DeviceTensor v = ctx.random_tensor(kv_dtype, {total, kv_heads, head_dim});
     t = ctx.measure([&](cudaStream_t stream) {
       // qo_indptr == kv_indptr: query length = KV length per request.
       tessera::batch_prefill_ragged(q.data.view, q.indptr.view, max_len, k.view, v.view,
@@ -336,14 +360,14 @@ void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<i
   const std::vector<int32_t> indptr = indptr_of(lens);
   const int64_t batch = static_cast<int64_t>(lens.size());
   const tessera::RuntimeBounds bounds{batch, total, qo_heads, kv_heads, head_dim};
-  const tessera::PlanShape shape = runtime_shape(qo_heads, kv_heads, head_dim, causal);
+  const tessera::PlanShape shape = runtime_shape(qo_heads, kv_heads, head_dim, causal, kv_dtype);
   if (page_size > 0) {
     DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds));
     tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds);
     const HostPages pages = host_pages(lens, page_size);
     wrapper.plan(host_i32(indptr), host_i32(pages.indptr), host_i32(pages.last_page_len), page_size, shape,
                  ctx.stream());
-    PagedCache cache = make_paged_cache(ctx, lens, page_size, kv_heads, head_dim);
+    PagedCache cache = make_paged_cache(ctx, lens, page_size, kv_heads, head_dim, kv_dtype);
     tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
     t = ctx.measure([&](cudaStream_t stream) {
       wrapper.run(q.data.view, paged, o.view, tessera::TensorView(), stream);
@@ -353,8 +377,8 @@ void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<i
     DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillRaggedWrapper::workspace_size(bounds));
     tessera::BatchPrefillRaggedWrapper wrapper(workspace.view, bounds);
     wrapper.plan(host_i32(indptr), host_i32(indptr), shape, ctx.stream());
-    DeviceTensor k = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
-    DeviceTensor v = ctx.random_tensor(kDType, {total, kv_heads, head_dim});
+    DeviceTensor k = ctx.random_tensor(kv_dtype, {total, kv_heads, head_dim});
+    DeviceTensor v = ctx.random_tensor(kv_dtype, {total, kv_heads, head_dim});
     t = ctx.measure([&](cudaStream_t stream) {
       wrapper.run(q.data.view, k.view, v.view, o.view, tessera::TensorView(), stream);
     });
@@ -449,7 +473,8 @@ const std::vector<LengthSet>& w4_sets() {
   return sets;
 }
 
-void run_w4(BenchContext& ctx, const std::string& name, const LengthSet& set, int64_t page_size) {
+void run_w4(BenchContext& ctx, const std::string& name, const LengthSet& set, int64_t page_size,
+            DType kv_dtype = kDType) {
   Params params = {{"B", static_cast<int64_t>(set.lens.size())},
                    {"lengths", set.name},
                    {"total", sum(set.lens)},
@@ -460,6 +485,7 @@ void run_w4(BenchContext& ctx, const std::string& name, const LengthSet& set, in
                    {"kv", page_size > 0 ? "paged" : "ragged"}};
   if (page_size > 0) params.emplace_back("page_size", page_size);
   params.emplace_back("dtype", "bf16");
+  params.emplace_back("kv_dtype", tessera::dtype_name(kv_dtype));
   params.emplace_back("flops", "4*D*visible_pairs*Hq");
   add_anchor(params, "anchor_flashinfer_fa3_ragged", set.anchor_flashinfer_fa3);
   add_anchor(params, "anchor_flashinfer_fa2_ragged", set.anchor_flashinfer_fa2);
@@ -468,7 +494,7 @@ void run_w4(BenchContext& ctx, const std::string& name, const LengthSet& set, in
   add_anchor(params, "anchor_flex_docmask", set.anchor_flex);
   add_anchor(params, "target_tflops", set.target);
   run_prefill(ctx, name, set.lens, kQoHeads, kKvHeads, kHeadDim, true, page_size, std::move(params),
-              /*with_runtime=*/true);
+              /*with_runtime=*/true, kv_dtype);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -607,6 +633,26 @@ const std::vector<Cell>& cells() {
                        }});
       }
     }
+    // W10: fp8 (e4m3) K/V: the W1 grid, and W4 paged 16 (the same run's W1 / W4 cells are the
+    // bf16 figures).
+    for (int64_t batch : kW1Batches) {
+      for (size_t li = 0; li < std::size(kW1Lengths); ++li) {
+        const int64_t len = kW1Lengths[li];
+        out.push_back({"w10_decode_e4m3_b" + std::to_string(batch) + "_l" + std::to_string(len),
+                       "W10 paged decode over an e4m3 cache B=" + std::to_string(batch) + " L=" + std::to_string(len) +
+                           " Hq=32 Hkv=8 D=128 page 16",
+                       suites_for("fp8", false),
+                       [batch, li](BenchContext& ctx, const std::string& name) { run_w10_decode(ctx, name, batch, li); }});
+      }
+    }
+    for (size_t si = 0; si < w4_sets().size(); ++si) {
+      out.push_back({std::string("w10_w4_paged16_e4m3_") + w4_sets()[si].name,
+                     std::string("W10 W4 varlen causal prefill over an e4m3 paged cache (page 16), ") +
+                         w4_sets()[si].name + " lengths",
+                     suites_for("fp8", false), [si](BenchContext& ctx, const std::string& name) {
+                       run_w4(ctx, name, w4_sets()[si], 16, DType::kE4M3);
+                     }});
+    }
     // W8.
     out.push_back({"w8_plan_decode_b128", "W8 plan() CPU time, decode B=128 L=4096 page 16",
                    suites_for("runtime", true),
@@ -620,7 +666,7 @@ const std::vector<Cell>& cells() {
 }
 
 // Workload functions are plain function pointers: one instantiation per cell index.
-constexpr size_t kMaxCells = 96;
+constexpr size_t kMaxCells = 128;
 
 template <size_t I>
 void run_cell(BenchContext& ctx) {

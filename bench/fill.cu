@@ -2,6 +2,7 @@
 // per pair of elements, Box-Muller turns them into two independent normal(0, 1) values.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <string>
 
@@ -27,6 +28,10 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float v) { return __nv_fp8_e4m3(v); }
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float v) { return __nv_fp8_e5m2(v); }
 
 template <typename T>
 __global__ void fill_normal_kernel(T* __restrict__ out, int64_t n, uint64_t seed) {
@@ -60,9 +65,11 @@ void fill_random_normal(void* data, tessera::DType dtype, int64_t count, uint64_
     case tessera::DType::kF32: launch<float>(data, count, seed, stream); return;
     case tessera::DType::kF16: launch<__half>(data, count, seed, stream); return;
     case tessera::DType::kBF16: launch<__nv_bfloat16>(data, count, seed, stream); return;
+    case tessera::DType::kE4M3: launch<__nv_fp8_e4m3>(data, count, seed, stream); return;
+    case tessera::DType::kE5M2: launch<__nv_fp8_e5m2>(data, count, seed, stream); return;
     default:
       throw FatalError("fill_random_normal: dtype " + std::to_string(static_cast<int>(dtype)) +
-                       " is not f16, bf16 or f32");
+                       " is not f16, bf16, f32, e4m3 or e5m2");
   }
 }
 

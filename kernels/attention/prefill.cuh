@@ -75,7 +75,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     // a variant that transforms logits gets them scaled (natural units) and returns them in
     // base 2 here, so its exponent uses scale 1.
     const bool needs_mask = applier.tile_needs_mask(kv_begin, kv_tile_end);
-    const float scale = applier.logits_scale();
+    const float scale = applier.logits_scale() * ml.logits_factor();
     float row_bias[kMmaQ][2];  // [m16 tile][row half]: the split key bias
     applier.add_key_bias(s, kv_begin, row_bias);
     applier.transform_and_mask(s, keys, needs_mask);
@@ -114,6 +114,14 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     for (int tile = 0; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<false>{});
   }
   ml.finish();
+  if (const float f = ml.output_factor(); f != 1.f) {  // fp8 V's scale (folded out of the tiles)
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int n = 0; n < kN8D; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[mq][n][i] *= f;
+  }
   PrefillEpilogue<Traits, Variant, Softmax, Params>{p, vp, w, c, applier.batch}.store(o, softmax, smem);
 }
 

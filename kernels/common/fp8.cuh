@@ -40,9 +40,10 @@ TESSERA_DEVICE uint16_t float2_to_fp8x2(float a, float b) {
   return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, fp8_interpretation<F8>()));
 }
 
-/// 16 stored fp8 elements (one 16-byte vector) times `scale`, as two 16-byte vectors of T:
-/// out[0] holds elements 0-7, out[1] elements 8-15.
-template <typename F8, typename T>
+/// 16 stored fp8 elements (one 16-byte vector), times `scale` when kScaled, as two 16-byte
+/// vectors of T: out[0] holds elements 0-7, out[1] elements 8-15. Unscaled into f16 the
+/// conversion is exact (one cvt per pair on sm_89+).
+template <typename F8, bool kScaled, typename T>
 TESSERA_DEVICE void dequantize_vec16(const uint4& raw, float scale, Vec<T> (&out)[2]) {
   static_assert(IsFp8<F8>::value && sizeof(T) == 2, "fp8 into f16 or bf16");
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -50,10 +51,18 @@ TESSERA_DEVICE void dequantize_vec16(const uint4& raw, float scale, Vec<T> (&out
   for (int w = 0; w < 4; ++w) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float2 f = fp8x2_to_float2<F8>(static_cast<uint16_t>(words[w] >> (16 * h)));
+      const uint16_t pair = static_cast<uint16_t>(words[w] >> (16 * h));
       const int e = 4 * w + 2 * h;  // element index in the 16
-      out[e / 8].data[e % 8] = from_float<T>(f.x * scale);
-      out[e / 8].data[e % 8 + 1] = from_float<T>(f.y * scale);
+      if constexpr (!kScaled && kSameType<T, __half>) {
+        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), fp8_interpretation<F8>());
+        const __half2 h2 = *reinterpret_cast<const __half2*>(&r);
+        out[e / 8].data[e % 8] = __low2half(h2);
+        out[e / 8].data[e % 8 + 1] = __high2half(h2);
+      } else {
+        const float2 f = fp8x2_to_float2<F8>(pair);
+        out[e / 8].data[e % 8] = from_float<T>(kScaled ? f.x * scale : f.x);
+        out[e / 8].data[e % 8 + 1] = from_float<T>(kScaled ? f.y * scale : f.y);
+      }
     }
   }
 }

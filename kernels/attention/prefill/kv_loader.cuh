@@ -206,31 +206,32 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
   }
 }
 
-/// fp8 KV: dequantizes raw stage k_raw (K, and V kStages * kRawTileBytes further) into the
-/// swizzled T tiles k_tile and v_tile, K times k_scale and V times v_scale. Zero-filled (missing)
-/// rows stay zero. Every thread of the CTA takes 16-byte chunks of stored rows in turn, K's then
-/// V's: one tensor at a time keeps the live registers to one chunk's (the 128-row tiles' O and S
-/// accumulators are live here; both tensors at once spilled 68 bytes).
-template <typename Traits, typename F8, typename T>
-TESSERA_DEVICE void dequantize_kv_tile(const uint8_t* k_raw, T* k_tile, T* v_tile, float k_scale, float v_scale) {
+/// fp8 KV: dequantizes rows [first_row, first_row + ROWS) of raw stage k_raw (K, and V kStages *
+/// kRawTileBytes further) into the swizzled T tiles k_tile and v_tile, with THREADS threads (this
+/// one is `tid`); K times k_scale and V times v_scale when kScaled, else as stored (the scales
+/// are applied to the logits and the output instead). Zero-filled (missing) rows stay zero. A
+/// thread takes 16-byte chunks of stored rows in turn, K's then V's: one tensor at a time keeps
+/// the live registers to one chunk's (the 128-row tiles' O and S accumulators are live here; both
+/// tensors at once spilled 68 bytes).
+template <typename Traits, typename F8, bool kScaled, int ROWS, int THREADS, typename T>
+TESSERA_DEVICE void dequantize_kv_rows(const uint8_t* k_raw, T* k_tile, T* v_tile, float k_scale, float v_scale,
+                                       int first_row, int tid) {
   static_assert(Traits::kDequantizeKV, "fp8 KV");
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
   constexpr int kChunks = Traits::kRawRowChunks;
   constexpr int kVFromK = Traits::kStages * Traits::kRawTileBytes;
+  static_assert(THREADS % kChunks == 0 && (ROWS * kChunks) % THREADS == 0, "a thread keeps its chunk column; whole passes");
+  const int chunk = tid % kChunks, row0 = first_row + tid / kChunks;
 #pragma unroll
   for (int part = 0; part < 2; ++part) {
     const uint8_t* raw = k_raw + (part == 0 ? 0 : kVFromK);  // [CTA_TILE_KV][HEAD_DIM] stored bytes
     T* tile = part == 0 ? k_tile : v_tile;
     const float scale = part == 0 ? k_scale : v_scale;
-    static_assert(Traits::kThreads % kChunks == 0 && (Traits::CTA_TILE_KV * kChunks) % Traits::kThreads == 0,
-                  "a thread keeps its chunk column; whole passes");
-    const int chunk = static_cast<int>(threadIdx.x) % kChunks, row0 = static_cast<int>(threadIdx.x) / kChunks;
 #pragma unroll
-    for (int j = 0; j < Traits::CTA_TILE_KV * kChunks / Traits::kThreads; ++j) {
-      const int row = row0 + j * (Traits::kThreads / kChunks);
-      const int i = row * kChunks + chunk;
+    for (int j = 0; j < ROWS * kChunks / THREADS; ++j) {
+      const int row = row0 + j * (THREADS / kChunks);
       Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
-      dequantize_vec16<F8>(*reinterpret_cast<const uint4*>(raw + i * 16), scale, out);
+      dequantize_vec16<F8, kScaled>(*reinterpret_cast<const uint4*>(raw + (row * kChunks + chunk) * 16), scale, out);
       out[0].store(tile + Tile::chunk_offset(row, 2 * chunk) * 8);
       out[1].store(tile + Tile::chunk_offset(row, 2 * chunk + 1) * 8);
     }
@@ -295,10 +296,21 @@ struct KVTileSource {
   const PrefillSmem<Traits>& smem;
   const uint32_t tiles_before;  // the CTA's tiles of earlier work items (warp-specialised), else 0
   int32_t block = -1;           // page / column-block id of this thread's row of the next tile to resolve
+  // fp8 KV: the KV head's dequantization scales. With the default variant, K's scale multiplies
+  // the logits' scale and V's the output, both once per work item, so the tiles hold the stored
+  // values converted (exact, and one cvt per pair into f16); a variant's hooks see logits, keys
+  // and values, so there the tiles hold the dequantized values.
+  static constexpr bool kFoldScales = Traits::kDequantizeKV && kSameType<Variant, DefaultVariant>;
+  float k_scale = 1.f, v_scale = 1.f;
 
   TESSERA_DEVICE KVTileSource(const Params& p_, const PrefillWork& w, const PrefillSmem<Traits>& smem_,
                               uint32_t tiles_before_)
-      : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span), smem(smem_), tiles_before(tiles_before_) {}
+      : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span), smem(smem_), tiles_before(tiles_before_) {
+    if constexpr (Traits::kDequantizeKV) {
+      k_scale = p.kv_scales.k_scale(kv_head);
+      v_scale = p.kv_scales.v_scale(kv_head);
+    }
+  }
 
   TESSERA_DEVICE int count() const { return tiles.count; }
   TESSERA_DEVICE int table_slot(int tile) const {
@@ -334,13 +346,17 @@ struct KVTileSource {
       load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kTileElems);
     }
   }
-  /// fp8 KV: dequantizes raw stage `stage` into the T tiles the MMAs read, with this KV head's
-  /// scales.
-  template <typename T>
-  TESSERA_DEVICE void dequantize(int stage, T* k_tile, T* v_tile) const {
-    dequantize_kv_tile<Traits, typename Params::KVType>(smem.raw_k + stage * Traits::kRawTileBytes, k_tile, v_tile,
-                                                        p.kv_scales.k_scale(kv_head), p.kv_scales.v_scale(kv_head));
+  /// fp8 KV: dequantizes rows [first_row, first_row + ROWS) of raw stage `stage` into the T tiles
+  /// the MMAs read, with THREADS threads (this one is `tid`).
+  template <int ROWS, int THREADS, typename T>
+  TESSERA_DEVICE void dequantize(int stage, T* k_tile, T* v_tile, int first_row, int tid) const {
+    dequantize_kv_rows<Traits, typename Params::KVType, !kFoldScales, ROWS, THREADS>(
+        smem.raw_k + stage * Traits::kRawTileBytes, k_tile, v_tile, k_scale, v_scale, first_row, tid);
   }
+  /// Factors the kernel applies outside the tiles: K's scale on the logits and V's on the output
+  /// (fp8 KV with kFoldScales), else 1.
+  TESSERA_DEVICE float logits_factor() const { return kFoldScales ? k_scale : 1.f; }
+  TESSERA_DEVICE float output_factor() const { return kFoldScales ? v_scale : 1.f; }
 };
 
 /// The KV span of a query tile: [kv_first, kv_end) of the request, clipped by causal masking

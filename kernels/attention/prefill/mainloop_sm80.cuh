@@ -2,10 +2,13 @@
 // kStages ring, one CTA barrier per KV tile) and computes with mma.sync m16n8k16 fed by ldmatrix
 // from swizzled shared memory.
 //
-// fp8 KV (Traits::kDequantizeKV): the ring holds the stored bytes; after a tile's barrier every
-// thread dequantizes its share into the one T tile pair the MMAs read, and a second barrier
-// publishes it. The raw stage of tile t - 1 and the T tiles are free by then (their last readers,
-// the dequantization and the MMAs of tile t - 1, precede the first barrier).
+// fp8 KV (Traits::kDequantizeKV): the ring holds the stored bytes; after a tile's barrier the
+// stage is dequantized into the one T tile pair the MMAs read. Where each warp reads only its own
+// KV rows (one warp of query rows, NUM_WARPS_Q == 1: the decode tiles) and no variant transforms
+// K or V across rows, each warp converts its rows and a __syncwarp publishes them; otherwise
+// every thread converts a share and a second CTA barrier publishes the tiles. The raw stage of
+// tile t - 1 and the T tiles are free by then (their last readers, the dequantization and the
+// MMAs of tile t - 1, precede the first barrier).
 //
 // Pipeline: the row tables form a ring of kStages + 1, so the lookups for tile t + kStages can be
 // written while tile t + kStages - 1 is being copied from another table and tile t's keys are read
@@ -31,6 +34,8 @@ struct Sm80Mainloop {
   static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr uint32_t kRowBytes = Traits::kSmemRowChunks * 16;  // a stored row (SwizzledTile)
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
+  static constexpr bool kWarpDequantize = Traits::kDequantizeKV && Traits::NUM_WARPS_Q == 1 &&
+                                          !Variant::kHasKeyTransform && !Variant::kHasValueTransform;
 
   const PrefillSmem<Traits>& smem;
   Source& kv;
@@ -45,11 +50,12 @@ struct Sm80Mainloop {
   uint32_t q_frag;         // Q: [kWarpRowsQ rows of this warp][HEAD_DIM], A fragments, half = lane / 16
   uint32_t k_frag_offset;  // K: B fragments of two n8 tiles, rows lane % 8 + 8 * (lane / 16), half = (lane / 8) % 2
   uint32_t v_frag_offset;  // V: transposed B fragments of two n8 tiles of D, rows frag_row, half = lane / 16
+  int warp_col0;           // the warp's first KV row of each tile (kWarpDequantize converts its rows)
+  int lane;
 
   TESSERA_DEVICE Sm80Mainloop(const PrefillSmem<Traits>& smem_, Source& kv_, const T* q_tile,
                               const FragmentCoords<Traits>& c)
-      : smem(smem_), kv(kv_) {
-    const int lane = c.lane;
+      : smem(smem_), kv(kv_), warp_col0(c.warp_col0), lane(c.lane) {
     const uint32_t lane_chunk_lo = static_cast<uint32_t>(((lane / 16) ^ (lane % 8)) << 4);        // half = lane / 16
     const uint32_t lane_chunk_mid = static_cast<uint32_t>((((lane / 8) % 2) ^ (lane % 8)) << 4);  // half = (lane / 8) % 2
     const uint32_t frag_row = (lane % 8) + 8 * ((lane / 8) % 2);  // row of an A (Q, P) or V^T fragment
@@ -86,11 +92,19 @@ struct Sm80Mainloop {
       copy(tile + Traits::kStages - 1);
       kv.resolve(tile + Traits::kStages);
     }
-    if constexpr (Traits::kDequantizeKV) {
-      kv.dequantize(read.stage, k_tile(), v_tile());
+    if constexpr (kWarpDequantize) {
+      kv.template dequantize<Traits::kWarpColsKV, kWarpSize>(read.stage, k_tile(), v_tile(), warp_col0, lane);
+      __syncwarp();  // the warp's rows are complete before its lanes read them
+    } else if constexpr (Traits::kDequantizeKV) {
+      kv.template dequantize<Traits::CTA_TILE_KV, Traits::kThreads>(read.stage, k_tile(), v_tile(), 0,
+                                                                     static_cast<int>(threadIdx.x));
       __syncthreads();  // the T tiles are complete before any warp reads them
     }
   }
+
+  /// fp8 KV with folded scales: K's scale on the logits, V's on the output (else 1).
+  TESSERA_DEVICE float logits_factor() const { return kv.logits_factor(); }
+  TESSERA_DEVICE float output_factor() const { return kv.output_factor(); }
 
   // The tiles the MMAs read: the stage's, or fp8 KV's one dequantized pair.
   TESSERA_DEVICE int tile_stage() const { return Traits::kDequantizeKV ? 0 : read.stage; }

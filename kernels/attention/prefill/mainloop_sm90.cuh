@@ -203,6 +203,9 @@ struct Sm90Mainloop {
   }
 
   TESSERA_DEVICE void tile_done() const { ring.read_k.advance(); }
+  /// K/V are stored as the operands (no fp8 here): no factors on the logits or the output.
+  TESSERA_DEVICE float logits_factor() const { return 1.f; }
+  TESSERA_DEVICE float output_factor() const { return 1.f; }
 
   /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free.
   TESSERA_DEVICE void finish() const {

@@ -976,17 +976,22 @@ struct Fp8Scales {
 };
 
 Fp8Scales draw_fp8_scales(const AttentionCase& c, std::mt19937_64& rng) {
-  // Around 1/16: the codes are N(0, 16^2), so K and V come out near N(0, 1). Powers of two times
-  // f32-exact factors, so the kernel's f32 product of host and device factor is the oracle's.
-  std::uniform_int_distribution<int> factor(8, 24);
+  // Around 1/16: the codes are N(0, 16^2), so K and V come out near N(0, 1). Host and device
+  // factors of at most 2 significant bits (1 or 3 times a power of two), so a scale has at most
+  // 4 and code x scale at most 8: exact in bf16 and f16, as the inputs of the 16-bit cases are,
+  // so the oracle sees exactly the values the kernel's tiles hold. (Arbitrary scales add the
+  // 16-bit rounding of each dequantized element, as storing K/V in 16 bits does.)
+  std::uniform_int_distribution<int> pick(0, 3);
+  const double host_factors[] = {2.0 / 32, 3.0 / 32, 1.0 / 32, 3.0 / 64};
+  const double device_factors[] = {0.5, 0.75, 1.0, 1.5};
   Fp8Scales s;
   s.mode = c.kv_scales;
   const int64_t n = c.kv_scales == KVScaleMode::kPerHead ? c.num_kv_heads : 1;
-  s.k_host = factor(rng) / 256.0;
-  s.v_host = factor(rng) / 256.0;
+  s.k_host = host_factors[pick(rng)];
+  s.v_host = host_factors[pick(rng)];
   for (int64_t h = 0; h < n && c.kv_scales != KVScaleMode::kHost; ++h) {
-    s.k_device.push_back(factor(rng) / 16.0);
-    s.v_device.push_back(factor(rng) / 16.0);
+    s.k_device.push_back(device_factors[pick(rng)]);
+    s.v_device.push_back(device_factors[pick(rng)]);
   }
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     const size_t i = s.k_device.size() > 1 ? static_cast<size_t>(h) : 0;
@@ -1117,7 +1122,9 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
       // multiply them by 0) or 0.
       cache = tessera_ref::build_paged(k_store, v_store, len.kv, Hkv, D, c.page_size, ref_layout(c.layout), seed | 1,
                                        /*extra_pages=*/3, c.nan_unused ? kNaN : 0.0);
-      paged = upload_paged(kv_dtype, cache, c.layout, c.combined_kv, c.strided ? 64 : 0, c.strided ? 8 : 0);
+      // Pads keep 16-byte rows: 8 elements of a 16-bit cache, 16 of an fp8 one.
+      paged = upload_paged(kv_dtype, cache, c.layout, c.combined_kv, c.strided ? 64 : 0,
+                           c.strided ? (tessera::dtype_size(kv_dtype) == 1 ? 16 : 8) : 0);
       if (c.decode) {
         tessera::batch_decode_paged(dq.view, paged.view, dout.view, lse_view, opt, nullptr, c.kernel);
       } else {

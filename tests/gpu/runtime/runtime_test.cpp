@@ -686,7 +686,7 @@ TEST(RuntimeCudaGraph, ReplaysCorrectlyAfterReplans) {
 /// fp8 K/V under a captured decode: per-KV-head device scales change between replays (and the
 /// cache between re-plans); every replay matches the oracle on the codes times the current scales.
 TEST(RuntimeCudaGraph, Fp8ReplaysReadTheCurrentDeviceScales) {
-  const int64_t hkv = 2, g = 4, d = 128, page = 16, max_batch = 8, max_pages = 1024;
+  const int64_t hkv = 2, g = 4, d = 128, page = 16, max_batch = 8, max_pages = 4096;
   const DType dtype = DType::kBF16, kv_dtype = DType::kE4M3;
   tessera::RuntimeBounds bounds{max_batch, max_batch, hkv * g, hkv, d};
   tessera::RuntimeOptions options;

@@ -224,17 +224,18 @@ double w1_target(int64_t batch, int64_t len) {
   return -1;
 }
 
-Params decode_params(int64_t batch, const ParamValue& lens, const char* kernel, DType kv_dtype = kDType) {
+Params decode_params(int64_t batch, const ParamValue& lens, const char* kernel, DType kv_dtype = kDType,
+                     DType q_dtype = kDType) {
   return {{"B", batch},           {"L", lens},       {"Hq", kQoHeads},
           {"Hkv", kKvHeads},      {"D", kHeadDim},   {"page_size", kDecodePageSize},
-          {"layout", "NHD"},      {"dtype", "bf16"}, {"kv_dtype", tessera::dtype_name(kv_dtype)},
+          {"layout", "NHD"},      {"dtype", tessera::dtype_name(q_dtype)}, {"kv_dtype", tessera::dtype_name(kv_dtype)},
           {"kernel", kernel},     {"bytes", "K+V read (bytes of kv_dtype)"}};
 }
 
 // Runs batch_decode_paged over `lens`; reports kAuto as "tessera" with `params`, and kCudaCores
 // as "tessera-cuda-cores" with `cuda_core_params` when that is non-empty.
 void run_decode(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
-                Params params, Params cuda_core_params, DType kv_dtype = kDType) {
+                Params params, Params cuda_core_params, DType kv_dtype = kDType, DType q_dtype = kDType) {
   const int64_t batch = static_cast<int64_t>(lens.size());
   const double kv_elem_bytes = static_cast<double>(tessera::dtype_size(kv_dtype));
   const double kv_bytes = 2.0 * static_cast<double>(sum(lens)) * kKvHeads * kHeadDim * kv_elem_bytes;
@@ -243,8 +244,8 @@ void run_decode(BenchContext& ctx, const std::string& name, const std::vector<in
   if (!fits(name, alloc_bytes)) return;
 
   PagedCache cache = make_paged_cache(ctx, lens, kDecodePageSize, kKvHeads, kHeadDim, kv_dtype);
-  DeviceTensor q = ctx.random_tensor(kDType, {batch, kQoHeads, kHeadDim});
-  DeviceTensor o = ctx.empty_tensor(kDType, {batch, kQoHeads, kHeadDim});
+  DeviceTensor q = ctx.random_tensor(q_dtype, {batch, kQoHeads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(q_dtype, {batch, kQoHeads, kHeadDim});
   tessera::AttentionOptions options;
   set_kv_scales(options, kv_dtype);
   auto time_kernel = [&](tessera::DecodeKernel kernel) {
@@ -263,8 +264,9 @@ void run_decode(BenchContext& ctx, const std::string& name, const std::vector<in
   DeviceTensor workspace = make_workspace(ctx, tessera::BatchDecodeWrapper::workspace_size(bounds));
   tessera::BatchDecodeWrapper wrapper(workspace.view, bounds);
   const HostPages pages = host_pages(lens, kDecodePageSize);
-  wrapper.plan(host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
-               runtime_shape(kQoHeads, kKvHeads, kHeadDim, false, kv_dtype), ctx.stream());
+  tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, false, kv_dtype);
+  shape.dtype = q_dtype;
+  wrapper.plan(host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize, shape, ctx.stream());
   tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
   const Timing t = ctx.measure([&](cudaStream_t stream) {
     wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
@@ -305,10 +307,12 @@ void run_w1v(BenchContext& ctx, const std::string& name, bool skewed) {
 // W10(a): the W1 shapes over an e4m3 cache (per-tensor scales), GB/s counted in fp8 bytes; the
 // same run's W1 cells are the bf16 figures (targets: >= 0.95 of the copy ceiling for B >= 64 at
 // L >= 4k and for B >= 16 at L >= 16k; B=1 L=32k at least W1's fraction).
-void run_w10_decode(BenchContext& ctx, const std::string& name, int64_t batch, size_t len_index) {
+void run_w10_decode(BenchContext& ctx, const std::string& name, int64_t batch, size_t len_index,
+                    DType q_dtype = kDType) {
   const int64_t len = kW1Lengths[len_index];
-  Params params = decode_params(batch, len, "auto", DType::kE4M3);
-  run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len), std::move(params), {}, DType::kE4M3);
+  Params params = decode_params(batch, len, "auto", DType::kE4M3, q_dtype);
+  run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len), std::move(params), {}, DType::kE4M3,
+             q_dtype);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -644,6 +648,22 @@ const std::vector<Cell>& cells() {
                        suites_for("fp8", false),
                        [batch, li](BenchContext& ctx, const std::string& name) { run_w10_decode(ctx, name, batch, li); }});
       }
+    }
+    // f16 queries over e4m3 (the dequantization into f16 is one cvt per pair) and over f16, at two
+    // W1 shapes: what the conversion into bf16 costs.
+    for (const auto& [batch, li] : {std::pair<int64_t, size_t>{64, 2}, std::pair<int64_t, size_t>{128, 1}}) {
+      const std::string shape = "b" + std::to_string(batch) + "_l" + std::to_string(kW1Lengths[li]);
+      out.push_back({"w10_decode_e4m3_f16q_" + shape, "W10 paged decode, f16 queries over an e4m3 cache, " + shape,
+                     suites_for("fp8", false), [batch = batch, li = li](BenchContext& ctx, const std::string& name) {
+                       run_w10_decode(ctx, name, batch, li, DType::kF16);
+                     }});
+      out.push_back({"w10_decode_f16_" + shape, "W1 paged decode with f16 queries and cache, " + shape,
+                     suites_for("fp8", false), [batch = batch, li = li](BenchContext& ctx, const std::string& name) {
+                       const int64_t len = kW1Lengths[li];
+                       run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len),
+                                  decode_params(batch, len, "auto", DType::kF16, DType::kF16), {}, DType::kF16,
+                                  DType::kF16);
+                     }});
     }
     for (size_t si = 0; si < w4_sets().size(); ++si) {
       out.push_back({std::string("w10_w4_paged16_e4m3_") + w4_sets()[si].name,

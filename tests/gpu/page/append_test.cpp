@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu/gpu_test_utils.h"
+#include "reference/fp8.h"
 #include "reference/oracle.h"
 #include "tessera/page.h"
 #include "tessera/validate.h"
@@ -222,84 +223,16 @@ TEST(AppendPagedKVErrors, BadArgumentsAreNamed) {
 // ------------------------------------------------------------------------------------------------
 // fp8 caches: f16/bf16 rows stored as x / scale, rounded to nearest even and saturated.
 
-/// The fp8 formats from their definitions (OCP 8-bit floating point, as CUDA's __nv_fp8_e4m3 and
-/// __nv_fp8_e5m2): e4m3 has 3 mantissa bits, exponent bias 7, no infinities and one NaN per sign
-/// (S.1111.111), so its largest finite value is S.1111.110 = 1.75 * 2^8 = 448; e5m2 is IEEE-like
-/// with 2 mantissa bits and bias 15, largest finite S.11110.11 = 1.75 * 2^15 = 57344.
-struct Fp8Spec {
-  int mantissa_bits;
-  int exponent_bias;
-  double max_finite;
-};
-
-Fp8Spec fp8_spec(DType t) { return t == DType::kE4M3 ? Fp8Spec{3, 7, 448.0} : Fp8Spec{2, 15, 57344.0}; }
-
 bool is_fp8_nan(uint8_t byte, DType t) {
   const int magnitude = byte & 0x7F;
   return t == DType::kE4M3 ? magnitude == 0x7F : magnitude > 0x7C;
 }
 
-/// The byte storing x in fp8 `t`: x rounded to the nearest value of the format (ties to even),
-/// magnitudes beyond the largest finite value (infinities too) saturated to it, NaN kept NaN. A
-/// reference independent of cuda_fp8.h and of the kernel's conversion instruction.
+/// The byte storing x in fp8 `t`: the reference codec of tests/reference/fp8.h (written from the
+/// formats' definitions, independent of cuda_fp8.h and of the kernel's conversion instruction;
+/// its hand-worked encodings are checked in tests/cpu/reference/fp8_test.cpp).
 uint8_t quantize_fp8_reference(float x, DType t) {
-  const Fp8Spec f = fp8_spec(t);
-  const int sign = std::signbit(x) ? 0x80 : 0x00;
-  if (std::isnan(x)) return static_cast<uint8_t>(sign | 0x7F);  // a NaN of either format
-  const int min_exp = 1 - f.exponent_bias;  // the exponent of the smallest normal
-  double q = f.max_finite;
-  if (!std::isinf(x)) {
-    // Values of a binade 2^e .. 2^(e+1) are spaced 2^(e - mantissa_bits) apart; subnormals share the
-    // smallest normal binade's spacing. |x| / spacing is exact in double, and nearbyint rounds it
-    // to nearest even (the default rounding mode).
-    const double a = std::fabs(static_cast<double>(x));
-    const int e = a == 0.0 ? min_exp : std::max(std::ilogb(a), min_exp);
-    q = std::ldexp(std::nearbyint(std::ldexp(a, f.mantissa_bits - e)), e - f.mantissa_bits);
-    q = std::min(q, f.max_finite);
-  }
-  if (q == 0.0) return static_cast<uint8_t>(sign);
-  // Rounding may have carried q into the next binade (or from subnormal to normal): re-derive.
-  const bool subnormal = q < std::ldexp(1.0, min_exp);
-  const int qe = subnormal ? min_exp : std::ilogb(q);
-  const int significand = static_cast<int>(std::ldexp(q, f.mantissa_bits - qe));  // exact
-  const int exponent_field = subnormal ? 0 : qe + f.exponent_bias;
-  const int fraction = subnormal ? significand : significand - (1 << f.mantissa_bits);
-  return static_cast<uint8_t>(sign | (exponent_field << f.mantissa_bits) | fraction);
-}
-
-// The reference against encodings worked out by hand, so that a wrong reference cannot agree with a
-// wrong kernel.
-TEST(Fp8ReferenceQuantizer, KnownEncodings) {
-  const float inf = std::numeric_limits<float>::infinity();
-  const DType e4m3 = DType::kE4M3, e5m2 = DType::kE5M2;
-  EXPECT_EQ(quantize_fp8_reference(1.0f, e4m3), 0x38);     // 0.0111.000
-  EXPECT_EQ(quantize_fp8_reference(-1.0f, e4m3), 0xB8);
-  EXPECT_EQ(quantize_fp8_reference(1.0625f, e4m3), 0x38);  // halfway 1 .. 1.125: to even (1)
-  EXPECT_EQ(quantize_fp8_reference(1.1875f, e4m3), 0x3A);  // halfway 1.125 .. 1.25: to even (1.25)
-  EXPECT_EQ(quantize_fp8_reference(448.0f, e4m3), 0x7E);   // the largest finite
-  EXPECT_EQ(quantize_fp8_reference(464.0f, e4m3), 0x7E);   // halfway to 480 (would be S.1111.111): 448
-  EXPECT_EQ(quantize_fp8_reference(1e6f, e4m3), 0x7E);     // saturated
-  EXPECT_EQ(quantize_fp8_reference(-inf, e4m3), 0xFE);
-  EXPECT_EQ(quantize_fp8_reference(0.015625f, e4m3), 0x08);  // 2^-6, the smallest normal
-  EXPECT_EQ(quantize_fp8_reference(0.013671875f, e4m3), 0x07);  // 7 * 2^-9, the largest subnormal
-  EXPECT_EQ(quantize_fp8_reference(0.001953125f, e4m3), 0x01);  // 2^-9, the smallest subnormal
-  EXPECT_EQ(quantize_fp8_reference(0.0009765625f, e4m3), 0x00);  // 2^-10: halfway to 0, to even
-  EXPECT_EQ(quantize_fp8_reference(-0.0009f, e4m3), 0x80);  // below half the smallest subnormal: -0
-  EXPECT_EQ(quantize_fp8_reference(0.0029296875f, e4m3), 0x02);  // 1.5 * 2^-9: halfway, to even (2)
-  EXPECT_EQ(quantize_fp8_reference(0.0152f, e4m3), 0x08);  // rounds up out of the subnormals
-  EXPECT_TRUE(is_fp8_nan(quantize_fp8_reference(std::nanf(""), e4m3), e4m3));
-
-  EXPECT_EQ(quantize_fp8_reference(1.0f, e5m2), 0x3C);     // 0.01111.00
-  EXPECT_EQ(quantize_fp8_reference(-3.5f, e5m2), 0xC3);    // 1.10000.11
-  EXPECT_EQ(quantize_fp8_reference(57344.0f, e5m2), 0x7B);  // the largest finite
-  EXPECT_EQ(quantize_fp8_reference(61440.0f, e5m2), 0x7B);  // halfway to 65536 (infinity): saturated
-  EXPECT_EQ(quantize_fp8_reference(inf, e5m2), 0x7B);
-  EXPECT_EQ(quantize_fp8_reference(7.0f, e5m2), 0x47);      // 0.10001.11, exact
-  EXPECT_EQ(quantize_fp8_reference(7.5f, e5m2), 0x48);      // halfway 7 .. 8: to even (8)
-  EXPECT_EQ(quantize_fp8_reference(5.5f, e5m2), 0x46);      // halfway 5 .. 6: to even (6)
-  EXPECT_EQ(quantize_fp8_reference(1.52587890625e-05f, e5m2), 0x01);  // 2^-16, the smallest subnormal
-  EXPECT_EQ(quantize_fp8_reference(6.103515625e-05f, e5m2), 0x04);    // 2^-14, the smallest normal
-  EXPECT_TRUE(is_fp8_nan(quantize_fp8_reference(std::nanf(""), e5m2), e5m2));
+  return tessera_ref::fp8_encode(x, t == DType::kE4M3 ? tessera_ref::Fp8Format::kE4M3 : tessera_ref::Fp8Format::kE5M2);
 }
 
 enum class ScaleKind { kHost, kDevicePerTensor, kDevicePerHead };
@@ -425,7 +358,7 @@ TEST_P(AppendPagedKVFp8Test, StoresTheReferenceQuantizationByteForByte) {
   constexpr uint8_t kPoison = 0xFF;  // DeviceBuffer::poison(); NaN in both formats
   const int64_t num_pages = table.num_pages, page_elems = c.page_size * row;
   std::vector<uint8_t> expected_k(num_pages * page_elems, kPoison), expected_v(num_pages * page_elems, kPoison);
-  const double max_finite = fp8_spec(c.cache).max_finite;
+  const double max_finite = tessera_ref::fp8_max(c.cache == DType::kE4M3 ? tessera_ref::Fp8Format::kE4M3 : tessera_ref::Fp8Format::kE5M2);
   size_t saturated = 0;  // finite inputs beyond the largest finite value after scaling
   int64_t i = 0;         // appended row
   for (int64_t b = 0; b < kBatch; ++b) {

@@ -1,7 +1,7 @@
 // GPU tests of fp8 (e4m3, e5m2) K/V in the one-shot entry points: decode (tensor cores) and
-// prefill over dense, ragged, paged (page sizes 1, 16, 64) and block-sparse KV, f16 and bf16
-// queries, head dims 64 / 128 / 256, GQA groups 1 to 8, scales per tensor (host or device) and
-// per KV head, against the fp64 oracle run on the dequantized K/V (code x scale); the error of
+// prefill over dense, ragged and paged (page sizes 1, 16, 64) KV (block-sparse: the runtime's
+// tests), f16 and bf16 queries, head dims 64 / 128 / 256, GQA groups 1 to 8, scales per tensor
+// (host or device) and per KV head, with and without variants, against the fp64 oracle run on the dequantized K/V (code x scale); the error of
 // fp8 against the unquantized K/V, printed per format; changed device scales between calls;
 // and the errors of bad scales, dtype pairs and head dims.
 #include <gtest/gtest.h>
@@ -91,6 +91,41 @@ std::vector<AttentionCase> fp8_cases() {
   long_prefill.group = 4;
   long_prefill.causal = true;
   cases.push_back(long_prefill);
+  // Variants (JIT-compiled): their hooks see dequantized logits, keys and values, so the tiles
+  // hold code x scale (no folded scales). Soft-cap with ALiBi on the per-warp decode tile and a
+  // prefill tile; RoPE (a key transform) keeps the CTA-wide dequantization even in decode tiles.
+  AttentionCase v1;
+  v1.decode = true;
+  v1.entry = Entry::kPaged;
+  v1.fp8 = Fp8KV::kE4M3;
+  v1.dtype = DType::kBF16;
+  v1.batch = 4;
+  v1.kv_len = 700;
+  v1.page_size = 16;
+  v1.group = 4;
+  v1.num_kv_heads = 2;
+  v1.kv_scales = KVScaleMode::kPerHead;
+  v1.variant.soft_cap = 30.0;
+  v1.variant.alibi = true;
+  AttentionCase v2 = v1;
+  v2.decode = false;
+  v2.entry = Entry::kRagged;
+  v2.fp8 = Fp8KV::kE5M2;
+  v2.dtype = DType::kF16;
+  v2.qo_len = 150;
+  v2.causal = true;
+  v2.variant = VariantDesc{};
+  v2.variant.rope = tessera::PosEncoding::kRopeLlama;
+  v2.variant.window_left = 200;
+  AttentionCase v3 = v2;
+  v3.decode = true;
+  v3.entry = Entry::kSingle;
+  v3.qo_len = 1;
+  v3.causal = false;
+  v3.batch = 1;
+  cases.push_back(v1);
+  cases.push_back(v2);
+  cases.push_back(v3);
   // The compute-sanitizer subset: odd lengths, page size 1, NaN page tails, strides.
   AttentionCase s1;
   s1.decode = true;

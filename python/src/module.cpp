@@ -84,6 +84,24 @@ TensorView to_view(const Array& a, const char* name) {
 
 TensorView to_view(const OptArray& a, const char* name) { return a ? to_view(*a, name) : TensorView{}; }
 
+/// fp8 K/V arrive as uint8 views (torch.Tensor.view(torch.uint8)) with their dtype named in
+/// `kv_dtype`: not every PyTorch release exports fp8 through DLPack.
+TensorView as_kv(TensorView t, const std::optional<DType>& kv_dtype) {
+  if (kv_dtype && t.dtype == DType::kU8 && tessera::is_fp8(*kv_dtype)) t.dtype = *kv_dtype;
+  return t;
+}
+
+/// tessera::KVScales from the bindings' keyword arguments (the library checks them).
+tessera::KVScales kv_scales(double k_scale, double v_scale, const OptArray& k_scale_device,
+                            const OptArray& v_scale_device) {
+  tessera::KVScales s;
+  s.k = k_scale;
+  s.v = v_scale;
+  s.k_device = to_view(k_scale_device, "k_scale");
+  s.v_device = to_view(v_scale_device, "v_scale");
+  return s;
+}
+
 tessera::StreamHandle to_stream(uintptr_t stream) { return reinterpret_cast<tessera::StreamHandle>(stream); }
 
 /// Makes the GPU of `t` current for the duration of a call (and restores the previous one). The
@@ -178,15 +196,18 @@ VariantArgs variant_args(int64_t window_left, double logits_soft_cap, tessera::P
 }
 
 tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype,
-                              double sm_scale, bool causal, const VariantArgs& variant) {
+                              double sm_scale, bool causal, const VariantArgs& variant,
+                              const std::optional<DType>& kv_dtype, const tessera::KVScales& scales) {
   tessera::PlanShape s;
   s.num_qo_heads = num_qo_heads;
   s.num_kv_heads = num_kv_heads;
   s.head_dim = head_dim;
   s.dtype = dtype;
+  s.kv_dtype = kv_dtype;
   s.attention.sm_scale = sm_scale;
   s.attention.causal = causal;
   s.attention.variant = variant.options();
+  s.attention.kv_scales = scales;
   return s;
 }
 
@@ -210,17 +231,17 @@ nb::dict plan_info_dict(const tessera::PlanInfo& i) {
 
 /// The paged cache of run(): separate K and V, or one combined tensor (exactly one of the two).
 tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const OptArray& kv, Layout layout,
-                                  const TensorView& indices) {
+                                  const TensorView& indices, const std::optional<DType>& kv_dtype) {
   if (kv) {
-    const TensorView combined = to_view(*kv, "paged_kv_cache");
+    const TensorView combined = as_kv(to_view(*kv, "paged_kv_cache"), kv_dtype);
     tessera::PagedKVCache c;
     checked([&] { c = tessera::PagedKVCache::from_combined(combined, layout, indices); });
     return c;
   }
   if (!k || !v) throw tessera::Error(StatusCode::kInvalidArgument, "paged_kv_cache: expected (k, v) or one tensor");
   tessera::PagedKVCache c;
-  c.k = to_view(*k, "paged_kv_cache[0]");
-  c.v = to_view(*v, "paged_kv_cache[1]");
+  c.k = as_kv(to_view(*k, "paged_kv_cache[0]"), kv_dtype);
+  c.v = as_kv(to_view(*v, "paged_kv_cache[1]"), kv_dtype);
   c.layout = layout;
   c.indices = indices;
   return c;
@@ -332,7 +353,8 @@ NB_MODULE(_C, m) {
       .def_rw("fixed_split_size", &tessera::RuntimeOptions::fixed_split_size)
       .def_rw("sm_budget", &tessera::RuntimeOptions::sm_budget)
       .def_rw("q_tile", &tessera::RuntimeOptions::q_tile)
-      .def_rw("dtype", &tessera::RuntimeOptions::dtype);
+      .def_rw("dtype", &tessera::RuntimeOptions::dtype)
+      .def_rw("kv_dtype", &tessera::RuntimeOptions::kv_dtype);
 
   // --- build and device information -------------------------------------------------------------
   m.def("version", [] { return std::string(tessera::version_string()); },
@@ -380,32 +402,41 @@ NB_MODULE(_C, m) {
       "single_decode",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
          double sm_scale, uintptr_t stream, int64_t window_left, double logits_soft_cap,
-         tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
-        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"), to = to_view(o, "out"),
-                         tl = to_view(lse, "lse");
+         tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes,
+         const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
+         const OptArray& v_scale_device) {
+        const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
+                         tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
         const VariantArgs variant =
             variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
-        DeviceGuard guard(tq);
-        nb::gil_scoped_release release;
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
         opt.variant = variant.options();
+        opt.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
         checked([&] { tessera::single_decode(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a, nb::kw_only(),
       "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
       "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+      "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+      "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
       "tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword "
       "options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with "
-      "rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device).");
+      "rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device); fp8 K/V: k and v as uint8 views with "
+      "kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device "
+      "([1] or [Hkv]).");
   m.def(
       "single_prefill",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
          double sm_scale, bool causal, uintptr_t stream, int64_t window_left,
          double logits_soft_cap, tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta,
-         const OptArray& alibi_slopes, const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
-        const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"), to = to_view(o, "out"),
-                         tl = to_view(lse, "lse");
+         const OptArray& alibi_slopes, const OptArray& custom_mask, const OptArray& custom_mask_indptr,
+         const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
+         const OptArray& v_scale_device) {
+        const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
+                         tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
         VariantArgs variant =
             variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
         variant.custom_mask = to_view(custom_mask, "packed_custom_mask");
@@ -416,13 +447,15 @@ NB_MODULE(_C, m) {
         opt.sm_scale = sm_scale;
         opt.causal = causal;
         opt.variant = variant.options();
+        opt.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
         checked([&] { tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
       nb::kw_only(), "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
       "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
       "alibi_slopes"_a.none() = nb::none(), "custom_mask"_a.none() = nb::none(),
-      "custom_mask_indptr"_a.none() = nb::none(),
+      "custom_mask_indptr"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0,
+      "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
       "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for "
       "single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] "
       "mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).");
@@ -468,18 +501,20 @@ NB_MODULE(_C, m) {
       "append_paged_kv_cache_at",
       [](const Array& append_k, const Array& append_v, const Array& batch_indices, const Array& positions,
          const OptArray& k_cache, const OptArray& v_cache, const OptArray& kv_cache, Layout layout,
-         const Array& indptr, const Array& indices, const Array& last_page_len, uintptr_t stream) {
+         const Array& indptr, const Array& indices, const Array& last_page_len, uintptr_t stream,
+         const std::optional<DType>& cache_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
+         const OptArray& v_scale_device) {
         const TensorView ak = to_view(append_k, "append_key"), av = to_view(append_v, "append_value"),
                          bi = to_view(batch_indices, "batch_indices"), pos = to_view(positions, "positions"),
                          ip = to_view(indptr, "kv_indptr"), ix = to_view(indices, "kv_indices"),
                          lp = to_view(last_page_len, "kv_last_page_len");
         tessera::PagedKV cache;
         if (kv_cache) {
-          const TensorView combined = to_view(*kv_cache, "paged_kv_cache");
+          const TensorView combined = as_kv(to_view(*kv_cache, "paged_kv_cache"), cache_dtype);
           checked([&] { cache = tessera::PagedKV::from_combined(combined, layout, ip, ix, lp); });
         } else {
-          cache.k = to_view(k_cache, "paged_kv_cache[0]");
-          cache.v = to_view(v_cache, "paged_kv_cache[1]");
+          cache.k = as_kv(to_view(k_cache, "paged_kv_cache[0]"), cache_dtype);
+          cache.v = as_kv(to_view(v_cache, "paged_kv_cache[1]"), cache_dtype);
           cache.layout = layout;
           cache.indptr = ip;
           cache.indices = ix;
@@ -487,11 +522,15 @@ NB_MODULE(_C, m) {
         }
         DeviceGuard guard(ak);
         nb::gil_scoped_release release;
-        checked([&] { tessera::append_paged_kv_cache_at(ak, av, bi, pos, cache, to_stream(stream)); });
+        const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+        checked([&] { tessera::append_paged_kv_cache_at(ak, av, bi, pos, cache, to_stream(stream), scales); });
       },
       "append_k"_a, "append_v"_a, "batch_indices"_a, "positions"_a, "k_cache"_a.none(), "v_cache"_a.none(),
-      "kv_cache"_a.none(), "layout"_a, "indptr"_a, "indices"_a, "last_page_len"_a, "stream"_a,
-      "tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i].");
+      "kv_cache"_a.none(), "layout"_a, "indptr"_a, "indices"_a, "last_page_len"_a, "stream"_a, nb::kw_only(),
+      "cache_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+      "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+      "tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i]. An fp8 "
+      "cache comes as uint8 views with cache_dtype e4m3/e5m2; rows are stored as x / scale.");
 
   // --- plan/run runtime -------------------------------------------------------------------------
   nb::class_<tessera::BatchDecodeWrapper> decode(m, "BatchDecodeWrapper",
@@ -503,8 +542,11 @@ NB_MODULE(_C, m) {
           [](tessera::BatchDecodeWrapper& w, const Array& kv_indptr, const Array& last_page_len, int64_t page_size,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale,
              uintptr_t stream, int device, int64_t window_left, double logits_soft_cap,
-             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
+             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes,
+             const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
+             const OptArray& v_scale_device) {
             const TensorView ip = to_view(kv_indptr, "indptr"), lp = to_view(last_page_len, "last_page_len");
+            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             const VariantArgs variant =
                 variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
             TensorView probe;
@@ -513,7 +555,7 @@ NB_MODULE(_C, m) {
             nb::gil_scoped_release release;
             checked([&] {
               w.plan(ip, lp, page_size,
-                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false, variant),
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false, variant, kv_dtype, scales),
                      to_stream(stream));
             });
           },
@@ -521,21 +563,23 @@ NB_MODULE(_C, m) {
           "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a, nb::kw_only(),
           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+          "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
           "Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in "
           "variants as for single_decode (alibi_slopes on GPU `device`, kept alive while the plan is used).")
       .def(
           "run",
           [](tessera::BatchDecodeWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
              const OptArray& kv, Layout layout, const Array& indices, const Array& o, const OptArray& lse,
-             uintptr_t stream) {
+             uintptr_t stream, const std::optional<DType>& kv_dtype) {
             const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
-            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"));
+            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
             checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
-          "stream"_a, "Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).");
+          "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).");
 
   nb::class_<tessera::BatchPrefillPagedWrapper> prefill_paged(
       m, "BatchPrefillPagedWrapper", "tessera::BatchPrefillPagedWrapper (paged KV, any query length).");
@@ -547,9 +591,11 @@ NB_MODULE(_C, m) {
              const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
              int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
              int64_t window_left, double logits_soft_cap, tessera::PosEncoding pos_encoding, double rope_scale,
-             double rope_theta, const OptArray& alibi_slopes) {
+             double rope_theta, const OptArray& alibi_slopes, const std::optional<DType>& kv_dtype, double k_scale,
+             double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
                              lp = to_view(last_page_len, "paged_kv_last_page_len");
+            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             const VariantArgs variant =
                 variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
             TensorView probe;
@@ -558,7 +604,7 @@ NB_MODULE(_C, m) {
             nb::gil_scoped_release release;
             checked([&] {
               w.plan(qi, ip, lp, page_size,
-                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant),
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales),
                      to_stream(stream));
             });
           },
@@ -566,21 +612,23 @@ NB_MODULE(_C, m) {
           "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
           "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
           "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+          "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
           "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options: the "
           "built-in variants as for BatchDecodeWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
              const OptArray& kv, Layout layout, const Array& indices, const Array& o, const OptArray& lse,
-             uintptr_t stream) {
+             uintptr_t stream, const std::optional<DType>& kv_dtype) {
             const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
-            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"));
+            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
             checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
-          "stream"_a, "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
+          "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
 
   nb::class_<tessera::BatchPrefillRaggedWrapper> prefill_ragged(
       m, "BatchPrefillRaggedWrapper", "tessera::BatchPrefillRaggedWrapper (ragged KV, any query length).");
@@ -591,8 +639,11 @@ NB_MODULE(_C, m) {
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
              uintptr_t stream, int device, int64_t window_left, double logits_soft_cap,
-             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
+             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes,
+             const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
+             const OptArray& v_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
+            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             const VariantArgs variant =
                 variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
             TensorView probe;
@@ -600,26 +651,27 @@ NB_MODULE(_C, m) {
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
             checked([&] {
-              w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant),
+              w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales),
                      to_stream(stream));
             });
           },
           "qo_indptr"_a, "kv_indptr"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a,
           "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
           "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
-          "alibi_slopes"_a.none() = nb::none(),
+          "alibi_slopes"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0,
+          "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
           "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options: the built-in variants "
           "as for BatchDecodeWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,
-             const OptArray& lse, uintptr_t stream) {
-            const TensorView tq = to_view(q, "q"), tk = to_view(k, "k"), tv = to_view(v, "v"),
-                             to = to_view(o, "out"), tl = to_view(lse, "lse");
+             const OptArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype) {
+            const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
+                             tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
             checked([&] { w.run(tq, tk, tv, to, tl, to_stream(stream)); });
           },
-          "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a,
+          "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(),
           "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).");
 }

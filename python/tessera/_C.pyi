@@ -164,6 +164,12 @@ class RuntimeOptions:
     @dtype.setter
     def dtype(self, arg: DType, /) -> None: ...
 
+    @property
+    def kv_dtype(self) -> DType | None: ...
+
+    @kv_dtype.setter
+    def kv_dtype(self, arg: DType | None, /) -> None: ...
+
 def version() -> str:
     """Version of the linked libtessera (MAJOR.MINOR.PATCH)."""
 
@@ -201,12 +207,12 @@ def alibi_slopes(num_heads: int) -> list[float]:
     tessera::alibi_slopes: the standard ALiBi slopes of `num_heads` heads (host values).
     """
 
-def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
-    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device).
+    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device); fp8 K/V: k and v as uint8 views with kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device ([1] or [Hkv]).
     """
 
-def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
+def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
     tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).
     """
@@ -220,9 +226,9 @@ def merge_states(v: NDArray, s: NDArray, v_out: NDArray, s_out: NDArray | None, 
 def merge_states_ragged(v: NDArray, s: NDArray, indptr: NDArray, v_out: NDArray, s_out: NDArray | None, stream: int) -> None:
     """tessera::merge_states_ragged (base-2 LSE)."""
 
-def append_paged_kv_cache_at(append_k: NDArray, append_v: NDArray, batch_indices: NDArray, positions: NDArray, k_cache: NDArray | None, v_cache: NDArray | None, kv_cache: NDArray | None, layout: Layout, indptr: NDArray, indices: NDArray, last_page_len: NDArray, stream: int) -> None:
+def append_paged_kv_cache_at(append_k: NDArray, append_v: NDArray, batch_indices: NDArray, positions: NDArray, k_cache: NDArray | None, v_cache: NDArray | None, kv_cache: NDArray | None, layout: Layout, indptr: NDArray, indices: NDArray, last_page_len: NDArray, stream: int, *, cache_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
-    tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i].
+    tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i]. An fp8 cache comes as uint8 views with cache_dtype e4m3/e5m2; rows are stored as x / scale.
     """
 
 class BatchDecodeWrapper:
@@ -244,12 +250,12 @@ class BatchDecodeWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
         Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in variants as for single_decode (alibi_slopes on GPU `device`, kept alive while the plan is used).
         """
 
-    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
         """
         Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).
         """
@@ -273,12 +279,12 @@ class BatchPrefillPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
         Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in variants as for BatchDecodeWrapper.plan.
         """
 
-    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
         """Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2)."""
 
 class BatchPrefillRaggedWrapper:
@@ -300,12 +306,12 @@ class BatchPrefillRaggedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
         Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options: the built-in variants as for BatchDecodeWrapper.plan.
         """
 
-    def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+    def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
         """
         Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).
         """

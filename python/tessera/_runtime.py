@@ -88,11 +88,12 @@ class _RuntimeHolder:
         split_kv: str,
         fixed_split_size: int,
         graph_bounds: Optional[Tuple[int, int]] = None,
+        kv_dtype: Any = None,
     ) -> Any:
         """The C++ runtime for a plan with requirements `need` (built or rebuilt as needed).
 
         graph_bounds: with use_cuda_graph, (max_batch_size, max_total_qo_tokens) from the
-        preallocated buffers.
+        preallocated buffers. kv_dtype: K/V's torch dtype when it is not q's (an fp8 cache).
         """
         U.check_cuda("float_workspace_buffer", self.workspace)
         C = U._C()
@@ -102,7 +103,9 @@ class _RuntimeHolder:
         options.split_kv = {"auto": C.SplitKV.auto, "fixed": C.SplitKV.fixed, "none": C.SplitKV.none}[split_kv]
         options.fixed_split_size = int(fixed_split_size)
         options.dtype = U.tessera_dtype(dtype)
-        key = (split_kv, int(fixed_split_size), dtype if self.use_cuda_graph else None)
+        if kv_dtype is not None and kv_dtype != dtype:
+            options.kv_dtype = U.tessera_dtype(kv_dtype)
+        key = (split_kv, int(fixed_split_size), (dtype, kv_dtype) if self.use_cuda_graph else None)
 
         if self.cpp is not None and self.bounds is not None:
             if self.use_cuda_graph:
@@ -179,3 +182,51 @@ def split_options(fixed_split_size: Any, disable_split_kv: Any, unit: int, name:
             f"{name} = {fixed_split_size} gives a split of {size} KV tokens; Tessera needs a positive multiple of 128"
         )
     return "fixed", size
+
+
+class _KVScaleBuffer:
+    """The dequantization scales of a wrapper's fp8 KV cache: FlashInfer passes k_scale / v_scale to
+    run(), Tessera's runtime takes them in the plan. The plan gets two one-element f32 device
+    tensors (a host factor of 1 times these), which run() fills with that call's scales, so every
+    run (and a replayed CUDA Graph) reads the scales of its own call. A fill is skipped when the
+    value has not changed since the last one."""
+
+    def __init__(self) -> None:
+        self.buf: Optional[Any] = None  # f32 [2]: k's scale, v's scale
+        self.last: Tuple[Any, Any] = (None, None)
+
+    def plan_kwargs(self, device: Any) -> Dict[str, Any]:
+        """The plan()'s scale keywords; the buffer is made once per device and kept (captured runs
+        hold its address)."""
+        torch = U._torch()
+        if self.buf is None or self.buf.device != device:
+            self.buf = torch.ones(2, dtype=torch.float32, device=device)
+            self.last = (1.0, 1.0)
+        return {"k_scale_device": self.buf[0:1], "v_scale_device": self.buf[1:2]}
+
+    def set(self, k_scale: Any, v_scale: Any) -> None:
+        """Fills the buffer with run()'s scales: None (1.0), a finite float > 0, or a float32
+        one-element tensor on the cache's device (copied on the stream, so graph-capturable)."""
+        torch = U._torch()
+        assert self.buf is not None
+        for i, (name, value) in enumerate((("k_scale", k_scale), ("v_scale", v_scale))):
+            if value is None:
+                value = 1.0
+            if isinstance(value, torch.Tensor):
+                if value.dtype != torch.float32 or value.numel() != 1:
+                    raise ValueError(
+                        f"{name} = <tensor {tuple(value.shape)} {value.dtype}>, expected a float or a float32 "
+                        "tensor of one element (per-head scales go to the single-request functions)"
+                    )
+                U.check_same_device(name, value, "float_workspace_buffer", self.buf)
+                self.buf[i : i + 1].copy_(value.reshape(1), non_blocking=True)
+                self.last = (None, self.last[1]) if i == 0 else (self.last[0], None)
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
+            value = float(value)
+            if not (value > 0.0 and value != float("inf")):
+                raise ValueError(f"{name} = {value}, expected a finite scale > 0")
+            if self.last[i] != value:
+                self.buf[i : i + 1].fill_(value)
+                self.last = (value, self.last[1]) if i == 0 else (self.last[0], value)

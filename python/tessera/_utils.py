@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -220,12 +220,54 @@ def check_backend(backend: Any) -> None:
 
 
 def check_scale(name: str, value: Any) -> None:
-    """fp8 dequantisation scales (q_scale, k_scale, v_scale): only None or 1.0."""
+    """Scales where no fp8 operand takes them (q_scale; k_scale, v_scale with 16-bit K/V): only None
+    or 1.0."""
     if value is None:
         return
     if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == 1.0:
         return
-    raise unsupported(name, _short(value), "None or 1.0 (fp8 scaling is not implemented)")
+    raise unsupported(name, _short(value), "None or 1.0 (scales apply to fp8 K/V caches; fp8 queries are not implemented)")
+
+
+def kv_scale_kwargs(names: Tuple[str, str], k_scale: Any, v_scale: Any, kv_dtype: Any, num_kv_heads: int,
+                    device: Any) -> Dict[str, Any]:
+    """FlashInfer's K/V scales as the bindings' keywords (k_scale / v_scale host factors,
+    k_scale_device / v_scale_device f32 tensors). For an fp8 K/V (kv_dtype e4m3/e5m2) each scale is
+    None (1), a finite float > 0, or a float32 tensor on K/V's device of 1 (per tensor) or
+    num_kv_heads (per KV head) elements; for 16-bit K/V only None or 1.0."""
+    if kv_dtype is None or not is_fp8(kv_dtype):
+        for name, value in zip(names, (k_scale, v_scale)):
+            check_scale(name, value)
+        return {}
+    torch = _torch()
+    out: Dict[str, Any] = {}
+    for name, value, key in ((names[0], k_scale, "k"), (names[1], v_scale, "v")):
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.dtype != torch.float32:
+                raise TypeError(f"{name}.dtype = {value.dtype}, expected torch.float32")
+            if value.numel() not in (1, int(num_kv_heads)):
+                raise ValueError(
+                    f"{name} has {value.numel()} elements, expected 1 (per tensor) or num_kv_heads = {num_kv_heads} "
+                    "(per KV head)"
+                )
+            check_same_device(name, value, "the KV cache", _DeviceOnly(device))
+            out[f"{key}_scale_device"] = value.reshape(-1).contiguous()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not (math.isfinite(float(value)) and float(value) > 0.0):
+                raise ValueError(f"{name} = {value}, expected a finite scale > 0")
+            out[f"{key}_scale"] = float(value)
+        else:
+            raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
+    return out
+
+
+class _DeviceOnly:
+    """Something with a .device, for check_same_device against a device."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
 
 
 # What the Python wrappers offer in place of FlashInfer's JIT variants (jit_args, extra run()
@@ -371,7 +413,8 @@ def resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any = No
     if kv_data_type is not None:
         kv = canonical_dtype(kv_data_type, "kv_data_type")
         if is_fp8(kv):
-            raise unsupported("kv_data_type", kv, "the dtype of q (fp8 KV caches are not implemented)")
+            check_fp8_kv_dtype(kv, "kv_data_type")
+            kv = q  # an fp8 cache under q's dtype (resolve_plan_kv_dtype)
         check_attention_dtype(kv, "kv_data_type")
         if kv != q:
             raise unsupported("kv_data_type", kv, f"the dtype of q ({q}); mixed q/kv dtypes are not implemented")
@@ -382,11 +425,38 @@ def resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any = No
     return q
 
 
+def resolve_plan_kv_dtype(q: "torch.dtype", kv_data_type: Any, data_type: Any = None) -> "torch.dtype":
+    """The K/V dtype of a plan: q's (kv_data_type None or q's dtype) or an fp8 cache's
+    (torch.float8_e4m3fn, torch.float8_e5m2). resolve_plan_dtypes has checked the pair."""
+    if kv_data_type is None:
+        kv_data_type = data_type
+    if kv_data_type is None:
+        return q
+    kv = canonical_dtype(kv_data_type, "kv_data_type")
+    return kv if is_fp8(kv) else q
+
+
+def check_fp8_kv_dtype(dtype: "torch.dtype", name: str) -> None:
+    """The fp8 K/V dtypes Tessera's kernels read: torch.float8_e4m3fn and torch.float8_e5m2."""
+    torch = _torch()
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise unsupported(name, dtype, "torch.float8_e4m3fn or torch.float8_e5m2 (the fp8 KV caches Tessera reads)")
+
+
+def kv_arg(t: Any) -> Any:
+    """K/V as the bindings take them: fp8 tensors as uint8 views (the dtype goes separately), since
+    not every PyTorch release exports fp8 through DLPack."""
+    if t is None or not is_fp8(t.dtype):
+        return t
+    return t.view(_torch().uint8)
+
+
 def tessera_dtype(dtype: "torch.dtype") -> Any:
-    """torch.float16/bfloat16/float32 -> tessera._C.DType."""
+    """torch.float16/bfloat16/float32/float8_e4m3fn/float8_e5m2 -> tessera._C.DType."""
     torch = _torch()
     C = _C()
-    mapping = {torch.float16: C.DType.f16, torch.bfloat16: C.DType.bf16, torch.float32: C.DType.f32}
+    mapping = {torch.float16: C.DType.f16, torch.bfloat16: C.DType.bf16, torch.float32: C.DType.f32,
+               torch.float8_e4m3fn: C.DType.e4m3, torch.float8_e5m2: C.DType.e5m2}
     if dtype not in mapping:
         raise TypeError(f"dtype {dtype} has no Tessera equivalent")
     return mapping[dtype]
@@ -568,13 +638,19 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def kv_data_dtype_check(name: str, t: "torch.Tensor", q_dtype: "torch.dtype") -> None:
-    """K/V tensors must have q's dtype (fp8 raises NotImplementedError)."""
+def kv_data_dtype_check(name: str, t: "torch.Tensor", q_dtype: "torch.dtype", kv_dtype: Any = None) -> None:
+    """K/V tensors have q's dtype or are an fp8 cache (torch.float8_e4m3fn / float8_e5m2); with
+    kv_dtype (a plan's), exactly that dtype."""
+    if kv_dtype is not None:
+        if t.dtype != kv_dtype:
+            raise TypeError(f"{name}.dtype = {t.dtype}, but the plan was made for kv_data_type = {kv_dtype}")
+        return
     if t.dtype == q_dtype:
         return
     if is_fp8(t.dtype):
-        raise unsupported(f"{name}.dtype", t.dtype, f"{q_dtype} (fp8 KV caches are not implemented)")
-    raise TypeError(f"{name}.dtype = {t.dtype}, expected {q_dtype} (the dtype of q)")
+        check_fp8_kv_dtype(t.dtype, f"{name}.dtype")
+        return
+    raise TypeError(f"{name}.dtype = {t.dtype}, expected {q_dtype} (the dtype of q) or an fp8 dtype")
 
 
 Number = Union[int, float]

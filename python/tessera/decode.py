@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from . import _utils as U
-from ._runtime import _Need, _RuntimeHolder, split_options
+from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -56,13 +56,18 @@ def single_decode_with_kv_cache(
     Args:
         q: ``[num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
         k, v: ``[kv_len, num_kv_heads, head_dim]`` (``kv_layout="NHD"``) or
-            ``[num_kv_heads, kv_len, head_dim]`` (``"HND"``), q's dtype; any strides with a
-            contiguous last dimension. ``num_qo_heads`` must be a multiple of ``num_kv_heads``.
+            ``[num_kv_heads, kv_len, head_dim]`` (``"HND"``), q's dtype or both
+            ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (an fp8 cache: head dims 64, 128, 256);
+            any strides with a contiguous last dimension. ``num_qo_heads`` must be a multiple of
+            ``num_kv_heads``.
         kv_layout: ``"NHD"`` or ``"HND"``.
         pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE on q and k) or ``"ALIBI"`` (see the
             module doc).
         use_tensor_cores: accepted for compatibility; Tessera picks the kernel itself.
-        q_scale, k_scale, v_scale: fp8 scales, only ``None``/``1.0``.
+        q_scale: only ``None``/``1.0``.
+        k_scale, v_scale: fp8 K/V only: the dequantization scales (an element ``x`` stands for
+            ``x * scale``), each ``None`` (1), a float > 0, or a float32 tensor on q's device of 1 or
+            ``num_kv_heads`` elements (per KV head); with 16-bit K/V only ``None``/``1.0``.
         window_left: sliding window, ``-1`` (off) or the number of keys before the query's
             position it still sees.
         logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``: ``cap * tanh(logits / cap)``.
@@ -78,8 +83,6 @@ def single_decode_with_kv_cache(
     torch = U._torch()
     layout = U.check_kv_layout(kv_layout)
     U.check_scale("q_scale", q_scale)
-    U.check_scale("k_scale", k_scale)
-    U.check_scale("v_scale", v_scale)
     variant = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
     U.check_tensor("q", q, ndim=2, shape_hint="([num_qo_heads, head_dim])")
     U.check_attention_dtype(q.dtype, "q.dtype")
@@ -87,7 +90,11 @@ def single_decode_with_kv_cache(
     U.check_tensor("v", v, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
     U.kv_data_dtype_check("k", k, q.dtype)
     U.kv_data_dtype_check("v", v, q.dtype)
+    if v.dtype != k.dtype:
+        raise TypeError(f"v.dtype = {v.dtype}, expected {k.dtype} (the dtype of k)")
     hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
+    fp8 = U.is_fp8(k.dtype)
+    scales = U.kv_scale_kwargs(("k_scale", "v_scale"), k_scale, v_scale, k.dtype if fp8 else None, hkv, q.device)
     U.check_heads(q.shape[0], hkv, q.shape[1])
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
@@ -100,8 +107,8 @@ def single_decode_with_kv_cache(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0],), dtype=torch.float32, device=q.device) if return_lse else None
     slopes = U.alibi_slopes(int(q.shape[0]), q.device) if variant.alibi else None
-    U.call(U._C().single_decode, q, q, k, v, layout, out, lse, scale, U.current_stream(q.device),
-           **variant.kwargs(slopes))
+    U.call(U._C().single_decode, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, U.current_stream(q.device),
+           kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales, **variant.kwargs(slopes))
     return (out, lse) if return_lse else out
 
 
@@ -183,6 +190,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 )
         self._planned: Optional[Dict[str, Any]] = None
         self._alibi_slopes: Optional["torch.Tensor"] = None
+        self._kv_scales = _KVScaleBuffer()
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -249,7 +257,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 the ALiBi slopes live on the workspace's GPU, kept by the wrapper).
             window_left: sliding window, ``-1`` (off) or ``>= 0``.
             logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
-            q_data_type, kv_data_type, data_type, o_data_type: float16 or bfloat16, all equal.
+            q_data_type, kv_data_type, data_type, o_data_type: float16 or bfloat16, all equal, except
+                ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
+                (head dims 64, 128, 256; its scales go to :meth:`run`).
             sm_scale: default ``1/sqrt(head_dim)``.
             rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
                 ``"ROPE_LLAMA"``.
@@ -266,6 +276,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         U.check_none("block_tables", block_tables)
         U.check_none("seq_lens", seq_lens)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
+        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type, data_type)
         hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim)
         page_size = U.check_positive_int("page_size", page_size)
         scale = U.resolve_sm_scale(sm_scale, d)
@@ -300,6 +311,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             split,
             split_size,
             graph_bounds=(self._fixed_batch_size, self._fixed_batch_size) if self._use_cuda_graph else None,
+            kv_dtype=kv_dtype,
         )
         device = self._float_workspace_buffer.device
         stream = U.current_stream(device)
@@ -315,8 +327,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             run_indices = indices if indices.device == device else indices.to(device, non_blocking=True)
         # The plan keeps the slopes' device pointer: the wrapper keeps the tensor.
         self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
+        fp8 = U.is_fp8(kv_dtype)
+        scale_kwargs = self._kv_scales.plan_kwargs(device) if fp8 else {}
         cpp.plan(indptr_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
-                 U.device_index(self._float_workspace_buffer), **variant.kwargs(self._alibi_slopes))
+                 U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
+                 **scale_kwargs, **variant.kwargs(self._alibi_slopes))
         self._planned = {
             "batch": batch,
             "num_qo_heads": hq,
@@ -324,6 +339,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             "head_dim": d,
             "page_size": page_size,
             "dtype": dtype,
+            "kv_dtype": kv_dtype,
             "indices": run_indices,
             "host_indices": U.HostPageIds("indices", indices, num_pages),
             "sm_scale": scale,
@@ -353,7 +369,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             paged_kv_cache: ``(k_cache, v_cache)`` each ``[num_pages, page_size, num_kv_heads,
                 head_dim]`` (NHD) or ``[num_pages, num_kv_heads, page_size, head_dim]`` (HND), or
                 one tensor ``[num_pages, 2, ...]``.
-            q_scale, k_scale, v_scale: only ``None``/``1.0``.
+            q_scale: only ``None``/``1.0``.
+            k_scale, v_scale: an fp8 cache's dequantization scales (``None`` = 1, a float > 0, or a
+                one-element float32 tensor on the cache's device), this call's; with a 16-bit cache
+                only ``None``/``1.0``.
             out: optional output, q's shape and dtype (allocated when ``None``).
             lse: optional float32 ``[rows of q, num_qo_heads]`` for the base-2 LSE (used when
                 ``return_lse``; allocated when ``None``).
@@ -367,8 +386,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """
         U.check_no_extra_args(args)
         U.check_scale("q_scale", q_scale)
-        U.check_scale("k_scale", k_scale)
-        U.check_scale("v_scale", v_scale)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this step's page table first")
@@ -376,8 +393,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
-        U.call(self._holder.cpp.run, q, q, k, v, kv, layout, p["indices"], out, lse if return_lse else None,
-               U.current_stream(q.device))
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale)
+        U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), layout, p["indices"], out,
+               lse if return_lse else None, U.current_stream(q.device),
+               kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
         return (out, lse) if return_lse else out
 
     forward = run
@@ -396,6 +415,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
 
 # --- shared run() checks of the paged wrappers ---------------------------------------------------
+
+
+def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any) -> bool:
+    """run()'s k_scale / v_scale: written into the plan's scale buffer for an fp8 cache (True),
+    else only None/1.0 (False)."""
+    if U.is_fp8(p["kv_dtype"]):
+        buffer.set(k_scale, v_scale)
+        return True
+    U.check_scale("k_scale", k_scale)
+    U.check_scale("v_scale", v_scale)
+    return False
 
 
 def _check_run_queries(
@@ -434,12 +464,12 @@ def _check_paged_cache(
 ) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"], Optional["torch.Tensor"]]:
     k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
     if kv is not None:
-        U.kv_data_dtype_check("paged_kv_cache", kv, q.dtype)
+        U.kv_data_dtype_check("paged_kv_cache", kv, q.dtype, p["kv_dtype"])
         U.check_same_device("paged_kv_cache", kv, "q", q)
     else:
         assert k is not None and v is not None
-        U.kv_data_dtype_check("paged_kv_cache[0]", k, q.dtype)
-        U.kv_data_dtype_check("paged_kv_cache[1]", v, q.dtype)
+        U.kv_data_dtype_check("paged_kv_cache[0]", k, q.dtype, p["kv_dtype"])
+        U.kv_data_dtype_check("paged_kv_cache[1]", v, q.dtype, p["kv_dtype"])
         if tuple(v.shape) != tuple(k.shape):
             raise ValueError(
                 f"paged_kv_cache[1] has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of paged_kv_cache[0])"

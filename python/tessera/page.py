@@ -87,13 +87,18 @@ def append_paged_kv_cache(
 
     Args:
         append_key, append_value: ``[nnz, num_kv_heads, head_dim]``, the cache's dtype
-            (float16, bfloat16 or float32), contiguous last dimension.
+            (float16, bfloat16 or float32), or float16/bfloat16 for an fp8 cache
+            (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``), contiguous last dimension.
         batch_indices, positions: int32 ``[nnz]`` on the GPU: row i goes to request
             ``batch_indices[i]`` at token position ``positions[i]`` (see
             :func:`get_batch_indices_positions`).
         paged_kv_cache: ``(k_cache, v_cache)`` or one ``[num_pages, 2, ...]`` tensor.
         kv_indices, kv_indptr, kv_last_page_len: the page table AFTER the append (int32, GPU).
         kv_layout: ``"NHD"`` or ``"HND"``.
+
+    Into an fp8 cache each element is stored rounded to nearest and saturated to the largest finite
+    value (448 for e4m3, 57344 for e5m2), as FlashInfer's cast does: scale the rows before appending
+    (or use the C++ ``append_paged_kv_cache(..., KVScales)``, which divides by the scales).
 
     Rows whose target lies outside the request's pages are skipped, never written out of bounds.
     """
@@ -115,9 +120,20 @@ def append_paged_kv_cache(
     U.check_index_tensor("kv_indices", kv_indices)
     U.check_index_tensor("kv_last_page_len", kv_last_page_len, int(kv_indptr.shape[0]) - 1)
     k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
+    cache_dtype = (kv if kv is not None else k).dtype  # type: ignore[union-attr]
+    fp8 = U.is_fp8(cache_dtype)
+    if fp8:
+        U.check_fp8_kv_dtype(cache_dtype, "paged_kv_cache.dtype")
+        if append_key.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(
+                f"append_key.dtype = {append_key.dtype}, expected torch.float16 or torch.bfloat16 (rows quantized into "
+                f"the {cache_dtype} cache)"
+            )
     for name, t in (("paged_kv_cache", kv), ("paged_kv_cache[0]", k), ("paged_kv_cache[1]", v)):
-        if t is not None and t.dtype != append_key.dtype:
-            raise TypeError(f"{name}.dtype = {t.dtype}, expected {append_key.dtype} (the dtype of append_key)")
+        expected = cache_dtype if fp8 else append_key.dtype
+        if t is not None and t.dtype != expected:
+            raise TypeError(f"{name}.dtype = {t.dtype}, expected {expected}"
+                            f" ({'the dtype of paged_kv_cache[0]' if fp8 else 'the dtype of append_key'})")
     _, _, hkv, d = U.paged_kv_geometry(k, kv, kv_layout == "NHD")
     if append_key.shape[1] != hkv or append_key.shape[2] != d:
         raise ValueError(
@@ -130,6 +146,7 @@ def append_paged_kv_cache(
                     ("paged_kv_cache", kv if kv is not None else k)):
         U.check_same_device(name, t, "append_key", append_key)  # type: ignore[arg-type]
     U.call(
-        U._C().append_paged_kv_cache_at, append_key, append_key, append_value, batch_indices, positions, k, v, kv, layout, kv_indptr, kv_indices, kv_last_page_len,
-        U.current_stream(append_key.device),
+        U._C().append_paged_kv_cache_at, append_key, append_key, append_value, batch_indices, positions, U.kv_arg(k),
+        U.kv_arg(v), U.kv_arg(kv), layout, kv_indptr, kv_indices, kv_last_page_len,
+        U.current_stream(append_key.device), cache_dtype=U.tessera_dtype(cache_dtype) if fp8 else None,
     )

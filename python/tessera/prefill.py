@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from . import _utils as U
-from ._runtime import _Need, _RuntimeHolder, split_options
-from .decode import PagedKVCache, _check_paged_cache, _check_run_queries
+from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
+from .decode import PagedKVCache, _check_paged_cache, _check_run_queries, _run_kv_scales
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -138,8 +138,11 @@ def single_prefill_with_kv_cache(
     Args:
         q: ``[qo_len, num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
         k, v: ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
-            (HND), q's dtype, contiguous last dimension.
-        scale_q, scale_k, scale_v: fp8 scales, only ``None``.
+            (HND), q's dtype or both ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (an fp8 cache:
+            head dims 64, 128, 256), contiguous last dimension.
+        scale_q: only ``None`` (fp8 queries are not implemented).
+        scale_k, scale_v: fp8 K/V only: the dequantization scales, each ``None`` (1), a float > 0,
+            or a float32 tensor on q's device of 1 or ``num_kv_heads`` elements.
         o_dtype: only ``None`` or q's dtype.
         custom_mask: bool ``[qo_len, kv_len]`` on q's device, True = key visible to the query
             (packed here; pass ``packed_custom_mask`` to avoid that).
@@ -166,9 +169,7 @@ def single_prefill_with_kv_cache(
     torch = U._torch()
     layout = U.check_kv_layout(kv_layout)
     U.check_backend(backend)
-    U.check_none("scale_q", scale_q, "None (fp8 scaling is not implemented)")
-    U.check_none("scale_k", scale_k, "None (fp8 scaling is not implemented)")
-    U.check_none("scale_v", scale_v, "None (fp8 scaling is not implemented)")
+    U.check_none("scale_q", scale_q, "None (fp8 queries are not implemented)")
     variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                      rope_scale, rope_theta)
     causal = _check_causal(causal)
@@ -182,8 +183,12 @@ def single_prefill_with_kv_cache(
     U.check_tensor("v", v, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
     U.kv_data_dtype_check("k", k, q.dtype)
     U.kv_data_dtype_check("v", v, q.dtype)
+    if v.dtype != k.dtype:
+        raise TypeError(f"v.dtype = {v.dtype}, expected {k.dtype} (the dtype of k)")
     hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
     U.check_heads(q.shape[1], hkv, q.shape[2])
+    fp8 = U.is_fp8(k.dtype)
+    scales = U.kv_scale_kwargs(("scale_k", "scale_v"), scale_k, scale_v, k.dtype if fp8 else None, hkv, q.device)
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
     if k.shape[2] != q.shape[2]:
@@ -200,8 +205,9 @@ def single_prefill_with_kv_cache(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
     slopes = U.alibi_slopes(int(q.shape[1]), q.device) if variant.alibi else None
-    U.call(U._C().single_prefill, q, q, k, v, layout, out, lse, scale, causal, U.current_stream(q.device),
-           custom_mask=mask, custom_mask_indptr=mask_indptr, **variant.kwargs(slopes))
+    U.call(U._C().single_prefill, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, causal,
+           U.current_stream(q.device), custom_mask=mask, custom_mask_indptr=mask_indptr,
+           kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales, **variant.kwargs(slopes))
     return (out, lse) if return_lse else out
 
 
@@ -247,6 +253,7 @@ class _PrefillBase:
         self._max_total_num_rows: Optional[int] = None
         self._planned: Optional[Dict[str, Any]] = None
         self._alibi_slopes: Optional["torch.Tensor"] = None  # kept while a plan uses its device pointer
+        self._kv_scales = _KVScaleBuffer()  # an fp8 cache's scales, filled by run()
         if self._use_cuda_graph:
             if qo_indptr_buf is None:
                 raise ValueError("use_cuda_graph=True needs qo_indptr_buf (a preallocated int32 CUDA tensor)")
@@ -422,7 +429,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
             rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
                 ``"ROPE_LLAMA"``.
-            q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal.
+            q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal, except
+                ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
+                (head dims 64, 128, 256; its scales go to :meth:`run`).
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128; batch-invariant results). disable_split_kv: never split.
             custom_mask, packed_custom_mask (the plan/run runtime has no custom masks: use
@@ -448,6 +457,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         causal = _check_causal(causal)
         _check_head_dim_vo(head_dim_qk, head_dim_vo)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
+        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
         hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
         page_size = U.check_positive_int("page_size", page_size)
         scale = U.resolve_sm_scale(sm_scale, d)
@@ -477,7 +487,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
-        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds)
+        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds,
+                                  kv_dtype=kv_dtype)
         device = self._float_workspace_buffer.device
         if self._use_cuda_graph:
             assert self._paged_kv_indices_buf is not None and self._qo_indptr_buf is not None
@@ -492,9 +503,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             run_indices = (paged_kv_indices if paged_kv_indices.device == device
                            else paged_kv_indices.to(device, non_blocking=True))
         self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
+        fp8 = U.is_fp8(kv_dtype)
         cpp.plan(qo_host, kv_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, causal,
                  U.current_stream(device), U.device_index(self._float_workspace_buffer),
-                 **variant.kwargs(self._alibi_slopes))
+                 kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
+                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}), **variant.kwargs(self._alibi_slopes))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -503,6 +516,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "head_dim": d,
             "page_size": page_size,
             "dtype": dtype,
+            "kv_dtype": kv_dtype,
             "indices": run_indices,
             "host_indices": U.HostPageIds("paged_kv_indices", paged_kv_indices, num_pages),
             "causal": causal,
@@ -532,7 +546,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             q: ``[qo_indptr[-1], num_qo_heads, head_dim]`` (more rows are allowed and ignored).
             paged_kv_cache: ``(k_cache, v_cache)`` or one ``[num_pages, 2, ...]`` tensor in
                 ``kv_layout``.
-            q_scale, k_scale, v_scale: only ``None``/``1.0``.
+            q_scale: only ``None``/``1.0``. k_scale, v_scale: as in
+                :meth:`BatchDecodeWithPagedKVCacheWrapper.run` (an fp8 cache's scales).
             out, lse, return_lse: as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`.
             enable_pdl: accepted and ignored.
             window_left: ``None`` or the plan's ``window_left`` (the plan fixes the variant;
@@ -543,8 +558,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         """
         U.check_no_extra_args(args)
         U.check_scale("q_scale", q_scale)
-        U.check_scale("k_scale", k_scale)
-        U.check_scale("v_scale", v_scale)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
@@ -552,8 +565,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
-        U.call(self._holder.cpp.run, q, q, k, v, kv, layout, p["indices"], out, lse if return_lse else None,
-               U.current_stream(q.device))
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale)
+        U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), layout, p["indices"], out,
+               lse if return_lse else None, U.current_stream(q.device),
+               kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
         return (out, lse) if return_lse else out
 
     forward = run
@@ -657,7 +672,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             sm_scale: default ``1/sqrt(head_dim_qk)``.
             rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
                 ``"ROPE_LLAMA"``.
-            q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal.
+            q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal, except
+                ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
+                (head dims 64, 128, 256; its scales go to :meth:`run`).
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128). disable_split_kv: never split.
             custom_mask, packed_custom_mask (the plan/run runtime has no custom masks: use
@@ -679,6 +696,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         causal = _check_causal(causal)
         _check_head_dim_vo(head_dim_qk, head_dim_vo)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
+        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
         hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
         scale = U.resolve_sm_scale(sm_scale, d)
         split, split_size = split_options(fixed_split_size, disable_split_kv, 1)
@@ -693,15 +711,18 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
-        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds)
+        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds,
+                                  kv_dtype=kv_dtype)
         device = self._float_workspace_buffer.device
         if self._use_cuda_graph:
             assert self._qo_indptr_buf is not None and self._kv_indptr_buf is not None
             self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
             self._kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
         self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
+        fp8 = U.is_fp8(kv_dtype)
         cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
-                 U.device_index(self._float_workspace_buffer), **variant.kwargs(self._alibi_slopes))
+                 U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
+                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}), **variant.kwargs(self._alibi_slopes))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -710,6 +731,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "num_kv_heads": hkv,
             "head_dim": d,
             "dtype": dtype,
+            "kv_dtype": kv_dtype,
             "causal": causal,
             "sm_scale": scale,
             "window_left": variant.window_left,
@@ -723,6 +745,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         k: "torch.Tensor",
         v: "torch.Tensor",
         *args: Any,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
         out: Optional["torch.Tensor"] = None,
         lse: Optional["torch.Tensor"] = None,
         return_lse: bool = False,
@@ -733,7 +757,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         Args:
             q: ``[qo_indptr[-1], num_qo_heads, head_dim]``.
             k, v: ``[kv_indptr[-1], num_kv_heads, head_dim]`` (NHD) or
-                ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND), q's dtype.
+                ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND), the plan's ``kv_data_type``.
+            k_scale, v_scale: an fp8 K/V's scales, as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`.
             out, lse, return_lse: as in :meth:`BatchPrefillWithPagedKVCacheWrapper.run`.
             enable_pdl: accepted and ignored.
 
@@ -747,8 +772,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         U.check_tensor("k", k, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
         U.check_tensor("v", v, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
-        U.kv_data_dtype_check("k", k, q.dtype)
-        U.kv_data_dtype_check("v", v, q.dtype)
+        U.kv_data_dtype_check("k", k, q.dtype, p["kv_dtype"])
+        U.kv_data_dtype_check("v", v, q.dtype, p["kv_dtype"])
         if tuple(v.shape) != tuple(k.shape):
             raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
         U.check_same_device("k", k, "q", q)
@@ -760,7 +785,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 f"k has {k.shape[1]} KV heads of dim {k.shape[2]} (kv_layout={self._kv_layout!r}), but the plan was made "
                 f"for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
             )
-        U.call(self._holder.cpp.run, q, q, k, v, out, lse if return_lse else None, U.current_stream(q.device))
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale)
+        U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), out, lse if return_lse else None,
+               U.current_stream(q.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
         return (out, lse) if return_lse else out
 
     forward = run

@@ -269,16 +269,25 @@ PLAN_IDS = ["decode", "prefill_paged", "prefill_ragged"]
 
 
 @pytest.mark.parametrize("cls,plan", PLANS, ids=PLAN_IDS)
+@pytest.mark.parametrize("value", [torch.float8_e4m3fn, "float8_e5m2", "e4m3"])
+def test_plan_accepts_fp8_kv_data_type(cls, plan, value):
+    # An fp8 cache passes every check; the plan stops at its first GPU step.
+    with pytest.raises(ValueError, match="float_workspace_buffer is on cpu, expected a CUDA tensor"):
+        plan(cls(_ws()), kv_data_type=value)
+
+
+@pytest.mark.parametrize("cls,plan", PLANS, ids=PLAN_IDS)
 @pytest.mark.parametrize(
-    "option,value",
+    "value,error,message",
     [
-        ("kv_data_type", torch.float8_e4m3fn),
-        ("kv_data_type", "float8_e5m2"),
+        (torch.float8_e4m3fnuz, NotImplementedError, r"kv_data_type=torch.float8_e4m3fnuz is not supported .*torch.float8_e4m3fn or"),
+        (torch.float32, TypeError, "kv_data_type"),
+        (torch.bfloat16, NotImplementedError, "mixed q/kv dtypes"),  # q_data_type is float16
     ],
 )
-def test_plan_unsupported_options(cls, plan, option, value):
-    with pytest.raises(NotImplementedError, match=option):
-        plan(cls(_ws()), **{option: value})
+def test_plan_rejects_kv_data_type(cls, plan, value, error, message):
+    with pytest.raises(error, match=message):
+        plan(cls(_ws()), kv_data_type=value)
 
 
 # FlashInfer's variant options that Tessera implements: they pass every check, and the plan stops
@@ -539,8 +548,27 @@ def test_single_decode_checks():
         f(q.float(), k, v)
     with pytest.raises(TypeError, match=r"k.dtype = torch.bfloat16, expected torch.float16"):
         f(q, k.bfloat16(), v)
+    # fp8 K/V: both of one fp8 dtype; scales None, a float > 0 or a float32 tensor of 1 or
+    # num_kv_heads elements; the e4m3fnuz variants are not read.
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match=r"v.dtype = torch.float16, expected torch.float8_e4m3fn"):
+        f(q, k8, v)
     with pytest.raises(NotImplementedError, match="k.dtype"):
-        f(q, k.to(torch.float8_e4m3fn), v)
+        f(q, k.to(torch.float8_e4m3fnuz), v.to(torch.float8_e4m3fnuz))
+    for option, value, error, message in [
+        ("k_scale", 0.0, ValueError, r"k_scale = 0.0, expected a finite scale > 0"),
+        ("v_scale", float("nan"), ValueError, "v_scale"),
+        ("k_scale", -2, ValueError, "k_scale"),
+        ("k_scale", "1", TypeError, "k_scale must be None, a float or a float32 tensor"),
+        ("v_scale", torch.ones(3), ValueError, r"v_scale has 3 elements, expected 1 \(per tensor\) or num_kv_heads = 2"),
+        ("k_scale", torch.ones(1, dtype=torch.float16), TypeError, r"k_scale.dtype = torch.float16, expected torch.float32"),
+        ("q_scale", 2.0, NotImplementedError, "q_scale"),
+    ]:
+        with pytest.raises(error, match=message):
+            f(q, k8, v8, **{option: value})
+    for opts in [{}, {"k_scale": 0.5, "v_scale": 2}, {"k_scale": torch.ones(1), "v_scale": torch.ones(2)}]:
+        with pytest.raises(ValueError, match="q is on cpu, expected a CUDA tensor"):
+            f(q, k8, v8, **opts)
     with pytest.raises(ValueError, match=r"q has shape \(1, 8, 128\), expected 2 dimensions"):
         f(q[None], k, v)
     with pytest.raises(ValueError, match=r"v has shape"):

@@ -149,10 +149,12 @@ class Paged:
         ids = self.indices[lo:hi].long()
         out = []
         for t in (self.k, self.v):
-            pages = t[ids]
+            fp8 = "float8" in str(t.dtype)  # gathered as bytes: not every torch indexes fp8 tensors
+            pages = (t.view(torch.uint8) if fp8 else t)[ids]
             if self.layout == "HND":
                 pages = pages.permute(0, 2, 1, 3)
-            out.append(pages.reshape(-1, pages.shape[2], pages.shape[3])[: self.kv_lens[b]])
+            rows = pages.reshape(-1, pages.shape[2], pages.shape[3])[: self.kv_lens[b]]
+            out.append(rows.view(t.dtype) if fp8 else rows)
         return out
 
 
@@ -532,6 +534,115 @@ def test_append_paged_kv_cache(layout, page_size, combined):
             before_k[idx] = cache.k[idx]
             before_v[idx] = cache.v[idx]
     assert torch.equal(before_k, cache.k) and torch.equal(before_v, cache.v)
+
+
+# --- fp8 KV caches (e4m3, e5m2) -----------------------------------------------------------------------
+# Codes are torch's casts of N(0, 1) values; scales are powers of two, so code x scale is exact in
+# 16 bits and the reference (fp32 attention over code x scale) sees what the kernels' tiles hold.
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def dequant(codes, scale, head_dim=1):
+    """codes x scale in fp32; scale a float or a per-KV-head tensor (KV heads on dim `head_dim`)."""
+    x = codes.float()
+    if isinstance(scale, torch.Tensor):
+        shape = [1] * x.dim()
+        shape[head_dim] = -1
+        return x * scale.float().view(shape)
+    return x * scale
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("per_head", (False, True))
+def test_single_decode_and_prefill_fp8(fp8, per_head):
+    gen = torch.Generator().manual_seed(11 + per_head)
+    hkv, group, d, kv = 2, 4, 128, 777
+    hq = hkv * group
+    k = torch.randn(kv, hkv, d, generator=gen).to(fp8).to(DEV)
+    v = torch.randn(kv, hkv, d, generator=gen).to(fp8).to(DEV)
+    ks = torch.tensor([0.5, 2.0], device=DEV) if per_head else 0.25
+    vs = torch.tensor([4.0, 0.125], device=DEV) if per_head else 2.0
+    kd, vd = dequant(k, ks), dequant(v, vs)
+    for dtype in DTYPES:
+        q = torch.randn(hq, d, generator=gen).to(dtype).to(DEV)
+        out, lse = tessera.single_decode_with_kv_cache(q, k, v, k_scale=ks, v_scale=vs, return_lse=True)
+        ref_o, ref_lse = ref_attention(q[None], kd, vd, False, 1 / math.sqrt(d))
+        assert_close(out, lse, ref_o[0], ref_lse[0], dtype, f"single_decode {fp8}")
+        qp = torch.randn(50, hq, d, generator=gen).to(dtype).to(DEV)
+        out, lse = tessera.single_prefill_with_kv_cache(qp, k, v, scale_k=ks, scale_v=vs, causal=True, return_lse=True)
+        ref_o, ref_lse = ref_attention(qp, kd, vd, True, 1 / math.sqrt(d))
+        assert_close(out, lse, ref_o, ref_lse, dtype, f"single_prefill {fp8}")
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_wrappers_fp8(fp8, workspace):
+    gen = torch.Generator().manual_seed(12)
+    rng = random.Random(12)
+    hkv, group, d, ps, dtype = 2, 4, 128, 16, torch.bfloat16
+    hq = hkv * group
+    kv_lens = lengths(rng, 5, 2049, KV_LENS)
+    cache = Paged(kv_lens, ps, hkv, d, fp8, "NHD", False, gen)
+    # Decode: run() takes this call's scales (two calls with different ones, one plan).
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, q_data_type=dtype, kv_data_type=fp8)
+    q = torch.randn(5, hq, d, generator=gen).to(dtype).to(DEV)
+    for ks, vs in ((0.5, 2.0), (4.0, 0.25)):
+        out, lse = w.run(q, cache.cache, k_scale=ks, v_scale=vs, return_lse=True)
+        for b in range(5):
+            k, v = cache.request_kv(b)
+            ref_o, ref_lse = ref_attention(q[b : b + 1], dequant(k, ks), dequant(v, vs), False, 1 / math.sqrt(d))
+            assert_close(out[b], lse[b], ref_o[0], ref_lse[0], dtype, f"decode fp8 request {b} scales {ks}, {vs}")
+    with pytest.raises(TypeError, match="kv_data_type"):
+        w.run(q, (cache.k.to(dtype), cache.v.to(dtype)))
+    # Prefill over the paged cache and over ragged K/V.
+    qo_lens = lengths(rng, 5, 128, QO_LENS)
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    qp = torch.randn(int(qo_indptr[-1]), hq, d, generator=gen).to(dtype).to(DEV)
+    wp = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    wp.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, causal=True,
+            q_data_type=dtype, kv_data_type=fp8)
+    out = wp.run(qp, cache.cache, k_scale=0.5, v_scale=0.5)
+    for b in range(5):
+        lo, hi = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        k, v = cache.request_kv(b)
+        ref_o, _ = ref_attention(qp[lo:hi], dequant(k, 0.5), dequant(v, 0.5), True, 1 / math.sqrt(d))
+        assert_close(out[lo:hi], None, ref_o, None, dtype, f"paged prefill fp8 request {b}")
+    ks = [cache.request_kv(b)[0] for b in range(5)]
+    vs = [cache.request_kv(b)[1] for b in range(5)]
+    kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
+    kr = torch.cat([x.view(torch.uint8) for x in ks]).view(fp8)
+    vr = torch.cat([x.view(torch.uint8) for x in vs]).view(fp8)
+    wr = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+    wr.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=True, q_data_type=dtype, kv_data_type=fp8)
+    out = wr.run(qp, kr, vr, k_scale=2.0, v_scale=0.5)
+    for b in range(5):
+        qs, kv_s = slice(int(qo_indptr[b]), int(qo_indptr[b + 1])), slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
+        ref_o, _ = ref_attention(qp[qs], dequant(kr[kv_s], 2.0), dequant(vr[kv_s], 0.5), True, 1 / math.sqrt(d))
+        assert_close(out[qs], None, ref_o, None, dtype, f"ragged prefill fp8 request {b}")
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_append_paged_kv_cache_fp8(fp8):
+    gen = torch.Generator().manual_seed(13)
+    hkv, d, ps = 2, 128, 16
+    lens = [5, 40, 0, 17]
+    cache = Paged(lens, ps, hkv, d, fp8, "NHD", False, gen)
+    nnz = sum(lens)
+    ak = torch.randn(nnz, hkv, d, generator=gen).to(torch.bfloat16).to(DEV)
+    av = torch.randn(nnz, hkv, d, generator=gen).to(torch.bfloat16).to(DEV)
+    append_indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    seq_lens = tessera.get_seq_lens(cache.indptr.to(DEV), cache.last_page_len.to(DEV), ps)
+    bi, pos = tessera.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    tessera.append_paged_kv_cache(ak, av, bi, pos, cache.cache, cache.indices, cache.indptr.to(DEV),
+                                  cache.last_page_len.to(DEV), "NHD")
+    row = 0
+    for b, n in enumerate(lens):
+        k, v = cache.request_kv(b)
+        # N(0, 1) rows are inside both formats' range, where torch's cast rounds to nearest even too.
+        assert torch.equal(k.view(torch.uint8), ak[row : row + n].to(fp8).view(torch.uint8))
+        assert torch.equal(v.view(torch.uint8), av[row : row + n].to(fp8).view(torch.uint8))
+        row += n
 
 
 # --- the README example, as written ------------------------------------------------------------------

@@ -154,7 +154,9 @@ class _RuntimeHolder:
             if needed <= have:
                 # Drop the old runtime first: its destructor waits for its last plan upload.
                 self.cpp = None
-                self.cpp = U.call(cls, self.workspace, self.workspace, b, options)
+                # The workspace as bytes: FlashInfer's examples allocate int8, engines uint8, and
+                # DLPack has no int8 counterpart in Tessera's dtypes.
+                self.cpp = U.call(cls, self.workspace, self.workspace.view(U._torch().uint8), b, options)
                 self.bounds = b
                 self.options_key = key
                 self.builds += 1

@@ -357,6 +357,22 @@ def test_side_stream_determinism_and_split_options(workspace):
 # --- serving-style decode loop under a CUDA graph ---------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", (torch.int8, torch.uint8, torch.float32), ids=str)
+def test_workspace_of_any_dtype(dtype):
+    # FlashInfer's examples allocate int8 workspaces, engines uint8; Tessera takes the bytes.
+    gen = torch.Generator().manual_seed(21)
+    ws = torch.empty((64 << 20) // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device=DEV)
+    cache = Paged([100, 7], 16, 2, 128, torch.float16, "NHD", False, gen)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, 8, 2, 128, 16, q_data_type=torch.float16)
+    q = torch.randn(2, 8, 128, generator=gen).half().to(DEV)
+    out = w.run(q, cache.cache)
+    for b in range(2):
+        k, v = cache.request_kv(b)
+        assert_close(out[b], None, ref_attention(q[b : b + 1], k, v, False, 128 ** -0.5)[0][0], None, torch.float16,
+                     f"{dtype} workspace, request {b}")
+
+
 def test_decode_cuda_graph_serving_loop():
     """One plan per step shared by 32 layers; run() captured once, replayed after re-planning."""
     gen = torch.Generator().manual_seed(2024)

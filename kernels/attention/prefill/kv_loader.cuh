@@ -211,15 +211,17 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
 /// one is `tid`); K times k_scale and V times v_scale when kScaled, else as stored (the scales
 /// are applied to the logits and the output instead). Zero-filled (missing) rows stay zero. A
 /// thread takes 16-byte chunks of stored rows in turn, K's then V's: one tensor at a time keeps
-/// the live registers to one chunk's (the 128-row tiles' O and S accumulators are live here; both
-/// tensors at once spilled 68 bytes).
-template <typename Traits, typename F8, bool kScaled, int ROWS, int THREADS, typename T>
+/// the live registers to one chunk's. kUnrollRows: the rows' loads in flight together (the decode
+/// tiles, whose accumulators are few); rolled, the 128-row tiles, whose O and S accumulators are
+/// live here, convert without spilling (unrolled: 64-92 bytes at head_dim 128).
+template <typename Traits, typename F8, bool kScaled, bool kUnrollRows, int ROWS, int THREADS, typename T>
 TESSERA_DEVICE void dequantize_kv_rows(const uint8_t* k_raw, T* k_tile, T* v_tile, float k_scale, float v_scale,
                                        int first_row, int tid) {
   static_assert(Traits::kDequantizeKV, "fp8 KV");
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
   constexpr int kChunks = Traits::kRawRowChunks;
   constexpr int kVFromK = Traits::kStages * Traits::kRawTileBytes;
+  constexpr int kPasses = ROWS * kChunks / THREADS;
   static_assert(THREADS % kChunks == 0 && (ROWS * kChunks) % THREADS == 0, "a thread keeps its chunk column; whole passes");
   const int chunk = tid % kChunks, row0 = first_row + tid / kChunks;
 #pragma unroll
@@ -227,13 +229,19 @@ TESSERA_DEVICE void dequantize_kv_rows(const uint8_t* k_raw, T* k_tile, T* v_til
     const uint8_t* raw = k_raw + (part == 0 ? 0 : kVFromK);  // [CTA_TILE_KV][HEAD_DIM] stored bytes
     T* tile = part == 0 ? k_tile : v_tile;
     const float scale = part == 0 ? k_scale : v_scale;
-#pragma unroll
-    for (int j = 0; j < ROWS * kChunks / THREADS; ++j) {
+    auto convert = [&](int j) {
       const int row = row0 + j * (THREADS / kChunks);
       Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
       dequantize_vec16<F8, kScaled>(*reinterpret_cast<const uint4*>(raw + (row * kChunks + chunk) * 16), scale, out);
       out[0].store(tile + Tile::chunk_offset(row, 2 * chunk) * 8);
       out[1].store(tile + Tile::chunk_offset(row, 2 * chunk + 1) * 8);
+    };
+    if constexpr (kUnrollRows) {
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j) convert(j);
+    } else {
+#pragma unroll 1
+      for (int j = 0; j < kPasses; ++j) convert(j);
     }
   }
 }
@@ -347,10 +355,10 @@ struct KVTileSource {
     }
   }
   /// fp8 KV: dequantizes rows [first_row, first_row + ROWS) of raw stage `stage` into the T tiles
-  /// the MMAs read, with THREADS threads (this one is `tid`).
-  template <int ROWS, int THREADS, typename T>
+  /// the MMAs read, with THREADS threads (this one is `tid`; kUnrollRows: see dequantize_kv_rows).
+  template <bool kUnrollRows, int ROWS, int THREADS, typename T>
   TESSERA_DEVICE void dequantize(int stage, T* k_tile, T* v_tile, int first_row, int tid) const {
-    dequantize_kv_rows<Traits, typename Params::KVType, !kFoldScales, ROWS, THREADS>(
+    dequantize_kv_rows<Traits, typename Params::KVType, !kFoldScales, kUnrollRows, ROWS, THREADS>(
         smem.raw_k + stage * Traits::kRawTileBytes, k_tile, v_tile, k_scale, v_scale, first_row, tid);
   }
   /// Factors the kernel applies outside the tiles: K's scale on the logits and V's on the output

@@ -93,11 +93,11 @@ struct Sm80Mainloop {
       kv.resolve(tile + Traits::kStages);
     }
     if constexpr (kWarpDequantize) {
-      kv.template dequantize<Traits::kWarpColsKV, kWarpSize>(read.stage, k_tile(), v_tile(), warp_col0, lane);
+      kv.template dequantize<true, Traits::kWarpColsKV, kWarpSize>(read.stage, k_tile(), v_tile(), warp_col0, lane);
       __syncwarp();  // the warp's rows are complete before its lanes read them
     } else if constexpr (Traits::kDequantizeKV) {
-      kv.template dequantize<Traits::CTA_TILE_KV, Traits::kThreads>(read.stage, k_tile(), v_tile(), 0,
-                                                                     static_cast<int>(threadIdx.x));
+      kv.template dequantize<false, Traits::CTA_TILE_KV, Traits::kThreads>(read.stage, k_tile(), v_tile(), 0,
+                                                                            static_cast<int>(threadIdx.x));
       __syncthreads();  // the T tiles are complete before any warp reads them
     }
   }

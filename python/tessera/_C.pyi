@@ -2,9 +2,11 @@
 Tessera's C++ API (low level; use the functions and classes of the `tessera` package).
 """
 
-# Type stub of the extension module tessera._C (generated with `python -m nanobind.stubgen -m
-# tessera._C`, then NDArray made a protocol instead of numpy's: the arrays are any object with
-# __dlpack__, in practice torch tensors).
+# Type stub of the extension module tessera._C, generated from the bindings by
+# scripts/gen-python-stub.py (nanobind.stubgen, then NDArray made a protocol instead of numpy's:
+# the arrays are any object with __dlpack__, in practice torch tensors). Do not edit by hand;
+# tests/python/test_cpu.py::test_stub_matches_the_bindings checks it where the same nanobind runs.
+# nanobind 3.1.0
 
 import enum
 from typing import Any, Protocol
@@ -14,6 +16,7 @@ class NDArray(Protocol):
     """Any DLPack-exporting tensor (torch.Tensor)."""
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 
 class StatusCode(enum.Enum):

@@ -88,6 +88,21 @@ def test_typing_files_are_shipped():
     assert public <= declared, f"_C.pyi lacks {sorted(public - declared)} (regenerate it, see its header)"
 
 
+def test_stub_matches_the_bindings():
+    # The stub is generated (scripts/gen-python-stub.py); stubgen's format is its nanobind
+    # version's, so the comparison runs where the stub's nanobind runs (CI).
+    nanobind = pytest.importorskip("nanobind", reason="nanobind generates the stub")
+    pkg = os.path.dirname(tessera.__file__)
+    generated_with = re.search(r"^# nanobind (\S+)$", open(os.path.join(pkg, "_C.pyi")).read(), re.M)
+    assert generated_with, "_C.pyi has no '# nanobind <version>' line: regenerate it with scripts/gen-python-stub.py"
+    if generated_with.group(1) != nanobind.__version__:
+        pytest.skip(f"_C.pyi was generated with nanobind {generated_with.group(1)}, this is {nanobind.__version__}")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "gen-python-stub.py")
+    result = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, (
+        f"_C.pyi is stale: run PYTHONPATH=<build>/python python3 scripts/gen-python-stub.py\n{result.stdout}{result.stderr}")
+
+
 PUBLIC = [
     tessera.BatchDecodeWithPagedKVCacheWrapper,
     tessera.BatchPrefillWithPagedKVCacheWrapper,

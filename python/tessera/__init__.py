@@ -34,6 +34,7 @@ from . import _C
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .quantization import packbits, segment_packbits
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -57,6 +58,8 @@ __all__ = [
     "append_paged_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",
+    "packbits",
+    "segment_packbits",
     "build_info",
 ]
 
@@ -136,4 +139,4 @@ def build_info() -> Dict[str, Any]:
     }
 
 
-from . import cascade, decode, page, prefill  # noqa: E402,F401  (FlashInfer-style submodules)
+from . import cascade, decode, page, prefill, quantization  # noqa: E402,F401  (FlashInfer-style submodules)

@@ -182,6 +182,8 @@ def test_signatures_match_flashinfer():
     assert _params(tessera.append_paged_kv_cache) == [
         "append_key", "append_value", "batch_indices", "positions", "paged_kv_cache", "kv_indices", "kv_indptr",
         "kv_last_page_len", "kv_layout"]
+    assert _params(tessera.packbits) == ["x", "bitorder"]
+    assert _params(tessera.segment_packbits) == ["x", "indptr", "bitorder"]
 
 
 # --- constructor checks --------------------------------------------------------------------------
@@ -797,3 +799,65 @@ def test_host_page_ids_are_checked_against_the_cache_once_per_page_count():
     with pytest.raises(ValueError, match=r"indices\[0\] = -2 is out of range"):
         U.HostPageIds("indices", _i32([-2, 1]), 2).check(8)
     assert U.HostPageIds("indices", torch.zeros(0, dtype=torch.int32), 0).ids.numel() == 0
+
+
+# --- packbits / segment_packbits (torch operations: they run on the CPU too) ----------------------
+
+
+def _packbits_ref(bits, bitorder):
+    """Byte i holds elements 8i .. 8i+7, from the most significant bit (big) or the least (little)."""
+    out = []
+    for i in range(0, len(bits), 8):
+        byte = 0
+        for k, bit in enumerate(bits[i : i + 8]):
+            if bit:
+                byte |= 1 << (7 - k if bitorder == "big" else k)
+        out.append(byte)
+    return out
+
+
+@pytest.mark.parametrize("bitorder", ("big", "little"))
+@pytest.mark.parametrize("n", (0, 1, 7, 8, 9, 64, 1001))
+def test_packbits(bitorder, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.rand(n, generator=g) < 0.5
+    got = tessera.packbits(x, bitorder)
+    assert got.dtype == torch.uint8 and got.tolist() == _packbits_ref(x.tolist(), bitorder)
+    # Any dtype reads as booleans (nonzero = 1); a 2-D mask is flattened row-major.
+    assert tessera.packbits(x.to(torch.float32).reshape(1, -1) * 3, bitorder).tolist() == got.tolist()
+
+
+@pytest.mark.parametrize("bitorder", ("big", "little"))
+def test_segment_packbits(bitorder):
+    g = torch.Generator().manual_seed(5)
+    lens = [0, 1, 8, 13, 0, 30, 7]
+    x = torch.rand(sum(lens), generator=g) < 0.4
+    indptr = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    packed, packed_indptr = tessera.segment_packbits(x, indptr, bitorder)
+    expected, expected_indptr, start = [], [0], 0
+    for n in lens:
+        seg = _packbits_ref(x[start : start + n].tolist(), bitorder)
+        expected += seg
+        expected_indptr.append(expected_indptr[-1] + len(seg))
+        start += n
+    assert packed.tolist() == expected and packed_indptr.tolist() == expected_indptr
+    assert packed_indptr.dtype == torch.int32
+    # The little-endian single-segment case is what packed_custom_mask takes.
+    one, _ = tessera.segment_packbits(x, torch.tensor([0, x.numel()]), "little")
+    assert one.tolist() == tessera.packbits(x, "little").tolist()
+
+
+def test_packbits_errors():
+    x = torch.ones(10, dtype=torch.bool)
+    with pytest.raises(ValueError, match="bitorder = 'middle', expected 'big' or 'little'"):
+        tessera.packbits(x, "middle")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        tessera.packbits([1, 0, 1])
+    with pytest.raises(ValueError, match="end at x.numel"):
+        tessera.segment_packbits(x, torch.tensor([0, 4, 9]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        tessera.segment_packbits(x, torch.tensor([0, 6, 4, 10]))
+    with pytest.raises(TypeError, match="indptr.dtype = torch.float32"):
+        tessera.segment_packbits(x, torch.tensor([0.0, 10.0]))
+    with pytest.raises(ValueError, match="x must be a 1-D"):
+        tessera.segment_packbits(x.view(2, 5), torch.tensor([0, 10]))

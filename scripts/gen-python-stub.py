@@ -23,8 +23,9 @@ Tessera's C++ API (low level; use the functions and classes of the `tessera` pac
 # Type stub of the extension module tessera._C, generated from the bindings by
 # scripts/gen-python-stub.py (nanobind.stubgen, then NDArray made a protocol instead of numpy's:
 # the arrays are any object with __dlpack__, in practice torch tensors). Do not edit by hand;
-# tests/python/test_cpu.py::test_stub_matches_the_bindings checks it where the same nanobind runs.
-# nanobind {version}
+# tests/python/test_cpu.py::test_stub_matches_the_bindings checks it where the same nanobind and
+# Python run.
+# nanobind {version}, python {python}
 
 import enum
 from typing import Any, Protocol
@@ -48,7 +49,9 @@ def generate() -> str:
         text = open(out, encoding="utf-8").read()
     if NUMPY_IMPORT not in text:
         raise SystemExit(f"gen-python-stub: stubgen output has no '{NUMPY_IMPORT.strip()}' line to replace")
-    return HEADER.format(version=nanobind.__version__) + "\n" + text[text.index(NUMPY_IMPORT) + len(NUMPY_IMPORT):]
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    header = HEADER.format(version=nanobind.__version__, python=python)
+    return header + "\n" + text[text.index(NUMPY_IMPORT) + len(NUMPY_IMPORT):]
 
 
 def main(argv) -> int:

@@ -5,8 +5,9 @@ Tessera's C++ API (low level; use the functions and classes of the `tessera` pac
 # Type stub of the extension module tessera._C, generated from the bindings by
 # scripts/gen-python-stub.py (nanobind.stubgen, then NDArray made a protocol instead of numpy's:
 # the arrays are any object with __dlpack__, in practice torch tensors). Do not edit by hand;
-# tests/python/test_cpu.py::test_stub_matches_the_bindings checks it where the same nanobind runs.
-# nanobind 3.1.0
+# tests/python/test_cpu.py::test_stub_matches_the_bindings checks it where the same nanobind and
+# Python run.
+# nanobind 3.1.0, python 3.11
 
 import enum
 from typing import Any, Protocol

@@ -93,10 +93,12 @@ def test_stub_matches_the_bindings():
     # version's, so the comparison runs where the stub's nanobind runs (CI).
     nanobind = pytest.importorskip("nanobind", reason="nanobind generates the stub")
     pkg = os.path.dirname(tessera.__file__)
-    generated_with = re.search(r"^# nanobind (\S+)$", open(os.path.join(pkg, "_C.pyi")).read(), re.M)
-    assert generated_with, "_C.pyi has no '# nanobind <version>' line: regenerate it with scripts/gen-python-stub.py"
-    if generated_with.group(1) != nanobind.__version__:
-        pytest.skip(f"_C.pyi was generated with nanobind {generated_with.group(1)}, this is {nanobind.__version__}")
+    generated_with = re.search(r"^# nanobind (\S+), python (\S+)$", open(os.path.join(pkg, "_C.pyi")).read(), re.M)
+    assert generated_with, "_C.pyi has no '# nanobind <v>, python <v>' line: regenerate it (scripts/gen-python-stub.py)"
+    here = (nanobind.__version__, f"{sys.version_info.major}.{sys.version_info.minor}")
+    if generated_with.groups() != here:
+        pytest.skip(f"_C.pyi was generated with nanobind {generated_with.group(1)} on python {generated_with.group(2)}, "
+                    f"this is nanobind {here[0]} on python {here[1]}")
     script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "gen-python-stub.py")
     result = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
     assert result.returncode == 0, (

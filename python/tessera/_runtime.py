@@ -190,8 +190,9 @@ class _KVScaleBuffer:
     """The dequantization scales of a wrapper's fp8 KV cache: FlashInfer passes k_scale / v_scale to
     run(), Tessera's runtime takes them in the plan. The plan gets two one-element f32 device
     tensors (a host factor of 1 times these), which run() fills with that call's scales, so every
-    run (and a replayed CUDA Graph) reads the scales of its own call. A fill is skipped when the
-    value has not changed since the last one."""
+    run reads the scales of its own call. An eager run skips a fill whose value has not changed;
+    with use_cuda_graph every run fills, so a captured run holds its fills and a replay writes the
+    scales of its capture, as FlashInfer's captured scales are."""
 
     def __init__(self) -> None:
         self.buf: Optional[Any] = None  # f32 [2]: k's scale, v's scale
@@ -206,7 +207,7 @@ class _KVScaleBuffer:
             self.last = (1.0, 1.0)
         return {"k_scale_device": self.buf[0:1], "v_scale_device": self.buf[1:2]}
 
-    def set(self, k_scale: Any, v_scale: Any) -> None:
+    def set(self, k_scale: Any, v_scale: Any, always: bool = False) -> None:
         """Fills the buffer with run()'s scales: None (1.0), a finite float > 0, or a float32
         one-element tensor on the cache's device (copied on the stream, so graph-capturable)."""
         torch = U._torch()
@@ -229,6 +230,6 @@ class _KVScaleBuffer:
             value = float(value)
             if not (value > 0.0 and value != float("inf")):
                 raise ValueError(f"{name} = {value}, expected a finite scale > 0")
-            if self.last[i] != value:
+            if always or self.last[i] != value:
                 self.buf[i : i + 1].fill_(value)
                 self.last = (value, self.last[1]) if i == 0 else (self.last[0], value)

@@ -393,7 +393,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
-        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale)
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
         U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), layout, p["indices"], out,
                lse if return_lse else None, U.current_stream(q.device),
                kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
@@ -417,11 +417,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
 # --- shared run() checks of the paged wrappers ---------------------------------------------------
 
 
-def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any) -> bool:
-    """run()'s k_scale / v_scale: written into the plan's scale buffer for an fp8 cache (True),
-    else only None/1.0 (False)."""
+def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any, graph: bool) -> bool:
+    """run()'s k_scale / v_scale: written into the plan's scale buffer for an fp8 cache (True; with
+    use_cuda_graph on every run, so captures hold the fills), else only None/1.0 (False)."""
     if U.is_fp8(p["kv_dtype"]):
-        buffer.set(k_scale, v_scale)
+        buffer.set(k_scale, v_scale, always=graph)
         return True
     U.check_scale("k_scale", k_scale)
     U.check_scale("v_scale", v_scale)

@@ -565,7 +565,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
-        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale)
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
         U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), layout, p["indices"], out,
                lse if return_lse else None, U.current_stream(q.device),
                kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
@@ -785,7 +785,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 f"k has {k.shape[1]} KV heads of dim {k.shape[2]} (kv_layout={self._kv_layout!r}), but the plan was made "
                 f"for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
             )
-        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale)
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
         U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), out, lse if return_lse else None,
                U.current_stream(q.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
         return (out, lse) if return_lse else out

@@ -638,6 +638,47 @@ def test_wrappers_fp8(fp8, workspace):
         assert_close(out[qs], None, ref_o, None, dtype, f"ragged prefill fp8 request {b}")
 
 
+def test_decode_cuda_graph_fp8_scales():
+    # A captured run() holds its scale fills: replays use the capture's scales even after an eager
+    # run with others.
+    gen = torch.Generator().manual_seed(14)
+    batch, hq, hkv, d, ps, dtype, fp8 = 3, 8, 2, 128, 16, torch.bfloat16, torch.float8_e4m3fn
+    cache = Paged([40, 300, 7], ps, hkv, d, fp8, "NHD", False, gen)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device=DEV)
+    indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device=DEV)
+    indices_buf = torch.zeros(64, dtype=torch.int32, device=DEV)
+    last_buf = torch.zeros(batch, dtype=torch.int32, device=DEV)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+                                                   paged_kv_indices_buffer=indices_buf,
+                                                   paged_kv_last_page_len_buffer=last_buf)
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, ps, q_data_type=dtype, kv_data_type=fp8)
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).to(DEV)
+    out = torch.zeros_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.run(q, cache.cache, k_scale=0.5, v_scale=2.0, out=out)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, cache.cache, k_scale=0.5, v_scale=2.0, out=out)
+
+    def check(ks, vs, what):
+        for b in range(batch):
+            k, v = cache.request_kv(b)
+            ref_o, _ = ref_attention(q[b : b + 1], dequant(k, ks), dequant(v, vs), False, 1 / math.sqrt(d))
+            assert_close(out[b], None, ref_o[0], None, dtype, f"{what}, request {b}")
+
+    out.fill_(float("nan"))
+    graph.replay()
+    check(0.5, 2.0, "replay")
+    w.run(q, cache.cache, k_scale=4.0, v_scale=0.25, out=out)
+    check(4.0, 0.25, "eager run with other scales")
+    out.fill_(float("nan"))
+    graph.replay()
+    check(0.5, 2.0, "replay after the eager run")
+
+
 @pytest.mark.parametrize("fp8", FP8, ids=str)
 def test_append_paged_kv_cache_fp8(fp8):
     gen = torch.Generator().manual_seed(13)

@@ -102,9 +102,10 @@ void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int6
   if (variant.is_default) {
     auto kernel =
         kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler, Params>;
-    // One work item per CTA: only the first Q buffer (kOneItemSmemBytes).
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kOneItemSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kOneItemSmemBytes, stream>>>(p, variant.params, tiles);
+    // One work item per CTA: only the first Q buffer (kOneItemSmemBytes; the default variant's
+    // fp8 decode tiles leave out the T tiles they never read).
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kDefaultOneItemSmemBytes);
+    kernel<<<grid, Traits::kThreads, Traits::kDefaultOneItemSmemBytes, stream>>>(p, variant.params, tiles);
     TESSERA_CHECK_LAUNCH();
     return;
   }
@@ -131,8 +132,8 @@ void launch_persistent_config(const Params& p, const ResolvedVariant& variant, c
   if (variant.is_default) {
     auto kernel =
         kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, Params>;
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, variant.params, launch.work);
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kDefaultSmemBytes);
+    kernel<<<grid, Traits::kThreads, Traits::kDefaultSmemBytes, stream>>>(p, variant.params, launch.work);
     TESSERA_CHECK_LAUNCH();
   } else {
     const VariantKernelRequest request = persistent_variant_request<Traits, kFormat>();
@@ -199,9 +200,11 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
     using Traits = typename decltype(traits_tag)::type;
     auto kernel = kernels::attention_prefill_kernel<Traits, decltype(format_tag)::value, kernels::DefaultVariant,
                                                     kernels::PlannedScheduler, kernels::AttentionParams<T, KVT>>;
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+    // The default variant's kernel (variants' kernels with fp8 T tiles may fit fewer CTAs: the
+    // grid then runs in more than one wave, still correct).
+    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kDefaultSmemBytes);
     TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kThreads,
-                                                                     Traits::kSmemBytes))
+                                                                     Traits::kDefaultSmemBytes))
         << " (occupancy of the persistent kernel)";
   });
   return ctas;

@@ -45,7 +45,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
                                  const typename Mainloop::Source& kv, T* q_tile) {
   constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   using Applier = VariantApplier<Traits, kFormat, Variant, Params>;
-  using PT = typename Traits::DType;  // P's element type: P V multiplies P by V as the MMAs read it
+  using PT = typename Mainloop::PType;  // P's element type: P V multiplies P by V as the MMAs read it
   using Softmax = TileSoftmax<Traits, Variant::kUseSoftmax, Applier::kMayUseZeroReference, Applier::kSplitKeyBias>;
   const Applier applier(p, vp, w, c);
   Softmax softmax(applier.zero_reference);
@@ -113,7 +113,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
   } else {
     for (int tile = 0; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<false>{});
   }
-  ml.finish();
+  ml.finish(o);
   if (const float f = ml.output_factor(); f != 1.f) {  // fp8 V's scale (folded out of the tiles)
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)

@@ -67,6 +67,25 @@ TESSERA_DEVICE void dequantize_vec16(const uint4& raw, float scale, Vec<T> (&out
   }
 }
 
+/// Four stored fp8 elements (a 32-bit word, element 0 in the low byte) as two f16 pairs, the
+/// register form of MMA operands: lo = (e0, e1), hi = (e2, e3). Exact (one cvt per pair).
+template <typename F8>
+TESSERA_DEVICE void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  static_assert(IsFp8<F8>::value, "fp8 storage");
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xFFFFu), fp8_interpretation<F8>());
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), fp8_interpretation<F8>());
+  lo = static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(l.y) << 16);
+  hi = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+/// The same for a word holding two elements of each of two rows (e0, e1 of row a, then e0, e1
+/// of row b, as ldmatrix.trans delivers 16-bit units of fp8 data): even = (a0, b0), odd =
+/// (a1, b1), the column pairs across the two rows.
+template <typename F8>
+TESSERA_DEVICE void fp8x4_to_half2x2_columns(uint32_t word, uint32_t& even, uint32_t& odd) {
+  fp8x4_to_half2x2<F8>(__byte_perm(word, 0u, 0x3120u), even, odd);  // bytes a0 b0 a1 b1
+}
+
 /// The dequantization scales of an fp8 KV cache (tessera::KVScales): K's scale for KV head h is
 /// k * k_device[h * k_device_stride] when k_device is set (stride 0: one scale for the tensor,
 /// 1: one per KV head), else k; V's likewise. Read in the kernels, so a CUDA Graph replays with

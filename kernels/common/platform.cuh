@@ -42,6 +42,18 @@ inline constexpr bool kSameType = false;
 template <typename A>
 inline constexpr bool kSameType<A, A> = true;
 
+/// A if kCondition, else B (std::conditional_t, for the same reason).
+template <bool kCondition, typename A, typename B>
+struct ConditionalType {
+  using type = A;
+};
+template <typename A, typename B>
+struct ConditionalType<false, A, B> {
+  using type = B;
+};
+template <bool kCondition, typename A, typename B>
+using Conditional = typename ConditionalType<kCondition, A, B>::type;
+
 template <typename T>
 TESSERA_HOST_DEVICE constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;

@@ -17,6 +17,23 @@ struct SwizzledTile {
   static TESSERA_DEVICE int chunk_offset(int row, int chunk) { return row * ROW_CHUNKS + (chunk ^ (row & 7)); }
 };
 
+/// Stored fp8 K/V rows (ROW_CHUNKS 16-byte chunks, no padding). The decode tiles' ldmatrix reads
+/// take 8 rows at one chunk column, which must cover all 32 banks (kSwizzled): chunk c of row r
+/// is stored at c ^ s(r), s(r) the index of the row's 128-byte line among 8 (rows of >= 8
+/// chunks: r % 8; 4-chunk rows, two to a line: (r / 2) % 4, which with the row's half of the line
+/// makes the 8 rows' chunks distinct). The XOR touches only the chunk bits, so an address XORs a
+/// further (even) chunk step in, as SwizzledTile's readers do. Tiles read a row's consecutive
+/// chunks by consecutive threads (the T-tile conversions) are conflict free unswizzled.
+template <int ROW_CHUNKS, bool kSwizzled>
+struct SwizzledRawTile {
+  static_assert(ROW_CHUNKS == 4 || ROW_CHUNKS % 8 == 0, "rows of 64 bytes or whole 128-byte lines");
+  static constexpr int kRowsPerLine = ROW_CHUNKS >= 8 ? 1 : 8 / ROW_CHUNKS;
+  static constexpr int kSwizzleMask = kSwizzled ? (ROW_CHUNKS >= 8 ? 8 : ROW_CHUNKS) - 1 : 0;
+  static TESSERA_DEVICE int swizzle(int row) { return (row / kRowsPerLine) & kSwizzleMask; }
+  /// Offset, in 16-byte chunks from the tile's start, of logical (row, chunk).
+  static TESSERA_DEVICE int chunk_offset(int row, int chunk) { return row * ROW_CHUNKS + (chunk ^ swizzle(row)); }
+};
+
 /// The operand layout wgmma reads with a swizzle of ATOM_CHUNKS 16-byte chunks: 128 bytes (8
 /// chunks), 64 (4) or 32 (2) (wgmma.cuh). ROWS rows of ROW_CHUNKS chunks are cut into column
 /// blocks of ATOM_CHUNKS chunks; block b of every row forms one [ROWS][ATOM_CHUNKS * 16 B] array,

@@ -84,12 +84,12 @@ struct PrefillEpilogue {
   }
 
   /// Each warp saw a different slice of every KV tile: the warps' states of the same rows are
-  /// merged through shared memory (the K/V buffers), then every thread stores 8 elements of a row.
+  /// merged through shared memory (PrefillSmem::merge), then every thread stores 8 elements of a row.
   TESSERA_DEVICE void merge_warps_and_store(const float (&o)[kMmaQ][kN8D][4], const Softmax& softmax,
                                             const PrefillSmem<Traits>& smem) const {
     constexpr int kRows = Traits::kWarpRowsQ;
     __syncthreads();
-    float* merge_o = reinterpret_cast<float*>(smem.k);                   // [kNumWarps][kRows][HEAD_DIM]
+    float* merge_o = smem.merge;                                          // [kNumWarps][kRows][HEAD_DIM]
     float* merge_md = merge_o + Traits::kNumWarps * kRows * Traits::HEAD_DIM;  // [kNumWarps][kRows][2]
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)

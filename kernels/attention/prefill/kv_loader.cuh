@@ -179,12 +179,13 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
 }
 
 /// fp8 KV: copies the K and V rows resolved in the row table, as stored (HEAD_DIM bytes a row),
-/// into raw stage k_raw (its V stage kStages * kRawTileBytes further); missing rows are
-/// zero-filled. A thread keeps one 16-byte chunk column, as load_kv_tile does.
+/// into raw stage k_raw (its V stage kStages * kRawTileBytes further; Traits::RawTile); missing
+/// rows are zero-filled. A thread keeps one 16-byte chunk column, as load_kv_tile does.
 template <typename Traits>
 TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) {
   static_assert(Traits::kDequantizeKV && !Traits::kWarpSpecialized, "the sm80 mainloop's raw ring");
   constexpr int kChunks = Traits::kRawRowChunks;
+  using RawTile = typename Traits::RawTile;
   constexpr uint32_t kVFromK = Traits::kStages * Traits::kRawTileBytes;
   static_assert(Traits::kLoaderThreads % kChunks == 0 && (Traits::CTA_TILE_KV * kChunks) % Traits::kLoaderThreads == 0,
                 "a thread keeps its chunk column; whole passes");
@@ -192,7 +193,9 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
   constexpr int kRowsPerThread = Traits::CTA_TILE_KV / kRowsPerPass;
   const int tid = loader_thread<Traits>();
   const int chunk = tid % kChunks, row0 = tid / kChunks;
-  const uint32_t dst0 = smem_addr(k_raw) + row0 * Traits::HEAD_DIM + chunk * 16;
+  // Passes step whole swizzle periods (8 lines), so the thread's swizzled chunk is fixed.
+  static_assert(kRowsPerPass % (8 * RawTile::kRowsPerLine) == 0, "passes of whole swizzle periods");
+  const uint32_t dst0 = smem_addr(k_raw) + RawTile::chunk_offset(row0, chunk) * 16;
   // The table entries first, then the copies (load_kv_tile: the LDS -> LDGSTS hazard padding).
   ulonglong2 entries[kRowsPerThread];  // [row of this thread]: {K entry (tagged), V entry}
 #pragma unroll
@@ -220,10 +223,15 @@ TESSERA_DEVICE void dequantize_kv_rows(const uint8_t* k_raw, T* k_tile, T* v_til
   static_assert(Traits::kDequantizeKV, "fp8 KV");
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
   constexpr int kChunks = Traits::kRawRowChunks;
+  using RawTile = typename Traits::RawTile;
   constexpr int kVFromK = Traits::kStages * Traits::kRawTileBytes;
   constexpr int kPasses = ROWS * kChunks / THREADS;
   static_assert(THREADS % kChunks == 0 && (ROWS * kChunks) % THREADS == 0, "a thread keeps its chunk column; whole passes");
   const int chunk = tid % kChunks, row0 = first_row + tid / kChunks;
+  // Passes of whole swizzle periods keep the thread's stored chunk (the CTA-wide conversions,
+  // whose rolled loop would otherwise carry the per-row arithmetic into spills).
+  constexpr bool kFixedSwizzle = (THREADS / kChunks) % (8 * RawTile::kRowsPerLine) == 0;
+  const int fixed_chunk = chunk ^ RawTile::swizzle(row0);
 #pragma unroll
   for (int part = 0; part < 2; ++part) {
     const uint8_t* raw = k_raw + (part == 0 ? 0 : kVFromK);  // [CTA_TILE_KV][HEAD_DIM] stored bytes
@@ -232,7 +240,8 @@ TESSERA_DEVICE void dequantize_kv_rows(const uint8_t* k_raw, T* k_tile, T* v_til
     auto convert = [&](int j) {
       const int row = row0 + j * (THREADS / kChunks);
       Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
-      dequantize_vec16<F8, kScaled>(*reinterpret_cast<const uint4*>(raw + (row * kChunks + chunk) * 16), scale, out);
+      const int stored = kFixedSwizzle ? row * kChunks + fixed_chunk : RawTile::chunk_offset(row, chunk);
+      dequantize_vec16<F8, kScaled>(*reinterpret_cast<const uint4*>(raw + stored * 16), scale, out);
       out[0].store(tile + Tile::chunk_offset(row, 2 * chunk) * 8);
       out[1].store(tile + Tile::chunk_offset(row, 2 * chunk + 1) * 8);
     };

@@ -31,6 +31,7 @@ struct Sm90Mainloop {
   static_assert(Traits::kWarpSpecialized && Traits::kWgmma && Traits::kPvLag == 1,
                 "the sm90 mainloop: a producer warpgroup and wgmma warpgroups with P V a tile behind");
   using T = typename Traits::DType;  // the wgmma operands' element type (the kernel checks Params' types match)
+  using PType = T;                   // P's, as P V multiplies it
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
   static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr int kSRegs = kN8KV * 4;  // a thread's S accumulators of the warpgroup's 64 x CTA_TILE_KV
@@ -207,8 +208,10 @@ struct Sm90Mainloop {
   TESSERA_DEVICE float logits_factor() const { return 1.f; }
   TESSERA_DEVICE float output_factor() const { return 1.f; }
 
-  /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free.
-  TESSERA_DEVICE void finish() const {
+  /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free. O
+  /// is in the standard fragment layout already.
+  template <typename O>
+  TESSERA_DEVICE void finish(O& /*o*/) const {
     cp_async_wait<0>();
     smem.q_pipeline().consumer_release(ring.read_q);
     ring.read_q.advance();

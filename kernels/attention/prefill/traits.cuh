@@ -130,15 +130,25 @@ struct PrefillTraits {
   static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   static constexpr int kKVTileBytes = kKVTileElems * static_cast<int>(sizeof(T));
   // fp8 KV: the cp.async ring holds the stored bytes (kStages raw stages of K and of V, rows of
-  // HEAD_DIM bytes, unswizzled: 16-byte reads and writes of consecutive threads are conflict
-  // free), and the MMAs read one dequantized T tile of K and of V, rewritten each KV tile
-  // (kTileStages). Half the ring's bytes per stage, so the same stages keep as many tokens in
-  // flight as a 16-bit ring; the T tiles cost one more barrier per KV tile.
+  // HEAD_DIM bytes, RawTile), and the MMAs read either one dequantized T tile of K and of
+  // V, rewritten each KV tile (kTileStages), or (kConvertFragments) the raw ring itself. Half the
+  // ring's bytes per stage, so the same stages keep as many tokens in flight as a 16-bit ring.
   static constexpr int kTileStages = kDequantizeKV ? 1 : kStages;  // T K/V tiles the MMAs read
   static constexpr int kRawRowChunks = kDequantizeKV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kStages * kRawTileBytes;  // K and V
-  static constexpr int kKVRegionBytes = 2 * kTileStages * kKVTileBytes + kRawRingBytes;
+  // Decode tiles (one warp of query rows, whose warps each read only their own KV rows) load fp8
+  // K/V fragments straight from the raw ring with ldmatrix and convert them in registers, one cvt
+  // per pair into f16 (Sm80Mainloop::kConvertFragments, the default variant): each element is
+  // still converted once, but without a T tile's store, barrier and second read, and without the
+  // T tiles' shared memory, which held these tiles to 2 CTAs per SM (8 warps: latency bound,
+  // bench/results/LOG.md). Variants (their hooks see dequantized values) keep the T tiles.
+  static constexpr bool kConvertFragments = kDequantizeKV && NUM_WARPS_Q == 1;
+  // The raw stages' layout: swizzled for the fragments' ldmatrix reads.
+  using RawTile = SwizzledRawTile<(kDequantizeKV ? kRawRowChunks : 8), kConvertFragments>;
+  // The region after Q: the K/V stages, or fp8 KV's raw ring. The T tiles of fp8 KV come last
+  // (kDequantTileOffset), so the kernels that never read them launch without them.
+  static constexpr int kKVRegionBytes = kDequantizeKV ? kRawRingBytes : 2 * kStages * kKVTileBytes;
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
   // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
@@ -148,7 +158,8 @@ struct PrefillTraits {
   // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies.
   static constexpr int kRowTables = kStages + 1 + kPvLag;
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
-  // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V buffers: O, m, d per warp.
+  // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V region and the row tables (free
+  // after the last tile): O, m, d per warp.
   static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
   // Warp-specialised: the Q loader's row offsets get their own scratch (the producer loads the
   // next item's Q while K/V stages are in use), and the ring has a "full" and an "empty"
@@ -157,21 +168,28 @@ struct PrefillTraits {
   // A word per compute thread that wgmma_wait_after stores to (the lagged P V's wait).
   static constexpr int kWaitAnchorBytes = kPvLag == 1 ? kNumWarps * kWarpSize * 4 : 0;
   static constexpr int kBarrierBytes = kWarpSpecialized ? (4 * kStages + 2 * kQStages) * 8 : 0;
-  // Layout: Q buffer 0, the K and V stages, row tables, scratch, barriers, then the other Q
-  // buffers. A kernel that runs one work item per CTA (the one-shot grid) uses only Q buffer 0 and
-  // launches with kOneItemSmemBytes: the second buffer's 32 KB would come out of the L1 carveout
-  // (measured slower: bench/results/LOG.md).
-  static constexpr int kOneItemSmemBytes = kQTileBytes + kKVRegionBytes + kRowTableBytes +
-                                           kQRowScratchBytes + kWaitAnchorBytes + kBarrierBytes;
+  // Layout: Q buffer 0, the K/V region (stages, or fp8 KV's raw ring), row tables, scratch,
+  // barriers, then fp8 KV's T tiles or the other Q buffers. A kernel that runs one work item per
+  // CTA (the one-shot grid) uses only Q buffer 0 and launches with kOneItemSmemBytes: the second
+  // buffer's 32 KB would come out of the L1 carveout (measured slower: bench/results/LOG.md).
+  static constexpr int kCoreSmemBytes = kQTileBytes + kKVRegionBytes + kRowTableBytes + kQRowScratchBytes +
+                                        kWaitAnchorBytes + kBarrierBytes;
+  static constexpr int kDequantTileOffset = (kCoreSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
+  static constexpr int kOneItemSmemBytes =
+      kDequantizeKV ? kDequantTileOffset + 2 * kTileStages * kKVTileBytes : kCoreSmemBytes;
   static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
   static constexpr int kSmemBytes = kQStages > 1 ? kExtraQOffset + (kQStages - 1) * kQTileBytes : kOneItemSmemBytes;
+  // The default variant's kernels on kConvertFragments tiles never touch the T tiles.
+  static constexpr int kDefaultOneItemSmemBytes = kConvertFragments ? kCoreSmemBytes : kOneItemSmemBytes;
+  static constexpr int kDefaultSmemBytes = kConvertFragments ? kCoreSmemBytes : kSmemBytes;
   // Offsets of the regions (PrefillSmem), tied to the sizes above.
-  static constexpr int kKOffset = kQTileBytes;
-  static constexpr int kRawOffset = kKOffset + 2 * kTileStages * kKVTileBytes;  // fp8 KV: the raw ring
-  static constexpr int kRowTableOffset = kKOffset + kKVRegionBytes;
-  static constexpr int kBarrierOffset = kOneItemSmemBytes - kBarrierBytes;
+  static constexpr int kKOffset = kDequantizeKV ? kDequantTileOffset : kQTileBytes;  // the T tiles
+  static constexpr int kKVRegionOffset = kQTileBytes;
+  static constexpr int kRawOffset = kKVRegionOffset;  // fp8 KV: the raw ring
+  static constexpr int kRowTableOffset = kKVRegionOffset + kKVRegionBytes;
+  static constexpr int kBarrierOffset = kCoreSmemBytes - kBarrierBytes;
   static_assert(kRowTableOffset + kRowTableBytes + kWaitAnchorBytes + kQRowScratchBytes == kBarrierOffset,
-                "regions tile [0, kOneItemSmemBytes) without overlap");
+                "regions tile [0, kCoreSmemBytes) without overlap");
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kSameType<KVT_, T> || kDequantizeKV, "K/V stored as the operands' type or as fp8");
@@ -184,10 +202,12 @@ struct PrefillTraits {
   static_assert(CTA_TILE_Q % (16 * NUM_WARPS_Q) == 0, "whole m16 tiles per warp");
   static_assert(CTA_TILE_KV % (16 * NUM_WARPS_KV) == 0, "whole k16 steps per warp");
   static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
-  static_assert(kMergeBytes <= kKVRegionBytes, "the warp merge fits in the K/V buffers");
+  static_assert(kMergeBytes <= kKVRegionBytes + kRowTableBytes, "the warp merge fits in the K/V region and row tables");
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
-  static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0,
+  static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0 && kRawTileBytes % 1024 == 0,
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
+  static_assert(!kConvertFragments || (kMmaD % 2 == 0 && kN8KV % 2 == 0 && kRawRowChunks % 2 == 0),
+                "fp8 fragments: ldmatrix x4 loads of two k16 steps by two n8 tiles (K) or two chunks by 16 rows (V)");
   // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile: Q K^T with
   // m64nKk16 (K the KV tile), P V with m64nDk16 (D the head dim); kernels/common/wgmma.cuh has N =
   // 64, 96, 128 and 256. Head dim 256 takes 64-row KV tiles: its O is 128 accumulators per thread,
@@ -212,9 +232,10 @@ struct PrefillSmem {
   T* extra_q;   // [kQStages - 1][CTA_TILE_Q][kSmemRowChunks * 8], swizzled: the other Q buffers, after the barriers
   T* k;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
   T* v;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
-                // (fp8 KV: k and v are one T tile each, [kTileStages = 1][...])
-  uint8_t* raw_k;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored K bytes; nullptr otherwise
+                // (fp8 KV: k and v are one T tile each, [kTileStages = 1][...], after the barriers)
+  uint8_t* raw_k;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored K bytes (Traits::RawTile); nullptr otherwise
   uint8_t* raw_v;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k
+  float* merge;    // the warps' merge (epilogue): the K/V region and row tables, after the last tile
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
   uint64_t* full_k;   // [kStages] warp-specialised: the stage's K copies have landed (see StageCompletion)
@@ -223,7 +244,7 @@ struct PrefillSmem {
   uint64_t* empty_v;  // [kStages] ... with its V
   uint64_t* q_full;   // [kQStages] warp-specialised: the buffer's Q tile has landed
   uint64_t* q_empty;  // [kQStages] warp-specialised: the compute warps are done with the buffer's Q tile
-  int64_t* q_rows;    // [CTA_TILE_Q] scratch of load_q_tile: the K buffers unless warp-specialised
+  int64_t* q_rows;    // [CTA_TILE_Q] scratch of load_q_tile: the K/V region's start unless warp-specialised
   float* wait_anchor;  // [kNumWarps * kWarpSize] lagged P V: wgmma_wait_after's slots
 
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
@@ -232,6 +253,7 @@ struct PrefillSmem {
     v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
     raw_k = Traits::kDequantizeKV ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset) : nullptr;
     raw_v = Traits::kDequantizeKV ? raw_k + Traits::kStages * Traits::kRawTileBytes : nullptr;
+    merge = reinterpret_cast<float*>(base + Traits::kKVRegionOffset);
     rows = reinterpret_cast<uint64_t*>(base + Traits::kRowTableOffset);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
     extra_q = reinterpret_cast<T*>(base + Traits::kExtraQOffset);
@@ -243,7 +265,7 @@ struct PrefillSmem {
     q_empty = q_full + Traits::kQStages;
     q_rows = Traits::kWarpSpecialized
                  ? reinterpret_cast<int64_t*>(base + Traits::kBarrierOffset - Traits::kQRowScratchBytes)
-                 : reinterpret_cast<int64_t*>(k);
+                 : reinterpret_cast<int64_t*>(base + Traits::kKVRegionOffset);
     wait_anchor = reinterpret_cast<float*>(base + Traits::kBarrierOffset - Traits::kQRowScratchBytes -
                                            Traits::kWaitAnchorBytes);
   }

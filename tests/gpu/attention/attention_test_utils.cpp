@@ -1015,7 +1015,7 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   // Inputs, rounded to the dtype before anything else sees them.
   std::vector<std::vector<double>> q_parts(B), k_parts(B), v_parts(B);
   for (int64_t b = 0; b < B; ++b) {
-    q_parts[b] = round_to(c.dtype, random_normal(len.qo[b] * Hq * D, rng));
+    q_parts[b] = round_to(c.dtype, random_normal(len.qo[b] * Hq * D, rng, c.q_stddev));
     k_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
     v_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
   }

@@ -225,6 +225,9 @@ struct AttentionCase {
   /// tensor or KV head; the oracle sees code x scale in fp64.
   Fp8KV fp8 = Fp8KV::kNone;
   KVScaleMode kv_scales = KVScaleMode::kHost;
+  /// Queries drawn as N(0, q_stddev^2): far from 1 they leave f16's range, which the fp8 decode
+  /// tiles (f16 MMAs) rescale bf16 query tiles into.
+  double q_stddev = 1.0;
 
   tessera::DType kv_dtype() const {
     return fp8 == Fp8KV::kE4M3 ? tessera::DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? tessera::DType::kE5M2 : dtype;

@@ -91,6 +91,23 @@ std::vector<AttentionCase> fp8_cases() {
   long_prefill.group = 4;
   long_prefill.causal = true;
   cases.push_back(long_prefill);
+  // bf16 queries beyond f16's range either way (the decode tiles run their MMAs in f16 and scale
+  // the query tile by a power of two into it), with sm_scale bringing the logits back to O(1):
+  // logits of 1e6 would leave the LSE only fp32's absolute accuracy (0.1), whatever the kernel.
+  AttentionCase q_big = long_decode;
+  q_big.kv_len = 1000;
+  q_big.q_stddev = std::ldexp(1.0, 20);
+  q_big.sm_scale = std::ldexp(1.0, -23);
+  q_big.tag = "_qbig";
+  AttentionCase q_tiny = q_big;
+  q_tiny.entry = Entry::kSingle;
+  q_tiny.batch = 1;
+  q_tiny.fp8 = Fp8KV::kE5M2;
+  q_tiny.q_stddev = std::ldexp(1.0, -30);
+  q_tiny.sm_scale = std::ldexp(1.0, 27);
+  q_tiny.tag = "_qtiny";
+  cases.push_back(q_big);
+  cases.push_back(q_tiny);
   // Variants (JIT-compiled): their hooks see dequantized logits, keys and values, so the tiles
   // hold code x scale (no folded scales). Soft-cap with ALiBi on the per-warp decode tile and a
   // prefill tile; RoPE (a key transform) keeps the CTA-wide dequantization even in decode tiles.

@@ -273,9 +273,12 @@ QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs
   QTile forced;
   if (q_tile_override(head_dim, forced, kv)) return forced;
   const QTile q_tile = choose_q_tile(head_dim, avg_packed_rows, kv);
-  if (q_tile == QTile::k16 && has_prefill_config(head_dim, QTile::k16Wide, kv) && pairs_at_16_rows < sm_count) {
-    return QTile::k16Wide;
-  }
+  // fp8 K/V streams half the bytes per KV row through the same per-tile chain, so the 4-warp tile
+  // stayed latency bound even with every SM busy (3 CTAs, 12 warps per SM); the wide tile's 2 x 8
+  // warps over twice the rows read faster in every B >= 16, L >= 4k cell of W10 (one-shot B=64
+  // L=16k: 0.93 against 0.81 of the copy ceiling; bench/results/LOG.md).
+  const bool wide_pays = pairs_at_16_rows < sm_count || kv != KVStorage::kSame;
+  if (q_tile == QTile::k16 && has_prefill_config(head_dim, QTile::k16Wide, kv) && wide_pays) return QTile::k16Wide;
   return q_tile;
 }
 

@@ -39,7 +39,8 @@ QTile q_tile_128(int head_dim, KVStorage kv = KVStorage::kSame);
 /// chain (wait, barrier, copy issue, page lookups, MMAs), not waiting for bytes: 8 warps over
 /// twice the rows move twice the bytes per trip through the same chain. The runtime splits such
 /// batches' KV over all SMs, and there too one 8-warp CTA per SM streamed faster than two 4-warp
-/// ones (W1 B=16 and B=1, bench/results/LOG.md; at B=64 it was slower). Only where the table has
+/// ones (W1 B=16 and B=1, bench/results/LOG.md; at B=64 it was slower). fp8 K/V takes the wide
+/// tile at any grid size (its per-tile chain moves half the bytes). Only where the table has
 /// k16Wide (not head_dim 256: three 128-row K/V stages exceed shared memory).
 QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
                              KVStorage kv = KVStorage::kSame);

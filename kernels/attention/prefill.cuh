@@ -157,13 +157,20 @@ TESSERA_DEVICE void attention_tile(const Params& p, const VariantParams& vp, con
   }
 }
 
+/// The occupancy a prefill kernel's register allocation must allow: the traits', or, where the
+/// default variant converts fp8 fragments (no T tiles), what their shared memory fits.
+template <typename Traits, typename Variant>
+inline constexpr int kPrefillMinCtasPerSm = Traits::kConvertFragments && kSameType<Variant, DefaultVariant>
+                                                ? Traits::kFragmentMinCtasPerSm
+                                                : Traits::kMinCtasPerSm;
+
 /// The prefill kernel: Scheduler<Traits> (tile_scheduler.cuh) says which work tiles the CTA runs,
 /// and every tile is the same composition. Grid and arguments per scheduler: OneShotScheduler
 /// takes the query tiles per request (grid: see one_shot_grid on the host), PlannedScheduler the
 /// runtime's plan (grid: columns x KV head groups). Params: an AttentionParams, passed by value
 /// (the JIT-compiled instances take the host's struct as it is: src/prefill_launch.cuh).
 template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename Params>
-__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
+__global__ void __launch_bounds__(Traits::kThreads, (kPrefillMinCtasPerSm<Traits, Variant>))
 attention_prefill_kernel(const Params p, const VariantParams vp, const typename Scheduler<Traits>::Arguments args) {
   // One element type in the tiles: Q K^T multiplies Q and K as the tiles hold them, q as it is in
   // memory and k/v as stored or (fp8) dequantized on the way (Traits::KVStorage).

@@ -72,10 +72,23 @@ TESSERA_DEVICE void dequantize_vec16(const uint4& raw, float scale, Vec<T> (&out
 template <typename F8>
 TESSERA_DEVICE void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
   static_assert(IsFp8<F8>::value, "fp8 storage");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // The halves as 16-bit operands of the cvt (no extraction instructions).
+  if constexpr (kSameType<F8, __nv_fp8_e4m3>) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(word));
+  } else {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e5m2x2 %0, l;\n cvt.rn.f16x2.e5m2x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(word));
+  }
+#else
   const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xFFFFu), fp8_interpretation<F8>());
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), fp8_interpretation<F8>());
   lo = static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(l.y) << 16);
   hi = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#endif
 }
 
 /// The same for a word holding two elements of each of two rows (e0, e1 of row a, then e0, e1

@@ -28,6 +28,15 @@ using uint8_t = cuda::std::uint8_t;
 
 constexpr int kWarpSize = 32;
 
+/// Shared memory of one SM, for launch bounds derived from a kernel's shared memory: sm_90's
+/// 228 KB, sm_80's and sm_87's 164 KB, 100 KB elsewhere (sm_86, sm_89). The device passes see
+/// their architecture's; the host pass (which never launches by it) sees sm_90's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kSmemPerSmBytes = (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870) ? 167936 : 102400;
+#else
+constexpr int kSmemPerSmBytes = 233472;
+#endif
+
 /// A compile-time flag as a type, to instantiate a device lambda's body per value
 /// (`[&](auto flag) { if constexpr (decltype(flag)::value) ... }`).
 template <bool kValue>

@@ -182,6 +182,12 @@ struct PrefillTraits {
   // The default variant's kernels on kConvertFragments tiles never touch the T tiles.
   static constexpr int kDefaultOneItemSmemBytes = kConvertFragments ? kCoreSmemBytes : kOneItemSmemBytes;
   static constexpr int kDefaultSmemBytes = kConvertFragments ? kCoreSmemBytes : kSmemBytes;
+  // ... and their register allocation allows the CTAs per SM that this shared memory fits (1 KB
+  // reserved per CTA), at most 3: the memory-bound decode tiles want every warp they can get
+  // (the wide D128 tile: 2 CTAs of 8 warps at <= 128 registers), and 4 would cap the 4-warp D128
+  // tile at 128 registers (it needs ~146).
+  static constexpr int kFragmentCtasBySmem = kSmemPerSmBytes / (kCoreSmemBytes + 1024);
+  static constexpr int kFragmentMinCtasPerSm = kFragmentCtasBySmem < 1 ? 1 : kFragmentCtasBySmem > 3 ? 3 : kFragmentCtasBySmem;
   // Offsets of the regions (PrefillSmem), tied to the sizes above.
   static constexpr int kKOffset = kDequantizeKV ? kDequantTileOffset : kQTileBytes;  // the T tiles
   static constexpr int kKVRegionOffset = kQTileBytes;

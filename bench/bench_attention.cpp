@@ -306,13 +306,16 @@ void run_w1v(BenchContext& ctx, const std::string& name, bool skewed) {
 
 // W10(a): the W1 shapes over an e4m3 cache (per-tensor scales), GB/s counted in fp8 bytes; the
 // same run's W1 cells are the bf16 figures (targets: >= 0.95 of the copy ceiling for B >= 64 at
-// L >= 4k and for B >= 16 at L >= 16k; B=1 L=32k at least W1's fraction).
+// L >= 4k and for B >= 16 at L >= 16k; B=1 L=32k at least W1's fraction). At B=64 the CUDA-core
+// kernel too ("tessera-cuda-cores"), beside W1's CUDA-core figure.
 void run_w10_decode(BenchContext& ctx, const std::string& name, int64_t batch, size_t len_index,
                     DType q_dtype = kDType) {
   const int64_t len = kW1Lengths[len_index];
   Params params = decode_params(batch, len, "auto", DType::kE4M3, q_dtype);
-  run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len), std::move(params), {}, DType::kE4M3,
-             q_dtype);
+  Params cuda_core_params;
+  if (batch == 64 && q_dtype == kDType) cuda_core_params = decode_params(batch, len, "cuda_cores", DType::kE4M3, q_dtype);
+  run_decode(ctx, name, std::vector<int64_t>(static_cast<size_t>(batch), len), std::move(params),
+             std::move(cuda_core_params), DType::kE4M3, q_dtype);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ Writes, under OUT_DIR (files whose content is unchanged are not rewritten, so no
                                       switches, the KV tile of each (head dim, query tile)
   include/tessera/head_dims.h         kSupportedHeadDims (public)
   src/config/<family>_d<D>_<dtype>.cu one instantiation file per (kernel family, head dim, dtype)
-  src/config/prefill_d<D>_<dtype>_<kv>.cu  ... and per fp8 KV storage of the prefill tiles
+  src/config/<family>_d<D>_<dtype>_<kv>.cu  ... and per fp8 KV storage
 and prints the .cu paths, one per line, for CMake. A malformed table is an error naming the line.
 """
 
@@ -28,7 +28,7 @@ FORMATS = OrderedDict([("ragged", "kRagged"), ("paged", "kPaged"), ("bsr", "kBlo
 Q_TILES = OrderedDict([("k16", (16,)), ("k16Wide", (16,)), ("k64", (64,)), ("k128", (128,)),
                        ("k128Wgmma", (128, 192))])
 ARCH_MMA = {"sm80": "kSync", "sm90a": "kWgmma"}
-DECODE_COLUMNS = ["family", "head_dim", "row_groups", "rows_per_group", "stages", "formats", "dtypes"]
+DECODE_COLUMNS = ["family", "head_dim", "row_groups", "rows_per_group", "stages", "formats", "dtypes", "kv"]
 PREFILL_COLUMNS = ["family", "arch", "head_dim", "q_tile", "tile_q", "tile_kv", "warps_q", "warps_kv", "stages",
                    "min_ctas", "formats", "dtypes", "kv"]
 INT_COLUMNS = {"head_dim", "row_groups", "rows_per_group", "stages", "tile_q", "tile_kv", "warps_q", "warps_kv",
@@ -76,10 +76,10 @@ def parse(path):
             row["formats"] = parse_list(row["formats"], list(FORMATS), "format", where)
             row["dtypes"] = parse_list(row["dtypes"], list(DTYPES), "dtype", where)
             row["where"] = where
+            row["kv"] = parse_list(row["kv"], list(KV_STORAGES), "kv storage", where)
+            if "same" not in row["kv"]:
+                raise TableError(f"{where}: kv '{','.join(row['kv'])}' must include 'same'")
             if family == "prefill":
-                row["kv"] = parse_list(row["kv"], list(KV_STORAGES), "kv storage", where)
-                if "same" not in row["kv"]:
-                    raise TableError(f"{where}: kv '{','.join(row['kv'])}' must include 'same'")
                 if row["arch"] == "sm90a" and row["kv"] != ["same"]:
                     raise TableError(f"{where}: fp8 KV is dequantized by the sm80 mainloop only")
                 if row["arch"] not in ARCH_MMA:
@@ -153,9 +153,12 @@ def header(decode, prefill, table_name):
         for dt in r["dtypes"]:
             t = DTYPES[dt]
             w(f"template <> struct DecodeConfig<{t}, {r['head_dim']}> {{  // {r['where'].rsplit('/', 1)[-1]}")
-            w(f"  using Traits = kernels::DecodeTraits<{t}, {r['head_dim']}, {r['row_groups']}, {r['rows_per_group']}, "
-              f"{r['stages']}>;")
+            w("  template <typename KVT>")
+            w(f"  using TraitsFor = kernels::DecodeTraits<{t}, {r['head_dim']}, {r['row_groups']}, {r['rows_per_group']}, "
+              f"{r['stages']}, KVT>;")
+            w(f"  using Traits = TraitsFor<{t}>;")
             w(f"  static constexpr uint32_t kFormats = {format_mask(r['formats'])};")
+            w(f"  static constexpr uint32_t kKVStorages = {kv_mask(r['kv'])};")
             w("};")
     w("")
     for r in prefill:
@@ -223,6 +226,15 @@ def header(decode, prefill, table_name):
     w("/// launchers are instantiated for it).")
     w("constexpr bool has_prefill_kv_storage(int head_dim, KVStorage kv) {")
     w("  return (" + " | ".join(f"prefill_kv_storages(head_dim, QTile::{q})" for q in Q_TILES) + ") & kv_storage_bit(kv);")
+    w("}")
+    w("")
+    w("/// Whether the decode (CUDA-core) configuration of head_dim takes KV stored as `kv`.")
+    w("constexpr bool has_decode_kv_storage(int head_dim, KVStorage kv) {")
+    w("  switch (head_dim) {")
+    for r in decode:
+        w(f"    case {r['head_dim']}: return (({kv_mask(r['kv'])}) & kv_storage_bit(kv)) != 0;")
+    w("    default: return false;")
+    w("  }")
     w("}")
     w("")
     w("/// The most query tile rows of any prefill configuration (the runtime's partial-state slots).")
@@ -316,8 +328,8 @@ def instantiation(family, d, dtype, table_name, kv="same"):
         ]
     else:
         lines += [
-            f"template void launch_decode_head_dim<{t}, {d}>(const kernels::AttentionParams<{t}>&, kernels::KVFormatKind,",
-            "                                               cudaStream_t);",
+            f"template void launch_decode_head_dim<{t}, {kvt}, {d}>(const kernels::AttentionParams<{t}, {kvt}>&,",
+            "                                                kernels::KVFormatKind, cudaStream_t);",
         ]
     lines += ["", "}  // namespace detail", "}  // namespace tessera", ""]
     return "\n".join(lines)
@@ -353,10 +365,8 @@ def main(argv):
         for d in head_dims(rows):
             dtypes = [dt for dt in DTYPES if any(dt in r["dtypes"] for r in rows if r["head_dim"] == d)]
             for dt in dtypes:
-                kvs = ["same"]
-                if family == "prefill":
-                    kvs = [k for k in KV_STORAGES
-                           if any(k in r["kv"] for r in rows if r["head_dim"] == d and dt in r["dtypes"])]
+                kvs = [k for k in KV_STORAGES
+                       if any(k in r["kv"] for r in rows if r["head_dim"] == d and dt in r["dtypes"])]
                 for kv in kvs:
                     suffix = "" if kv == "same" else f"_{kv}"
                     path = os.path.join(out_dir, f"src/config/{family}_d{d}_{dt}{suffix}.cu")

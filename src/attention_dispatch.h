@@ -12,10 +12,10 @@ namespace detail {
 
 /// Launches the CUDA-core decode kernel (kernels/attention/decode.cuh): one query row per request
 /// (p.qo_indptr == nullptr and qo_len 1 per request, q row b = request b), ragged or paged KV, any
-/// group size. T is __half or __nv_bfloat16; head_dim one with a decode row in the configuration
-/// table (others are kUnsupported).
-template <typename T>
-void launch_decode_cuda_cores(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, int head_dim,
+/// group size. T is __half or __nv_bfloat16, KVT T or fp8 (e4m3, e5m2); head_dim one with a
+/// decode row in the configuration table that lists KVT (others are kUnsupported).
+template <typename T, typename KVT>
+void launch_decode_cuda_cores(const kernels::AttentionParams<T, KVT>& p, kernels::KVFormatKind format, int head_dim,
                               cudaStream_t stream);
 
 /// Launches the FA2-class prefill kernel (kernels/attention/prefill.cuh) over any format, the

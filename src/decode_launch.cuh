@@ -15,9 +15,9 @@
 namespace tessera {
 namespace detail {
 
-template <typename Traits, kernels::KVFormatKind kFormat, typename T>
-void launch_decode_config(const kernels::AttentionParams<T>& p, cudaStream_t stream) {
-  auto kernel = kernels::batch_decode_kernel<Traits, kFormat, kernels::AttentionParams<T>>;
+template <typename Traits, kernels::KVFormatKind kFormat, typename T, typename KVT>
+void launch_decode_config(const kernels::AttentionParams<T, KVT>& p, cudaStream_t stream) {
+  auto kernel = kernels::batch_decode_kernel<Traits, kFormat, kernels::AttentionParams<T, KVT>>;
   ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
   // Groups larger than one CTA's row groups are split over CTAs (grid z) so that each thread keeps
   // the state of a single query head.
@@ -31,13 +31,16 @@ void launch_decode_config(const kernels::AttentionParams<T>& p, cudaStream_t str
   TESSERA_CHECK_LAUNCH();
 }
 
-/// Launches the table's decode configuration of (T, HEAD_DIM) over `format` (an error for a format
-/// the table does not list for it).
-template <typename T, int HEAD_DIM>
-void launch_decode_head_dim(const kernels::AttentionParams<T>& p, kernels::KVFormatKind format, cudaStream_t stream) {
+/// Launches the table's decode configuration of (T, HEAD_DIM) for K/V stored as KVT over `format`
+/// (an error for a format the table does not list for it; the caller checks the KV storage).
+template <typename T, typename KVT, int HEAD_DIM>
+void launch_decode_head_dim(const kernels::AttentionParams<T, KVT>& p, kernels::KVFormatKind format,
+                            cudaStream_t stream) {
   using Config = DecodeConfig<T, HEAD_DIM>;
+  static_assert((Config::kKVStorages & kv_storage_bit(kv_storage_of<KVT, T>())) != 0,
+                "instantiated for the KV storages the table lists");
   with_config_format<Config>(format, "decode (CUDA cores)", [&](auto format_tag) {
-    launch_decode_config<typename Config::Traits, decltype(format_tag)::value>(p, stream);
+    launch_decode_config<typename Config::template TraitsFor<KVT>, decltype(format_tag)::value>(p, stream);
   });
 }
 

@@ -45,9 +45,9 @@ struct AttentionOptions {
 
 /// Kernel family chosen for a decode call (exposed for tests and benchmarks).
 enum class DecodeKernel : int32_t {
-  kAuto = 0,         ///< tensor cores when Hq / Hkv >= 4 or a variant is set, CUDA cores otherwise
-  kCudaCores = 1,    ///< one CTA per (request, KV head), 16-byte loads, cp.async pipeline;
-                     ///< the default variant only (a variant is kUnsupported here)
+  kAuto = 0,         ///< tensor cores when Hq / Hkv >= 4, a variant is set or K/V is fp8, CUDA cores otherwise
+  kCudaCores = 1,    ///< one CTA per (request, KV head), 16-byte loads (8 of fp8 K/V), cp.async
+                     ///< pipeline; the default variant only (a variant is kUnsupported here)
   kTensorCores = 2,  ///< prefill template with the query heads of a KV head stacked as tile rows
 };
 

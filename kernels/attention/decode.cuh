@@ -23,6 +23,7 @@
 
 #include "kernels/attention/params.cuh"
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/vec.cuh"
@@ -30,12 +31,18 @@
 namespace tessera {
 namespace kernels {
 
-template <typename T, int HEAD_DIM_, int GROUPS_, int LOAD_ROWS_PER_GROUP_, int STAGES_>
+template <typename T, int HEAD_DIM_, int GROUPS_, int LOAD_ROWS_PER_GROUP_, int STAGES_, typename KVT_ = T>
 struct DecodeTraits {
-  using DType = T;
+  using DType = T;  // q's and o's; a thread holds one 16-byte vector of T of the query and output
+  // K/V as stored: T, or fp8 (e4m3, e5m2), converted to fp32 as a thread reads its elements of a
+  // row from shared memory (exact), with K's scale folded into the query and V's into the output.
+  using KVStorage = KVT_;
+  static constexpr bool kFp8KV = IsFp8<KVT_>::value;
   static constexpr int HEAD_DIM = HEAD_DIM_;
-  static constexpr int kVecElems = vec_elems<T>();               // elements per 16-byte vector
+  static constexpr int kVecElems = vec_elems<T>();               // elements per 16-byte vector of T
   static constexpr int kVecsPerRow = HEAD_DIM / kVecElems;       // 16-byte vectors of a row's data
+  // A thread's share of a stored K/V row: its kVecElems elements, 16 bytes (T) or 8 (fp8).
+  static constexpr int kKVVecBytes = kVecElems * static_cast<int>(sizeof(KVT_));
   // One row group: a power of two of threads, for the xor-shuffle reductions. A row whose vector
   // count is not one (head_dim 96: 12) gets the next power of two; the extra threads hold zeros
   // (their copies zero-fill, they store nothing), and shared-memory rows are kRowElems wide.
@@ -48,18 +55,19 @@ struct DecodeTraits {
   // Rows each row group copies per tile: sized so a stage is about 8 KB for every head dim, which
   // with 3 stages ahead (24 KB per CTA) covers DRAM latency at an SM's share of bandwidth even
   // when a single CTA runs on the SM (the tail of the grid).
-  static constexpr int kLoadRowsPerGroup = LOAD_ROWS_PER_GROUP_;
+  // fp8 rows are half as wide, so they take twice the rows and a stage keeps its bytes.
+  static constexpr int kLoadRowsPerGroup = LOAD_ROWS_PER_GROUP_ * (kFp8KV ? 2 : 1);
   static constexpr int kTileRows = kGroups * kLoadRowsPerGroup;  // K/V rows per pipeline stage
   static constexpr int kStages = STAGES_;
   // Rows whose dot products are in flight together: two independent shuffle chains per step.
   static constexpr int kRowsPerStep = 2;
-  static constexpr int kStageBytes = 2 * kTileRows * HEAD_DIM * static_cast<int>(sizeof(T));  // K + V
+  static constexpr int kStageBytes = 2 * kTileRows * HEAD_DIM * static_cast<int>(sizeof(KVT_));  // K + V
 
   struct SharedStorage {
     union {
       struct {
-        T k[kStages][kTileRows][kRowElems];  // [kStages][kTileRows][kRowElems], HEAD_DIM of data
-        T v[kStages][kTileRows][kRowElems];  // [kStages][kTileRows][kRowElems]
+        KVT_ k[kStages][kTileRows][kRowElems];  // [kStages][kTileRows][kRowElems], HEAD_DIM of data
+        KVT_ v[kStages][kTileRows][kRowElems];  // [kStages][kTileRows][kRowElems]
       } kv;
       // Reused once the pipeline has drained: one partial state per row group.
       struct {
@@ -74,6 +82,7 @@ struct DecodeTraits {
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
   static_assert(sizeof(T) == 2, "f16 or bf16");
+  static_assert(kSameType<KVT_, T> || kFp8KV, "K/V stored as q's type or as fp8");
   static_assert(kVecElems * static_cast<int>(sizeof(T)) == kVecBytes, "one 16-byte vector per thread and row");
   static_assert(HEAD_DIM % kVecElems == 0, "whole vectors per row");
   static_assert(kVecsPerRow <= kThreadsPerRow, "a row group covers its row");
@@ -114,7 +123,7 @@ TESSERA_DEVICE uint32_t row_group_mask() {
 /// so their latency overlaps the computation of the current tile.
 template <typename Traits, KVFormatKind kFormat, typename Params>
 struct KVTileLoader {
-  using T = typename Params::KVType;
+  using T = typename Params::KVType;  // as stored
   static constexpr int kRows = Traits::kLoadRowsPerGroup;
   const T* k_head;  // K of this KV head at this thread's vector (element offset within a row)
   const T* v_head;
@@ -155,32 +164,24 @@ struct KVTileLoader {
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int row = group + j * Traits::kGroups;
-      cp_async_16_zfill(&smem.kv.k[stage][row][vec_elem], k_head + k_offset[j], valid[j] && has_data);
-      cp_async_16_zfill(&smem.kv.v[stage][row][vec_elem], v_head + v_offset[j], valid[j] && has_data);
+      if constexpr (Traits::kKVVecBytes == 16) {
+        cp_async_16_zfill(&smem.kv.k[stage][row][vec_elem], k_head + k_offset[j], valid[j] && has_data);
+        cp_async_16_zfill(&smem.kv.v[stage][row][vec_elem], v_head + v_offset[j], valid[j] && has_data);
+      } else {
+        static_assert(Traits::kKVVecBytes == 8, "16 bytes (16-bit K/V) or 8 (fp8) per thread and row");
+        cp_async_8_zfill(&smem.kv.k[stage][row][vec_elem], k_head + k_offset[j], valid[j] && has_data);
+        cp_async_8_zfill(&smem.kv.v[stage][row][vec_elem], v_head + v_offset[j], valid[j] && has_data);
+      }
       if (vec_elem == 0) smem.row_valid[stage][row] = valid[j];
     }
   }
 };
 
-/// Computes R rows first, first + stride, ... of one stage for one query head: dot products with
-/// the (pre-scaled) query, reduced over the row group, then one online-softmax update.
-template <typename Traits, int R, typename T>
-TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int stage, int first, int stride,
-                                 int vec_elem, uint32_t mask, const float (&q)[Traits::kVecElems],
-                                 OnlineSoftmax<Traits::kVecElems>& state) {
-  constexpr int N = Traits::kVecElems;
-  Vec<T> k[R];  // [R][N]
-  Vec<T> v[R];  // [R][N]
-  float s[R];   // [R]
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int row = first + r * stride;
-    k[r].load(&smem.kv.k[stage][row][vec_elem]);
-    v[r].load(&smem.kv.v[stage][row][vec_elem]);
-    s[r] = 0.f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) s[r] = fmaf(q[i], to_float(k[r].data[i]), s[r]);
-  }
+/// The row group's reduction of R dot products, masked rows to -inf, and one online-softmax
+/// update with the rows' values value(r, i).
+template <typename Traits, int R, typename Value>
+TESSERA_DEVICE void fold_rows(const typename Traits::SharedStorage& smem, int stage, int first, int stride,
+                              uint32_t mask, float (&s)[R], OnlineSoftmax<Traits::kVecElems>& state, Value&& value) {
 #pragma unroll
   for (int offset = Traits::kThreadsPerRow / 2; offset > 0; offset /= 2) {
 #pragma unroll
@@ -190,7 +191,66 @@ TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int
   for (int r = 0; r < R; ++r) {
     if (!smem.row_valid[stage][first + r * stride]) s[r] = -INFINITY;
   }
-  state.fold_logits(s, [&](int r, int i) { return to_float(v[r].data[i]); });
+  state.fold_logits(s, value);
+}
+
+/// compute_rows over fp8 K/V: a thread's 8 stored elements (one 8-byte load) as fp32.
+template <typename Traits, int R>
+TESSERA_DEVICE void compute_fp8_rows(const typename Traits::SharedStorage& smem, int stage, int first, int stride,
+                                     int vec_elem, uint32_t mask, const float (&q)[Traits::kVecElems],
+                                     OnlineSoftmax<Traits::kVecElems>& state) {
+  using F8 = typename Traits::KVStorage;
+  constexpr int N = Traits::kVecElems;
+  static_assert(N == 8, "8 elements, two 32-bit words of fp8, per thread and row");
+  float v[R][N];  // [R][N]
+  float s[R];     // [R]
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int row = first + r * stride;
+    const uint2 k_raw = *reinterpret_cast<const uint2*>(&smem.kv.k[stage][row][vec_elem]);
+    const uint2 v_raw = *reinterpret_cast<const uint2*>(&smem.kv.v[stage][row][vec_elem]);
+    const uint32_t k_words[2] = {k_raw.x, k_raw.y}, v_words[2] = {v_raw.x, v_raw.y};
+    s[r] = 0.f;
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * w + 2 * h;  // element index of the pair
+        const float2 kf = fp8x2_to_float2<F8>(static_cast<uint16_t>(k_words[w] >> (16 * h)));
+        const float2 vf = fp8x2_to_float2<F8>(static_cast<uint16_t>(v_words[w] >> (16 * h)));
+        s[r] = fmaf(q[i + 1], kf.y, fmaf(q[i], kf.x, s[r]));  // elements in order, as the 16-bit path
+        v[r][i] = vf.x;
+        v[r][i + 1] = vf.y;
+      }
+    }
+  }
+  fold_rows<Traits, R>(smem, stage, first, stride, mask, s, state, [&](int r, int i) { return v[r][i]; });
+}
+
+/// Computes R rows first, first + stride, ... of one stage for one query head: dot products with
+/// the (pre-scaled) query, reduced over the row group, then one online-softmax update.
+template <typename Traits, int R, typename T>
+TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int stage, int first, int stride,
+                                 int vec_elem, uint32_t mask, const float (&q)[Traits::kVecElems],
+                                 OnlineSoftmax<Traits::kVecElems>& state) {
+  constexpr int N = Traits::kVecElems;
+  if constexpr (Traits::kFp8KV) {
+    compute_fp8_rows<Traits, R>(smem, stage, first, stride, vec_elem, mask, q, state);
+  } else {
+    Vec<T> k[R];  // [R][N]
+    Vec<T> v[R];  // [R][N]
+    float s[R];   // [R]
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = first + r * stride;
+      k[r].load(&smem.kv.k[stage][row][vec_elem]);
+      v[r].load(&smem.kv.v[stage][row][vec_elem]);
+      s[r] = 0.f;
+#pragma unroll
+      for (int i = 0; i < N; ++i) s[r] = fmaf(q[i], to_float(k[r].data[i]), s[r]);
+    }
+    fold_rows<Traits, R>(smem, stage, first, stride, mask, s, state, [&](int r, int i) { return to_float(v[r].data[i]); });
+  }
 }
 
 }  // namespace decode
@@ -203,9 +263,9 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const Pa
   using QT = typename Params::QType;
   using KVT = typename Params::KVType;
   using OT = typename Params::OType;
-  static_assert(kSameType<KVT, typename Traits::DType>, "the shared-memory ring holds K/V as they are in memory");
-  // A thread's query vector lines up with its K/V vector: the same elements per 16-byte load.
-  static_assert(kSameType<QT, KVT>, "the decode kernel needs q in the K/V element type");
+  static_assert(kSameType<KVT, typename Traits::KVStorage>, "the shared-memory ring holds K/V as they are in memory");
+  // A thread's query vector lines up with its K/V elements: the same kVecElems elements of a row.
+  static_assert(kSameType<QT, typename Traits::DType>, "the decode kernel needs q of the traits' element type");
   static_assert(vec_elems<OT>() == Traits::kVecElems, "a thread stores its output elements as one 16-byte vector");
   static_assert(kInt32Indices<Params>, "the decode kernel takes int32 index arrays (int32 KV positions)");
   constexpr int N = Traits::kVecElems;
@@ -244,8 +304,10 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const Pa
       qv.load(p.q.data + static_cast<int64_t>(b) * p.q.row_stride + static_cast<int64_t>(qo_head) * p.q.head_stride +
               vec_elem);
     }
+    // fp8 K: its scale joins the logits' (every logit is q . k x k_scale).
+    const float q_scale = Traits::kFp8KV ? p.sm_scale_log2 * p.kv_scales.k_scale(kv_head) : p.sm_scale_log2;
 #pragma unroll
-    for (int i = 0; i < N; ++i) q[i] = has_data ? to_float(qv.data[i]) * p.sm_scale_log2 : 0.f;
+    for (int i = 0; i < N; ++i) q[i] = has_data ? to_float(qv.data[i]) * q_scale : 0.f;
   }
 
   const RequestExtent e = KVFormat<kFormat>::request_extent(p, b);
@@ -324,7 +386,8 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const Pa
     sum.add(smem.merge.m[other], smem.merge.d[other], [&](int i) { return acc[i]; });
   }
 
-  const float inv_d = sum.inv_sum();
+  // fp8 V: its scale multiplies the output (every value is code x v_scale).
+  const float inv_d = Traits::kFp8KV ? sum.inv_sum() * p.kv_scales.v_scale(kv_head) : sum.inv_sum();
   Vec<OT> out;
 #pragma unroll
   for (int i = 0; i < N; ++i) out.data[i] = from_float<OT>(sum.acc[i] * inv_d);

@@ -1,4 +1,4 @@
-// cp.async (sm_80+): asynchronous 16-byte global-to-shared copies, committed in groups and
+// cp.async (sm_80+): asynchronous 16-byte (and 8-byte) global-to-shared copies, committed in groups and
 // awaited by count, so loads of the next tile overlap computation on the current one.
 #pragma once
 
@@ -17,6 +17,19 @@ TESSERA_DEVICE void cp_async_16_zfill(void* smem, const void* gmem, bool valid) 
       "  .reg .pred ignore;\n"
       "  setp.eq.u32 ignore, %2, 0;\n"
       "  cp.async.cg.shared.global [%0], [%1], 16, ignore;\n"
+      "}\n" ::"r"(dst),
+      "l"(gmem), "r"(static_cast<uint32_t>(valid)));
+}
+
+/// The same for 8 bytes (through L1: cp.async.cg takes 16-byte copies only), for rows whose
+/// per-thread share is 8 bytes (fp8 K/V in the CUDA-core decode kernel).
+TESSERA_DEVICE void cp_async_8_zfill(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile(
+      "{\n"
+      "  .reg .pred ignore;\n"
+      "  setp.eq.u32 ignore, %2, 0;\n"
+      "  cp.async.ca.shared.global [%0], [%1], 8, ignore;\n"
       "}\n" ::"r"(dst),
       "l"(gmem), "r"(static_cast<uint32_t>(valid)));
 }

@@ -183,11 +183,12 @@ struct PrefillTraits {
   static constexpr int kDefaultOneItemSmemBytes = kConvertFragments ? kCoreSmemBytes : kOneItemSmemBytes;
   static constexpr int kDefaultSmemBytes = kConvertFragments ? kCoreSmemBytes : kSmemBytes;
   // ... and their register allocation allows the CTAs per SM that this shared memory fits (1 KB
-  // reserved per CTA), at most 3: the memory-bound decode tiles want every warp they can get
-  // (the wide D128 tile: 2 CTAs of 8 warps at <= 128 registers), and 4 would cap the 4-warp D128
-  // tile at 128 registers (it needs ~146).
+  // reserved per CTA), at most 2: the wide D128 tile then runs 2 CTAs of 8 warps (<= 128
+  // registers; unbounded, ~170 and 1 CTA). The 4-warp tiles reach 3 CTAs in the one-shot kernel
+  // on their own (146-151 registers at D128); bounding the persistent kernel's to 3 (168) spilled
+  // with f16 queries and measured 1-5% slower (bench/results/LOG.md, session 26).
   static constexpr int kFragmentCtasBySmem = kSmemPerSmBytes / (kCoreSmemBytes + 1024);
-  static constexpr int kFragmentMinCtasPerSm = kFragmentCtasBySmem < 1 ? 1 : kFragmentCtasBySmem > 3 ? 3 : kFragmentCtasBySmem;
+  static constexpr int kFragmentMinCtasPerSm = kFragmentCtasBySmem < 1 ? 1 : kFragmentCtasBySmem > 2 ? 2 : kFragmentCtasBySmem;
   // Offsets of the regions (PrefillSmem), tied to the sizes above.
   static constexpr int kKOffset = kDequantizeKV ? kDequantTileOffset : kQTileBytes;  // the T tiles
   static constexpr int kKVRegionOffset = kQTileBytes;

@@ -1,4 +1,4 @@
-// GPU tests of fp8 (e4m3, e5m2) K/V in the one-shot entry points: decode (tensor cores) and
+// GPU tests of fp8 (e4m3, e5m2) K/V in the one-shot entry points: decode (both kernels) and
 // prefill over dense, ragged and paged (page sizes 1, 16, 64) KV (block-sparse: the runtime's
 // tests), f16 and bf16 queries, head dims 64 / 128 / 256, GQA groups 1 to 8, scales per tensor
 // (host or device) and per KV head, with and without variants, against the fp64 oracle run on the dequantized K/V (code x scale); the error of
@@ -108,6 +108,49 @@ std::vector<AttentionCase> fp8_cases() {
   q_tiny.tag = "_qtiny";
   cases.push_back(q_big);
   cases.push_back(q_tiny);
+  // The CUDA-core decode kernel (8 fp8 elements per thread and row, converted as they are read).
+  const Entry cc_entries[] = {Entry::kSingle, Entry::kRagged, Entry::kPaged};
+  const int64_t cc_groups[] = {1, 3, 8};
+  int m = 0;
+  for (int64_t dim : dims) {
+    for (Fp8KV fp8 : formats) {
+      AttentionCase c;
+      c.decode = true;
+      c.kernel = DecodeKernel::kCudaCores;
+      c.entry = cc_entries[m % 3];
+      c.fp8 = fp8;
+      c.head_dim = dim;
+      c.dtype = m % 2 ? DType::kF16 : DType::kBF16;
+      c.kv_scales = modes[m % 3];
+      c.group = cc_groups[(m / 2) % 3];
+      c.num_kv_heads = 1 + m % 2;
+      c.batch = c.entry == Entry::kSingle ? 1 : 3 + m % 3;
+      c.kv_len = m % 2 ? 1031 : 260;
+      if (c.entry == Entry::kPaged) {
+        c.page_size = pages[(m / 3) % 3];  // 1 and 16 (the sanitize case below: 1)
+        c.nan_unused = true;
+      }
+      c.layout = (c.entry != Entry::kRagged && m % 2) ? Layout::kHND : Layout::kNHD;
+      c.strided = m % 3 == 2;
+      ++m;
+      cases.push_back(c);
+    }
+  }
+  AttentionCase cc_sanitize;
+  cc_sanitize.decode = true;
+  cc_sanitize.kernel = DecodeKernel::kCudaCores;
+  cc_sanitize.entry = Entry::kPaged;
+  cc_sanitize.fp8 = Fp8KV::kE5M2;
+  cc_sanitize.dtype = DType::kBF16;
+  cc_sanitize.batch = 4;
+  cc_sanitize.kv_len = 45;
+  cc_sanitize.page_size = 1;
+  cc_sanitize.group = 5;
+  cc_sanitize.num_kv_heads = 2;
+  cc_sanitize.kv_scales = KVScaleMode::kPerHead;
+  cc_sanitize.nan_unused = true;
+  cc_sanitize.sanitize = true;
+  cases.push_back(cc_sanitize);
   // Variants (JIT-compiled): their hooks see dequantized logits, keys and values, so the tiles
   // hold code x scale (no folded scales). Soft-cap with ALiBi on the per-warp decode tile and a
   // prefill tile; RoPE (a key transform) keeps the CTA-wide dequantization even in decode tiles.
@@ -348,9 +391,12 @@ TEST(Fp8KVErrors, BadScalesAndPairsAreNamed) {
   }, {"k.dtype", "k"});
   expect_error_any([&] { tessera::single_decode(t(0, e4, {Hq, D}), k, v, Layout::kNHD, t(3, e4, {Hq, D}), lse); },
                    {"q.dtype", "q"});
-  // The CUDA-core decode kernel reads 16-bit K/V only.
-  expect_error_any([&] { tessera::single_decode(q, k, v, Layout::kNHD, o, lse, {}, nullptr, DecodeKernel::kCudaCores); },
-                   {"kCudaCores"}, StatusCode::kUnsupported);
+  // The CUDA-core decode kernel runs the default variant only, fp8 K/V included.
+  tessera::AttentionOptions capped = ok;
+  capped.variant.logits_soft_cap = 30.0;
+  expect_error_any([&] {
+    tessera::single_decode(q, k, v, Layout::kNHD, o, lse, capped, nullptr, DecodeKernel::kCudaCores);
+  }, {"kCudaCores"}, StatusCode::kUnsupported);
   // Head dim 96 has no fp8 configuration.
   expect_error_any([&] {
     tessera::single_prefill(t(0, bf, {4, Hq, 96}), t(1, e4, {L, Hkv, 96}), t(2, e4, {L, Hkv, 96}), Layout::kNHD,

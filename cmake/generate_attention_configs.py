@@ -80,8 +80,6 @@ def parse(path):
             if "same" not in row["kv"]:
                 raise TableError(f"{where}: kv '{','.join(row['kv'])}' must include 'same'")
             if family == "prefill":
-                if row["arch"] == "sm90a" and row["kv"] != ["same"]:
-                    raise TableError(f"{where}: fp8 KV is dequantized by the sm80 mainloop only")
                 if row["arch"] not in ARCH_MMA:
                     raise TableError(f"{where}: arch '{row['arch']}' is not one of {', '.join(ARCH_MMA)}")
                 if row["q_tile"] not in Q_TILES:

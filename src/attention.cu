@@ -257,7 +257,7 @@ QTile q_tile_128(int head_dim, KVStorage kv) {
   // TESSERA_PREFILL_WGMMA=0 keeps the mma.sync tile on sm_90 (tests cover the configuration sm_80
   // devices run; benchmarks compare the two). Read once per process.
   static const bool wgmma_allowed = env_choice("TESSERA_PREFILL_WGMMA", {"1", "0"}) == "1";
-  // fp8 K/V: the table builds the mma.sync tiles only (the sm80 mainloop dequantizes).
+  // fp8 K/V: the table builds k128Wgmma for head dims 64 and 128 (the producer converts stages).
   if (has_prefill_config(head_dim, QTile::k128Wgmma, kv) && wgmma_allowed && current_device_has_wgmma()) {
     return QTile::k128Wgmma;
   }

@@ -22,8 +22,8 @@ inline constexpr double kLog2e = 1.4426950408889634;
 /// A 16-bit tensor of `ndim` dims the kernels read or write in 16-byte vectors.
 void check_operand(const TensorView& t, const char* name, int ndim);
 
-/// A K or V tensor of `ndim` dims: q's dtype, or fp8 (e4m3, e5m2; the mma.sync tiles dequantize
-/// it), last dim contiguous, 16-byte vectors.
+/// A K or V tensor of `ndim` dims: q's dtype, or fp8 (e4m3, e5m2; the kernels convert it), last
+/// dim contiguous, 16-byte vectors.
 void check_kv_operand(const TensorView& t, const char* name, int ndim, const TensorView& q);
 
 void check_index_array(const TensorView& t, const char* name, const TensorView& data, int64_t length);

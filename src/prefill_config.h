@@ -24,7 +24,7 @@ namespace detail {
 /// TESSERA_PREFILL_QTILE=16|16w|64|128|128wg overrides the choice (a tuning aid for benchmarks;
 /// 128 is then the mma.sync tile on any device; a value without a configuration for the head dim
 /// or the device is an error, not a fallback).
-/// fp8 KV (kv not kSame) takes the configurations the table builds for it (the mma.sync tiles).
+/// fp8 KV (kv not kSame) takes the configurations the table builds for it.
 QTile choose_q_tile(int head_dim, double avg_packed_rows, KVStorage kv = KVStorage::kSame);
 
 /// The 128-row configuration for head_dim on the current device: k128Wgmma where the table has it

@@ -178,21 +178,33 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
   }
 }
 
-/// fp8 KV: copies the K and V rows resolved in the row table, as stored (HEAD_DIM bytes a row),
-/// into raw stage k_raw (its V stage kStages * kRawTileBytes further; Traits::RawTile); missing
-/// rows are zero-filled. A thread keeps one 16-byte chunk column, as load_kv_tile does.
+/// fp8 KV: where this loader thread's 16-byte chunks of a raw stage are: one chunk column
+/// (`chunk`), rows row0 + j * kRowsPerPass (load_kv_raw_tile copies them, convert_raw_chunks
+/// converts them).
 template <typename Traits>
-TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) {
-  static_assert(Traits::kDequantizeKV && !Traits::kWarpSpecialized, "the sm80 mainloop's raw ring");
-  constexpr int kChunks = Traits::kRawRowChunks;
-  using RawTile = typename Traits::RawTile;
-  constexpr uint32_t kVFromK = Traits::kStages * Traits::kRawTileBytes;
+struct RawChunkShare {
+  static constexpr int kChunks = Traits::kRawRowChunks;
   static_assert(Traits::kLoaderThreads % kChunks == 0 && (Traits::CTA_TILE_KV * kChunks) % Traits::kLoaderThreads == 0,
                 "a thread keeps its chunk column; whole passes");
-  constexpr int kRowsPerPass = Traits::kLoaderThreads / kChunks;
-  constexpr int kRowsPerThread = Traits::CTA_TILE_KV / kRowsPerPass;
-  const int tid = loader_thread<Traits>();
-  const int chunk = tid % kChunks, row0 = tid / kChunks;
+  static constexpr int kRowsPerPass = Traits::kLoaderThreads / kChunks;
+  static constexpr int kRowsPerThread = Traits::CTA_TILE_KV / kRowsPerPass;
+  int chunk, row0;
+  TESSERA_DEVICE RawChunkShare() : chunk(loader_thread<Traits>() % kChunks), row0(loader_thread<Traits>() / kChunks) {}
+};
+
+/// fp8 KV: copies the K and V rows (kPart: or one of them) resolved in the row table, as stored
+/// (HEAD_DIM bytes a row), into raw stage k_raw (its V stage kRawStages * kRawTileBytes further;
+/// Traits::RawTile); missing rows are zero-filled. A thread keeps one 16-byte chunk column, as
+/// load_kv_tile does (RawChunkShare).
+template <typename Traits, KVPart kPart = KVPart::kBoth>
+TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) {
+  static_assert(Traits::kDequantizeKV, "fp8 KV");
+  using RawTile = typename Traits::RawTile;
+  using Share = RawChunkShare<Traits>;
+  constexpr uint32_t kVFromK = Traits::kRawStages * Traits::kRawTileBytes;
+  constexpr int kRowsPerPass = Share::kRowsPerPass, kRowsPerThread = Share::kRowsPerThread;
+  const Share share;
+  const int chunk = share.chunk, row0 = share.row0;
   // Passes step whole swizzle periods (8 lines), so the thread's swizzled chunk is fixed.
   static_assert(kRowsPerPass % (8 * RawTile::kRowsPerLine) == 0, "passes of whole swizzle periods");
   const uint32_t dst0 = smem_addr(k_raw) + RawTile::chunk_offset(row0, chunk) * 16;
@@ -205,7 +217,47 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
     const uint32_t dst = dst0 + j * kRowsPerPass * Traits::HEAD_DIM;
-    cp_async_16x2_tagged(dst, dst + kVFromK, entries[j].x + chunk * 16, entries[j].y + chunk * 16);
+    const uint64_t k_src = entries[j].x + chunk * 16, v_src = entries[j].y + chunk * 16;  // keeps the tag
+    if constexpr (kPart == KVPart::kBoth) {
+      cp_async_16x2_tagged(dst, dst + kVFromK, k_src, v_src);
+    } else if constexpr (kPart == KVPart::kK) {
+      cp_async_16_tagged(dst, k_src, k_src);
+    } else {
+      cp_async_16_tagged(dst + kVFromK, k_src, v_src);
+    }
+  }
+}
+
+/// fp8 KV, warp-specialised: converts the chunks this producer thread copied into raw stage `raw`
+/// (RawChunkShare; its own copies, so after its own cp.async wait and no barrier) into the T
+/// stage `tile` in the wgmma layout, times `scale` when kScaled. kBatch chunks' loads are issued
+/// before their conversions (one warp per scheduler: a chunk at a time left every load's latency
+/// in the chain), in a rolled loop over batches: the producer runs on few registers.
+template <typename Traits, typename F8, bool kScaled, typename T>
+TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale) {
+  static_assert(Traits::kDequantizeKV && Traits::kWarpSpecialized, "the producer's conversion");
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  using RawTile = typename Traits::RawTile;
+  using Share = RawChunkShare<Traits>;
+  constexpr int kBatch = Traits::kProducerRegs >= 56 && Share::kRowsPerThread % 4 == 0 ? 4 : 2;
+  static_assert(Share::kRowsPerThread % kBatch == 0, "whole batches");
+  const Share share;
+#pragma unroll 1
+  for (int j0 = 0; j0 < Share::kRowsPerThread; j0 += kBatch) {
+    uint4 stored[kBatch];  // [batch]: 16 stored elements of this thread's chunk column
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
+      stored[b] = *reinterpret_cast<const uint4*>(raw + RawTile::chunk_offset(row, share.chunk) * 16);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
+      Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
+      dequantize_vec16<F8, kScaled>(stored[b], scale, out);
+      out[0].store(tile + Tile::chunk_offset(row, 2 * share.chunk) * 8);
+      out[1].store(tile + Tile::chunk_offset(row, 2 * share.chunk + 1) * 8);
+    }
   }
 }
 
@@ -357,8 +409,9 @@ struct KVTileSource {
   template <KVPart kPart = KVPart::kBoth>
   TESSERA_DEVICE void copy(int tile, int stage) const {
     if constexpr (Traits::kDequantizeKV) {
-      static_assert(kPart == KVPart::kBoth, "the sm80 mainloop copies K and V together");
-      load_kv_raw_tile<Traits>(row_table(tile), smem.raw_k + stage * Traits::kRawTileBytes);
+      // Warp-specialised: the one raw stage (convert_raw moves it into T stage `stage`).
+      const int raw_stage = Traits::kWarpSpecialized ? 0 : stage;
+      load_kv_raw_tile<Traits, kPart>(row_table(tile), smem.raw_k + raw_stage * Traits::kRawTileBytes);
     } else {
       load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kTileElems);
     }
@@ -369,6 +422,16 @@ struct KVTileSource {
   TESSERA_DEVICE void dequantize(int stage, T* k_tile, T* v_tile, int first_row, int tid) const {
     dequantize_kv_rows<Traits, typename Params::KVType, !kFoldScales, kUnrollRows, ROWS, THREADS>(
         smem.raw_k + stage * Traits::kRawTileBytes, k_tile, v_tile, k_scale, v_scale, first_row, tid);
+  }
+  /// fp8 KV, warp-specialised: converts this producer thread's chunks of the raw K or V stage into
+  /// T stage `stage` (code x scale unless kFoldScales).
+  template <KVPart kPart>
+  TESSERA_DEVICE void convert_raw(int stage) const {
+    static_assert(kPart != KVPart::kBoth, "K and V convert into their own stages");
+    constexpr bool kK = kPart == KVPart::kK;
+    convert_raw_chunks<Traits, typename Params::KVType, !kFoldScales>(kK ? smem.raw_k : smem.raw_v,
+                                                                      (kK ? smem.k : smem.v) + stage * kTileElems,
+                                                                      kK ? k_scale : v_scale);
   }
   /// Factors the kernel applies outside the tiles: K's scale on the logits and V's on the output
   /// (fp8 KV with kFoldScales), else 1.

@@ -13,6 +13,8 @@
 // through the exponentials. Inside a warpgroup, P V of tile t is issued after Q K^T of tile t + 1
 // and runs while the softmax of tile t + 1 does (Traits::kPvLag): K and V stages have their own
 // pipelines (a K stage frees after its Q K^T, a V stage after its P V).
+// fp8 KV: the producer converts each stage from a raw copy (Traits::kRawStages); the compute
+// warpgroups see the T stages only.
 // Not yet: TMA for affine KV.
 #pragma once
 
@@ -36,7 +38,8 @@ struct Sm90Mainloop {
   static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr int kSRegs = kN8KV * 4;  // a thread's S accumulators of the warpgroup's 64 x CTA_TILE_KV
   static constexpr int kORegs = kN8D * 4;   // a thread's O accumulators of the warpgroup's 64 x HEAD_DIM
-  static constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
+  static constexpr bool kByCopies = stage_completion<Traits, kFormat>() == StageCompletion::kByCopies;
+  static constexpr bool kConvertStages = Traits::kDequantizeKV;  // fp8 KV: the producer converts raw stages
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
   using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;    // the loaders' layouts
   using KVTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
@@ -53,7 +56,7 @@ struct Sm90Mainloop {
   /// Producer: Q into its buffer, then every K/V tile through the ring, K of tile `step` and V of
   /// tile step - 1 per step (P V runs a tile behind Q K^T). A tile's row table is resolved before
   /// its stages are free (see Traits::kRowTables), then each copy waits for its stage and its full
-  /// barrier is completed as kStageCompletion says, so the compute warps wait for the copies only,
+  /// barrier is completed as stage_completion says, so the compute warps wait for the copies only,
   /// never for the producer's next step.
   TESSERA_DEVICE void produce(const Params& p, const PrefillWork& w, T* q_tile) {
     const MbarrierPipeline<Traits::kStages> k_pipe = smem.k_pipeline(), v_pipe = smem.v_pipeline();
@@ -70,15 +73,18 @@ struct Sm90Mainloop {
     kv.load_block_id(0);
     for (int step = 0; step <= num_kv_tiles; ++step) {
       const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
+      // fp8 KV: the copies go to the raw stage, whose chunks only their copying thread reads
+      // (and it converted them last step), so they need no stage of the ring: each thread waits
+      // for a T stage only when it converts into it.
       if (copies_k) {
         kv.resolve(step);
         loader_sync<Traits>();  // the row table, for every copying thread
-        k_pipe.producer_acquire(ring.fill_k);
+        if constexpr (!kConvertStages) k_pipe.producer_acquire(ring.fill_k);
         kv.template copy<KVPart::kK>(step, ring.fill_k.stage);
         copies_issued(k_pipe, ring.fill_k);
       }
       if (copies_v) {
-        v_pipe.producer_acquire(ring.fill_v);
+        if constexpr (!kConvertStages) v_pipe.producer_acquire(ring.fill_v);
         kv.template copy<KVPart::kV>(step - 1, ring.fill_v.stage);
         copies_issued(v_pipe, ring.fill_v);
       }
@@ -90,6 +96,10 @@ struct Sm90Mainloop {
           } else {
             cp_async_wait<0>();
           }
+          if constexpr (kConvertStages) {
+            k_pipe.producer_acquire(ring.fill_k);
+            kv.template convert_raw<KVPart::kK>(ring.fill_k.stage);
+          }
           fence_proxy_async_shared();
           if (step == 0) q_pipe.producer_arrive(ring.fill_q);
           k_pipe.producer_arrive(ring.fill_k);
@@ -97,6 +107,10 @@ struct Sm90Mainloop {
         }
         if (copies_v) {
           cp_async_wait<0>();
+          if constexpr (kConvertStages) {
+            v_pipe.producer_acquire(ring.fill_v);
+            kv.template convert_raw<KVPart::kV>(ring.fill_v.stage);
+          }
           fence_proxy_async_shared();
           v_pipe.producer_arrive(ring.fill_v);
           ring.fill_v.advance();
@@ -204,9 +218,9 @@ struct Sm90Mainloop {
   }
 
   TESSERA_DEVICE void tile_done() const { ring.read_k.advance(); }
-  /// K/V are stored as the operands (no fp8 here): no factors on the logits or the output.
-  TESSERA_DEVICE float logits_factor() const { return 1.f; }
-  TESSERA_DEVICE float output_factor() const { return 1.f; }
+  /// fp8 KV with folded scales: K's scale on the logits, V's on the output (else 1).
+  TESSERA_DEVICE float logits_factor() const { return kv.logits_factor(); }
+  TESSERA_DEVICE float output_factor() const { return kv.output_factor(); }
 
   /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free. O
   /// is in the standard fragment layout already.

@@ -125,18 +125,24 @@ struct PrefillTraits {
   // room for one beside the K/V ring. Elsewhere one.
   static constexpr int kRowBytes = kSmemRowChunks * 16;
   static constexpr bool kSecondQFits =
-      2 * CTA_TILE_Q * kRowBytes + 2 * STAGES_ * CTA_TILE_KV * kRowBytes + (STAGES_ + 2) * CTA_TILE_KV * 20 + 8 * 1024 <=
-      227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch
+      2 * CTA_TILE_Q * kRowBytes + 2 * STAGES_ * CTA_TILE_KV * kRowBytes + (STAGES_ + 2) * CTA_TILE_KV * 20 + 8 * 1024 +
+          (IsFp8<KVT_>::value ? 2 * CTA_TILE_KV * HEAD_DIM : 0) <=
+      227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch, fp8's raw stage
   static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   static constexpr int kKVTileBytes = kKVTileElems * static_cast<int>(sizeof(T));
-  // fp8 KV: the cp.async ring holds the stored bytes (kStages raw stages of K and of V, rows of
-  // HEAD_DIM bytes, RawTile), and the MMAs read either one dequantized T tile of K and of
-  // V, rewritten each KV tile (kTileStages), or (kConvertFragments) the raw ring itself. Half the
-  // ring's bytes per stage, so the same stages keep as many tokens in flight as a 16-bit ring.
-  static constexpr int kTileStages = kDequantizeKV ? 1 : kStages;  // T K/V tiles the MMAs read
+  // fp8 KV, sm80 mainloop: the cp.async ring holds the stored bytes (kStages raw stages of K and
+  // of V, rows of HEAD_DIM bytes, RawTile), and the MMAs read either one dequantized T tile of K
+  // and of V, rewritten each KV tile (kTileStages), or (kConvertFragments) the raw ring itself.
+  // Half the ring's bytes per stage, so the same stages keep as many tokens in flight as a 16-bit
+  // ring. Warp-specialised (wgmma): the producer copies a tile's stored rows into one raw stage of
+  // K and one of V, waits for its own copies and converts the chunks it copied into the kStages
+  // T stages the wgmma read (Sm90Mainloop::produce), so the compute warpgroups never see fp8 and
+  // no producer thread waits for another's copies.
+  static constexpr int kTileStages = kDequantizeKV && !kWarpSpecialized ? 1 : kStages;  // T K/V tiles the MMAs read
+  static constexpr int kRawStages = kWarpSpecialized ? 1 : kStages;
   static constexpr int kRawRowChunks = kDequantizeKV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
-  static constexpr int kRawRingBytes = 2 * kStages * kRawTileBytes;  // K and V
+  static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V
   // Decode tiles (one warp of query rows, whose warps each read only their own KV rows) load fp8
   // K/V fragments straight from the raw ring with ldmatrix and convert them in registers, one cvt
   // per pair into f16 (Sm80Mainloop::kConvertFragments, the default variant): each element is
@@ -200,8 +206,7 @@ struct PrefillTraits {
 
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kSameType<KVT_, T> || kDequantizeKV, "K/V stored as the operands' type or as fp8");
-  static_assert(!kDequantizeKV || (!kWarpSpecialized && HEAD_DIM % 16 == 0),
-                "fp8 KV: the sm80 mainloop dequantizes (every warp loads); whole 16-byte chunks of a stored row");
+  static_assert(!kDequantizeKV || HEAD_DIM % 16 == 0, "fp8 KV: whole 16-byte chunks of a stored row");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
   static_assert(HEAD_DIM % 16 == 0, "whole k16 steps of Q K^T, pairs of n8 tiles of O, an even number of chunks");
   static_assert(kSmemRowChunks >= kRowChunks && kLoaderRowChunks >= kRowChunks && kLoaderRowChunks <= 64,
@@ -239,9 +244,9 @@ struct PrefillSmem {
   T* extra_q;   // [kQStages - 1][CTA_TILE_Q][kSmemRowChunks * 8], swizzled: the other Q buffers, after the barriers
   T* k;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
   T* v;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
-                // (fp8 KV: k and v are one T tile each, [kTileStages = 1][...], after the barriers)
-  uint8_t* raw_k;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored K bytes (Traits::RawTile); nullptr otherwise
-  uint8_t* raw_v;  // fp8 KV: [kStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k
+                // (fp8 KV: [kTileStages][...] after the barriers; one T tile each in the sm80 mainloop)
+  uint8_t* raw_k;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored K bytes (Traits::RawTile); nullptr otherwise
+  uint8_t* raw_v;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k
   float* merge;    // the warps' merge (epilogue): the K/V region and row tables, after the last tile
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
@@ -259,7 +264,7 @@ struct PrefillSmem {
     k = reinterpret_cast<T*>(base + Traits::kKOffset);
     v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
     raw_k = Traits::kDequantizeKV ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset) : nullptr;
-    raw_v = Traits::kDequantizeKV ? raw_k + Traits::kStages * Traits::kRawTileBytes : nullptr;
+    raw_v = Traits::kDequantizeKV ? raw_k + Traits::kRawStages * Traits::kRawTileBytes : nullptr;
     merge = reinterpret_cast<float*>(base + Traits::kKVRegionOffset);
     rows = reinterpret_cast<uint64_t*>(base + Traits::kRowTableOffset);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
@@ -353,9 +358,12 @@ TESSERA_DEVICE void compute_sync() {
 /// than the overlap gains (both measured: bench/results/LOG.md). Block-sparse KV is not measured
 /// either way and keeps kAfterWait.
 enum class StageCompletion { kAfterWait, kByCopies };
-template <KVFormatKind kFormat>
-inline constexpr StageCompletion kStageCompletion =
-    kFormat == KVFormatKind::kPaged ? StageCompletion::kByCopies : StageCompletion::kAfterWait;
+/// fp8 KV takes kAfterWait: its producer converts what its copies brought before it arrives.
+template <typename Traits, KVFormatKind kFormat>
+constexpr StageCompletion stage_completion() {
+  return kFormat == KVFormatKind::kPaged && !Traits::kDequantizeKV ? StageCompletion::kByCopies
+                                                                    : StageCompletion::kAfterWait;
+}
 
 /// Where a CTA's warp-specialised ring stands: the producer's next K, V and Q buffers to fill,
 /// the compute warps' next K, V and Q buffers to read (V trails K by a tile; Q advances once per
@@ -378,7 +386,7 @@ struct RingPosition {
 template <typename Traits, KVFormatKind kFormat, typename F>
 TESSERA_DEVICE void with_warp_role(char* smem_raw, F&& f) {
   if constexpr (Traits::kWarpSpecialized) {
-    constexpr bool kByCopies = kStageCompletion<kFormat> == StageCompletion::kByCopies;
+    constexpr bool kByCopies = stage_completion<Traits, kFormat>() == StageCompletion::kByCopies;
     PrefillSmem<Traits> smem(smem_raw);
     if (threadIdx.x == 0) {
       // kByCopies: two arrivals per producer thread on a K/V stage (its own and its copies'), one

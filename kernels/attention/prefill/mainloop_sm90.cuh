@@ -71,49 +71,42 @@ struct Sm90Mainloop {
     }
     const int num_kv_tiles = kv.count();
     kv.load_block_id(0);
-    for (int step = 0; step <= num_kv_tiles; ++step) {
-      const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
-      // fp8 KV: the copies go to the raw stage, whose chunks only their copying thread reads
-      // (and it converted them last step), so they need no stage of the ring: each thread waits
-      // for a T stage only when it converts into it.
-      if (copies_k) {
-        kv.resolve(step);
-        loader_sync<Traits>();  // the row table, for every copying thread
-        if constexpr (!kConvertStages) k_pipe.producer_acquire(ring.fill_k);
-        kv.template copy<KVPart::kK>(step, ring.fill_k.stage);
-        copies_issued(k_pipe, ring.fill_k);
-      }
-      if (copies_v) {
-        if constexpr (!kConvertStages) v_pipe.producer_acquire(ring.fill_v);
-        kv.template copy<KVPart::kV>(step - 1, ring.fill_v.stage);
-        copies_issued(v_pipe, ring.fill_v);
-      }
-      if constexpr (!kByCopies) {
+    if constexpr (kConvertStages) {
+      produce_converted(k_pipe, v_pipe, q_pipe, num_kv_tiles);
+    } else {
+      for (int step = 0; step <= num_kv_tiles; ++step) {
+        const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
         if (copies_k) {
-          // K (and Q, committed before) has landed when at most the V group is in flight.
-          if (copies_v) {
-            cp_async_wait<1>();
-          } else {
-            cp_async_wait<0>();
-          }
-          if constexpr (kConvertStages) {
-            k_pipe.producer_acquire(ring.fill_k);
-            kv.template convert_raw<KVPart::kK>(ring.fill_k.stage);
-          }
-          fence_proxy_async_shared();
-          if (step == 0) q_pipe.producer_arrive(ring.fill_q);
-          k_pipe.producer_arrive(ring.fill_k);
-          ring.fill_k.advance();
+          kv.resolve(step);
+          loader_sync<Traits>();  // the row table, for every copying thread
+          k_pipe.producer_acquire(ring.fill_k);
+          kv.template copy<KVPart::kK>(step, ring.fill_k.stage);
+          copies_issued(k_pipe, ring.fill_k);
         }
         if (copies_v) {
-          cp_async_wait<0>();
-          if constexpr (kConvertStages) {
-            v_pipe.producer_acquire(ring.fill_v);
-            kv.template convert_raw<KVPart::kV>(ring.fill_v.stage);
+          v_pipe.producer_acquire(ring.fill_v);
+          kv.template copy<KVPart::kV>(step - 1, ring.fill_v.stage);
+          copies_issued(v_pipe, ring.fill_v);
+        }
+        if constexpr (!kByCopies) {
+          if (copies_k) {
+            // K (and Q, committed before) has landed when at most the V group is in flight.
+            if (copies_v) {
+              cp_async_wait<1>();
+            } else {
+              cp_async_wait<0>();
+            }
+            fence_proxy_async_shared();
+            if (step == 0) q_pipe.producer_arrive(ring.fill_q);
+            k_pipe.producer_arrive(ring.fill_k);
+            ring.fill_k.advance();
           }
-          fence_proxy_async_shared();
-          v_pipe.producer_arrive(ring.fill_v);
-          ring.fill_v.advance();
+          if (copies_v) {
+            cp_async_wait<0>();
+            fence_proxy_async_shared();
+            v_pipe.producer_arrive(ring.fill_v);
+            ring.fill_v.advance();
+          }
         }
       }
     }
@@ -233,6 +226,59 @@ struct Sm90Mainloop {
   }
 
  private:
+  /// fp8 KV's producer steps: copies go to the raw stages, whose chunks only their copying thread
+  /// reads, so they need no ring stage; a thread waits for a T stage only to convert into it. Each
+  /// raw copy flies while the other tensor's stage converts: K(t + 1) is issued right after K(t)
+  /// is converted, V(t) right after V(t - 1), so the cp.async groups alternate K, V, K, V and
+  /// every wait leaves the newer one in flight. (Resolving t + 1 this early is why the row-table
+  /// ring has one more slot: Traits::kRowTables.)
+  TESSERA_DEVICE void produce_converted(const MbarrierPipeline<Traits::kStages>& k_pipe,
+                                        const MbarrierPipeline<Traits::kStages>& v_pipe,
+                                        const MbarrierPipeline<Traits::kQStages>& q_pipe, int num_kv_tiles) {
+    static_assert(!kByCopies, "fp8 stages complete after the producer's wait");
+    auto copy_k = [&](int tile) {
+      kv.resolve(tile);
+      loader_sync<Traits>();  // the row table, for every copying thread
+      kv.template copy<KVPart::kK>(tile, 0);
+      cp_async_commit();
+    };
+    if (num_kv_tiles > 0) copy_k(0);
+    for (int step = 0; step <= num_kv_tiles; ++step) {
+      if (step < num_kv_tiles) {
+        // In flight: K(step) (with Q before it at step 0), then V(step - 1).
+        if (step > 0) {
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        k_pipe.producer_acquire(ring.fill_k);
+        kv.template convert_raw<KVPart::kK>(ring.fill_k.stage);
+        fence_proxy_async_shared();
+        if (step == 0) q_pipe.producer_arrive(ring.fill_q);
+        k_pipe.producer_arrive(ring.fill_k);
+        ring.fill_k.advance();
+        if (step + 1 < num_kv_tiles) copy_k(step + 1);
+      }
+      if (step > 0) {
+        // In flight: V(step - 1), then K(step + 1) where it exists.
+        if (step + 1 < num_kv_tiles) {
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        v_pipe.producer_acquire(ring.fill_v);
+        kv.template convert_raw<KVPart::kV>(ring.fill_v.stage);
+        fence_proxy_async_shared();
+        v_pipe.producer_arrive(ring.fill_v);
+        ring.fill_v.advance();
+      }
+      if (step < num_kv_tiles) {
+        kv.template copy<KVPart::kV>(step, 0);
+        cp_async_commit();
+      }
+    }
+  }
+
   static TESSERA_DEVICE MmaTurns turns() { return MmaTurns{static_cast<int>(threadIdx.x) / (4 * kWarpSize)}; }
 
   /// After a stage's copies are issued: kByCopies completes its full barrier through them (and

@@ -125,7 +125,7 @@ struct PrefillTraits {
   // room for one beside the K/V ring. Elsewhere one.
   static constexpr int kRowBytes = kSmemRowChunks * 16;
   static constexpr bool kSecondQFits =
-      2 * CTA_TILE_Q * kRowBytes + 2 * STAGES_ * CTA_TILE_KV * kRowBytes + (STAGES_ + 2) * CTA_TILE_KV * 20 + 8 * 1024 +
+      2 * CTA_TILE_Q * kRowBytes + 2 * STAGES_ * CTA_TILE_KV * kRowBytes + (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 +
           (IsFp8<KVT_>::value ? 2 * CTA_TILE_KV * HEAD_DIM : 0) <=
       227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch, fp8's raw stage
   static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
@@ -161,8 +161,10 @@ struct PrefillTraits {
   static constexpr int kPvLag = kWarpSpecialized ? 1 : 0;
   // Row tables (addresses and keys) in a ring, one per tile from the one being computed to the
   // one being resolved (see the kernel's pipeline comment): kStages + 1, and one more when the
-  // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies.
-  static constexpr int kRowTables = kStages + 1 + kPvLag;
+  // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies;
+  // warp-specialised fp8 one more: its producer resolves tile t + 1 before it waits for the V
+  // stage of t - 1, i.e. while a P V of t - 3 (a value transform reads its keys) may still run.
+  static constexpr int kRowTables = kStages + 1 + kPvLag + (kWarpSpecialized && kDequantizeKV ? 1 : 0);
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V region and the row tables (free
   // after the last tile): O, m, d per warp.

@@ -13,11 +13,82 @@ later plan beyond those bounds is an error.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 from . import _utils as U
 
 __all__: list = []  # private module
+
+
+# --- torch.compile: wrapper handles and the custom ops (tessera/_ops.py) ------------------------
+#
+# Under torch.compile a wrapper's run() calls a PyTorch custom op (tessera::decode_run, ...) in
+# place of the C++ runtime object, which a custom op cannot take as an argument: the op gets the
+# wrapper's integer handle and looks the wrapper up here. The table holds weak references, so it
+# never keeps a wrapper alive; a collected wrapper's entry disappears with it.
+
+_WRAPPERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_NEXT_HANDLE = itertools.count(1)
+_OPS: Optional[Any] = None  # the module tessera._ops once loaded (torch >= 2.4 has torch.library.custom_op)
+_OPS_TRIED = False
+
+
+def load_ops() -> Optional[Any]:
+    """Imports tessera._ops (registering the custom ops) once; None when this torch has no
+    torch.library.custom_op (before 2.4): run() then stays a plain Python call under torch.compile."""
+    global _OPS, _OPS_TRIED
+    if not _OPS_TRIED:
+        _OPS_TRIED = True
+        torch = U._torch()
+        if hasattr(torch, "compiler") and hasattr(getattr(torch, "library", None), "custom_op"):
+            try:
+                from . import _ops
+            except ModuleNotFoundError as e:  # a development build configured before _ops.py existed
+                if e.name != f"{__package__}._ops":
+                    raise
+            else:
+                _OPS = _ops
+    return _OPS
+
+
+def mark_static_address(t: Any) -> None:
+    """Marks a tensor whose address the C++ runtime keeps (workspace, CUDA-graph index buffers) as
+    static for torch.compile, as torch._dynamo.mark_static_address(t, guard=False) does (the same
+    attribute, set here without importing Dynamo, which takes seconds): CUDA graphs of
+    mode="reduce-overhead" then use it in place (no copy) and allow the ops to write it."""
+    if getattr(t, "_dynamo_static_input_type", None) is None:
+        t._dynamo_static_input_type = "unguarded"
+
+
+def enable_compile(wrapper: Any, *static_tensors: Any) -> int:
+    """Registers a wrapper for the custom ops and returns its handle; loads the ops and marks the
+    tensors whose addresses the runtime keeps as static."""
+    handle = next(_NEXT_HANDLE)
+    _WRAPPERS[handle] = wrapper
+    if load_ops() is not None:
+        for t in static_tensors:
+            if t is not None:
+                mark_static_address(t)
+    return handle
+
+
+def wrapper_for(handle: int) -> Any:
+    """The live wrapper of a handle (RuntimeError once it has been garbage-collected)."""
+    wrapper = _WRAPPERS.get(int(handle))
+    if wrapper is None:
+        raise RuntimeError(
+            f"tessera: no live wrapper has handle {int(handle)} (the wrapper a compiled function was traced "
+            "with has been garbage-collected)"
+        )
+    return wrapper
+
+
+def compiling() -> bool:
+    """True while torch.compile (Dynamo) traces a run() and the custom ops exist: run() then does
+    the checks that depend only on the plan, shapes and dtypes, and calls the op."""
+    return _OPS is not None and bool(U._torch().compiler.is_compiling())
 
 
 class _Need:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
+from . import _runtime as R
 from . import _utils as U
 from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
 
@@ -191,6 +192,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._planned: Optional[Dict[str, Any]] = None
         self._alibi_slopes: Optional["torch.Tensor"] = None
         self._kv_scales = _KVScaleBuffer()
+        # torch.compile: the handle of the custom op tessera::decode_run (tessera/_ops.py); the
+        # workspace and the preallocated page ids keep their addresses (static for CUDA graphs).
+        self._handle = R.enable_compile(self, ws, paged_kv_indices_buffer if self._use_cuda_graph else None)
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -216,6 +220,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._float_workspace_buffer = ws
         self._holder = _RuntimeHolder("BatchDecodeWrapper", ws, False)
         self._planned = None
+        if R.load_ops() is not None:
+            R.mark_static_address(ws)
 
     def plan(
         self,
@@ -390,6 +396,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this step's page table first")
         U.check_run_window_left(window_left, p["window_left"])
+        if R.compiling():
+            return _paged_run_compiled(R._OPS.DECODE_RUN, self, p, q, paged_kv_cache, k_scale, v_scale, out, lse,
+                                       return_lse)
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
@@ -417,6 +426,66 @@ class BatchDecodeWithPagedKVCacheWrapper:
 # --- shared run() checks of the paged wrappers ---------------------------------------------------
 
 
+def _paged_run_compiled(
+    op: Any, w: Any, p: Dict[str, Any], q: Any, paged_kv_cache: Any, k_scale: Any, v_scale: Any, out: Any, lse: Any,
+    return_lse: bool,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """run() of a paged wrapper while torch.compile traces it: the eager run()'s checks that depend
+    only on the plan, shapes and dtypes (Dynamo traces them; a failing one raises at trace time),
+    then the custom op `op` (tessera::decode_run or tessera::prefill_paged_run), which allocates
+    out / lse when the caller passed none and does the rest (page ids plan() had on the host
+    against this cache, an fp8 cache's scale values, the launch on the current stream)."""
+    q, out, lse = _check_run_queries(q, out, lse, return_lse, p, allocate=False)
+    k, v, kv = _check_paged_cache(paged_kv_cache, w._kv_layout, q, p, check_page_ids=False)
+    scales = _op_kv_scales(p, k_scale, v_scale, w._holder.workspace)
+    o, l = op(w._handle, q.detach(), _detached(k), _detached(v), _detached(kv), w._kv_layout, p["indices"],
+              w._holder.workspace, out, lse if return_lse else None, return_lse, *scales)
+    return _op_results(o, l, out, lse, return_lse)
+
+
+def _detached(t: Any) -> Any:
+    return None if t is None else t.detach()
+
+
+def _op_results(o: Any, l: Any, out: Any, lse: Any, return_lse: bool) -> Any:
+    """run()'s result from an op's (new out, new lse) and the caller's out / lse (see tessera/_ops.py)."""
+    result = o if out is None else out
+    if not return_lse:
+        return result
+    return result, (l if lse is None else lse)
+
+
+def _op_kv_scales(p: Dict[str, Any], k_scale: Any, v_scale: Any, workspace: Any) -> Tuple[Any, Any, float, float]:
+    """run()'s k_scale / v_scale as the ops take them (tensor or None, float): with a 16-bit cache
+    only None/1.0 (checked here); with an fp8 cache None (1), a float (its value is checked by the
+    op, as _KVScaleBuffer.set does in eager mode) or a one-element float32 tensor (checked here)."""
+    if not U.is_fp8(p["kv_dtype"]):
+        U.check_scale("k_scale", k_scale)
+        U.check_scale("v_scale", v_scale)
+        return None, None, 1.0, 1.0
+    torch = U._torch()
+    tensors, values = [], []
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if value is None:
+            tensors.append(None)
+            values.append(1.0)
+        elif isinstance(value, torch.Tensor):
+            if value.dtype != torch.float32 or value.numel() != 1:
+                raise ValueError(
+                    f"{name} = <tensor {tuple(value.shape)} {value.dtype}>, expected a float or a float32 "
+                    "tensor of one element (per-head scales go to the single-request functions)"
+                )
+            U.check_same_device(name, value, "float_workspace_buffer", workspace)
+            tensors.append(value.detach())
+            values.append(1.0)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            tensors.append(None)
+            values.append(float(value))
+        else:
+            raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
+    return tensors[0], tensors[1], values[0], values[1]
+
+
 def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any, graph: bool) -> bool:
     """run()'s k_scale / v_scale: written into the plan's scale buffer for an fp8 cache (True; with
     use_cuda_graph on every run, so captures hold the fills), else only None/1.0 (False)."""
@@ -429,8 +498,10 @@ def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_sc
 
 
 def _check_run_queries(
-    q: Any, out: Any, lse: Any, return_lse: bool, p: Dict[str, Any]
-) -> Tuple["torch.Tensor", "torch.Tensor", Optional["torch.Tensor"]]:
+    q: Any, out: Any, lse: Any, return_lse: bool, p: Dict[str, Any], allocate: bool = True
+) -> Tuple["torch.Tensor", Optional["torch.Tensor"], Optional["torch.Tensor"]]:
+    """run()'s q / out / lse checks; out and lse (with return_lse) are allocated when None unless
+    `allocate` is False (under torch.compile the op allocates them)."""
     torch = U._torch()
     hq, d, dtype = p["num_qo_heads"], p["head_dim"], p["dtype"]
     U.check_tensor("q", q, ndim=3, shape_hint="([rows, num_qo_heads, head_dim])")
@@ -442,7 +513,8 @@ def _check_run_queries(
         )
     U.check_cuda("q", q)
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        if allocate:
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
         U.check_tensor("out", out, ndim=3)
         if out.dtype != q.dtype:
@@ -451,7 +523,8 @@ def _check_run_queries(
         U.check_same_device("out", out, "q", q)
     if return_lse:
         if lse is None:
-            lse = torch.empty((q.shape[0], hq), dtype=torch.float32, device=q.device)
+            if allocate:
+                lse = torch.empty((q.shape[0], hq), dtype=torch.float32, device=q.device)
         else:
             U.check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,))
             U.check_shape("lse", lse, (int(q.shape[0]), hq), "[rows of q, num_qo_heads]")
@@ -460,8 +533,10 @@ def _check_run_queries(
 
 
 def _check_paged_cache(
-    paged_kv_cache: Any, kv_layout: str, q: "torch.Tensor", p: Dict[str, Any]
+    paged_kv_cache: Any, kv_layout: str, q: "torch.Tensor", p: Dict[str, Any], check_page_ids: bool = True
 ) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"], Optional["torch.Tensor"]]:
+    """run()'s paged-cache checks -> (k, v, None) or (None, None, kv). check_page_ids: the page ids
+    plan() had on the host against the cache's page count (under torch.compile the op does it)."""
     k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
     if kv is not None:
         U.kv_data_dtype_check("paged_kv_cache", kv, q.dtype, p["kv_dtype"])
@@ -485,5 +560,6 @@ def _check_paged_cache(
             f"{page_size}, num_kv_heads {hkv}, head_dim {d}, but the plan was made for page_size {p['page_size']}, "
             f"num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
         )
-    p["host_indices"].check(int(ref.shape[0]))  # page ids plan() had on the host, against this cache
+    if check_page_ids:
+        p["host_indices"].check(int(ref.shape[0]))  # page ids plan() had on the host, against this cache
     return k, v, kv

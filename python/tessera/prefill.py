@@ -26,9 +26,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
+from . import _runtime as R
 from . import _utils as U
 from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
-from .decode import PagedKVCache, _check_paged_cache, _check_run_queries, _run_kv_scales
+from .decode import (
+    PagedKVCache,
+    _check_paged_cache,
+    _check_run_queries,
+    _op_kv_scales,
+    _op_results,
+    _paged_run_compiled,
+    _run_kv_scales,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -280,6 +289,8 @@ class _PrefillBase:
         self._float_workspace_buffer = ws
         self._holder = _RuntimeHolder(self._cpp_class, ws, False)
         self._planned = None
+        if R.load_ops() is not None:
+            R.mark_static_address(ws)
 
     def plan_info(self) -> Dict[str, Any]:
         """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
@@ -371,6 +382,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                     f"paged_kv_last_page_len_buf has {paged_kv_last_page_len_buf.shape[0]} entries, expected "
                     f"{self._max_batch_size} (len(qo_indptr_buf) - 1)"
                 )
+        # torch.compile: the handle of the custom op tessera::prefill_paged_run (tessera/_ops.py); the
+        # workspace and the preallocated page ids keep their addresses (static for CUDA graphs).
+        self._handle = R.enable_compile(self, self._float_workspace_buffer,
+                                        paged_kv_indices_buf if self._use_cuda_graph else None)
 
     def plan(
         self,
@@ -562,6 +577,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
         U.check_run_window_left(window_left, p["window_left"])
+        if R.compiling():
+            return _paged_run_compiled(R._OPS.PREFILL_PAGED_RUN, self, p, q, paged_kv_cache, k_scale, v_scale, out,
+                                       lse, return_lse)
         layout = U.check_kv_layout(self._kv_layout)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
@@ -626,6 +644,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                     f"kv_indptr_buf has {kv_indptr_buf.shape[0]} entries, expected {self._max_batch_size + 1} "
                     "(the length of qo_indptr_buf)"
                 )
+        # torch.compile: the handle of the custom op tessera::prefill_ragged_run (tessera/_ops.py); the
+        # workspace keeps its address (static for CUDA graphs).
+        self._handle = R.enable_compile(self, self._float_workspace_buffer)
 
     def plan(
         self,
@@ -769,7 +790,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
-        q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
+        compiling = R.compiling()  # torch.compile traces this run(): the op tessera::prefill_ragged_run launches
+        q, out, lse = _check_run_queries(q, out, lse, return_lse, p, allocate=not compiling)
         U.check_tensor("k", k, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
         U.check_tensor("v", v, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
         U.kv_data_dtype_check("k", k, q.dtype, p["kv_dtype"])
@@ -778,6 +800,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
         U.check_same_device("k", k, "q", q)
         U.check_same_device("v", v, "q", q)
+        k_in, v_in = k, v
         if self._kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
         if k.shape[1] != p["num_kv_heads"] or k.shape[2] != p["head_dim"]:
@@ -785,6 +808,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 f"k has {k.shape[1]} KV heads of dim {k.shape[2]} (kv_layout={self._kv_layout!r}), but the plan was made "
                 f"for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
             )
+        if compiling:  # the op transposes HND itself, allocates out / lse when None, sets fp8 scale values
+            scales = _op_kv_scales(p, k_scale, v_scale, self._holder.workspace)
+            o, l = R._OPS.PREFILL_RAGGED_RUN(self._handle, q.detach(), k_in.detach(), v_in.detach(), self._kv_layout,
+                                             self._holder.workspace, out, lse if return_lse else None, return_lse,
+                                             *scales)
+            return _op_results(o, l, out, lse, return_lse)
         fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
         U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), out, lse if return_lse else None,
                U.current_stream(q.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)

@@ -1,0 +1,150 @@
+"""The plan/run wrappers' run() as PyTorch custom ops, for torch.compile.
+
+Imported by the wrappers' constructors (tessera._runtime.load_ops), never by ``import tessera``:
+it needs torch >= 2.4 (torch.library.custom_op). Under torch.compile a wrapper's run() does its
+checks that depend only on the plan, shapes and dtypes in Python, which Dynamo traces, and then
+calls one of these ops, which Dynamo puts into the graph as a single opaque node:
+
+- ``tessera::decode_run``          BatchDecodeWithPagedKVCacheWrapper.run
+- ``tessera::prefill_paged_run``   BatchPrefillWithPagedKVCacheWrapper.run
+- ``tessera::prefill_ragged_run``  BatchPrefillWithRaggedKVCacheWrapper.run
+
+A custom op cannot take the wrapper (a Python object holding the C++ runtime): it takes the
+wrapper's integer handle and looks the wrapper up in tessera._runtime's table of weak references.
+The plan itself is host state of that wrapper and of its C++ runtime (uploaded into the workspace
+by plan(), outside the compiled code), as in FlashInfer.
+
+Arguments common to the ops: ``out`` / ``lse`` the caller's output buffers or None (the op then
+allocates them); ``return_lse`` whether the LSE is computed; ``workspace`` the wrapper's
+float_workspace_buffer, which the run writes (split-KV partial results); ``k_scale`` / ``v_scale``
+an fp8 cache's scales as one-element float32 tensors or None, ``k_scale_value`` /
+``v_scale_value`` the float scales used where the tensor is None. The ops return ``(out, lse)``:
+``out`` a new q-shaped tensor of q's dtype when the caller passed none, else an empty tensor (the
+caller's ``out`` holds the result); ``lse`` a new float32 ``[rows of q, num_qo_heads]`` tensor
+when ``return_lse`` and the caller passed none, else an empty float32 tensor.
+
+The ops are inference-only (no autograd formula), as the wrappers are: run() passes tensors that
+require grad detached, as the eager run() does.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _runtime as R
+from . import _utils as U
+
+__all__: list = []  # private module
+
+Tensor = torch.Tensor
+
+
+def _outputs(q: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool) -> Tuple[Tensor, Tensor]:
+    """The op's new outputs (shared by the kernels and the fake implementations)."""
+    if out is None:
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    else:
+        o = q.new_empty((0,))
+    if return_lse and lse is None:
+        l = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    else:
+        l = torch.empty((0,), dtype=torch.float32, device=q.device)
+    return o, l
+
+
+def _planned(handle: int) -> Tuple[object, dict]:
+    w = R.wrapper_for(handle)
+    p = w._planned
+    if p is None:
+        raise RuntimeError("run() before plan(): call plan() before running the compiled function")
+    return w, p
+
+
+def _scale(tensor: Optional[Tensor], value: float) -> object:
+    return tensor if tensor is not None else value
+
+
+def _paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor], kv: Optional[Tensor],
+               kv_layout: str, indices: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool,
+               k_scale: Optional[Tensor], v_scale: Optional[Tensor], k_scale_value: float,
+               v_scale_value: float) -> Tuple[Tensor, Tensor]:
+    """What the eager run() of the paged wrappers does after its checks (decode.py)."""
+    from .decode import _run_kv_scales
+
+    w, p = _planned(handle)
+    o, l = _outputs(q, out, lse, return_lse)
+    ref = kv if kv is not None else k
+    assert ref is not None
+    p["host_indices"].check(int(ref.shape[0]))  # page ids plan() had on the host, against this cache
+    fp8 = _run_kv_scales(w._kv_scales, p, _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value),
+                         w._use_cuda_graph)
+    U.call(w._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), U.check_kv_layout(kv_layout), indices,
+           o if out is None else out, (l if lse is None else lse) if return_lse else None, U.current_stream(q.device),
+           kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
+    return o, l
+
+
+_MUTATES = ("workspace", "out", "lse")
+
+
+@torch.library.custom_op("tessera::decode_run", mutates_args=_MUTATES)
+def decode_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor], kv: Optional[Tensor],
+               kv_layout: str, indices: Tensor, workspace: Tensor, out: Optional[Tensor], lse: Optional[Tensor],
+               return_lse: bool, k_scale: Optional[Tensor], v_scale: Optional[Tensor], k_scale_value: float,
+               v_scale_value: float) -> Tuple[Tensor, Tensor]:
+    """BatchDecodeWithPagedKVCacheWrapper.run of the wrapper `handle` (see the module doc)."""
+    return _paged_run(handle, q, k, v, kv, kv_layout, indices, out, lse, return_lse, k_scale, v_scale,
+                      k_scale_value, v_scale_value)
+
+
+@torch.library.custom_op("tessera::prefill_paged_run", mutates_args=_MUTATES)
+def prefill_paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor], kv: Optional[Tensor],
+                      kv_layout: str, indices: Tensor, workspace: Tensor, out: Optional[Tensor],
+                      lse: Optional[Tensor], return_lse: bool, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
+                      k_scale_value: float, v_scale_value: float) -> Tuple[Tensor, Tensor]:
+    """BatchPrefillWithPagedKVCacheWrapper.run of the wrapper `handle` (see the module doc)."""
+    return _paged_run(handle, q, k, v, kv, kv_layout, indices, out, lse, return_lse, k_scale, v_scale,
+                      k_scale_value, v_scale_value)
+
+
+@torch.library.custom_op("tessera::prefill_ragged_run", mutates_args=_MUTATES)
+def prefill_ragged_run(handle: int, q: Tensor, k: Tensor, v: Tensor, kv_layout: str, workspace: Tensor,
+                       out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool, k_scale: Optional[Tensor],
+                       v_scale: Optional[Tensor], k_scale_value: float, v_scale_value: float) -> Tuple[Tensor, Tensor]:
+    """BatchPrefillWithRaggedKVCacheWrapper.run of the wrapper `handle` (see the module doc)."""
+    from .decode import _run_kv_scales
+
+    w, p = _planned(handle)
+    o, l = _outputs(q, out, lse, return_lse)
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
+    fp8 = _run_kv_scales(w._kv_scales, p, _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value),
+                         w._use_cuda_graph)
+    U.call(w._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), o if out is None else out,
+           (l if lse is None else lse) if return_lse else None, U.current_stream(q.device),
+           kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
+    return o, l
+
+
+@decode_run.register_fake
+def _decode_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, lse, return_lse, k_scale, v_scale,
+                     k_scale_value, v_scale_value):
+    return _outputs(q, out, lse, return_lse)
+
+
+@prefill_paged_run.register_fake
+def _prefill_paged_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, lse, return_lse, k_scale,
+                            v_scale, k_scale_value, v_scale_value):
+    return _outputs(q, out, lse, return_lse)
+
+
+@prefill_ragged_run.register_fake
+def _prefill_ragged_run_fake(handle, q, k, v, kv_layout, workspace, out, lse, return_lse, k_scale, v_scale,
+                             k_scale_value, v_scale_value):
+    return _outputs(q, out, lse, return_lse)
+
+
+# The overloads run() calls (an OpOverload is what Dynamo puts into the graph).
+DECODE_RUN = torch.ops.tessera.decode_run.default
+PREFILL_PAGED_RUN = torch.ops.tessera.prefill_paged_run.default
+PREFILL_RAGGED_RUN = torch.ops.tessera.prefill_ragged_run.default

@@ -18,6 +18,7 @@
 
 #include <type_traits>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -245,6 +246,47 @@ tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const Op
   c.layout = layout;
   c.indices = indices;
   return c;
+}
+
+/// A user variant's parameters from Python: (name, value) pairs, value an int (i32), a float (f32)
+/// or a device array (a tensor parameter, typed by its dtype).
+std::vector<tessera::VariantParam> variant_params(const std::vector<std::pair<std::string, nb::object>>& params) {
+  std::vector<tessera::VariantParam> out;
+  out.reserve(params.size());
+  for (const auto& [name, value] : params) {
+    if (nb::isinstance<nb::bool_>(value)) {
+      throw tessera::Error(StatusCode::kInvalidArgument, "variant parameter " + name + ": a bool, expected int, float or a tensor");
+    } else if (nb::isinstance<nb::int_>(value)) {
+      const int64_t v = nb::cast<int64_t>(value);
+      if (v < INT32_MIN || v > INT32_MAX) {
+        out.push_back(tessera::VariantParam::scalar_i64(name, v));
+      } else {
+        out.push_back(tessera::VariantParam::scalar_i32(name, static_cast<int32_t>(v)));
+      }
+    } else if (nb::isinstance<nb::float_>(value)) {
+      out.push_back(tessera::VariantParam::scalar_f32(name, static_cast<float>(nb::cast<double>(value))));
+    } else {
+      out.push_back(tessera::VariantParam::device_tensor(name, to_view(nb::cast<Array>(value), name.c_str())));
+    }
+  }
+  return out;
+}
+
+/// A user variant from the FlexAttention front end's generated mask / score functions (empty
+/// function name: none); nullopt when neither is given.
+std::optional<tessera::VariantSpec> flex_spec(const std::string& name, const std::string& mask_source,
+                                              const std::string& mask_function, const std::string& score_source,
+                                              const std::string& score_function,
+                                              std::vector<tessera::VariantParam> params) {
+  if (mask_function.empty() && score_function.empty()) return std::nullopt;
+  const tessera::MaskMod mask{mask_source, mask_function};
+  const tessera::ScoreMod score{score_source, score_function};
+  tessera::VariantSpec spec;
+  checked([&] {
+    spec = tessera::flex_variant(name, mask_function.empty() ? nullptr : &mask,
+                                 score_function.empty() ? nullptr : &score, std::move(params));
+  });
+  return spec;
 }
 
 template <typename W>
@@ -531,6 +573,71 @@ NB_MODULE(_C, m) {
       "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
       "tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i]. An fp8 "
       "cache comes as uint8 views with cache_dtype e4m3/e5m2; rows are stored as x / scale.");
+
+  // --- block-sparse attention and the FlexAttention front end ------------------------------------
+  m.def(
+      "block_sparse_attention",
+      [](const Array& q, const Array& k, const Array& v, const Array& indptr, const Array& indices,
+         const OptArray& block_flags, int64_t block_rows, int64_t block_cols, const Array& o, const OptArray& lse,
+         double sm_scale, bool causal, uintptr_t stream, const std::string& variant_name,
+         const std::string& mask_source, const std::string& mask_function, const std::string& score_source,
+         const std::string& score_function, const std::vector<std::pair<std::string, nb::object>>& params,
+         int64_t window_left, double logits_soft_cap, const OptArray& alibi_slopes) {
+        const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+        tessera::BlockSparse kv;
+        kv.block_rows = block_rows;
+        kv.block_cols = block_cols;
+        kv.num_rows = tq.ndim == 3 ? tq.shape[0] : 0;
+        kv.k = to_view(k, "k");
+        kv.v = to_view(v, "v");
+        kv.indptr = to_view(indptr, "indptr");
+        kv.indices = to_view(indices, "indices");
+        kv.block_flags = to_view(block_flags, "block_flags");
+        const std::optional<tessera::VariantSpec> spec = flex_spec(
+            variant_name, mask_source, mask_function, score_source, score_function, variant_params(params));
+        tessera::AttentionOptions opt;
+        opt.sm_scale = sm_scale;
+        opt.causal = causal;
+        opt.variant = variant_args(window_left, logits_soft_cap, tessera::PosEncoding::kNone, 1.0, 1e4, alibi_slopes)
+                          .options();
+        opt.variant.user = spec ? &*spec : nullptr;
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
+        checked([&] { tessera::block_sparse_attention(tq, kv, to, tl, opt, to_stream(stream)); });
+      },
+      "q"_a, "k"_a, "v"_a, "indptr"_a, "indices"_a, "block_flags"_a.none(), "block_rows"_a, "block_cols"_a, "o"_a,
+      "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a, nb::kw_only(), "variant_name"_a = "flex",
+      "mask_source"_a = "", "mask_function"_a = "", "score_source"_a = "", "score_function"_a = "",
+      "params"_a = std::vector<std::pair<std::string, nb::object>>{}, "window_left"_a = -1,
+      "logits_soft_cap"_a = 0.0, "alibi_slopes"_a.none() = nb::none(),
+      "tessera::block_sparse_attention: q [M, Hq, D], k/v [N, Hkv, D], the BSR indptr (i32 [ceil(M / "
+      "block_rows) + 1]) and indices (i32 column blocks) with optional u8 block_flags (1 = full) -> o [M, Hq, D], "
+      "lse [M, Hq] (base 2). Keyword options: a user variant given as a mask function and/or a score function "
+      "(tessera::flex_variant: mask_source defines bool mask_function(params, b, h, q_idx, kv_idx), "
+      "score_source float score_function(params, score, b, h, q_idx, kv_idx)) with params: (name, int | float | "
+      "device tensor) pairs; built-in window_left, logits_soft_cap, alibi_slopes.");
+  m.def(
+      "build_block_mask",
+      [](const std::string& mask_source, const std::string& mask_function,
+         const std::vector<std::pair<std::string, nb::object>>& params, int64_t q_len, int64_t kv_len,
+         int64_t block_rows, int64_t block_cols, int32_t batch, int32_t head, const Array& indptr,
+         const Array& indices, const Array& block_flags, uintptr_t stream) {
+        const TensorView ti = to_view(indptr, "indptr"), tx = to_view(indices, "indices"),
+                         tf = to_view(block_flags, "block_flags");
+        const std::vector<tessera::VariantParam> vp = variant_params(params);
+        const tessera::MaskMod mask{mask_source, mask_function};
+        DeviceGuard guard(ti);
+        nb::gil_scoped_release release;
+        checked([&] {
+          tessera::build_block_mask(mask, vp, q_len, kv_len, block_rows, block_cols, batch, head, ti, tx, tf,
+                                    to_stream(stream));
+        });
+      },
+      "mask_source"_a, "mask_function"_a, "params"_a, "q_len"_a, "kv_len"_a, "block_rows"_a, "block_cols"_a,
+      "batch"_a, "head"_a, "indptr"_a, "indices"_a, "block_flags"_a, "stream"_a,
+      "tessera::build_block_mask: evaluates the mask function on the GPU over a q_len x kv_len grid cut into "
+      "(block_rows, block_cols) blocks and writes the BSR of the blocks with a visible pair (indptr i32 "
+      "[row blocks + 1], indices i32, block_flags u8 1 = full).");
 
   // --- plan/run runtime -------------------------------------------------------------------------
   nb::class_<tessera::BatchDecodeWrapper> decode(m, "BatchDecodeWrapper",

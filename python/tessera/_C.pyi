@@ -235,6 +235,16 @@ def append_paged_kv_cache_at(append_k: NDArray, append_v: NDArray, batch_indices
     tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i]. An fp8 cache comes as uint8 views with cache_dtype e4m3/e5m2; rows are stored as x / scale.
     """
 
+def block_sparse_attention(q: NDArray, k: NDArray, v: NDArray, indptr: NDArray, indices: NDArray, block_flags: NDArray | None, block_rows: int, block_cols: int, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant_name: str = 'flex', mask_source: str = '', mask_function: str = '', score_source: str = '', score_function: str = '', params: Sequence[tuple[str, object]] = [], window_left: int = -1, logits_soft_cap: float = 0.0, alibi_slopes: NDArray | None = None) -> None:
+    """
+    tessera::block_sparse_attention: q [M, Hq, D], k/v [N, Hkv, D], the BSR indptr (i32 [ceil(M / block_rows) + 1]) and indices (i32 column blocks) with optional u8 block_flags (1 = full) -> o [M, Hq, D], lse [M, Hq] (base 2). Keyword options: a user variant given as a mask function and/or a score function (tessera::flex_variant: mask_source defines bool mask_function(params, b, h, q_idx, kv_idx), score_source float score_function(params, score, b, h, q_idx, kv_idx)) with params: (name, int | float | device tensor) pairs; built-in window_left, logits_soft_cap, alibi_slopes.
+    """
+
+def build_block_mask(mask_source: str, mask_function: str, params: Sequence[tuple[str, object]], q_len: int, kv_len: int, block_rows: int, block_cols: int, batch: int, head: int, indptr: NDArray, indices: NDArray, block_flags: NDArray, stream: int) -> None:
+    """
+    tessera::build_block_mask: evaluates the mask function on the GPU over a q_len x kv_len grid cut into (block_rows, block_cols) blocks and writes the BSR of the blocks with a visible pair (indptr i32 [row blocks + 1], indices i32, block_flags u8 1 = full).
+    """
+
 class BatchDecodeWrapper:
     """tessera::BatchDecodeWrapper (paged KV, one query per request)."""
 

@@ -33,6 +33,7 @@ from typing import Any, Dict, List
 from . import _C
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
 from .prefill import (
@@ -60,6 +61,14 @@ __all__ = [
     "get_seq_lens",
     "packbits",
     "segment_packbits",
+    "flex_attention",
+    "create_block_mask",
+    "create_mask",
+    "and_masks",
+    "or_masks",
+    "noop_mask",
+    "BlockMask",
+    "ModTraceError",
     "build_info",
 ]
 

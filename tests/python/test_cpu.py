@@ -119,6 +119,13 @@ PUBLIC = [
     tessera.get_batch_indices_positions,
     tessera.get_seq_lens,
     tessera.build_info,
+    tessera.flex_attention,
+    tessera.create_block_mask,
+    tessera.create_mask,
+    tessera.and_masks,
+    tessera.or_masks,
+    tessera.noop_mask,
+    tessera.BlockMask,
 ]
 
 

@@ -63,6 +63,9 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     constexpr bool kLagged = decltype(lagged)::value;
     static_assert(!kLagged || Traits::kPvLag == 1, "only warp-specialised tiles lag P V");
     const int kv_begin = kv.tiles.begin(tile), kv_tile_end = kv.tiles.end(tile);
+    // Decided before the waits: block-sparse tiles read their blocks' flags from global memory,
+    // whose latency then hides under the wait and the Q K^T instead of stalling the softmax.
+    const bool needs_mask = applier.tile_needs_mask(kv_begin, kv_tile_end);
     ml.wait_tile(tile);
     const int32_t* keys = kv.keys(tile);  // [CTA_TILE_KV]
     applier.template transform_operands<Traits::kWgmma>(tile, q_tile, ml.k_tile(), ml.v_tile(), keys);
@@ -74,7 +77,6 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it);
     // a variant that transforms logits gets them scaled (natural units) and returns them in
     // base 2 here, so its exponent uses scale 1.
-    const bool needs_mask = applier.tile_needs_mask(kv_begin, kv_tile_end);
     const float scale = applier.logits_scale() * ml.logits_factor();
     float row_bias[kMmaQ][2];  // [m16 tile][row half]: the split key bias
     applier.add_key_bias(s, kv_begin, row_bias);

@@ -50,9 +50,12 @@ struct OneShotScheduler {
   TESSERA_DEVICE Cursor initial_work(const Params& p, const VariantParams&) const {
     Cursor c;
     const bool heads_fastest = args.num_q_tiles == 1;
-    // Heaviest causal tiles (the last query rows) are scheduled first.
+    // Heaviest causal tiles (the last query rows) are scheduled first. Block-sparse "requests" are
+    // block rows: causal, windowed and prefix masks give later rows at least as many blocks, so
+    // they too run last row first (in ascending order the heaviest rows formed the last wave).
     const int q_tile = heads_fastest ? 0 : args.num_q_tiles - 1 - static_cast<int>(blockIdx.x);
-    c.request = blockIdx.y;
+    c.request = kFormat == KVFormatKind::kBlockSparse ? static_cast<int>(gridDim.y - 1 - blockIdx.y)
+                                                      : static_cast<int>(blockIdx.y);
     c.kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
     c.e = KVFormat<kFormat>::request_extent(p, c.request);
     c.packed_begin = q_tile * Traits::CTA_TILE_Q;

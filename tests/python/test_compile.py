@@ -471,7 +471,7 @@ def _check_reduce_overhead(step, make_q, replan, what, calls=5):
 
 @needs_gpu
 def test_gpu_decode_compiles():
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     indptr, indices, last, cache = _gpu_paged([1, 40, 300, 17], seed=1)
     w = D(ws, "NHD")
     w.plan(indptr, indices, last, HQ, HKV, HD, PS, q_data_type=torch.bfloat16)
@@ -486,7 +486,7 @@ def test_gpu_decode_compiles():
 
 @needs_gpu
 def test_gpu_prefill_paged_compiles():
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     indptr, indices, last, cache = _gpu_paged([5, 40, 300], seed=2, layout="HND")
     qo_indptr = _i32([0, 5, 17, 18])
     w = P(ws, "HND")
@@ -502,7 +502,7 @@ def test_gpu_prefill_paged_compiles():
 
 @needs_gpu
 def test_gpu_prefill_ragged_compiles():
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     qo_indptr, kv_indptr = _i32([0, 5, 17, 18]), _i32([0, 5, 150, 450])
     k = torch.randn(450, HKV, HD, device="cuda").to(torch.bfloat16)
     v = torch.randn(450, HKV, HD, device="cuda").to(torch.bfloat16)
@@ -520,7 +520,7 @@ def test_gpu_prefill_ragged_compiles():
 @needs_gpu
 def test_gpu_decode_reduce_overhead():
     batch, max_pages = 4, 40
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     bufs = (torch.zeros(batch + 1, dtype=torch.int32, device="cuda"),
             torch.zeros(batch * max_pages, dtype=torch.int32, device="cuda"),
             torch.zeros(batch, dtype=torch.int32, device="cuda"))
@@ -548,7 +548,7 @@ def test_gpu_decode_reduce_overhead():
 
 @needs_gpu
 def test_gpu_prefill_paged_reduce_overhead():
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     indptr, indices, last, cache = _gpu_paged([5, 40, 300], seed=5)
     qo_indptr = _i32([0, 5, 17, 18])
     bufs = [torch.zeros(n, dtype=torch.int32, device="cuda") for n in (4, 4, indices.numel(), 3)]
@@ -566,7 +566,7 @@ def test_gpu_prefill_paged_reduce_overhead():
 
 @needs_gpu
 def test_gpu_prefill_ragged_reduce_overhead():
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     qo_indptr, kv_indptr = _i32([0, 5, 17, 18]), _i32([0, 5, 150, 450])
     k = torch.randn(450, HKV, HD, device="cuda").to(torch.bfloat16)
     v = torch.randn(450, HKV, HD, device="cuda").to(torch.bfloat16)

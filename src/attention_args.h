@@ -123,6 +123,7 @@ void paged_kv_params(Params& p, const PagedKV& kv) {
   p.paged.indices = kv.indices.data_as<const int32_t>();
   p.paged.last_page_len = kv.last_page_len.data_as<const int32_t>();
   p.paged.page_size = static_cast<int32_t>(kv.page_size());
+  p.paged.page_div = kernels::FastDivisor::make(kv.page_size());
   p.paged.num_pages = static_cast<int32_t>(kv.num_pages());
   p.paged.num_indices = static_cast<int32_t>(kv.indices.shape[0]);
   p.batch_size = static_cast<int32_t>(kv.batch_size());
@@ -141,6 +142,7 @@ void block_sparse_kv_params(Params& p, const TensorView& k, const TensorView& v,
   p.block_sparse.num_indices = static_cast<int32_t>(num_indices);
   p.block_sparse.block_rows = static_cast<int32_t>(block_rows);
   p.block_sparse.block_cols = static_cast<int32_t>(block_cols);
+  p.block_sparse.block_cols_div = kernels::FastDivisor::make(block_cols);
   p.block_sparse.num_blocks = static_cast<int32_t>((num_cols + block_cols - 1) / block_cols);
   p.block_sparse.num_rows = static_cast<int32_t>(num_rows);
   p.block_sparse.num_cols = static_cast<int32_t>(num_cols);

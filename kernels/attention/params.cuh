@@ -10,6 +10,7 @@
 // reads its format's sub-struct only, and the host leaves the others zero.
 #pragma once
 
+#include "kernels/common/fast_divisor.cuh"
 #include "kernels/common/fp8.cuh"
 #include "kernels/common/platform.cuh"
 
@@ -79,6 +80,7 @@ struct PagedKVParams {
   IdT page_size;             // slots per page
   IdT num_pages;             // pages of k/v: the bound a page id is checked against
   IdT num_indices;           // entries of indices: indptr entries are clamped to it
+  FastDivisor page_div;      // page_size as a divisor (FastDivisor::make(page_size))
 };
 
 /// Block-sparse KV over an M x N attention matrix (rows: queries, columns: keys) cut into Br x Bc
@@ -99,6 +101,7 @@ struct BlockSparseKVParams {
   IdT block_rows;              // Br: query rows per block row (the last block row may have fewer)
   IdT num_indices;             // entries of indices (and block_flags): indptr entries are clamped to it
   IdT num_rows;                // M: query rows (rows of q and o)
+  FastDivisor block_cols_div;  // block_cols as a divisor (FastDivisor::make(block_cols))
 };
 
 /// Everything an attention kernel reads besides its variant's parameters. QT, KVT, OT: element
@@ -169,10 +172,11 @@ TESSERA_DEVICE int32_t clamped_range(const IdT* indptr, int32_t b, int32_t bound
 }
 
 /// The block (page or column block) listed for position `pos` of a request whose positions fill
-/// its listed blocks of `block_size` in order, from entry e.kv_begin of `indices` on.
+/// its listed blocks of block_size.divisor in order, from entry e.kv_begin of `indices` on.
 template <typename IdT>
-TESSERA_DEVICE int32_t listed_block(const IdT* indices, const RequestExtent& e, int32_t pos, int32_t block_size) {
-  return indices[e.kv_begin + pos / block_size];
+TESSERA_DEVICE int32_t listed_block(const IdT* indices, const RequestExtent& e, int32_t pos,
+                                    const FastDivisor& block_size) {
+  return indices[e.kv_begin + block_size.div(pos)];
 }
 
 /// Query rows of request b for ragged and paged KV (the KV fields are the caller's to fill).
@@ -237,11 +241,11 @@ struct KVFormat<KVFormatKind::kPaged> {
   }
   template <typename Params>
   static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
-    return listed_block(p.paged.indices, e, pos, p.paged.page_size);
+    return listed_block(p.paged.indices, e, pos, p.paged.page_div);
   }
   template <typename Params>
   static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t page) {
-    const int32_t slot = pos % p.paged.page_size;
+    const int32_t slot = p.paged.page_div.mod(pos, p.paged.page_div.div(pos));
     const bool valid = page >= 0 && page < p.paged.num_pages;
     return KVRow{static_cast<int64_t>(page) * p.paged.k_page_stride + static_cast<int64_t>(slot) * p.kv.k_row_stride,
                  static_cast<int64_t>(page) * p.paged.v_page_stride + static_cast<int64_t>(slot) * p.kv.v_row_stride,
@@ -265,14 +269,14 @@ struct KVFormat<KVFormatKind::kBlockSparse> {
   template <typename Params>
   static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t block) {
     const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
-    const int32_t column = block * bs.block_cols + pos % bs.block_cols;
+    const int32_t column = block * bs.block_cols + bs.block_cols_div.mod(pos, bs.block_cols_div.div(pos));
     const bool valid = block >= 0 && block < bs.num_blocks && column < bs.num_cols;
     return KVRow{static_cast<int64_t>(column) * p.kv.k_row_stride, static_cast<int64_t>(column) * p.kv.v_row_stride,
                  column, valid};
   }
   template <typename Params>
   static TESSERA_DEVICE int32_t row_block(const Params& p, const RequestExtent& e, int32_t pos) {
-    return listed_block(p.block_sparse.indices, e, pos, p.block_sparse.block_cols);
+    return listed_block(p.block_sparse.indices, e, pos, p.block_sparse.block_cols_div);
   }
 };
 

@@ -168,8 +168,8 @@ struct VariantApplier {
       const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
       bool full = bs.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
       for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV;
-           pos += bs.block_cols - pos % bs.block_cols) {
-        const int entry = w.e.kv_begin + pos / bs.block_cols;
+           pos += bs.block_cols - bs.block_cols_div.mod(pos, bs.block_cols_div.div(pos))) {
+        const int entry = w.e.kv_begin + bs.block_cols_div.div(pos);
         const int32_t block = bs.indices[entry];
         full = bs.block_flags[entry] != 0 && block >= 0 &&
                static_cast<int64_t>(block + 1) * bs.block_cols <= bs.num_cols;

@@ -82,7 +82,14 @@ VariantKernelRequest persistent_variant_request() {
 /// heads, so they then stream each page at once, and they share its page-table entries in L2;
 /// with the KV head slowest, a grid of more CTAs than slots read half of every page's bytes in
 /// one wave and the other half in the next (the multi-wave W1 cells gained: bench/results/LOG.md).
-inline dim3 one_shot_grid(int64_t q_tiles, int64_t batch_size, int64_t num_kv_heads) {
+/// Block-sparse "requests" are the block rows of one sequence, which read the same K/V: with one
+/// query tile each the grid is (block row, KV head, 1), so a KV head's rows run together (with
+/// the heads fastest, every head's K/V streamed at once and overflowed L2: W3 dense through
+/// flex_attention 472 against the ragged kernel's 568 TFLOP/s).
+inline dim3 one_shot_grid(int64_t q_tiles, int64_t batch_size, int64_t num_kv_heads, bool block_sparse) {
+  if (q_tiles == 1 && block_sparse) {
+    return dim3(static_cast<unsigned>(batch_size), static_cast<unsigned>(num_kv_heads), 1u);
+  }
   if (q_tiles == 1) {
     return dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(batch_size), 1u);
   }
@@ -97,7 +104,7 @@ void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int6
       << "grid too large: " << q_tiles << " query tiles x " << p.batch_size << " requests x " << p.num_kv_heads
       << " KV heads (limits 2^31-1 x 65535 x 65535)";
   if (q_tiles == 0 || p.batch_size == 0) return;
-  const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads);
+  const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads, kFormat == kernels::KVFormatKind::kBlockSparse);
   typename kernels::OneShotScheduler<Traits>::Arguments tiles{static_cast<int32_t>(q_tiles)};
   if (variant.is_default) {
     auto kernel =

@@ -19,8 +19,8 @@ namespace tessera {
 namespace kernels {
 
 /// One-shot grid: blockIdx = (query tile, request, KV head), or, when requests have one query tile
-/// (num_q_tiles == 1: decode, short appends), (KV head, request, 0). The host's one_shot_grid
-/// (src/prefill_launch.cuh) says why.
+/// (num_q_tiles == 1: decode, short appends), (KV head, request, 0), and for block-sparse KV
+/// (block row, KV head, 0). The host's one_shot_grid (src/prefill_launch.cuh) says why.
 template <typename Traits>
 struct OneShotScheduler {
   struct Arguments {
@@ -49,14 +49,17 @@ struct OneShotScheduler {
   template <KVFormatKind kFormat, typename Variant, typename Params>
   TESSERA_DEVICE Cursor initial_work(const Params& p, const VariantParams&) const {
     Cursor c;
-    const bool heads_fastest = args.num_q_tiles == 1;
+    constexpr bool kBlockRows = kFormat == KVFormatKind::kBlockSparse;
+    const bool single_tile = args.num_q_tiles == 1;
+    const bool rows_fastest = kBlockRows && single_tile;
     // Heaviest causal tiles (the last query rows) are scheduled first. Block-sparse "requests" are
     // block rows: causal, windowed and prefix masks give later rows at least as many blocks, so
     // they too run last row first (in ascending order the heaviest rows formed the last wave).
-    const int q_tile = heads_fastest ? 0 : args.num_q_tiles - 1 - static_cast<int>(blockIdx.x);
-    c.request = kFormat == KVFormatKind::kBlockSparse ? static_cast<int>(gridDim.y - 1 - blockIdx.y)
-                                                      : static_cast<int>(blockIdx.y);
-    c.kv_head = heads_fastest ? blockIdx.x : blockIdx.z;
+    const int q_tile = single_tile ? 0 : args.num_q_tiles - 1 - static_cast<int>(blockIdx.x);
+    const unsigned request_slot = rows_fastest ? blockIdx.x : blockIdx.y;
+    const unsigned requests = rows_fastest ? gridDim.x : gridDim.y;
+    c.request = static_cast<int>(kBlockRows ? requests - 1 - request_slot : request_slot);
+    c.kv_head = rows_fastest ? blockIdx.y : (single_tile ? blockIdx.x : blockIdx.z);
     c.e = KVFormat<kFormat>::request_extent(p, c.request);
     c.packed_begin = q_tile * Traits::CTA_TILE_Q;
     c.valid = c.packed_begin < c.e.qo_len * p.group_size;

@@ -143,11 +143,11 @@ class _Trace:
         self.used_inputs: set = set()
         self._next = 0
 
-    def emit(self, kind: str, expr: str) -> "Sym":
+    def emit(self, kind: str, expr: str, range_: Optional[Tuple[int, int]] = None) -> "Sym":
         name = f"t{self._next}"
         self._next += 1
         self.lines.append(f"  const {_C_TYPE[kind]} {name} = {expr};")
-        return Sym(self, name, kind)
+        return Sym(self, name, kind, None, range_ if kind == _INT else None)
 
     def capture(self, tensor: Any) -> Capture:
         for c in self.captures:
@@ -164,13 +164,19 @@ class Sym:
     """A traced scalar: a C expression (a literal, an input or a single-assignment temporary) and
     its kind (bool, int or float)."""
 
-    __slots__ = ("_t", "code", "kind", "value")
+    __slots__ = ("_t", "code", "kind", "value", "range")
 
-    def __init__(self, trace: _Trace, code: str, kind: str, value: Any = None) -> None:
+    def __init__(self, trace: _Trace, code: str, kind: str, value: Any = None,
+                 range_: Optional[Tuple[int, int]] = None) -> None:
         self._t = trace
         self.code = code
         self.kind = kind
         self.value = value  # the Python value of a literal, else None
+        # Integers: the closed interval the value lies in, where the trace can tell (inputs'
+        # extents, literals, + - * of known intervals), else None.
+        if range_ is None and kind == _INT and isinstance(value, int):
+            range_ = (value, value)
+        self.range = range_
 
     # torch routes torch.* functions and Tensor methods given a Sym here.
     @classmethod
@@ -323,12 +329,39 @@ def _promote(*xs: Sym) -> str:
     return _BOOL
 
 
+# Integers of magnitude <= 2^22 convert to float with two full-rate ALU operations (tessera_i2f),
+# instead of the quarter-rate I2F conversion; a traced ALiBi-style bias converts once per score.
+_SMALL_INT = 1 << 22
+# How far past a block-rounded length the kernels may evaluate a mod (a CTA tile is <= 256 wide).
+_TILE_SLACK = 256
+
+
 def _as(x: Sym, kind: str) -> str:
     if x.kind == kind:
         return x.code
     if kind == _BOOL:
         return f"({x.code} != 0)"
+    if kind == _FLOAT and x.kind == _INT and x.range is not None and -_SMALL_INT <= x.range[0] and \
+            x.range[1] <= _SMALL_INT:
+        return f"tessera_i2f({x.code})"
     return f"({_C_TYPE[kind]})({x.code})"
+
+
+def _int_range(op: str, a: Sym, b: Sym) -> Optional[Tuple[int, int]]:
+    """The interval of a op b for + - * of known integer intervals (None: unknown, or beyond 32 bits)."""
+    if a.range is None or b.range is None:
+        return None
+    (a0, a1), (b0, b1) = a.range, b.range
+    if op == "+":
+        r = (a0 + b0, a1 + b1)
+    elif op == "-":
+        r = (a0 - b1, a1 - b0)
+    elif op == "*":
+        products = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+        r = (min(products), max(products))
+    else:
+        return None
+    return r if _INT32_MIN <= r[0] and r[1] <= _INT32_MAX else None
 
 
 def _arith(t: _Trace, op: str, a: Any, b: Any) -> Sym:
@@ -336,7 +369,7 @@ def _arith(t: _Trace, op: str, a: Any, b: Any) -> Sym:
     kind = _promote(a, b)
     if kind == _BOOL:
         kind = _INT
-    return t.emit(kind, f"{_as(a, kind)} {op} {_as(b, kind)}")
+    return t.emit(kind, f"{_as(a, kind)} {op} {_as(b, kind)}", _int_range(op, a, b) if kind == _INT else None)
 
 
 def _truediv(t: _Trace, a: Any, b: Any) -> Sym:
@@ -404,7 +437,7 @@ def _neg(t: _Trace, a: Any) -> Sym:
     a = _lift(t, a)
     if a.kind == _BOOL:
         raise _error("negation (-) of a boolean (use ~ or torch.logical_not)")
-    return t.emit(a.kind, f"-{a.code}")
+    return t.emit(a.kind, f"-{a.code}", (-a.range[1], -a.range[0]) if a.range is not None else None)
 
 
 def _invert(t: _Trace, a: Any) -> Sym:
@@ -714,6 +747,9 @@ __device__ __forceinline__ float tessera_tanh(float x) {
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// An integer of magnitude <= 2^22 as a float, exactly: added to the bits of 1.5 * 2^23 it moves
+// that float by x units of its last place (1.0 there), and the float subtraction removes the offset.
+__device__ __forceinline__ float tessera_i2f(int x) { return __int_as_float(0x4B400000 + x) - 12582912.0f; }
 // A captured tensor's index: negative values count from the end once, then clamped into range.
 __device__ __forceinline__ int tessera_clamp_index(int i, int size) {
   i = i < 0 ? i + size : i;
@@ -751,13 +787,20 @@ def _check_arity(fn: Any, n: int, what: str) -> None:
                         f"({'(score, b, h, q_idx, kv_idx)' if n == 5 else '(b, h, q_idx, kv_idx)'})") from None
 
 
-def trace_function(fn: Any, is_score: bool, function: str, captures: List[Capture], max_captures: int) -> TracedFunction:
+def trace_function(fn: Any, is_score: bool, function: str, captures: List[Capture], max_captures: int,
+                   extents: Optional[Tuple[int, int, int, int]] = None) -> TracedFunction:
     """Traces one mod into the device function `function`; its captured tensors are appended to
-    `captures` (shared by the functions of one variant)."""
+    `captures` (shared by the functions of one variant). `extents`: (B, H, Q_LEN, KV_LEN) when
+    known, so that b, h, q_idx, kv_idx carry ranges (the generated code depends on them only
+    through which conversions it may shorten). The kernels also evaluate mods where the result is
+    discarded (rows and columns past the end of a block or tile, missing keys as -1), so the
+    ranges reach below 0 and a tile past the lengths."""
     what = "score_mod" if is_score else "mask_mod"
     _check_arity(fn, 5 if is_score else 4, what)
     t = _Trace(captures, max_captures)
-    b, h, q, kv = (Sym(t, n, _INT) for n in ("b", "h", "q_idx", "kv_idx"))
+    names = ("b", "h", "q_idx", "kv_idx")
+    ranges = [(-1, n + _TILE_SLACK) for n in extents] if extents is not None else [None] * 4
+    b, h, q, kv = (Sym(t, n, _INT, None, r) for n, r in zip(names, ranges))
     try:
         result = fn(Sym(t, "score", _FLOAT), b, h, q, kv) if is_score else fn(b, h, q, kv)
         out = _lift(t, result)

@@ -306,7 +306,8 @@ def create_block_mask(mask_mod: Callable[..., Any], B: Optional[int], H: Optiona
         states.fill_(2)
     else:
         captures: List[Capture] = []
-        traced = trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_CAPTURES)
+        extents = (B, H, nq * q_block, nkv * kv_block)  # block-rounded
+        traced = trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_CAPTURES, extents)
         params_tail = [(c.name, c.byte_view()) for c in captures]
         indptr = torch.empty(nq + 1, dtype=torch.int32, device=device)
         indices = torch.empty(nq * nkv, dtype=torch.int32, device=device)
@@ -450,8 +451,10 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
     bsrs = [_dense_bsr(L, S, kv_block, query.device)] * B if block_mask is None else _request_bsrs(block_mask, B)
     needs_mask = not _is_noop(mask_mod) and any(entry[3] for entry in bsrs)
     captures: List[Capture] = []
-    mask_fn = trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_CAPTURES) if needs_mask else None
-    score_fn = (trace_function(score_mod, True, "tessera_score_mod", captures, _MAX_CAPTURES)
+    extents = (B, Hq, -(-L // q_block) * q_block, -(-S // kv_block) * kv_block)  # block-rounded
+    mask_fn = (trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_CAPTURES, extents)
+               if needs_mask else None)
+    score_fn = (trace_function(score_mod, True, "tessera_score_mod", captures, _MAX_CAPTURES, extents)
                 if score_mod is not None else None)
     variant: Dict[str, Any] = {}
     if mask_fn is not None or score_fn is not None:

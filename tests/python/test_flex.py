@@ -456,3 +456,20 @@ def test_readme_flex_example():
                                  torch.arange(4096, device="cuda")[None, :]).view(1, 1, 256, 4096), 128 ** -0.5)
     rel = ((out[:1, :, -256:].float() - ref_o).norm() / ref_o.norm()).item()
     assert rel <= REL_TOL[torch.bfloat16], f"README example: relative error {rel:.3g}"
+
+
+def test_small_integer_conversions_use_the_short_form():
+    """Integers whose range the trace knows within 2^22 convert to float with two ALU operations;
+    unknown or large ranges keep the exact cast."""
+    fn = lambda s, b, h, q, kv: s + (kv - q)  # noqa: E731
+    assert "tessera_i2f(t0)" in T.trace_function(fn, True, "f", [], 14, (1, 1, 4096, 4096)).source
+    assert "(float)(t0)" in T.trace_function(fn, True, "f", [], 14).source
+    assert "(float)(t0)" in T.trace_function(fn, True, "f", [], 14, (1, 1, 1 << 23, 1 << 23)).source
+    # The helper itself is exact over its range (checked here in Python with the same bit trick).
+    import struct
+
+    def i2f(x):
+        return struct.unpack("<f", struct.pack("<I", (0x4B400000 + x) & 0xFFFFFFFF))[0] - 12582912.0
+
+    for x in (-(1 << 22), -(1 << 22) + 1, -12345, -1, 0, 1, 777, (1 << 22) - 1, 1 << 22):
+        assert i2f(x) == float(x)

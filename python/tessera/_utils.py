@@ -213,10 +213,23 @@ def check_false(name: str, value: Any) -> None:
         raise unsupported(name, value, "False")
 
 
-def check_backend(backend: Any) -> None:
-    """Tessera chooses its kernels itself: backend must be 'auto'."""
-    if backend != "auto":
-        raise unsupported("backend", backend, "'auto' (Tessera picks its kernels)")
+_BACKENDS = ("auto", "fa2", "fa3")
+
+
+def check_backend(backend: Any, device: Any = None) -> None:
+    """FlashInfer's backend names: "auto", "fa2" and "fa3" all run Tessera's kernels for the device
+    (the wgmma tiles on sm_90, the FA2-class mma.sync tiles elsewhere; results agree within the
+    tolerances either way), so code that names a FlashInfer template runs unchanged. "fa3" on a
+    CUDA device other than sm_90 is NotImplementedError, as in FlashInfer; other names too."""
+    if backend not in _BACKENDS:
+        raise unsupported("backend", backend, "'auto', 'fa2' or 'fa3' (each runs Tessera's kernels for the device)")
+    if backend == "fa3" and device is not None and getattr(device, "type", None) == "cuda":
+        torch = _torch()
+        major, minor = torch.cuda.get_device_capability(device)
+        if major != 9:
+            raise NotImplementedError(
+                f"backend='fa3' needs an sm_90 (Hopper) GPU; {torch.cuda.get_device_name(device)} is sm_{major}{minor} "
+                "(use 'auto' or 'fa2')")
 
 
 def check_scale(name: str, value: Any) -> None:

@@ -153,11 +153,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 decode kernels itself.
             paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer:
                 preallocated int32 CUDA buffers, required with ``use_cuda_graph``.
-            backend: only ``"auto"``.
+            backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (FlashInfer's names; each runs Tessera's
+                kernels for the device; ``"fa3"`` needs an sm_90 GPU).
             jit_args: not supported (must be ``None``).
         """
         U.check_kv_layout(kv_layout)
-        U.check_backend(backend)
+        U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
         U.check_jit_args(jit_args)
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if not ws.is_contiguous():

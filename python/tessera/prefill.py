@@ -168,7 +168,7 @@ def single_prefill_with_kv_cache(
         window_left: sliding window, ``-1`` (off) or ``>= 0``.
         logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
         rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
-            ``"ROPE_LLAMA"``. backend: only ``"auto"``.
+            ``"ROPE_LLAMA"``. backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
         return_lse: also return the base-2 LSE, float32 ``[qo_len, num_qo_heads]``.
 
     Returns:
@@ -177,7 +177,7 @@ def single_prefill_with_kv_cache(
     """
     torch = U._torch()
     layout = U.check_kv_layout(kv_layout)
-    U.check_backend(backend)
+    U.check_backend(backend, getattr(q, "device", None))
     U.check_none("scale_q", scale_q, "None (fp8 queries are not implemented)")
     variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                      rope_scale, rope_theta)
@@ -245,7 +245,7 @@ class _PrefillBase:
         jit_args: Any,
     ) -> None:
         U.check_kv_layout(kv_layout)
-        U.check_backend(backend)
+        U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
         U.check_jit_args(jit_args)
         what = "None (custom masks are not supported by the plan/run wrappers; use single_prefill_with_kv_cache)"
         U.check_none("custom_mask_buf", custom_mask_buf, what)
@@ -354,7 +354,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf:
                 preallocated int32 CUDA buffers, required with ``use_cuda_graph``.
             custom_mask_buf, mask_indptr_buf: only ``None``.
-            backend: only ``"auto"``. jit_args: only ``None``.
+            backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90). jit_args: only ``None``.
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
                         mask_indptr_buf, backend, jit_args)
@@ -628,7 +628,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             use_cuda_graph: keep pointers fixed so :meth:`run` can be captured.
             qo_indptr_buf, kv_indptr_buf: preallocated int32 CUDA buffers, required with
                 ``use_cuda_graph``.
-            custom_mask_buf, mask_indptr_buf: only ``None``. backend: only ``"auto"``.
+            custom_mask_buf, mask_indptr_buf: only ``None``. backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
             jit_args: only ``None``.
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,

@@ -218,7 +218,9 @@ def test_constructor_checks(cls):
     with pytest.raises(ValueError, match="float_workspace_buffer"):
         cls(torch.empty(4, 4, dtype=torch.uint8))
     with pytest.raises(NotImplementedError, match="backend"):
-        cls(_ws(), "NHD", backend="fa3")
+        cls(_ws(), "NHD", backend="cudnn")
+    for backend in ("auto", "fa2", "fa3"):  # FlashInfer's names, each mapped to Tessera's kernels
+        cls(_ws(), "NHD", backend=backend)
     with pytest.raises(NotImplementedError, match="jit_args") as e:
         cls(_ws(), "HND", jit_args=["x"])
     # It names what exists instead: the built-in options and the C++ API's user variants.
@@ -610,7 +612,7 @@ def test_single_decode_checks():
 def test_single_prefill_checks():
     f = tessera.single_prefill_with_kv_cache
     q, k, v = _qkv(qo=5, layout="HND")
-    for option, value in [("use_fp16_qk_reduction", True), ("backend", "fa3"), ("scale_k", torch.ones(1)),
+    for option, value in [("use_fp16_qk_reduction", True), ("backend", "trtllm-gen"), ("scale_k", torch.ones(1)),
                           ("o_dtype", torch.float32)]:
         with pytest.raises(NotImplementedError, match=option):
             f(q, k, v, kv_layout="HND", **{option: value})

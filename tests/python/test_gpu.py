@@ -1105,3 +1105,18 @@ def test_example_decode_loop(repo_root, capsys):
     assert status == 0, out
     assert out.count("EXACT") == example["LAYERS"] and "WRONG" not in out, out
     assert out.rstrip().endswith("all results match the reference"), out
+
+
+def test_flashinfer_backend_names_run_tesseras_kernels():
+    """backend="fa2"/"fa3" (FlashInfer's template names) run the same kernels as "auto": the same
+    bits; "fa3" off sm_90 is NotImplementedError naming the GPU."""
+    q = torch.randn(37, 8, 128, dtype=torch.bfloat16, device=DEV)
+    k = torch.randn(300, 2, 128, dtype=torch.bfloat16, device=DEV)
+    v = torch.randn(300, 2, 128, dtype=torch.bfloat16, device=DEV)
+    auto = tessera.single_prefill_with_kv_cache(q, k, v, causal=True)
+    assert torch.equal(tessera.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2"), auto)
+    if torch.cuda.get_device_capability(DEV)[0] == 9:
+        assert torch.equal(tessera.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa3"), auto)
+    else:
+        with pytest.raises(NotImplementedError, match="fa3.*sm_90"):
+            tessera.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa3")

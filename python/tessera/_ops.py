@@ -8,6 +8,7 @@ calls one of these ops, which Dynamo puts into the graph as a single opaque node
 - ``tessera::decode_run``          BatchDecodeWithPagedKVCacheWrapper.run
 - ``tessera::prefill_paged_run``   BatchPrefillWithPagedKVCacheWrapper.run
 - ``tessera::prefill_ragged_run``  BatchPrefillWithRaggedKVCacheWrapper.run
+- ``tessera::flex_attention``      tessera.flex_attention (its mods traced while Dynamo traces)
 
 A custom op cannot take the wrapper (a Python object holding the C++ runtime): it takes the
 wrapper's integer handle and looks the wrapper up in tessera._runtime's table of weak references.
@@ -27,7 +28,7 @@ The ops are inference-only (no autograd formula), as the wrappers are: run() pas
 require grad detached, as the eager run() does.
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -144,7 +145,33 @@ def _prefill_ragged_run_fake(handle, q, k, v, kv_layout, workspace, out, lse, re
     return _outputs(q, out, lse, return_lse)
 
 
+@torch.library.custom_op("tessera::flex_attention", mutates_args=())
+def flex_attention(query: Tensor, key: Tensor, value: Tensor, indptrs: List[Tensor], indices: List[Tensor],
+                   flags: List[Tensor], q_block: int, kv_block: int, sm_scale: float, return_lse: bool,
+                   variant_name: str, mask_source: str, mask_function: str, score_source: str,
+                   score_function: str, captures: List[Tensor], capture_names: str) -> Tuple[Tensor, Tensor]:
+    """tessera.flex_attention after its checks and tracing (tessera.flex.run_flex_attention): the
+    traced mods arrive as source text, their captured tensors as byte views named by
+    capture_names (comma-separated); returns (out, natural-log lse or an empty tensor)."""
+    from .flex import run_flex_attention
+
+    return run_flex_attention(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, return_lse,
+                              variant_name, mask_source, mask_function, score_source, score_function, captures,
+                              capture_names)
+
+
+@flex_attention.register_fake
+def _flex_attention_fake(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, return_lse,
+                         variant_name, mask_source, mask_function, score_source, score_function, captures,
+                         capture_names):
+    B, Hq, L, E = query.shape
+    out = torch.empty((B, Hq, L, E), dtype=query.dtype, device=query.device)
+    lse = torch.empty((B, Hq, L) if return_lse else (0,), dtype=torch.float32, device=query.device)
+    return out, lse
+
+
 # The overloads run() calls (an OpOverload is what Dynamo puts into the graph).
 DECODE_RUN = torch.ops.tessera.decode_run.default
 PREFILL_PAGED_RUN = torch.ops.tessera.prefill_paged_run.default
 PREFILL_RAGGED_RUN = torch.ops.tessera.prefill_ragged_run.default
+FLEX_ATTENTION = torch.ops.tessera.flex_attention.default

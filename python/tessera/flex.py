@@ -22,9 +22,12 @@ equal to ``query``'s) among ``tessera._C.supported_head_dims()``; no autograd (i
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import _C
 from . import _utils as U
 from ._mod_trace import BATCH_PARAM, Q_OFFSET_PARAM, Capture, ModTraceError, trace_function
 
@@ -40,6 +43,8 @@ __all__ = [
 ]
 
 _DEFAULT_SPARSE_BLOCK_SIZE = 128
+# A constant (not a call into the extension), so torch.compile traces the checks.
+_SUPPORTED_HEAD_DIMS = tuple(_C.supported_head_dims())
 # Captured tensors share the variant's 16 parameter slots with the two fixed ones.
 _MAX_CAPTURES = 14
 _LN2 = math.log(2.0)
@@ -86,14 +91,12 @@ def _check_callables(name: str, mods: Sequence[Any]) -> None:
 
 
 def _is_noop(mask_mod: Any) -> bool:
+    """Ours or FlexAttention's noop_mask (told by name and module: no import, which torch.compile
+    would have to trace)."""
     if mask_mod is None or mask_mod is noop_mask:
         return True
-    try:  # FlexAttention's own noop_mask
-        from torch.nn.attention.flex_attention import noop_mask as torch_noop
-
-        return mask_mod is torch_noop
-    except ImportError:  # pragma: no cover - older torch
-        return False
+    return (getattr(mask_mod, "__name__", "") == "noop_mask" and
+            getattr(mask_mod, "__module__", "") == "torch.nn.attention.flex_attention")
 
 
 def create_mask(mod_fn: Callable[..., Any], B: Optional[int], H: Optional[int], Q_LEN: int, KV_LEN: int,
@@ -156,7 +159,8 @@ class BlockMask:
         self.full_kv_num_blocks = full_kv_num_blocks
         self.full_kv_indices = full_kv_indices
         self.mask_mod = mask_mod if mask_mod is not None else noop_mask
-        self._bsr_cache: Dict[int, List[Tuple[Any, Any, Any, bool]]] = {}
+        # What the kernels read, per batch entry (_bsr_entries), made once here.
+        self._bsr_entries: List[Tuple[Any, Any, Any, bool]] = _bsr_entries(self)
 
     @property
     def shape(self) -> Tuple[int, int, int, int]:
@@ -233,41 +237,39 @@ def _bsr_of_states(states: Any) -> Tuple[Any, Any, Any]:
 
 
 def _request_bsrs(bm: Any, B: int) -> List[Tuple[Any, Any, Any, bool]]:
-    """Per request b < B: (indptr, indices, flags, has_partial) of its blocks (cached on Tessera's
-    BlockMask; recomputed for torch's)."""
-    cache = getattr(bm, "_bsr_cache", None)
-    if cache is not None and B in cache:
-        return cache[B]
+    """Per request b < B: (indptr, indices, flags, has_partial) of its blocks (a mask of batch 1
+    serves every request). Tessera's BlockMask keeps them from create_block_mask on (so
+    torch.compile only reads them); torch's are converted at each call."""
+    entries = getattr(bm, "_bsr_entries", None)
+    if entries is None:
+        entries = _bsr_entries(bm)
+    return entries * B if len(entries) == 1 else entries
+
+
+def _bsr_entries(bm: Any) -> List[Tuple[Any, Any, Any, bool]]:
+    """One (indptr, indices, flags, has_partial) per batch entry of a block mask."""
     states = _block_states_for_kernel(bm)
     entries = []
-    for b in range(B if states.shape[0] > 1 else 1):
+    for b in range(states.shape[0]):
         sb = states[b]
         indptr, indices, flags = _bsr_of_states(sb)
         has_partial = bool(((sb > 0).any(dim=0) & ~(sb == 2).all(dim=0)).any())
         entries.append((indptr, indices, flags, has_partial))
-    if len(entries) == 1:
-        entries = entries * B
-    if cache is not None:
-        cache[B] = entries
     return entries
 
 
-_DENSE_CACHE: Dict[Tuple[Any, ...], Tuple[Any, Any, Any, bool]] = {}
-
-
 def _dense_bsr(q_len: int, kv_len: int, block: int, device: Any) -> Tuple[Any, Any, Any, bool]:
-    """Every block of a q_len x kv_len grid, full except a last KV block past kv_len."""
+    """Every block of a q_len x kv_len grid, full except a last KV block past kv_len (built with
+    shape-static torch operations, which torch.compile traces)."""
     torch = U._torch()
-    key = (q_len, kv_len, block, str(device))
-    if key not in _DENSE_CACHE:
-        nq, nkv = -(-q_len // block), -(-kv_len // block)
-        states = torch.full((1, nq, nkv), 2, dtype=torch.int8, device=device)
-        partial_last = kv_len % block != 0
-        if partial_last:
-            states[..., -1] = 1
-        indptr, indices, flags = _bsr_of_states(states)
-        _DENSE_CACHE[key] = (indptr, indices, flags, partial_last)
-    return _DENSE_CACHE[key]
+    nq, nkv = -(-q_len // block), -(-kv_len // block)
+    indptr = torch.arange(0, (nq + 1) * nkv, nkv, dtype=torch.int32, device=device)
+    indices = torch.arange(nkv, dtype=torch.int32, device=device).repeat(nq)
+    flags = torch.ones((nq, nkv), dtype=torch.uint8, device=device)
+    partial_last = kv_len % block != 0
+    if partial_last:
+        flags[:, -1] = 0
+    return indptr, indices, flags.reshape(-1), partial_last
 
 
 def create_block_mask(mask_mod: Callable[..., Any], B: Optional[int], H: Optional[int], Q_LEN: int, KV_LEN: int,
@@ -373,8 +375,8 @@ def _check_qkv(query: Any, key: Any, value: Any, enable_gqa: bool) -> Tuple[int,
     if value.shape[3] != E:
         raise NotImplementedError(f"flex_attention: value head dim {value.shape[3]} differs from query's {E} "
                                   "(different Q/K and V head dims are not supported yet)")
-    if E not in U._C().supported_head_dims():
-        raise NotImplementedError(f"flex_attention: head dim E = {E}, supported: {U._C().supported_head_dims()}")
+    if E not in _SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(f"flex_attention: head dim E = {E}, supported: {list(_SUPPORTED_HEAD_DIMS)}")
     if Hq != Hkv:
         if not enable_gqa:
             raise ValueError(f"flex_attention: query has {Hq} heads and key/value {Hkv}; pass enable_gqa=True for "
@@ -435,46 +437,104 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
         raise TypeError(f"flex_attention: kernel_options = {kernel_options!r}, expected None or a dict")
     B, Hq, Hkv, L, S, E = _check_qkv(query, key, value, bool(enable_gqa))
     sm_scale = _check_scale(scale, E)
-    out = torch.empty((B, Hq, L, E), dtype=query.dtype, device=query.device)
-    lse = torch.empty((B, L, Hq), dtype=torch.float32, device=query.device) if return_lse else None
     if L == 0 or S == 0 or B == 0:
-        out.zero_()
-        if lse is not None:
-            lse.fill_(float("-inf"))
-        return _result(out, lse)
+        out = torch.zeros((B, Hq, L, E), dtype=query.dtype, device=query.device)
+        lse = torch.full((B, Hq, L), float("-inf"), dtype=torch.float32, device=query.device)
+        return (out, lse) if return_lse else out
     if block_mask is None:
         mask_mod, q_block, kv_block = None, _DEFAULT_SPARSE_BLOCK_SIZE, _DEFAULT_SPARSE_BLOCK_SIZE
+        bsrs = [_dense_bsr(L, S, kv_block, query.device)] * B
     else:
         _check_block_mask(block_mask, B, Hq, L, S)
         mask_mod = getattr(block_mask, "mask_mod", None)
         q_block, kv_block = (int(x) for x in block_mask.BLOCK_SIZE)
-    bsrs = [_dense_bsr(L, S, kv_block, query.device)] * B if block_mask is None else _request_bsrs(block_mask, B)
+        bsrs = _request_bsrs(block_mask, B)
     needs_mask = not _is_noop(mask_mod) and any(entry[3] for entry in bsrs)
-    captures: List[Capture] = []
     extents = (B, Hq, -(-L // q_block) * q_block, -(-S // kv_block) * kv_block)  # block-rounded
+    variant = _trace_variant(score_mod, mask_mod if needs_mask else None, extents)
+    names, views = _CAPTURES[variant[5]]
+    indptrs, indices, flags = ([entry[i] for entry in bsrs] for i in range(3))
+    run = run_flex_attention
+    if U._torch().compiler.is_compiling():  # one custom-op node in the graph (tessera/_ops.py)
+        ops = _ops()
+        if ops is not None:
+            run = ops.FLEX_ATTENTION
+    out, lse = run(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, bool(return_lse),
+                   variant[0], variant[1], variant[2], variant[3], variant[4], views, names)
+    return (out, lse) if return_lse else out
+
+
+# Captured tensors of traced variants, by key (the variant's sources and the captured tensors'
+# identities): (capture names joined by ",", the captures' byte views). _trace_variant fills it
+# and returns the key; flex_attention reads the entry. Under torch.compile, Dynamo runs
+# _trace_variant once while tracing and keeps its result as a constant, then reads the entry of
+# that key, so the captured tensors become inputs of the graph. Bounded: the oldest entries go.
+_CAPTURES: "OrderedDict[str, Tuple[str, List[Any]]]" = OrderedDict()
+_MAX_CAPTURE_ENTRIES = 64
+
+
+def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, int]) -> Tuple[str, ...]:
+    """(variant name, mask source, mask function, score source, score function, capture key) of
+    the mods (empty strings where there is none), tracing them; the captures go to _CAPTURES.
+
+    Marked as Dynamo's assume_constant_result does (below): torch.compile calls it once while
+    tracing and keeps the strings as constants. The mods are then not guarded: a compiled function
+    keeps the captured tensors it was traced with (read at each call, so in-place updates show;
+    rebinding a captured variable needs a recompile, torch._dynamo.reset())."""
+    captures: List[Capture] = []
     mask_fn = (trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_CAPTURES, extents)
-               if needs_mask else None)
+               if mask_mod is not None else None)
     score_fn = (trace_function(score_mod, True, "tessera_score_mod", captures, _MAX_CAPTURES, extents)
                 if score_mod is not None else None)
+    name = _variant_name(mask_mod if mask_fn else None, score_mod) if (mask_fn or score_fn) else ""
+    sources = (name, mask_fn.source if mask_fn else "", mask_fn.function if mask_fn else "",
+               score_fn.source if score_fn else "", score_fn.function if score_fn else "")
+    key = hashlib.sha1("\0".join(sources).encode()).hexdigest() + "".join(f":{id(c.original)}" for c in captures)
+    _CAPTURES[key] = (",".join(c.name for c in captures), [c.byte_view() for c in captures])
+    _CAPTURES.move_to_end(key)
+    while len(_CAPTURES) > _MAX_CAPTURE_ENTRIES:
+        _CAPTURES.popitem(last=False)
+    return sources + (key,)
+
+
+_trace_variant._dynamo_marked_constant = True  # type: ignore[attr-defined]  # = assume_constant_result
+
+
+def _ops() -> Any:
+    from . import _runtime as R
+
+    return R.load_ops()
+
+
+def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], indices: List[Any], flags: List[Any],
+                       q_block: int, kv_block: int, sm_scale: float, return_lse: bool, variant_name: str,
+                       mask_source: str, mask_function: str, score_source: str, score_function: str,
+                       captures: List[Any], capture_names: str) -> Tuple[Any, Any]:
+    """The launches of one flex_attention call: request b is one block_sparse_attention over
+    (indptrs[b], indices[b], flags[b]). Returns (out [B, Hq, L, E], natural-log lse [B, Hq, L] or
+    an empty tensor). Also the implementation of the custom op tessera::flex_attention."""
+    torch = U._torch()
+    B, Hq, L, E = query.shape
+    S = key.shape[2]
+    out = torch.empty((B, Hq, L, E), dtype=query.dtype, device=query.device)
+    lse = torch.empty((B, L, Hq), dtype=torch.float32, device=query.device) if return_lse else None
     variant: Dict[str, Any] = {}
-    if mask_fn is not None or score_fn is not None:
-        variant = dict(
-            variant_name=_variant_name(mask_mod if mask_fn else None, score_mod),
-            mask_source=mask_fn.source if mask_fn else "", mask_function=mask_fn.function if mask_fn else "",
-            score_source=score_fn.source if score_fn else "", score_function=score_fn.function if score_fn else "",
-        )
-    tail = [(c.name, c.byte_view()) for c in captures]
+    if mask_function or score_function:
+        variant = dict(variant_name=variant_name, mask_source=mask_source, mask_function=mask_function,
+                       score_source=score_source, score_function=score_function)
+    tail = list(zip(capture_names.split(","), captures)) if capture_names else []
     stream = U.current_stream(query.device)
     C = U._C()
     for b in range(B):
-        indptr, indices, flags, _ = bsrs[b]
         kwargs = dict(variant)
         if variant:
             kwargs["params"] = [(BATCH_PARAM, b), (Q_OFFSET_PARAM, S - L)] + tail
         U.call(C.block_sparse_attention, query, query[b].transpose(0, 1), key[b].transpose(0, 1),
-               value[b].transpose(0, 1), indptr, indices, flags, q_block, kv_block, out[b].transpose(0, 1),
-               lse[b] if lse is not None else None, sm_scale, False, stream, **kwargs)
-    return _result(out, lse)
+               value[b].transpose(0, 1), indptrs[b], indices[b], flags[b], q_block, kv_block,
+               out[b].transpose(0, 1), lse[b] if lse is not None else None, sm_scale, False, stream, **kwargs)
+    if lse is None:
+        return out, torch.empty((0,), dtype=torch.float32, device=query.device)
+    return out, (lse * _LN2).transpose(1, 2).contiguous()
 
 
 def _check_scale(scale: Any, head_dim: int) -> float:
@@ -496,12 +556,6 @@ def _aux_output(lse: Any) -> Any:
         from collections import namedtuple
 
         return namedtuple("AuxOutput", ["lse", "max_scores"])(lse, None)
-
-
-def _result(out: Any, lse: Any) -> Any:
-    if lse is None:
-        return out
-    return out, (lse * _LN2).transpose(1, 2)
 
 
 def _variant_name(mask_mod: Any, score_mod: Any) -> str:

@@ -473,3 +473,37 @@ def test_small_integer_conversions_use_the_short_form():
 
     for x in (-(1 << 22), -(1 << 22) + 1, -12345, -1, 0, 1, 777, (1 << 22) - 1, 1 << 22):
         assert i2f(x) == float(x)
+
+
+@gpu
+def test_flex_attention_under_torch_compile():
+    """A step calling flex_attention compiles as one graph (the mods traced while Dynamo traces,
+    the kernels one custom op), gives the eager result, and reads captured tensors at each call."""
+    import torch._dynamo
+
+    B, H, L, E = 2, 4, 256, 128
+    q, k, v = _inputs(B, H, H, L, L, E, torch.bfloat16, seed=3)
+    table = torch.randn(H, 2 * L, device=DEV)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx + L]
+
+    bm = tessera.create_block_mask(causal, None, None, L, L, device=DEV)
+
+    def step(q, k, v):
+        out, lse = tessera.flex_attention(q, k, v, score_mod=bias, block_mask=bm, return_lse=True)
+        return out * 2, lse
+
+    eager = step(q, k, v)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(q, k, v)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(step, fullgraph=True)
+    out, lse = compiled(q, k, v)
+    assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
+    table.mul_(0.5)  # an in-place update of a captured tensor reaches the compiled step
+    out2, _ = compiled(q, k, v)
+    assert torch.equal(out2, step(q, k, v)[0]) and not torch.equal(out2, out)

@@ -36,6 +36,7 @@ from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_ca
 from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
+from .sparse import BlockSparseAttentionWrapper
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -50,6 +51,7 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
+    "BlockSparseAttentionWrapper",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",

@@ -31,8 +31,12 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from . import _C
-from .cascade import merge_state, merge_state_in_place, merge_states
-from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .cascade import merge_state, merge_state_in_place, merge_states, merge_states_ragged
+from .decode import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    single_decode_with_kv_cache,
+)
 from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
 from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
@@ -49,6 +53,7 @@ __version__: str = _C.version()
 __all__ = [
     "__version__",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BlockSparseAttentionWrapper",
@@ -58,6 +63,7 @@ __all__ = [
     "merge_state",
     "merge_state_in_place",
     "merge_states",
+    "merge_states_ragged",
     "append_paged_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",

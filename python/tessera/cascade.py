@@ -17,7 +17,7 @@ from . import _utils as U
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states"]
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_states_ragged"]
 
 
 def _check_state(v_name: str, v: Any, s_name: str, s: Any, v_ndim: int) -> None:
@@ -107,4 +107,32 @@ def merge_states(v: "torch.Tensor", s: "torch.Tensor") -> Tuple["torch.Tensor", 
     v_out = torch.empty((v.shape[0], v.shape[2], v.shape[3]), dtype=v.dtype, device=v.device)
     s_out = torch.empty((v.shape[0], v.shape[2]), dtype=torch.float32, device=v.device)
     U.call(U._C().merge_states, v, v, s, v_out, s_out, U.current_stream(v.device))
+    return v_out, s_out
+
+
+def merge_states_ragged(v: "torch.Tensor", s: "torch.Tensor",
+                        indptr: "torch.Tensor") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """Merges a variable number of states per row, in index order (deterministic): row r merges
+    the packed states ``indptr[r] .. indptr[r+1]-1`` (split-KV partials of unequal counts). A row
+    with no state gets ``v = 0``, ``s = -inf``. (Tessera's; FlashInfer has no ragged merge.)
+
+    Args:
+        v: ``[total_states, num_heads, head_dim]`` float16/bfloat16/float32.
+        s: float32 ``[total_states, num_heads]`` base-2 LSEs.
+        indptr: int32 ``[rows + 1]`` on v's device, non-decreasing from 0 to at most total_states
+            (entries are clamped into range by the kernel, never read out of bounds).
+
+    Returns:
+        ``(v_merged, s_merged)``: ``[rows, num_heads, head_dim]`` and ``[rows, num_heads]``.
+    """
+    torch = U._torch()
+    _check_state("v", v, "s", s, 3)
+    U.check_index_tensor("indptr", indptr)
+    if indptr.shape[0] < 1:
+        raise ValueError("indptr is empty, expected rows + 1 >= 1 entries")
+    _check_devices(("v", v), ("s", s), ("indptr", indptr))
+    rows = indptr.shape[0] - 1
+    v_out = torch.empty((rows, v.shape[1], v.shape[2]), dtype=v.dtype, device=v.device)
+    s_out = torch.empty((rows, v.shape[1]), dtype=torch.float32, device=v.device)
+    U.call(U._C().merge_states_ragged, v, v, s, indptr, v_out, s_out, U.current_stream(v.device))
     return v_out, s_out

@@ -30,7 +30,7 @@ from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper"]
+__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
 
 PagedKVCache = Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]
 
@@ -422,6 +422,27 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def plan_info(self) -> Dict[str, Any]:
         """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
         return self._holder.plan_info()
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's CUDA-graph decode wrapper: BatchDecodeWithPagedKVCacheWrapper with
+    ``use_cuda_graph=True`` and the page-table buffers given positionally."""
+
+    def __init__(
+        self,
+        workspace_buffer: "torch.Tensor",
+        indptr_buffer: "torch.Tensor",
+        indices_buffer: "torch.Tensor",
+        last_page_len_buffer: "torch.Tensor",
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None:
+        """Args: as BatchDecodeWithPagedKVCacheWrapper's, with ``indptr_buffer`` ``[max_batch + 1]``,
+        ``indices_buffer`` ``[max_num_pages]`` and ``last_page_len_buffer`` ``[max_batch]``
+        (int32, CUDA) as its ``paged_kv_*_buffer`` arguments."""
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer)
 
 
 # --- shared run() checks of the paged wrappers ---------------------------------------------------

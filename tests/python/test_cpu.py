@@ -119,6 +119,9 @@ PUBLIC = [
     tessera.get_batch_indices_positions,
     tessera.get_seq_lens,
     tessera.build_info,
+    tessera.CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    tessera.BlockSparseAttentionWrapper,
+    tessera.merge_states_ragged,
     tessera.flex_attention,
     tessera.create_block_mask,
     tessera.create_mask,
@@ -145,6 +148,12 @@ def test_docstrings(obj):
 
 def _params(f):
     return [p for p in inspect.signature(f).parameters if p != "self"]
+
+
+def test_cuda_graph_decode_wrapper_signature_matches_flashinfer():
+    assert _params(tessera.CUDAGraphBatchDecodeWithPagedKVCacheWrapper.__init__) == [
+        "workspace_buffer", "indptr_buffer", "indices_buffer", "last_page_len_buffer", "kv_layout",
+        "use_tensor_cores"]
 
 
 def test_signatures_match_flashinfer():

@@ -1120,3 +1120,69 @@ def test_flashinfer_backend_names_run_tesseras_kernels():
     else:
         with pytest.raises(NotImplementedError, match="fa3.*sm_90"):
             tessera.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa3")
+
+
+def test_cuda_graph_decode_wrapper_class():
+    """FlashInfer's CUDAGraphBatchDecodeWithPagedKVCacheWrapper: run() captured once replays after a
+    re-plan and equals the eager wrapper."""
+    gen = torch.Generator().manual_seed(77)
+    batch, hq, hkv, d, ps, dtype = 3, 8, 2, 128, 16, torch.float16
+    max_pages = 20
+    num_pages = batch * max_pages
+    k_cache = torch.randn(num_pages, ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    v_cache = torch.randn(num_pages, ps, hkv, d, generator=gen).to(dtype).to(DEV)
+    owned = torch.randperm(num_pages, generator=gen).view(batch, max_pages).to(torch.int32)
+
+    def page_table(kv_lens):
+        pages = [math.ceil(n / ps) for n in kv_lens]
+        indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+        indices = torch.cat([owned[b, : pages[b]] for b in range(batch)]).to(DEV)
+        last = torch.tensor([n - (p - 1) * ps for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+        return indptr, indices, last
+
+    bufs = (torch.zeros(batch + 1, dtype=torch.int32, device=DEV), torch.zeros(num_pages, dtype=torch.int32, device=DEV),
+            torch.zeros(batch, dtype=torch.int32, device=DEV))
+    w = tessera.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=DEV), *bufs)
+    assert w.is_cuda_graph_enabled
+    eager = tessera.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device=DEV))
+    q = torch.randn(batch, hq, d, generator=gen).to(dtype).to(DEV)
+    out = torch.zeros(batch, hq, d, dtype=dtype, device=DEV)
+    w.plan(*page_table([5, 100, 300]), hq, hkv, d, ps, q_data_type=dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.run(q, (k_cache, v_cache), out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, (k_cache, v_cache), out=out)
+    for kv_lens in ([5, 100, 300], [40, 1, 319]):
+        table = page_table(kv_lens)
+        w.plan(*table, hq, hkv, d, ps, q_data_type=dtype)
+        out.fill_(float("nan"))
+        graph.replay()
+        eager.plan(*table, hq, hkv, d, ps, q_data_type=dtype)
+        ref = eager.run(q, (k_cache, v_cache))
+        assert_close(out, None, ref.float(), None, dtype, f"graph wrapper, kv lengths {kv_lens}")
+
+
+def test_merge_states_ragged():
+    """Rows merging 0, 1, 3 and 5 states against a logsumexp reference (base 2)."""
+    gen = torch.Generator().manual_seed(5)
+    counts = [0, 1, 3, 5]
+    total, h, d = sum(counts), 4, 64
+    v = torch.randn(total, h, d, generator=gen).to(DEV)
+    s = (torch.randn(total, h, generator=gen) * 3).to(DEV)
+    indptr = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    v_out, s_out = tessera.merge_states_ragged(v, s, indptr)
+    assert v_out.shape == (4, h, d) and s_out.shape == (4, h)
+    assert (v_out[0] == 0).all() and torch.isneginf(s_out[0]).all()
+    for r in range(1, 4):
+        a, b = int(indptr[r]), int(indptr[r + 1])
+        ref_s = torch.logsumexp(s[a:b] * LN2, dim=0) / LN2
+        w = torch.exp2(s[a:b] - ref_s[None])
+        ref_v = (w[..., None] * v[a:b]).sum(0)
+        assert (s_out[r] - ref_s).abs().max().item() < 1e-4
+        assert (v_out[r] - ref_v).abs().max().item() < 1e-4
+    with pytest.raises(TypeError, match="indptr.dtype = torch.int64"):
+        tessera.merge_states_ragged(v, s, indptr.long())

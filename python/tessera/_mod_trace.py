@@ -11,7 +11,9 @@ parameters.
 
 Semantics follow FlexAttention's element-wise view: ``b``, ``h``, ``q_idx``, ``kv_idx`` are 32-bit
 integers, ``score`` and every floating-point value fp32; integer ``//`` and ``%`` round like Python
-(toward negative infinity), ``/`` is true division. Captured tensors (any of float32/16, bfloat16,
+(toward negative infinity), ``/`` is true division (by a constant: a multiplication by its
+reciprocal), ``torch.tanh`` is the GPU's ``tanh.approx`` (as the built-in soft-cap), and an integer
+whose range the trace knows within 2^22 converts to float exactly with two ALU operations. Captured tensors (any of float32/16, bfloat16,
 float64, int8..int64, uint8, bool) are read at their strides; an index outside a dimension wraps
 once from the end like Python's negative indices and is then clamped into the dimension, so a read
 never leaves the tensor (the value of an out-of-range read is unspecified, as in FlexAttention).

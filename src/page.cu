@@ -1,4 +1,5 @@
-// Host dispatch for appending to a paged KV cache (kernels/page/append.cuh).
+// Host dispatch for appending to a paged KV cache and to a paged MLA latent cache
+// (kernels/page/append.cuh).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -141,6 +142,39 @@ void dispatch_append(const AppendTargets& targets, const TensorView& append_k, c
   });
 }
 
+// ---- MLA latent caches ----
+
+/// A data tensor of the latent append: `ndim` dims described by `shape` in messages, on a CUDA
+/// device, contiguous last dim, a data pointer unless it is empty.
+void check_latent_tensor(const TensorView& t, const char* name, int ndim, const char* shape) {
+  detail::check_view(t, name);
+  TESSERA_CHECK_ARG(t.ndim == ndim) << name << ".ndim = " << t.ndim << ", expected " << ndim << " (" << shape
+                                    << "); " << name << " is " << t.describe();
+  TESSERA_CHECK_ARG(t.defined()) << name << ".data = null, expected a pointer to " << t.numel() << " elements ("
+                                 << t.describe() << ")";
+  check_on_cuda(t, name);
+  check_last_dim_contiguous(t, name);
+}
+
+/// ckv/kpe widths: whole 16-byte vectors, at least one.
+void check_latent_width(const TensorView& t, const char* name, int dim) {
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(t.dtype));
+  TESSERA_CHECK_ARG(t.shape[dim] >= vec && t.shape[dim] % vec == 0)
+      << name << ".shape[" << dim << "] = " << t.shape[dim] << ", expected a positive multiple of " << vec
+      << " (whole 16-byte vectors of " << t.dtype << ")";
+}
+
+/// A per-row or page-table index array: 1-D i32, contiguous, on the cache's device.
+void check_latent_index_array(const TensorView& t, const char* name, const TensorView& cache) {
+  check_ndim(t, name, 1);
+  check_dtype(t, name, {DType::kI32});
+  TESSERA_CHECK_ARG(t.shape[0] <= 1 || t.strides[0] == 1)
+      << name << ".strides[0] = " << t.strides[0] << ", expected 1 (index arrays must be contiguous)";
+  TESSERA_CHECK_ARG(t.defined()) << name << ".data = null, expected a pointer to " << t.shape[0] << " elements";
+  check_on_cuda(t, name);
+  check_same_device(cache, "ckv_cache", t, name);
+}
+
 }  // namespace
 
 void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
@@ -178,6 +212,141 @@ void append_paged_kv_cache_at(const TensorView& append_k, const TensorView& appe
   targets.batch_indices = batch_indices.data_as<const int32_t>();
   targets.positions = positions.data_as<const int32_t>();
   dispatch_append<kernels::AppendTargetMode::kExplicit>(targets, append_k, append_v, cache, scales, stream);
+}
+
+void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& append_kpe,
+                               const TensorView& batch_indices, const TensorView& positions,
+                               const TensorView& ckv_cache, const TensorView& kpe_cache, const TensorView& kv_indptr,
+                               const TensorView& kv_indices, const TensorView& kv_last_page_len, StreamHandle stream) {
+  // The cache: two page tensors of one 16-bit dtype, the same pages and page size.
+  check_latent_tensor(ckv_cache, "ckv_cache", 3, "[num_pages, page_size, ckv_dim]");
+  check_dtype(ckv_cache, "ckv_cache", {DType::kF16, DType::kBF16});
+  const DType dtype = ckv_cache.dtype;
+  TESSERA_CHECK_ARG(ckv_cache.shape[1] >= 1)
+      << "ckv_cache.shape[1] = " << ckv_cache.shape[1] << ", expected >= 1 (page_size)";
+  check_latent_width(ckv_cache, "ckv_cache", 2);
+  detail::check_vector_aligned(ckv_cache, "ckv_cache");
+  check_latent_tensor(kpe_cache, "kpe_cache", 3, "[num_pages, page_size, kpe_dim]");
+  TESSERA_CHECK_ARG(kpe_cache.dtype == dtype)
+      << "kpe_cache.dtype = " << kpe_cache.dtype << ", expected " << dtype << " (the dtype of ckv_cache)";
+  check_same_device(ckv_cache, "ckv_cache", kpe_cache, "kpe_cache");
+  TESSERA_CHECK_ARG(kpe_cache.shape[0] == ckv_cache.shape[0])
+      << "kpe_cache.shape[0] = " << kpe_cache.shape[0] << ", expected " << ckv_cache.shape[0]
+      << " (num_pages: ckv_cache.shape[0])";
+  TESSERA_CHECK_ARG(kpe_cache.shape[1] == ckv_cache.shape[1])
+      << "kpe_cache.shape[1] = " << kpe_cache.shape[1] << ", expected " << ckv_cache.shape[1]
+      << " (page_size: ckv_cache.shape[1])";
+  check_latent_width(kpe_cache, "kpe_cache", 2);
+  detail::check_vector_aligned(kpe_cache, "kpe_cache");
+  const int64_t num_pages = ckv_cache.shape[0], page_size = ckv_cache.shape[1];
+  const int64_t ckv_dim = ckv_cache.shape[2], kpe_dim = kpe_cache.shape[2];
+
+  // The appended rows: the cache's dtype and widths.
+  check_latent_tensor(append_ckv, "append_ckv", 2, "[nnz, ckv_dim]");
+  check_latent_tensor(append_kpe, "append_kpe", 2, "[nnz, kpe_dim]");
+  for (const auto& [t, name] : {std::pair<const TensorView&, const char*>{append_ckv, "append_ckv"},
+                                {append_kpe, "append_kpe"}}) {
+    TESSERA_CHECK_ARG(t.dtype == dtype)
+        << name << ".dtype = " << t.dtype << ", expected " << dtype << " (the dtype of ckv_cache)";
+    check_same_device(ckv_cache, "ckv_cache", t, name);
+  }
+  const int64_t nnz = append_ckv.shape[0];
+  TESSERA_CHECK_ARG(append_ckv.shape[1] == ckv_dim)
+      << "append_ckv.shape[1] = " << append_ckv.shape[1] << ", expected " << ckv_dim << " (ckv_dim: ckv_cache.shape[2])";
+  TESSERA_CHECK_ARG(append_kpe.shape[0] == nnz)
+      << "append_kpe.shape[0] = " << append_kpe.shape[0] << ", expected " << nnz << " (nnz: append_ckv.shape[0])";
+  TESSERA_CHECK_ARG(append_kpe.shape[1] == kpe_dim)
+      << "append_kpe.shape[1] = " << append_kpe.shape[1] << ", expected " << kpe_dim << " (kpe_dim: kpe_cache.shape[2])";
+  detail::check_vector_aligned(append_ckv, "append_ckv");
+  detail::check_vector_aligned(append_kpe, "append_kpe");
+
+  // Per-row targets and the page table, all on the cache's device.
+  check_latent_index_array(batch_indices, "batch_indices", ckv_cache);
+  check_size(batch_indices, "batch_indices", 0, nnz);
+  check_latent_index_array(positions, "positions", ckv_cache);
+  check_size(positions, "positions", 0, nnz);
+  check_latent_index_array(kv_indptr, "kv_indptr", ckv_cache);
+  check_latent_index_array(kv_indices, "kv_indices", ckv_cache);
+  check_latent_index_array(kv_last_page_len, "kv_last_page_len", ckv_cache);
+  // [0] == 0, non-decreasing, last <= the length of kv_indices; the values only in checked mode.
+  const std::vector<int32_t> host_indptr = validate_indptr(kv_indptr, "kv_indptr", kv_indices.shape[0]);
+  const int64_t batch_size = kv_indptr.shape[0] - 1;
+  TESSERA_CHECK_ARG(kv_last_page_len.shape[0] == batch_size)
+      << "kv_last_page_len.shape[0] = " << kv_last_page_len.shape[0] << ", expected " << batch_size
+      << " (batch_size = kv_indptr.shape[0] - 1)";
+  if (nnz > INT32_MAX) {
+    throw_error(StatusCode::kInvalidArgument, "append_ckv.shape[0] = " + std::to_string(nnz) + " exceeds 2^31 - 1 rows");
+  }
+  if (ckv_dim + kpe_dim > INT32_MAX) {
+    throw_error(StatusCode::kInvalidArgument, "ckv_cache.shape[2] + kpe_cache.shape[2] = " + std::to_string(ckv_dim + kpe_dim) +
+                  ", expected < 2^31 elements per row");
+  }
+  if (num_pages > INT32_MAX || page_size > INT32_MAX || kv_indices.shape[0] > INT32_MAX) {
+    throw_error(StatusCode::kInvalidArgument, "ckv_cache: num_pages = " + std::to_string(num_pages) + ", page_size = " +
+                  std::to_string(page_size) + ", kv_indices.shape[0] = " + std::to_string(kv_indices.shape[0]) +
+                  ", expected each < 2^31");
+  }
+
+  // Checked mode (the index arrays were read above): the page table and every row's target, which
+  // the kernel would otherwise skip silently.
+  if (!host_indptr.empty()) {
+    const std::vector<int32_t> ids = detail::read_index_values(kv_indices, "kv_indices", host_indptr.back());
+    detail::check_page_ids(host_indptr, ids.data(), num_pages, "kv_indices");
+    const std::vector<int32_t> last = detail::read_index_values(kv_last_page_len, "kv_last_page_len", batch_size);
+    std::vector<int64_t> kv_len(static_cast<size_t>(batch_size), 0);
+    for (int64_t b = 0; b < batch_size; ++b) {
+      const int64_t pages = host_indptr[b + 1] - host_indptr[b];
+      if (pages == 0) continue;  // an empty request's last_page_len is ignored
+      TESSERA_CHECK_ARG(last[b] >= 1 && last[b] <= page_size)
+          << "kv_last_page_len[" << b << "] = " << last[b] << " is out of range [1, " << page_size
+          << "] for a request with " << pages << (pages == 1 ? " page" : " pages");
+      kv_len[b] = (pages - 1) * page_size + last[b];
+    }
+    const std::vector<int32_t> rows_b = detail::read_index_values(batch_indices, "batch_indices", nnz);
+    const std::vector<int32_t> rows_pos = detail::read_index_values(positions, "positions", nnz);
+    for (int64_t i = 0; i < nnz; ++i) {
+      const int32_t b = rows_b[i];
+      TESSERA_CHECK_ARG(b >= 0 && b < batch_size)
+          << "batch_indices[" << i << "] = " << b << " is out of range [0, " << batch_size
+          << ") (batch_size = kv_indptr.shape[0] - 1)";
+      TESSERA_CHECK_ARG(rows_pos[i] >= 0 && rows_pos[i] < kv_len[b])
+          << "positions[" << i << "] = " << rows_pos[i] << " is out of range [0, " << kv_len[b] << ") (the KV length of request "
+          << b << " from kv_indptr and kv_last_page_len: the page table must include the appended rows)";
+    }
+  }
+  if (nnz == 0) return;
+
+  TESSERA_DISPATCH_HALF_DTYPE(dtype, "ckv_cache", T, [&] {
+    kernels::AppendMlaParams<T> p{};
+    p.append_ckv = append_ckv.data_as<const T>();
+    p.append_kpe = append_kpe.data_as<const T>();
+    p.ckv_row_stride = append_ckv.strides[0];
+    p.kpe_row_stride = append_kpe.strides[0];
+    p.batch_indices = batch_indices.data_as<const int32_t>();
+    p.positions = positions.data_as<const int32_t>();
+    kernels::AppendMlaCacheDesc<T>& c = p.cache;
+    c.ckv = ckv_cache.data_as<T>();
+    c.kpe = kpe_cache.data_as<T>();
+    c.ckv_page_stride = ckv_cache.strides[0];
+    c.ckv_slot_stride = ckv_cache.strides[1];
+    c.kpe_page_stride = kpe_cache.strides[0];
+    c.kpe_slot_stride = kpe_cache.strides[1];
+    c.page_indptr = kv_indptr.data_as<const int32_t>();
+    c.page_indices = kv_indices.data_as<const int32_t>();
+    c.last_page_len = kv_last_page_len.data_as<const int32_t>();
+    c.batch_size = static_cast<int32_t>(batch_size);
+    c.page_size = static_cast<int32_t>(page_size);
+    c.num_pages = static_cast<int32_t>(num_pages);
+    c.num_indices = static_cast<int32_t>(kv_indices.shape[0]);
+    p.nnz = static_cast<int32_t>(nnz);
+    p.ckv_vecs = static_cast<int32_t>(ckv_dim / kernels::vec_elems<T>());
+    p.kpe_vecs = static_cast<int32_t>(kpe_dim / kernels::vec_elems<T>());
+    constexpr int kThreads = kernels::AppendMlaTraits::kThreadsPerBlock;
+    const long long threads = static_cast<long long>(nnz) * (p.ckv_vecs + p.kpe_vecs);
+    kernels::append_paged_mla_kv_cache_kernel<T>
+        <<<detail::grid_stride_blocks(threads, kThreads), kThreads, 0, stream>>>(p);
+    TESSERA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace tessera

@@ -38,4 +38,39 @@ TESSERA_API void append_paged_kv_cache_at(const TensorView& append_k, const Tens
                                           const PagedKV& cache, StreamHandle stream = nullptr,
                                           const KVScales& scales = {});
 
+/// Appends new latent rows of DeepSeek-style MLA (multi-head latent attention) to a paged latent
+/// cache, FlashInfer's append_paged_mla_kv_cache: row i goes to request batch_indices[i] at token
+/// position positions[i] of that request, i.e. to page kv_indices[kv_indptr[b] + pos / page_size],
+/// slot pos % page_size, with b = batch_indices[i] and pos = positions[i]. A copy: the bits of each
+/// row are stored unchanged.
+///
+/// append_ckv: [nnz, ckv_dim], the compressed KV (latent) part of each new token (ckv_dim = 512
+///   for DeepSeek V2/V3). append_kpe: [nnz, kpe_dim], its rotary (position-encoded) key part
+///   (kpe_dim = 64 for DeepSeek). Both of the cache's dtype; any row stride, contiguous last dim.
+/// batch_indices, positions: i32 [nnz] on the cache's device, contiguous: the request (in
+///   [0, batch_size)) and the token position (in [0, kv_len_b)) of each row. Rows may come in any
+///   order; two rows with the same target race (one of them wins).
+/// ckv_cache: [num_pages, page_size, ckv_dim]; kpe_cache: [num_pages, page_size, kpe_dim], the
+///   same num_pages and page_size (any page size >= 1). Both f16 or both bf16, on one CUDA
+///   device; any page and slot strides (e.g. two slices of one [num_pages, page_size, 576] tensor)
+///   with a contiguous last dim.
+/// Widths and alignment: ckv_dim and kpe_dim positive multiples of 16 bytes (8 elements); every
+///   data pointer, and every stride but the last (in bytes), a multiple of 16.
+/// kv_indptr: i32 [batch_size + 1], kv_indptr[0] == 0, non-decreasing, kv_indptr[batch_size] <=
+///   kv_indices.shape[0]; request b owns the pages kv_indices[kv_indptr[b] .. kv_indptr[b+1]-1]
+///   (i32 page ids in [0, num_pages)); kv_last_page_len: i32 [batch_size], tokens in each
+///   request's last page (1 .. page_size), so kv_len_b = (pages_b - 1) * page_size +
+///   kv_last_page_len[b] (0 without pages). All three contiguous on the cache's device, and, as in
+///   FlashInfer, describing the lengths AFTER the append.
+/// stream: the CUDA stream of the copy (nullptr: the legacy default stream); asynchronous.
+/// Rows whose request or position is out of range, or whose page id is out of range, are skipped,
+/// never written out of bounds; checked mode (tessera/validate.h) reads the index arrays and
+/// reports them (and a bad page table) as kInvalidArgument before the launch. Other bad arguments
+/// throw tessera::Error (kInvalidArgument) naming the argument, its value and what was expected.
+TESSERA_API void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& append_kpe,
+                                           const TensorView& batch_indices, const TensorView& positions,
+                                           const TensorView& ckv_cache, const TensorView& kpe_cache,
+                                           const TensorView& kv_indptr, const TensorView& kv_indices,
+                                           const TensorView& kv_last_page_len, StreamHandle stream = nullptr);
+
 }  // namespace tessera

@@ -6,6 +6,10 @@
 // cache (e4m3, e5m2) takes f16/bf16 rows and stores x / scale rounded to nearest and saturated to
 // the largest finite fp8 value: a thread reads 16 elements (two 16-byte vectors) and writes them as
 // one 16-byte fp8 vector.
+//
+// MLA latent caches (append_paged_mla_kv_cache_kernel): each appended row is one compressed-KV
+// vector (ckv) and one rotary key part (kpe), stored per slot in two page tensors without heads;
+// each thread copies one 16-byte vector of either, with the same page-table lookup.
 #pragma once
 
 #include "kernels/common/fp8.cuh"
@@ -66,11 +70,28 @@ struct AppendParams {
   int32_t head_dim;
 };
 
-/// KV length of request b according to the page table; 0 for a request without pages.
-template <typename T>
-TESSERA_DEVICE int64_t paged_kv_len(const PagedCacheDesc<T>& c, int32_t b) {
+/// KV length of request b according to the page table; 0 for a request without pages. `Table`
+/// is any cache descriptor with the page-table members of PagedCacheDesc (page_indptr,
+/// page_indices, last_page_len, batch_size, page_size, num_pages, num_indices).
+template <typename Table>
+TESSERA_DEVICE int64_t paged_kv_len(const Table& c, int32_t b) {
   const int32_t pages = c.page_indptr[b + 1] - c.page_indptr[b];
   return pages > 0 ? static_cast<int64_t>(pages - 1) * c.page_size + c.last_page_len[b] : 0;
+}
+
+/// The page and slot of position `pos` of request b; false when the target is to be skipped:
+/// b outside the batch, pos outside the request's pages, or a page id out of range. Skipping
+/// rather than writing out of bounds when the index arrays disagree (docs/design.md §4).
+template <typename Table>
+TESSERA_DEVICE bool paged_target_slot(const Table& c, int32_t b, int64_t pos, int32_t& page, int64_t& slot) {
+  if (b < 0 || b >= c.batch_size) return false;
+  if (pos < 0 || pos >= paged_kv_len(c, b)) return false;
+  const int64_t page_entry = c.page_indptr[b] + pos / c.page_size;
+  if (page_entry < 0 || page_entry >= c.num_indices) return false;
+  page = c.page_indices[page_entry];
+  if (page < 0 || page >= c.num_pages) return false;
+  slot = pos % c.page_size;
+  return true;
 }
 
 /// Largest b with indptr[b] <= row, i.e. the request owning `row`; -1 if none does.
@@ -97,18 +118,10 @@ TESSERA_DEVICE bool append_target_slot(const AppendParams<In, Cache>& p, int32_t
     const int64_t append_len = p.append_indptr[b + 1] - p.append_indptr[b];
     pos = paged_kv_len(c, b) - append_len + (row - p.append_indptr[b]);
   } else {
-    b = p.batch_indices[row];
-    if (b < 0 || b >= c.batch_size) return false;
+    b = p.batch_indices[row];  // checked by paged_target_slot
     pos = p.positions[row];
   }
-  // Skip rather than write out of bounds when the index arrays disagree (docs/design.md §4).
-  if (pos < 0 || pos >= paged_kv_len(c, b)) return false;
-  const int64_t page_entry = c.page_indptr[b] + pos / c.page_size;
-  if (page_entry < 0 || page_entry >= c.num_indices) return false;
-  page = c.page_indices[page_entry];
-  if (page < 0 || page >= c.num_pages) return false;
-  slot = pos % c.page_size;
-  return true;
+  return paged_target_slot(c, b, pos, page, slot);
 }
 
 /// 16 f16/bf16 elements (in[0]: elements 0-7, in[1]: 8-15) times inv_scale, rounded to nearest
@@ -177,6 +190,77 @@ append_paged_kv_cache_kernel(const AppendParams<In, Cache> p) {
       k[0].store(k_dst);
       v[0].store(v_dst);
     }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// MLA latent caches: per slot one ckv row and one kpe row, in two page tensors
+// [num_pages, page_size, width] of one 16-bit dtype (any page and slot strides).
+
+/// Where a paged latent cache's pages live; strides in elements.
+template <typename T>
+struct AppendMlaCacheDesc {
+  T* ckv;  // [num_pages, page_size, ckv_dim]
+  T* kpe;  // [num_pages, page_size, kpe_dim]
+  int64_t ckv_page_stride, ckv_slot_stride, kpe_page_stride, kpe_slot_stride;
+  const int32_t* page_indptr;    // [batch + 1]
+  const int32_t* page_indices;   // [num_indices]
+  const int32_t* last_page_len;  // [batch]
+  int32_t batch_size;
+  int32_t page_size;
+  int32_t num_pages;
+  int32_t num_indices;
+};
+
+template <typename T>
+struct AppendMlaParams {
+  const T* append_ckv;  // [nnz, ckv_dim]
+  const T* append_kpe;  // [nnz, kpe_dim]
+  int64_t ckv_row_stride, kpe_row_stride;
+  const int32_t* batch_indices;  // [nnz]
+  const int32_t* positions;      // [nnz]
+  AppendMlaCacheDesc<T> cache;
+  int32_t nnz;
+  int32_t ckv_vecs;  // 16-byte vectors per ckv row (ckv_dim / vec_elems<T>())
+  int32_t kpe_vecs;  // 16-byte vectors per kpe row
+};
+
+struct AppendMlaTraits {
+  static constexpr int kThreadsPerBlock = 256;
+  static_assert(kThreadsPerBlock % kWarpSize == 0, "whole warps");
+};
+
+/// Row i goes to request batch_indices[i] at position positions[i]. One thread per 16-byte vector
+/// of a row's ckv_vecs + kpe_vecs vectors (the ckv ones first), so that consecutive threads copy
+/// consecutive bytes of one row; a row whose target is out of range is skipped.
+template <typename T>
+__global__ void __launch_bounds__(AppendMlaTraits::kThreadsPerBlock)
+append_paged_mla_kv_cache_kernel(const AppendMlaParams<T> p) {
+  constexpr int N = vec_elems<T>();
+  const AppendMlaCacheDesc<T>& c = p.cache;
+  const int vecs_per_row = p.ckv_vecs + p.kpe_vecs;
+  const int64_t total = static_cast<int64_t>(p.nnz) * vecs_per_row;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t row = static_cast<int32_t>(t / vecs_per_row);
+    const int within = static_cast<int>(t % vecs_per_row);
+    int32_t page;
+    int64_t slot;
+    if (!paged_target_slot(c, p.batch_indices[row], p.positions[row], page, slot)) continue;
+    const T* src;
+    T* dst;
+    if (within < p.ckv_vecs) {
+      const int d = within * N;
+      src = p.append_ckv + row * p.ckv_row_stride + d;
+      dst = c.ckv + page * c.ckv_page_stride + slot * c.ckv_slot_stride + d;
+    } else {
+      const int d = (within - p.ckv_vecs) * N;
+      src = p.append_kpe + row * p.kpe_row_stride + d;
+      dst = c.kpe + page * c.kpe_page_stride + slot * c.kpe_slot_stride + d;
+    }
+    Vec<T> x;
+    x.load_stream(src);
+    x.store(dst);
   }
 }
 

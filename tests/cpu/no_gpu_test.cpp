@@ -88,6 +88,13 @@ TEST_F(NoGpu, Append) {
   EXPECT_TRUE(FailsForWantOfAGpu([&] { append_paged_kv_cache(rows, rows, device(DType::kI32, {3}), cache); }));
   const TensorView per_row = device(DType::kI32, {5});
   EXPECT_TRUE(FailsForWantOfAGpu([&] { append_paged_kv_cache_at(rows, rows, per_row, per_row, cache); }));
+  // MLA latent rows (DeepSeek's widths) into 8 pages of 16 slots, 2 requests.
+  const TensorView ckv = device(DType::kBF16, {5, 512}), kpe = device(DType::kBF16, {5, 64});
+  const TensorView ckv_cache = device(DType::kBF16, {8, 16, 512}), kpe_cache = device(DType::kBF16, {8, 16, 64});
+  EXPECT_TRUE(FailsForWantOfAGpu([&] {
+    append_paged_mla_kv_cache(ckv, kpe, per_row, per_row, ckv_cache, kpe_cache, device(DType::kI32, {3}),
+                              device(DType::kI32, {4}), device(DType::kI32, {2}));
+  }));
 }
 
 TEST_F(NoGpu, Attention) {

@@ -38,7 +38,7 @@ from .decode import (
     single_decode_with_kv_cache,
 )
 from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
-from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
 from .sparse import BlockSparseAttentionWrapper
 from .prefill import (
@@ -65,6 +65,7 @@ __all__ = [
     "merge_states",
     "merge_states_ragged",
     "append_paged_kv_cache",
+    "append_paged_mla_kv_cache",
     "get_batch_indices_positions",
     "get_seq_lens",
     "packbits",
@@ -86,7 +87,8 @@ _KERNEL_FAMILIES = (
     ("prefill (FA2-class)", "attention", "mma.sync prefill/append over dense, ragged, paged and block-sparse KV"),
     ("runtime", "attention", "plan/run persistent kernels + split-KV contraction (the Batch*Wrapper classes)"),
     ("merge", "state", "attention-state merge: merge_state, merge_states, merge_states_ragged"),
-    ("append", "cache", "append_paged_kv_cache into NHD/HND pages, any page size"),
+    ("append", "cache", "append_paged_kv_cache into NHD/HND pages, append_paged_mla_kv_cache into MLA latent "
+     "pages; any page size"),
 )
 
 

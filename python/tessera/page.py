@@ -2,8 +2,9 @@
 
 A paged cache is ``(k_cache, v_cache)``, each ``[num_pages, page_size, num_kv_heads, head_dim]``
 (``kv_layout="NHD"``) or ``[num_pages, num_kv_heads, page_size, head_dim]`` (``"HND"``), or one
-tensor ``[num_pages, 2, ...]`` holding both. Request b owns pages
-``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``; all are full except the last, which holds
+tensor ``[num_pages, 2, ...]`` holding both. A paged MLA latent cache is ``ckv_cache``
+``[num_pages, page_size, ckv_dim]`` with ``kpe_cache`` ``[num_pages, page_size, kpe_dim]``. Request b
+owns pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``; all are full except the last, which holds
 ``kv_last_page_len[b]`` tokens.
 """
 
@@ -16,7 +17,7 @@ from . import _utils as U
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
+__all__ = ["append_paged_kv_cache", "append_paged_mla_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
 
 
 def get_seq_lens(kv_indptr: "torch.Tensor", kv_last_page_len: "torch.Tensor", page_size: int) -> "torch.Tensor":
@@ -149,4 +150,68 @@ def append_paged_kv_cache(
         U._C().append_paged_kv_cache_at, append_key, append_key, append_value, batch_indices, positions, U.kv_arg(k),
         U.kv_arg(v), U.kv_arg(kv), layout, kv_indptr, kv_indices, kv_last_page_len,
         U.current_stream(append_key.device), cache_dtype=U.tessera_dtype(cache_dtype) if fp8 else None,
+    )
+
+
+def append_paged_mla_kv_cache(
+    append_ckv: "torch.Tensor",
+    append_kpe: "torch.Tensor",
+    batch_indices: "torch.Tensor",
+    positions: "torch.Tensor",
+    ckv_cache: "torch.Tensor",
+    kpe_cache: "torch.Tensor",
+    kv_indices: "torch.Tensor",
+    kv_indptr: "torch.Tensor",
+    kv_last_page_len: "torch.Tensor",
+) -> None:
+    """Writes new MLA latent rows into a paged latent cache (on PyTorch's current stream), as
+    ``flashinfer.page.append_paged_mla_kv_cache``.
+
+    Args:
+        append_ckv: ``[nnz, ckv_dim]``, the compressed KV of each new token (``ckv_dim`` = 512 for
+            DeepSeek); the cache's dtype, contiguous last dimension.
+        append_kpe: ``[nnz, kpe_dim]``, its rotary key part (``kpe_dim`` = 64 for DeepSeek).
+        batch_indices, positions: int32 ``[nnz]`` on the GPU: row i goes to request
+            ``batch_indices[i]`` at token position ``positions[i]`` (see
+            :func:`get_batch_indices_positions`).
+        ckv_cache: ``[num_pages, page_size, ckv_dim]``, float16 or bfloat16.
+        kpe_cache: ``[num_pages, page_size, kpe_dim]``, the dtype of ``ckv_cache``.
+        kv_indices, kv_indptr, kv_last_page_len: the page table AFTER the append (int32, GPU).
+
+    ``ckv_dim`` and ``kpe_dim`` may be any multiples of 8 (16 bytes); every tensor may be strided
+    (e.g. ``ckv_cache`` and ``kpe_cache`` slices of one ``[num_pages, page_size, 576]`` tensor) as
+    long as its last dimension is contiguous and its rows start at 16-byte boundaries. The rows are
+    copied bit for bit.
+
+    Rows whose target lies outside the request's pages are skipped, never written out of bounds.
+    """
+    torch = U._torch()
+    halves = (torch.float16, torch.bfloat16)
+    U.check_tensor("append_ckv", append_ckv, ndim=2, shape_hint="([nnz, ckv_dim])")
+    U.check_tensor("append_kpe", append_kpe, ndim=2, shape_hint="([nnz, kpe_dim])")
+    U.check_tensor("ckv_cache", ckv_cache, ndim=3, shape_hint="([num_pages, page_size, ckv_dim])")
+    U.check_tensor("kpe_cache", kpe_cache, ndim=3, shape_hint="([num_pages, page_size, kpe_dim])")
+    U.check_tensor("ckv_cache", ckv_cache, dtypes=halves)
+    for name, t in (("kpe_cache", kpe_cache), ("append_ckv", append_ckv), ("append_kpe", append_kpe)):
+        if t.dtype != ckv_cache.dtype:
+            raise TypeError(f"{name}.dtype = {t.dtype}, expected {ckv_cache.dtype} (the dtype of ckv_cache)")
+    num_pages, page_size, ckv_dim = (int(x) for x in ckv_cache.shape)
+    kpe_dim = int(kpe_cache.shape[2])
+    U.check_shape("kpe_cache", kpe_cache, (num_pages, page_size, kpe_dim), "num_pages and page_size of ckv_cache")
+    nnz = int(append_ckv.shape[0])
+    U.check_shape("append_ckv", append_ckv, (nnz, ckv_dim), "[nnz, ckv_dim] with ckv_dim = ckv_cache.shape[2]")
+    U.check_shape("append_kpe", append_kpe, (nnz, kpe_dim), "[nnz, kpe_dim] with kpe_dim = kpe_cache.shape[2]")
+    U.check_index_tensor("batch_indices", batch_indices, nnz)
+    U.check_index_tensor("positions", positions, nnz)
+    U.check_index_tensor("kv_indptr", kv_indptr)
+    U.check_index_tensor("kv_indices", kv_indices)
+    U.check_index_tensor("kv_last_page_len", kv_last_page_len, int(kv_indptr.shape[0]) - 1)
+    U.check_cuda("ckv_cache", ckv_cache)
+    for name, t in (("kpe_cache", kpe_cache), ("append_ckv", append_ckv), ("append_kpe", append_kpe),
+                    ("batch_indices", batch_indices), ("positions", positions), ("kv_indices", kv_indices),
+                    ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
+        U.check_same_device(name, t, "ckv_cache", ckv_cache)
+    U.call(
+        U._C().append_paged_mla_kv_cache, ckv_cache, append_ckv, append_kpe, batch_indices, positions, ckv_cache,
+        kpe_cache, kv_indptr, kv_indices, kv_last_page_len, U.current_stream(ckv_cache.device),
     )

@@ -116,6 +116,7 @@ PUBLIC = [
     tessera.merge_state_in_place,
     tessera.merge_states,
     tessera.append_paged_kv_cache,
+    tessera.append_paged_mla_kv_cache,
     tessera.get_batch_indices_positions,
     tessera.get_seq_lens,
     tessera.build_info,
@@ -200,6 +201,9 @@ def test_signatures_match_flashinfer():
     assert _params(tessera.append_paged_kv_cache) == [
         "append_key", "append_value", "batch_indices", "positions", "paged_kv_cache", "kv_indices", "kv_indptr",
         "kv_last_page_len", "kv_layout"]
+    assert _params(tessera.append_paged_mla_kv_cache) == [
+        "append_ckv", "append_kpe", "batch_indices", "positions", "ckv_cache", "kpe_cache", "kv_indices", "kv_indptr",
+        "kv_last_page_len"]
     assert _params(tessera.packbits) == ["x", "bitorder"]
     assert _params(tessera.segment_packbits) == ["x", "indptr", "bitorder"]
 
@@ -702,6 +706,43 @@ def test_append_checks():
         f(k, k, bi, pos, cache, ix, ip, lp)
     with pytest.raises(ValueError, match="append_key is on cpu"):
         f(k, k, bi, pos, (cache[:, 0], cache[:, 1]), ix, ip, lp)
+
+
+def test_append_mla_checks():
+    ckv, kpe = torch.randn(5, 512).half(), torch.randn(5, 64).half()
+    ckv_cache, kpe_cache = torch.zeros(4, 16, 512).half(), torch.zeros(4, 16, 64).half()
+    ip, ix, lp = _i32([0, 1, 3]), _i32([0, 1, 2]), _i32([3, 2])
+    bi, pos = _i32([0, 0, 1, 1, 1]), _i32([0, 1, 2, 16, 17])
+    f = tessera.append_paged_mla_kv_cache
+    with pytest.raises(ValueError, match=r"append_ckv has shape \(5, 1, 512\), expected 2 dimensions"):
+        f(ckv[:, None], kpe, bi, pos, ckv_cache, kpe_cache, ix, ip, lp)
+    with pytest.raises(ValueError, match=r"ckv_cache has shape \(4, 16, 1, 512\), expected 3 dimensions"):
+        f(ckv, kpe, bi, pos, ckv_cache[:, :, None], kpe_cache, ix, ip, lp)
+    with pytest.raises(TypeError, match="ckv_cache must be a torch.Tensor, got NoneType"):
+        f(ckv, kpe, bi, pos, None, kpe_cache, ix, ip, lp)
+    with pytest.raises(TypeError, match=r"ckv_cache.dtype = torch.float32, expected torch.float16 or torch.bfloat16"):
+        f(ckv.float(), kpe.float(), bi, pos, ckv_cache.float(), kpe_cache.float(), ix, ip, lp)
+    with pytest.raises(TypeError, match=r"kpe_cache.dtype = torch.bfloat16, expected torch.float16 \(the dtype of ckv_cache\)"):
+        f(ckv, kpe, bi, pos, ckv_cache, kpe_cache.bfloat16(), ix, ip, lp)
+    with pytest.raises(TypeError, match=r"append_kpe.dtype = torch.bfloat16, expected torch.float16"):
+        f(ckv, kpe.bfloat16(), bi, pos, ckv_cache, kpe_cache, ix, ip, lp)
+    with pytest.raises(ValueError, match=r"kpe_cache has shape \(4, 8, 64\), expected \(4, 16, 64\)"):
+        f(ckv, kpe, bi, pos, ckv_cache, kpe_cache[:, :8], ix, ip, lp)
+    with pytest.raises(ValueError, match=r"append_ckv has shape \(5, 256\), expected \(5, 512\)"):
+        f(ckv[:, :256], kpe, bi, pos, ckv_cache, kpe_cache, ix, ip, lp)
+    with pytest.raises(ValueError, match=r"append_kpe has shape \(4, 64\), expected \(5, 64\)"):
+        f(ckv, kpe[:4], bi, pos, ckv_cache, kpe_cache, ix, ip, lp)
+    with pytest.raises(TypeError, match="batch_indices.dtype = torch.int64"):
+        f(ckv, kpe, bi.long(), pos, ckv_cache, kpe_cache, ix, ip, lp)
+    with pytest.raises(ValueError, match="positions has 4 entries, expected 5"):
+        f(ckv, kpe, bi, pos[:4], ckv_cache, kpe_cache, ix, ip, lp)
+    with pytest.raises(ValueError, match="kv_last_page_len has 1 entries, expected 2"):
+        f(ckv, kpe, bi, pos, ckv_cache, kpe_cache, ix, ip, lp[:1])
+    with pytest.raises(ValueError, match="ckv_cache is on cpu"):
+        f(ckv, kpe, bi, pos, ckv_cache, kpe_cache, ix, ip, lp)
+    # The binding reaches the C++ checks (which refuse host tensors too).
+    with pytest.raises(ValueError, match=r"^ckv_cache.device = cpu, expected a CUDA device$"):
+        _C.append_paged_mla_kv_cache(ckv, kpe, bi, pos, ckv_cache, kpe_cache, ip, ix, lp, 0)
 
 
 # --- the C++ layer: DLPack conversion and error mapping ----------------------------------------------

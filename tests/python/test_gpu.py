@@ -552,6 +552,64 @@ def test_append_paged_kv_cache(layout, page_size, combined):
     assert torch.equal(before_k, cache.k) and torch.equal(before_v, cache.v)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", (1, 16, 64))
+@pytest.mark.parametrize("shared", (False, True))
+def test_append_paged_mla_kv_cache(dtype, page_size, shared):
+    """Latent rows land bit for bit where the (shuffled) page table puts them; nothing else changes."""
+    gen = torch.Generator().manual_seed(page_size + 2 * shared)
+    ckv_dim, kpe_dim = 512, 64
+    old_lens, append_lens = [0, 5, 16, 33, 7], [3, 1, 17, 0, 2]  # nnz = 23, odd
+    new_lens = [a + b for a, b in zip(old_lens, append_lens)]
+    pages = [(n + page_size - 1) // page_size for n in new_lens]
+    num_pages = sum(pages) + 3
+    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    kv_indices = perm[: sum(pages)].to(DEV)
+    kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    kv_last_page_len = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(new_lens, pages)],
+                                    dtype=torch.int32, device=DEV)
+    # Shared: ckv and kpe slices of one [num_pages, page_size, 576 + 8] tensor (8 elements of padding).
+    width = ckv_dim + kpe_dim + 8 if shared else None
+    if shared:
+        whole = torch.empty(num_pages, page_size, width, dtype=dtype, device=DEV)
+        whole.view(torch.int16).fill_(-1)  # poison: 0xFFFF, a NaN
+        ckv_cache, kpe_cache = whole[:, :, :ckv_dim], whole[:, :, ckv_dim:ckv_dim + kpe_dim]
+    else:
+        ckv_cache = torch.empty(num_pages, page_size, ckv_dim, dtype=dtype, device=DEV)
+        kpe_cache = torch.empty(num_pages, page_size, kpe_dim, dtype=dtype, device=DEV)
+        ckv_cache.view(torch.int16).fill_(-1)
+        kpe_cache.view(torch.int16).fill_(-1)
+    nnz = sum(append_lens)
+    # Random 16-bit patterns (NaN payloads included): a copy must keep every bit.
+    rows = torch.randint(-32768, 32767, (nnz, ckv_dim + kpe_dim), generator=gen, dtype=torch.int16)
+    rows[rows == -1] = 0  # never the poison
+    rows = rows.view(dtype).to(DEV)
+    append_ckv, append_kpe = rows[:, :ckv_dim], rows[:, ckv_dim:]
+    if not shared:
+        append_ckv, append_kpe = append_ckv.contiguous(), append_kpe.contiguous()
+    seq_lens = tessera.get_seq_lens(kv_indptr, kv_last_page_len, page_size)
+    append_indptr = torch.tensor([0] + torch.tensor(append_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    bi, pos = tessera.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    order = torch.randperm(nnz, generator=gen).to(DEV)  # targets are per row: any order
+    bi, pos = bi[order], pos[order]
+    expect_ckv, expect_kpe = ckv_cache.view(torch.int16).clone(), kpe_cache.view(torch.int16).clone()
+    expect_whole = whole.view(torch.int16).clone() if shared else None
+    page = kv_indices[(kv_indptr[bi.long()] + pos // page_size).long()].long()
+    slot = (pos % page_size).long()
+    expect_ckv[page, slot] = append_ckv.view(torch.int16)
+    expect_kpe[page, slot] = append_kpe.view(torch.int16)
+    if shared:
+        expect_whole[page, slot, :ckv_dim] = append_ckv.view(torch.int16)
+        expect_whole[page, slot, ckv_dim:ckv_dim + kpe_dim] = append_kpe.view(torch.int16)
+
+    tessera.append_paged_mla_kv_cache(append_ckv, append_kpe, bi, pos, ckv_cache, kpe_cache, kv_indices, kv_indptr,
+                                      kv_last_page_len)
+    assert torch.equal(ckv_cache.view(torch.int16), expect_ckv)
+    assert torch.equal(kpe_cache.view(torch.int16), expect_kpe)
+    if shared:
+        assert torch.equal(whole.view(torch.int16), expect_whole), "the padding between kpe and ckv was written"
+
+
 # --- fp8 KV caches (e4m3, e5m2) -----------------------------------------------------------------------
 # Codes are torch's casts of N(0, 1) values; scales are powers of two, so code x scale is exact in
 # 16 bits and the reference (fp32 attention over code x scale) sees what the kernels' tiles hold.

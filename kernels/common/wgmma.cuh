@@ -139,6 +139,12 @@ TESSERA_DEVICE void wgmma_wait_after(float value, uint32_t slot) {
 template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
 
+/// d (64 x N, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) K-major and B
+/// (16 x N) MN-major, both in shared memory (a P published by another warpgroup times V).
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_b(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b_mn_major,
+                                          bool accumulate);
+
 /// d (64 x N, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) in registers
 /// (four packed pairs, the m16n8k16 A fragment of the thread's warp), B (16 x N) MN-major in
 /// shared memory (N contiguous elements per K row, in the layout's column blocks).
@@ -201,7 +207,7 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
 // the scale-d predicate; scale-a/b are 1; SS takes both operands K-major (no transpose); RS takes
 // B MN-major (transpose-b = 1). The operand numbers after the accumulators are spelled out:
 // SS_TAIL names desc_a, desc_b and the accumulate flag; RS_TAIL the four A words, desc_b and the
-// flag; ACC the flag's number.
+// flag; ACC the flag's number. SS_MN_B is SS with B MN-major (transpose-b = 1).
 #define TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, N, REGS, OPERANDS, SS_ACC, SS_TAIL, RS_ACC, RS_TAIL)                    \
   template <>                                                                                                         \
   TESSERA_DEVICE void wgmma_m64nNk16_ss<TYPE, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b,                  \
@@ -211,6 +217,15 @@ TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                  ", acc, 1, 1, 0, 0;\n}\n"                                                                             \
                  : OPERANDS                                                                                           \
                  : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));                                 \
+  }                                                                                                                   \
+  template <>                                                                                                         \
+  TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_b<TYPE, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b_mn_major,    \
+                                                      bool accumulate) {                                              \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " SS_ACC ", 0;\n"                                            \
+                 " wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " REGS SS_TAIL           \
+                 ", acc, 1, 1, 0, 1;\n}\n"                                                                             \
+                 : OPERANDS                                                                                           \
+                 : "l"(desc_a), "l"(desc_b_mn_major), "r"(static_cast<uint32_t>(accumulate)));                        \
   }                                                                                                                   \
   template <>                                                                                                         \
   TESSERA_DEVICE void wgmma_m64nNk16_rs<TYPE, N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b_mn_major,   \
@@ -259,6 +274,10 @@ TESSERA_WGMMA_N256(__half, "f16")
 // Other targets compile the callers but never run them.
 template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&)[N / 2], uint64_t, uint64_t, bool) {
+  __trap();
+}
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_b(float (&)[N / 2], uint64_t, uint64_t, bool) {
   __trap();
 }
 template <typename T, int N>

@@ -1,8 +1,8 @@
 // GPU tests of the wgmma wrappers (kernels/common/wgmma.cuh) on their own, before any attention
 // kernel relies on them: the swizzled operand layouts (WgmmaTile: 128-byte, and 64-byte for head
 // dim 96's 192-byte rows), the K-major and MN-major descriptors, A from shared memory and from
-// registers, and the accumulator layout of m64nNk16 for N = 64, 96, 128 and 256, each against an
-// fp64 product computed here.
+// registers (B K-major and MN-major), and the accumulator layout of m64nNk16 for N = 64, 96, 128
+// and 256, each against an fp64 product computed here.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -102,6 +102,31 @@ __global__ void wgmma_rs_kernel(const T* p, const T* v, const float* c_init, flo
   store_accumulators<N>(d, c);
 }
 
+/// The same product with p from shared memory (K-major, as a published P tile) instead of registers.
+template <typename T, int N, int K>
+__global__ void wgmma_ss_mn_b_kernel(const T* p, const T* v, const float* c_init, float* c) {
+  __shared__ __align__(1024) T p_tile[kM * K];  // [64][K], WgmmaTile
+  __shared__ __align__(1024) T v_tile[K * N];   // [K][N], WgmmaTile
+  store_swizzled<kM, K>(p_tile, p);
+  store_swizzled<K, N>(v_tile, v);
+  fence_proxy_async_shared();
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float d[N / 2];  // [n8 block][fragment]
+  for (int n = 0; n < N / 8; ++n)
+    for (int i = 0; i < 4; ++i) d[4 * n + i] = c_init[(16 * warp + g + 8 * (i / 2)) * N + 8 * n + 2 * t + (i % 2)];
+  wgmma_fence_operands(d);
+  wgmma_fence();
+  for (int kk = 0; kk < K / 16; ++kk) {
+    wgmma_m64nNk16_ss_mn_b<T, N>(d, wgmma_k_major_desc<TileOf<kM, K>>(smem_addr(p_tile), 0, kk),
+                                 wgmma_mn_major_desc<TileOf<K, N>>(smem_addr(v_tile), kk), true);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(d);
+  store_accumulators<N>(d, c);
+}
+
 bool device_has_wgmma() {
   int device = 0, major = 0, minor = 0;
   cudaGetDevice(&device);
@@ -157,7 +182,7 @@ void run_ss(uint64_t seed) {
   EXPECT_LE(worst, kMaxAbsError) << "seed " << seed;
 }
 
-template <typename T, int N, int K>
+template <typename T, int N, int K, bool kShared = false>
 void run_rs(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const DType dtype = std::is_same<T, __half>::value ? DType::kF16 : DType::kBF16;
@@ -169,8 +194,9 @@ void run_rs(uint64_t seed) {
                dinit(kM * N * sizeof(float));
   dinit.upload(c_init.data(), c_init.size() * sizeof(float));
   dc.poison();
-  wgmma_rs_kernel<T, N, K><<<1, 128>>>(static_cast<const T*>(dp.get()), static_cast<const T*>(dv.get()),
-                                       static_cast<const float*>(dinit.get()), static_cast<float*>(dc.get()));
+  auto kernel = kShared ? wgmma_ss_mn_b_kernel<T, N, K> : wgmma_rs_kernel<T, N, K>;
+  kernel<<<1, 128>>>(static_cast<const T*>(dp.get()), static_cast<const T*>(dv.get()),
+                     static_cast<const float*>(dinit.get()), static_cast<float*>(dc.get()));
   ASSERT_CUDA_OK(cudaGetLastError());
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> c(kM * N);
@@ -203,6 +229,10 @@ template <typename T, int N, int K>
 struct RunRs {
   static void go(uint64_t seed) { run_rs<T, N, K>(seed); }
 };
+template <typename T, int N, int K>
+struct RunSsMnB {
+  static void go(uint64_t seed) { run_rs<T, N, K, true>(seed); }
+};
 
 TEST_P(WgmmaTest, SharedOperandsKMajor) {
   if (!device_has_wgmma()) GTEST_SKIP() << "wgmma needs an sm_90 device";
@@ -212,6 +242,12 @@ TEST_P(WgmmaTest, SharedOperandsKMajor) {
 TEST_P(WgmmaTest, RegisterAMnMajorB) {
   if (!device_has_wgmma()) GTEST_SKIP() << "wgmma needs an sm_90 device";
   dispatch<RunRs>(GetParam(), test_seed());
+}
+
+// The MLA kernel's value warpgroup: P from shared memory, V MN-major.
+TEST_P(WgmmaTest, SharedAMnMajorB) {
+  if (!device_has_wgmma()) GTEST_SKIP() << "wgmma needs an sm_90 device";
+  dispatch<RunSsMnB>(GetParam(), test_seed());
 }
 
 // Q K^T shapes (n = the KV tile, k = head dim) and P V shapes (k = the KV tile, n = head dim):

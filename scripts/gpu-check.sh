@@ -81,7 +81,8 @@ if [ "$SANITIZE" = 1 ]; then
               "gpu_runtime_tests:*_sanitize*:*Errors*" \
               "gpu_runtime_guarantee_tests:*" \
               "gpu_variant_tests:*_sanitize*:*Errors*" \
-              "gpu_block_mask_tests:*_sanitize*:*Errors*"; do
+              "gpu_block_mask_tests:*_sanitize*:*Errors*" \
+              "gpu_mla_tests:*_sanitize*:*BadArguments*"; do
     exe=${spec%%:*}; filter=${spec#*:}
     if ! compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/$exe" --gtest_filter="$filter" \
          >"$OUT/sanitize-$exe.log" 2>&1; then
@@ -98,6 +99,8 @@ if [ "$SANITIZE" = 1 ]; then
      compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_variant_tests" \
        --gtest_filter='*_sanitize*' >>"$OUT/racecheck.log" 2>&1 &&
      compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_block_mask_tests" \
+       --gtest_filter='*_sanitize*' >>"$OUT/racecheck.log" 2>&1 &&
+     compute-sanitizer --tool racecheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_mla_tests" \
        --gtest_filter='*_sanitize*' >>"$OUT/racecheck.log" 2>&1; then
     note "compute-sanitizer racecheck" "ok: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   else

@@ -7,6 +7,7 @@
 #include "tessera/error.h"
 #include "tessera/formats.h"
 #include "tessera/merge.h"
+#include "tessera/mla.h"
 #include "tessera/page.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"

@@ -1,0 +1,68 @@
+// Multi-head latent attention (DeepSeek-V2/V3 MLA) in absorbed form over a paged latent cache.
+//
+// Every query head attends to one latent KV per token: the latent ckv_j (width 512) and the
+// rotary key part kpe_j (width 64). The caller has multiplied the no-rope query by the key
+// up-projection (q_nope, width 512), so the logits are
+//   x_ij = sm_scale * (q_nope_i . ckv_j + q_pe_i . kpe_j)
+// and the output stays in latent space: o_i = sum_j softmax_j(x_ij) ckv_j (width 512); the
+// caller's value up-projection takes it to head space.
+//
+// Positions as in tessera/attention.h: with qo_len query tokens and kv_len cached tokens, query
+// token i sits at position kv_len - qo_len + i (the new tokens are the last of the cache, already
+// appended); causal hides keys after it.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/export.h"
+#include "tessera/stream.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+/// The latent widths the MLA kernels are built for (DeepSeek-V2/V3/R1).
+constexpr int64_t kMlaLatentDim = 512;
+constexpr int64_t kMlaRopeDim = 64;
+
+/// A paged latent cache. Request b owns pages indices[indptr[b]] .. indices[indptr[b+1]-1], in
+/// order; all are full except the last, which holds last_page_len[b] tokens (1..page_size), so the
+/// request's length is (num_pages_b - 1) * page_size + last_page_len[b], or 0 with no pages.
+/// ckv and kpe may be two slices of one [num_pages, page_size, 576] tensor (FlashMLA's layout).
+struct PagedLatentCache {
+  TensorView ckv;            ///< f16/bf16 [num_pages, page_size, 512]; last dim contiguous, rows 16-byte aligned
+  TensorView kpe;            ///< ckv's dtype, [num_pages, page_size, 64]; same requirements
+  TensorView indptr;         ///< i32 [batch_size + 1] in device memory: page ranges per request
+  TensorView indices;        ///< i32 [>= indptr[batch_size]]: page ids in [0, num_pages)
+  TensorView last_page_len;  ///< i32 [batch_size]
+  int64_t batch_size() const { return indptr.ndim == 1 ? indptr.shape[0] - 1 : -1; }
+  int64_t page_size() const { return ckv.ndim == 3 ? ckv.shape[1] : -1; }
+};
+
+struct MlaOptions {
+  /// Logit scale, finite and > 0. There is no default: the usual 1 / sqrt(192) belongs to the
+  /// model's head dims (128 no-rope + 64 rope), which the absorbed inputs do not show.
+  double sm_scale = 0.0;
+  bool causal = false;  ///< hide keys after the query's position (among a request's new tokens)
+};
+
+/// MLA over a paged latent cache, for decode and append-style prefill (any number of new tokens
+/// per request). One launch; one CTA per 64 (token x head) rows of a request, which reads the
+/// request's whole cache (no split over the KV length: a batch of few long requests uses few SMs).
+///
+/// q_nope: f16/bf16 [total_q, num_heads, 512], the absorbed no-rope query; q_pe: [total_q,
+///   num_heads, 64], the rotary part; both the cache's dtype, last dim contiguous, 16-byte aligned
+///   rows, any other strides.
+/// qo_indptr: i32 [batch_size + 1] in device memory (request b's tokens are rows qo_indptr[b] ..
+///   qo_indptr[b+1]-1), or undefined for one token per request (row b; total_q == batch_size).
+/// max_qo_len: an upper bound of the requests' token counts (it sizes the grid); ignored without
+///   qo_indptr. Tokens past it are not computed, so it must hold.
+/// kv: the paged latent cache, batch_size requests.
+/// o: [total_q, num_heads, 512] of q_nope's dtype, the latent-space output; lse: f32 [total_q,
+///   num_heads] contiguous, the BASE-2 log-sum-exp of the scaled logits, or undefined. A row that
+///   sees no key gets o = 0 and lse = -inf.
+/// Runs on sm_90 GPUs (wgmma); elsewhere it throws kUnsupported.
+TESSERA_API void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const TensorView& qo_indptr,
+                                 int64_t max_qo_len, const PagedLatentCache& kv, const TensorView& o,
+                                 const TensorView& lse, const MlaOptions& options, StreamHandle stream = nullptr);
+
+}  // namespace tessera

@@ -1,0 +1,461 @@
+// Multi-head latent attention (DeepSeek MLA) in absorbed form over a paged latent cache, on sm_90a
+// wgmma: decode and append-style prefill (any number of query tokens per request, causal among
+// them). The kernel is a composition of the types below, in the order a tile meets them:
+// MlaWorkTile (which query rows and KV tokens a CTA owns), MlaTileLoader (cp.async copies of Q and
+// of paged KV rows into the swizzled operand tiles), MlaScoreMainloop (Q K^T), MlaOnlineSoftmax
+// (masking, running max and sum, P), the P V products of both warpgroups, and MlaEpilogue.
+// Roles and shared memory: traits.cuh.
+#pragma once
+
+#include "kernels/attention/mla/params.cuh"
+#include "kernels/attention/mla/traits.cuh"
+#include "kernels/common/cp_async.cuh"
+#include "kernels/common/math.cuh"
+#include "kernels/common/mbarrier.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/platform.cuh"
+#include "kernels/common/wgmma.cuh"
+
+namespace tessera {
+namespace kernels {
+
+/// The query rows and KV range of one CTA: row tile blockIdx.x of request blockIdx.y.
+template <typename Traits>
+struct MlaWorkTile {
+  int request;
+  int64_t qo_start;  // the request's first query token
+  int qo_len;
+  int kv_len;
+  int row0;          // the CTA's first packed row (token * num_heads + head) within the request
+  int rows;          // packed rows of the request: qo_len * num_heads
+  int page_begin;    // the request's first entry of kv_indices
+  int num_kv_tiles;  // KV tiles that some row of this CTA sees
+
+  template <typename T>
+  static TESSERA_DEVICE MlaWorkTile make(const MlaParams<T>& p) {
+    MlaWorkTile w;
+    w.request = blockIdx.y;
+    w.qo_start = p.qo_indptr ? p.qo_indptr[w.request] : w.request;
+    w.qo_len = p.qo_indptr ? p.qo_indptr[w.request + 1] - static_cast<int>(w.qo_start) : 1;
+    w.page_begin = p.kv_indptr[w.request];
+    const int pages = p.kv_indptr[w.request + 1] - w.page_begin;
+    w.kv_len = pages == 0 ? 0 : (pages - 1) * p.page_size + p.kv_last_page_len[w.request];
+    w.row0 = blockIdx.x * Traits::CTA_TILE_Q;
+    w.rows = w.qo_len * p.num_heads;
+    // The last row of the tile sees the most keys (causal positions grow with the token).
+    const int last_row = min(w.row0 + Traits::CTA_TILE_Q, w.rows) - 1;
+    const int visible = p.causal ? min(w.kv_len, w.kv_len - w.qo_len + last_row / p.num_heads + 1) : w.kv_len;
+    w.num_kv_tiles = visible > 0 ? (visible + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
+    return w;
+  }
+  TESSERA_DEVICE bool empty() const { return row0 >= rows; }
+  /// Keys [0, limit) are visible to packed row `row` of the request.
+  TESSERA_DEVICE int key_limit(int row, int num_heads, bool causal) const {
+    return causal ? min(kv_len, kv_len - qo_len + row / num_heads + 1) : kv_len;
+  }
+};
+
+/// cp.async copies of Q rows and paged KV rows into the operand tiles, by the loading warpgroup.
+/// Thread `tid` (0-127) copies 16-byte chunk tid % 8 of each 128-byte column block of rows
+/// tid / 8 + 16 i; missing rows are zero-filled so that no NaN of stale memory meets a zero P.
+template <typename Traits>
+struct MlaTileLoader {
+  using T = typename Traits::DType;
+  int tid;
+
+  TESSERA_DEVICE int loader_row(int i) const { return tid / 8 + Traits::kLoaderGroups * i; }
+
+  /// Copies one 576-wide row made of a latent part and a rotary part.
+  TESSERA_DEVICE void copy_row(unsigned char* tile, int row, const T* latent, const T* rope, bool valid) const {
+    const int lane8 = tid % 8;
+#pragma unroll
+    for (int block = 0; block < Traits::kRowChunks / 8; ++block) {
+      const int chunk = block * 8 + lane8;
+      const T* src = block < Traits::kLatentChunks / 8 ? latent + chunk * 8 : rope + lane8 * 8;
+      cp_async_16_zfill(tile + Traits::KVTile::chunk_offset(row, chunk) * 16, src, valid);
+    }
+  }
+
+  TESSERA_DEVICE void load_q(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, unsigned char* q_tile) const {
+#pragma unroll
+    for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
+      const int r = loader_row(i);
+      const int row = w.row0 + r;
+      const bool valid = row < w.rows;
+      const int64_t token = w.qo_start + (valid ? row / p.num_heads : 0);
+      const int head = valid ? row % p.num_heads : 0;
+      copy_row(q_tile, r, p.q_nope + token * p.q_nope_stride_token + head * p.q_nope_stride_head,
+               p.q_pe + token * p.q_pe_stride_token + head * p.q_pe_stride_head, valid);
+    }
+  }
+
+  TESSERA_DEVICE void load_kv(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int kv_tile,
+                              unsigned char* stage) const {
+#pragma unroll
+    for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
+      const int r = loader_row(i);
+      const int key = kv_tile * Traits::CTA_TILE_KV + r;
+      const bool valid = key < w.kv_len;
+      const int page_in_request = valid ? p.page_div.div(key) : 0;
+      const int slot = valid ? p.page_div.mod(key, page_in_request) : 0;
+      const int64_t page = valid ? p.kv_indices[w.page_begin + page_in_request] : 0;
+      copy_row(stage, r, p.ckv + page * p.ckv_stride_page + slot * p.ckv_stride_slot,
+               p.kpe + page * p.kpe_stride_page + slot * p.kpe_stride_slot, valid);
+    }
+  }
+};
+
+/// A thread's place in a warpgroup's m64nN accumulators: rows row_lo and row_lo + 8 of the tile,
+/// columns 8 n + col_in_n8 and + 1 of each n8 block (wgmma.cuh).
+struct MlaFragmentCoords {
+  int row_lo;
+  int col_in_n8;
+  TESSERA_DEVICE static MlaFragmentCoords of_thread(int thread_in_warpgroup) {
+    const int warp = thread_in_warpgroup / kWarpSize, lane = thread_in_warpgroup % kWarpSize;
+    return {warp * 16 + lane / 4, 2 * (lane % 4)};
+  }
+};
+
+/// S = Q K^T for one KV stage: 36 k16 steps of m64n64 from shared memory, by the score warpgroup,
+/// committed as one wgmma group (the caller waits).
+template <typename Traits>
+struct MlaScoreMainloop {
+  using T = typename Traits::DType;
+  static TESSERA_DEVICE void issue(float (&s)[Traits::CTA_TILE_KV / 2], uint32_t q_tile, uint32_t kv_stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int kd = 0; kd < Traits::kQkSteps; ++kd) {
+      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s, wgmma_k_major_desc<typename Traits::QTile>(q_tile, 0, kd),
+                                                wgmma_k_major_desc<typename Traits::KVTile>(kv_stage, 0, kd), kd > 0);
+    }
+    wgmma_commit();
+  }
+};
+
+/// The online softmax of the score warpgroup's two rows per thread, in base-2 units: masks the
+/// keys a row cannot see, updates the running max m and (thread-partial) sum l, turns S into P and
+/// returns the factor by which each row's earlier output must be scaled.
+template <typename Traits>
+struct MlaOnlineSoftmax {
+  static constexpr int kN8 = Traits::CTA_TILE_KV / 8;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  /// s: the tile's logits (unscaled); key0: the tile's first key; limit_lo/hi: the rows' visible
+  /// key counts; mask: whether any key of the tile may be hidden from this thread's rows.
+  TESSERA_DEVICE void step(float (&s)[Traits::CTA_TILE_KV / 2], int key0, int col_in_n8, int limit_lo, int limit_hi,
+                           bool mask, float scale_log2, float (&alpha)[2]) {
+    if (mask) {
+#pragma unroll
+      for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * n + col_in_n8 + (e & 1);
+          if (key >= (e < 2 ? limit_lo : limit_hi)) s[4 * n + e] = -INFINITY;
+        }
+      }
+    }
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+      row_max[0] = fmaxf(row_max[0], fmaxf(s[4 * n], s[4 * n + 1]));
+      row_max[1] = fmaxf(row_max[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r] * scale_log2);
+      // A row that has seen no key yet keeps -inf; 0 then stands in for it, so that exp2 of
+      // (-inf) - (-inf) never makes a NaN.
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[r] = fast_exp2(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        s[4 * n + e] = fast_exp2(fmaf(s[4 * n + e], scale_log2, -m_use[r]));
+        l[r] += s[4 * n + e];
+      }
+    }
+  }
+
+  /// The rows' full sums (the quad's four threads hold parts of each row).
+  TESSERA_DEVICE void reduce_sums() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+  }
+};
+
+/// O[:, cols] += P V[:, cols] for one warpgroup's half of the value columns: P either from the
+/// score warpgroup's registers (the m16n8k16 A layout) or from its published shared-memory tile.
+template <typename Traits>
+struct MlaValueGemm {
+  using T = typename Traits::DType;
+  static constexpr int kOAccs = Traits::kValueCols / 2;
+
+  static TESSERA_DEVICE uint64_t v_desc(uint32_t kv_stage, int first_block, int kk) {
+    return wgmma_mn_major_desc<typename Traits::KVTile>(kv_stage + first_block * Traits::KVTile::kBlockBytes, kk);
+  }
+  /// Issues the P V products with P from registers as one wgmma group; the caller waits (and
+  /// keeps p alive until then: the MMAs read the registers asynchronously).
+  static TESSERA_DEVICE void issue_from_registers(float (&o)[kOAccs], const uint32_t (&p)[Traits::kPvSteps][4],
+                                                  uint32_t kv_stage, int first_block) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
+      wgmma_m64nNk16_rs<T, Traits::kValueCols>(o, p[kk], v_desc(kv_stage, first_block, kk), true);
+    }
+    wgmma_commit();
+  }
+  static TESSERA_DEVICE void from_shared(float (&o)[kOAccs], uint32_t p_tile, uint32_t kv_stage, int first_block) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
+      wgmma_m64nNk16_ss_mn_b<T, Traits::kValueCols>(o, wgmma_k_major_desc<typename Traits::PTile>(p_tile, 0, kk),
+                                                    v_desc(kv_stage, first_block, kk), true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+  }
+  static TESSERA_DEVICE void rescale(float (&o)[kOAccs], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < kOAccs; ++i) o[i] *= alpha[(i / 2) % 2];
+  }
+};
+
+/// Writes a warpgroup's half of the output rows (scaled by 1 / l) and, from the score warpgroup,
+/// the rows' LSE.
+template <typename Traits>
+struct MlaEpilogue {
+  using T = typename Traits::DType;
+  template <int kOAccs>
+  static TESSERA_DEVICE void store(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const float (&o)[kOAccs],
+                                   MlaFragmentCoords c, int col0, const float (&inv_sum)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = w.row0 + c.row_lo + 8 * r;
+      if (row >= w.rows) continue;
+      const int64_t token = w.qo_start + row / p.num_heads;
+      T* out = p.o + token * p.o_stride_token + (row % p.num_heads) * p.o_stride_head + col0 + c.col_in_n8;
+#pragma unroll
+      for (int n = 0; n < kOAccs / 4; ++n) {
+        const uint32_t pair = pack_pair<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
+        *reinterpret_cast<uint32_t*>(out + 8 * n) = pair;
+      }
+    }
+  }
+};
+
+/// The hand-offs between the two warpgroups, as mbarriers in shared memory (traits.cuh's
+/// kBarrierOffset). Each completes a phase when the 128 threads of the signalling warpgroup have
+/// arrived, and the waiter names the phase's parity, so neither side meets the other at a CTA-wide
+/// barrier and the generic stores that cross a hand-off (the rescale factors, 1 / l) are ordered by
+/// the arrive's release and the wait's acquire. Phases: tile t's KV stage and stage release are
+/// phase t / 2 of their stage's barrier (tile t uses stage t % 2), P's are phase t.
+template <typename Traits>
+struct MlaHandoffs {
+  uint64_t* kv_full;     // [kStages] a stage's copies (and, for tile 0, Q's) have landed: value -> score
+  uint64_t* stage_free;  // [kStages] the score warpgroup is done with a stage: score -> value
+  uint64_t* p_full;      // P and the rescale factors of a tile are published: score -> value
+  uint64_t* p_empty;     // the value warpgroup has finished reading P: value -> score
+  uint64_t* sums;        // the rows' 1 / l are published: score -> value
+
+  static TESSERA_DEVICE MlaHandoffs at(unsigned char* smem) {
+    uint64_t* b = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
+    return {b, b + Traits::kStages, b + 2 * Traits::kStages, b + 2 * Traits::kStages + 1, b + 2 * Traits::kStages + 2};
+  }
+  /// Thread 0; a CTA barrier must follow.
+  TESSERA_DEVICE void init() const {
+    for (int st = 0; st < Traits::kStages; ++st) {
+      mbarrier_init(kv_full + st, Traits::kWarpgroupThreads);
+      mbarrier_init(stage_free + st, Traits::kWarpgroupThreads);
+    }
+    mbarrier_init(p_full, Traits::kWarpgroupThreads);
+    mbarrier_init(p_empty, Traits::kWarpgroupThreads);
+    mbarrier_init(sums, Traits::kWarpgroupThreads);
+  }
+  static TESSERA_DEVICE uint32_t stage_parity(int tile) { return static_cast<uint32_t>(tile / Traits::kStages) & 1u; }
+  /// This thread's copies of `tile` (issued before) count as arrived once they land.
+  TESSERA_DEVICE void kv_copied(int tile) const { cp_async_mbarrier_arrive(kv_full + tile % Traits::kStages); }
+  TESSERA_DEVICE void wait_kv(int tile) const { mbarrier_wait(kv_full + tile % Traits::kStages, stage_parity(tile)); }
+  TESSERA_DEVICE void release_stage(int tile) const { mbarrier_arrive(stage_free + tile % Traits::kStages); }
+  TESSERA_DEVICE void wait_stage_free(int tile) const {
+    mbarrier_wait(stage_free + tile % Traits::kStages, stage_parity(tile));
+  }
+  TESSERA_DEVICE void publish_p() const { mbarrier_arrive(p_full); }
+  TESSERA_DEVICE void wait_p(int tile) const { mbarrier_wait(p_full, static_cast<uint32_t>(tile) & 1u); }
+  TESSERA_DEVICE void release_p() const { mbarrier_arrive(p_empty); }
+  TESSERA_DEVICE void wait_p_released(int tile) const { mbarrier_wait(p_empty, static_cast<uint32_t>(tile) & 1u); }
+  TESSERA_DEVICE void publish_sums() const { mbarrier_arrive(sums); }
+  TESSERA_DEVICE void wait_sums() const { mbarrier_wait(sums, 0u); }
+};
+
+/// One CTA: CTA_TILE_Q query rows of one request against all the KV tokens they see.
+///
+/// Hand-offs per KV tile t (MlaHandoffs):
+///   value WG: wait P(t) -> rescale, P V right -> release P(t) -> wait the stage of t released,
+///             copy t + 2 into it (if t + 2 < n); Q and tiles 0 and 1 are copied before the loop
+///   score WG: softmax of S(t) -> wait P(t - 1) released (if t > 0) -> publish P(t) -> rescale,
+///             issue P V left -> wait KV(t + 1), issue Q K^T of t + 1 -> wait for P V left ->
+///             release the stage of t (if t + 2 < n) -> wait for Q K^T
+/// No wait depends on an arrival that its own warpgroup makes later, and no phase is arrived at
+/// twice before its waiter has passed it (P(t + 1) needs P(t) released, which follows the wait for
+/// P(t); a stage's next copies need its release, which follows the wait for its data).
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const MlaParams<typename Traits::DType> p) {
+#if TESSERA_WGMMA_AVAILABLE
+  using T = typename Traits::DType;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const MlaWorkTile<Traits> w = MlaWorkTile<Traits>::make(p);
+  if (w.empty()) return;
+  const MlaRole role = static_cast<MlaRole>(threadIdx.x / Traits::kWarpgroupThreads);
+  const int thread_in_wg = threadIdx.x % Traits::kWarpgroupThreads;
+  const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
+  const uint32_t q_tile = smem_addr(smem + Traits::kQOffset);
+  const uint32_t p_tile = smem_addr(smem + Traits::kPOffset);
+  float* row_scales = reinterpret_cast<float*>(smem + Traits::kRowScaleOffset);    // [2][CTA_TILE_Q]
+  float* row_inv_sum = reinterpret_cast<float*>(smem + Traits::kRowInvSumOffset);  // [CTA_TILE_Q]
+  auto stage_ptr = [&](int t) { return smem + Traits::kKVOffset + (t % Traits::kStages) * Traits::kKVStageBytes; };
+  const MlaHandoffs<Traits> handoffs = MlaHandoffs<Traits>::at(smem);
+  if (threadIdx.x == 0) handoffs.init();
+  __syncthreads();
+  const int n = w.num_kv_tiles;
+
+  float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] of this warpgroup, m64n256 layout
+#pragma unroll
+  for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
+  float inv_sum[2];
+
+  if (role == MlaRole::kLoadAndValue) {
+    const MlaTileLoader<Traits> loader{thread_in_wg};
+    if (n > 0) {
+      loader.load_q(p, w, smem + Traits::kQOffset);
+      loader.load_kv(p, w, 0, stage_ptr(0));
+      handoffs.kv_copied(0);
+      if (n > 1) {
+        loader.load_kv(p, w, 1, stage_ptr(1));
+        handoffs.kv_copied(1);
+      }
+    }
+    for (int t = 0; t < n; ++t) {
+      handoffs.wait_kv(t);
+      handoffs.wait_p(t);
+      fence_proxy_async_shared();  // the copies and P, before wgmma's async-proxy reads
+      const float* row_scale = row_scales + (t % 2) * Traits::CTA_TILE_Q;
+      const float alpha[2] = {row_scale[coords.row_lo], row_scale[coords.row_lo + 8]};
+      MlaValueGemm<Traits>::rescale(o, alpha);
+      MlaValueGemm<Traits>::from_shared(o, p_tile, smem_addr(stage_ptr(t)), Traits::kValueBlocks);
+      handoffs.release_p();
+      if (t + 2 < n) {
+        handoffs.wait_stage_free(t);
+        loader.load_kv(p, w, t + 2, stage_ptr(t));
+        handoffs.kv_copied(t + 2);
+      }
+    }
+    handoffs.wait_sums();
+    inv_sum[0] = row_inv_sum[coords.row_lo];
+    inv_sum[1] = row_inv_sum[coords.row_lo + 8];
+    MlaEpilogue<Traits>::store(p, w, o, coords, Traits::kValueCols, inv_sum);
+  } else {
+    MlaOnlineSoftmax<Traits> softmax;
+    const int limit_lo = w.key_limit(w.row0 + coords.row_lo, p.num_heads, p.causal);
+    const int limit_hi = w.key_limit(w.row0 + coords.row_lo + 8, p.num_heads, p.causal);
+    // O and P stay bound to their registers until the P V that reads them has completed.
+    auto keep_until_here = [](float(&acc)[Traits::kValueCols / 2], uint32_t(&frag)[Traits::kPvSteps][4]) {
+      wgmma_fence_operands(acc);
+#pragma unroll
+      for (int kk = 0; kk < Traits::kPvSteps; ++kk) wgmma_fence_operands(frag[kk]);
+    };
+    // Software pipeline: the P V of tile t (left half) and Q K^T of tile t + 1 are issued back to
+    // back, so the tensor cores go on from one to the other while this warpgroup waits.
+    float s[Traits::CTA_TILE_KV / 2];  // [CTA_TILE_Q, CTA_TILE_KV] logits, m64n64 layout
+    if (n > 0) {
+      handoffs.wait_kv(0);
+      fence_proxy_async_shared();
+      MlaScoreMainloop<Traits>::issue(s, q_tile, smem_addr(stage_ptr(0)));
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+    }
+    for (int t = 0; t < n; ++t) {
+      const int key0 = t * Traits::CTA_TILE_KV;
+      float alpha[2];
+      softmax.step(s, key0, coords.col_in_n8, limit_lo, limit_hi, key0 + Traits::CTA_TILE_KV > limit_lo,
+                   p.sm_scale_log2, alpha);
+      uint32_t p_frag[Traits::kPvSteps][4];  // P as m16n8k16 A fragments, one set per k16 step
+#pragma unroll
+      for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
+        p_frag[kk][0] = pack_pair<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        p_frag[kk][1] = pack_pair<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        p_frag[kk][2] = pack_pair<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        p_frag[kk][3] = pack_pair<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      if (t > 0) handoffs.wait_p_released(t - 1);
+      // Publish P ([CTA_TILE_Q, CTA_TILE_KV], PTile layout) and the rows' rescale factors.
+#pragma unroll
+      for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int chunk = 2 * kk + half;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = coords.row_lo + 8 * r;
+            const uint32_t addr = p_tile + Traits::PTile::chunk_offset(row, chunk) * 16 + coords.col_in_n8 * 2;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(p_frag[kk][2 * half + r]) : "memory");
+          }
+        }
+      }
+      if (coords.col_in_n8 == 0) {
+        float* row_scale = row_scales + (t % 2) * Traits::CTA_TILE_Q;
+        row_scale[coords.row_lo] = alpha[0];
+        row_scale[coords.row_lo + 8] = alpha[1];
+      }
+      fence_proxy_async_shared();
+      handoffs.publish_p();
+      MlaValueGemm<Traits>::rescale(o, alpha);
+      MlaValueGemm<Traits>::issue_from_registers(o, p_frag, smem_addr(stage_ptr(t)), 0);
+      if (t + 1 < n) {
+        handoffs.wait_kv(t + 1);
+        fence_proxy_async_shared();
+        MlaScoreMainloop<Traits>::issue(s, q_tile, smem_addr(stage_ptr(t + 1)));
+        wgmma_wait<1>();  // the P V of tile t (committed first); Q K^T of t + 1 may still run
+        keep_until_here(o, p_frag);
+        if (t + 2 < n) handoffs.release_stage(t);
+        wgmma_wait<0>();
+        wgmma_fence_operands(s);
+      } else {
+        wgmma_wait<0>();
+        keep_until_here(o, p_frag);
+      }
+    }
+    softmax.reduce_sums();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      inv_sum[r] = softmax.l[r] > 0.f ? 1.f / softmax.l[r] : 0.f;
+      const int row = coords.row_lo + 8 * r;
+      if (coords.col_in_n8 == 0) {
+        row_inv_sum[row] = inv_sum[r];
+        if (p.lse != nullptr && w.row0 + row < w.rows) {
+          const int64_t token = w.qo_start + (w.row0 + row) / p.num_heads;
+          p.lse[token * p.num_heads + (w.row0 + row) % p.num_heads] =
+              softmax.l[r] > 0.f ? softmax.m[r] + __log2f(softmax.l[r]) : -INFINITY;
+        }
+      }
+    }
+    handoffs.publish_sums();
+    MlaEpilogue<Traits>::store(p, w, o, coords, 0, inv_sum);
+  }
+#endif
+}
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,86 @@
+// The MLA tile's configuration (sm_90a, wgmma): tile sizes, warp roles, stages and the
+// shared-memory layout, tied together by static_asserts.
+//
+// Work split. A CTA holds CTA_TILE_Q query rows (head x token pairs of one request) and walks the
+// request's latent KV in tiles of CTA_TILE_KV tokens. Each KV token's 576-wide row serves as the
+// key (ckv and kpe) and its first 512 columns as the value, so one shared-memory tile feeds both
+// GEMMs. The output, 64 rows x 512 fp32, is too wide for one warpgroup's registers (256 a
+// thread), so two warpgroups each own half of its columns:
+// - the score warpgroup computes S = Q K^T (the whole 576-wide reduction), runs the online
+//   softmax, publishes P and the rows' rescale factors in shared memory, and multiplies P by the
+//   left half of V from registers;
+// - the value warpgroup copies Q and the KV tiles (cp.async, any page size) and multiplies the
+//   published P by the right half of V.
+// Q K^T is about half of the FLOPs, so the score warpgroup is the longer path; the value
+// warpgroup's P V runs under its next Q K^T on the shared tensor cores.
+#pragma once
+
+#include "kernels/common/platform.cuh"
+#include "kernels/common/smem_layout.cuh"
+
+namespace tessera {
+namespace kernels {
+
+/// What a warpgroup of the MLA kernel does (see the file comment).
+enum class MlaRole : int { kScore = 0, kLoadAndValue = 1 };
+
+template <typename T>
+struct MlaTraits {
+  using DType = T;
+  static constexpr int kLatentDim = 512;  // d_c: the value width and the first part of the key
+  static constexpr int kRopeDim = 64;     // d_r: the rotary part of the key
+  static constexpr int kQkDim = kLatentDim + kRopeDim;
+  // 64 query rows: one wgmma M. 64 KV tokens a stage: two stages of 576-wide rows and Q fill the
+  // shared memory (below); S is then one m64n64 tile per k16 step.
+  static constexpr int CTA_TILE_Q = 64;
+  static constexpr int CTA_TILE_KV = 64;
+  static constexpr int kStages = 2;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kValueCols = kLatentDim / kWarpgroups;  // O columns per warpgroup
+  static_assert(kValueCols == 256, "each warpgroup's P V is one m64n256 wgmma per k16 step");
+
+  static constexpr int kRowChunks = kQkDim * static_cast<int>(sizeof(T)) / 16;  // 72 16-byte chunks
+  static constexpr int kLatentChunks = kLatentDim * static_cast<int>(sizeof(T)) / 16;
+  static constexpr int kRopeChunks = kRopeDim * static_cast<int>(sizeof(T)) / 16;
+  static_assert(sizeof(T) == 2, "16-bit Q and KV");
+  using QTile = WgmmaTile<CTA_TILE_Q, kRowChunks>;    // [CTA_TILE_Q, kQkDim]
+  using KVTile = WgmmaTile<CTA_TILE_KV, kRowChunks>;  // [CTA_TILE_KV, kQkDim]
+  using PTile = WgmmaTile<CTA_TILE_Q, CTA_TILE_KV * static_cast<int>(sizeof(T)) / 16>;  // [CTA_TILE_Q, CTA_TILE_KV]
+  static_assert(QTile::kAtomChunks == 8 && PTile::kAtomChunks == 8, "128-byte swizzle: 64-column blocks");
+  static constexpr int kQkSteps = kQkDim / 16;      // k16 steps of Q K^T
+  static constexpr int kPvSteps = CTA_TILE_KV / 16;  // k16 steps of P V
+  static constexpr int kValueBlocks = kValueCols / 64;  // column blocks of one warpgroup's V half
+
+  // Loaders: 8 consecutive threads copy one 128-byte column block of a row, so a warp's copy
+  // instruction reads four rows' 128 contiguous bytes each. The loading warpgroup's 16 groups of 8
+  // take rows g, g + 16, ... .
+  static constexpr int kLoaderGroups = kWarpgroupThreads / 8;
+  static constexpr int kRowsPerLoader = CTA_TILE_KV / kLoaderGroups;
+  static_assert(CTA_TILE_Q == CTA_TILE_KV, "Q and KV tiles share the loader's row split");
+  static_assert(kRowChunks % 8 == 0 && kLatentChunks % 8 == 0 && kRopeChunks == 8,
+                "rows of whole 128-byte blocks; the rotary part is the last block");
+
+  // Shared memory: Q, the KV stages, P, the rows' rescale factors and final 1 / l, the hand-offs'
+  // mbarriers.
+  static constexpr int kQBytes = CTA_TILE_Q * kRowChunks * 16;
+  static constexpr int kKVStageBytes = CTA_TILE_KV * kRowChunks * 16;
+  static constexpr int kPBytes = CTA_TILE_Q * CTA_TILE_KV * static_cast<int>(sizeof(T));
+  static constexpr int kQOffset = 0;
+  static constexpr int kKVOffset = kQOffset + kQBytes;
+  static constexpr int kPOffset = kKVOffset + kStages * kKVStageBytes;
+  // The rows' rescale factors of tile t go to buffer t % 2, so that a write never meets the read
+  // of the tile before it whatever the hand-offs' timing.
+  static constexpr int kRowScaleOffset = kPOffset + kPBytes;                     // f32 [2][CTA_TILE_Q]
+  static constexpr int kRowInvSumOffset = kRowScaleOffset + 2 * CTA_TILE_Q * 4;  // f32 [CTA_TILE_Q]
+  static constexpr int kBarrierOffset = kRowInvSumOffset + CTA_TILE_Q * 4;  // the mbarriers of MlaHandoffs
+  static constexpr int kBarriers = 2 * kStages + 3;
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+  static_assert(kKVOffset % 1024 == 0 && kKVStageBytes % 1024 == 0 && kPOffset % 1024 == 0,
+                "the 128-byte swizzle repeats every 1024 bytes: operand tiles start on its period");
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM: sm_90's 227 KB of opt-in shared memory");
+};
+
+}  // namespace kernels
+}  // namespace tessera

@@ -1,0 +1,302 @@
+// GPU tests of batch_mla_paged (tessera/mla.h) against the fp64 MLA oracle (tests/reference/mla.h):
+// head counts 16-128, query lengths 1-8 per request (causal and not), page sizes 1/16/64 with a
+// random page permutation, lengths 0 to 64k, f16 and bf16, strided and combined (FlashMLA-style
+// [pages, page_size, 576]) layouts; and the named errors of bad arguments.
+//
+// Inputs are fresh random values from test_seed(), rounded to the dtype before the reference sees
+// them; o and lse are poisoned (NaN) before each call; unused cache slots hold NaN, so a kernel that
+// reads past a request's length fails.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpu/attention/attention_test_utils.h"
+#include "gpu/gpu_test_utils.h"
+#include "reference/mla.h"
+#include "reference/oracle.h"
+#include "tessera/mla.h"
+#include "tessera/validate.h"
+
+namespace {
+
+using tessera::DType;
+using tessera::TensorView;
+using namespace tessera_test;
+using namespace tessera_test::attn;
+
+constexpr int64_t kDc = tessera::kMlaLatentDim;
+constexpr int64_t kDr = tessera::kMlaRopeDim;
+
+bool device_has_wgmma() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
+/// How the latent cache and the queries are laid out in device memory.
+enum class Storage {
+  kSeparate,  ///< ckv, kpe, q_nope, q_pe each its own contiguous tensor
+  kCombined,  ///< ckv/kpe slices of one [pages, page_size, 576]; q_nope/q_pe of one [total_q, H, 576]; o padded
+};
+
+struct MlaCase {
+  DType dtype;
+  int64_t heads;
+  int64_t qo_len;  // tokens per request (every request); 1 without qo_indptr
+  int64_t page_size;
+  bool causal;
+  std::vector<int64_t> kv_lens;
+  Storage storage = Storage::kSeparate;
+  bool with_indptr = true;
+};
+
+/// Device copy of one case's inputs, and the oracle's result.
+struct MlaRun {
+  DeviceTensor q_nope, q_pe, q_combined, ckv, kpe, kv_combined, o;
+  DeviceBuffer qo_indptr, kv_indptr, kv_indices, kv_last;
+  DeviceBuffer lse;
+  tessera::PagedLatentCache cache;
+  TensorView q_nope_view, q_pe_view, qo_indptr_view, lse_view;
+  tessera_ref::State ref;
+  int64_t total_q = 0;
+};
+
+std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+  return s;
+}
+
+/// Interleaves [rows, a] and [rows, b] into [rows, a + b].
+std::vector<double> concat_rows(const std::vector<double>& x, int64_t a, const std::vector<double>& y, int64_t b) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / a;
+  std::vector<double> out(static_cast<size_t>(rows * (a + b)));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(x.begin() + r * a, x.begin() + (r + 1) * a, out.begin() + r * (a + b));
+    std::copy(y.begin() + r * b, y.begin() + (r + 1) * b, out.begin() + r * (a + b) + a);
+  }
+  return out;
+}
+
+MlaRun prepare(const MlaCase& c, std::mt19937_64& rng, double sm_scale) {
+  MlaRun run;
+  const int64_t B = static_cast<int64_t>(c.kv_lens.size());
+  const int64_t H = c.heads;
+  std::vector<int32_t> qo_indptr = {0};
+  std::vector<std::vector<double>> ckv(B), kpe(B);
+  for (int64_t b = 0; b < B; ++b) {
+    ckv[b] = round_to(c.dtype, random_normal(c.kv_lens[b] * kDc, rng));
+    kpe[b] = round_to(c.dtype, random_normal(c.kv_lens[b] * kDr, rng));
+    qo_indptr.push_back(qo_indptr.back() + static_cast<int32_t>(c.qo_len));
+  }
+  run.total_q = qo_indptr.back();
+  const std::vector<double> q_nope = round_to(c.dtype, random_normal(run.total_q * H * kDc, rng));
+  const std::vector<double> q_pe = round_to(c.dtype, random_normal(run.total_q * H * kDr, rng));
+  const tessera_ref::MlaShape shape{H, kDc, kDr};
+  const tessera_ref::MlaPagedCache cache =
+      tessera_ref::build_mla_paged(ckv, kpe, c.kv_lens, shape, c.page_size, test_seed() | 1);
+  run.ref = tessera_ref::mla_attention_paged(q_nope, q_pe, qo_indptr, cache, shape, sm_scale, c.causal);
+
+  const int64_t pages = cache.ckv.num_pages;
+  if (c.storage == Storage::kSeparate) {
+    run.ckv = upload_tensor(c.dtype, cache.ckv.k_pages, {pages, c.page_size, kDc});
+    run.kpe = upload_tensor(c.dtype, cache.kpe.k_pages, {pages, c.page_size, kDr});
+    run.cache.ckv = run.ckv.view;
+    run.cache.kpe = run.kpe.view;
+    run.q_nope = upload_tensor(c.dtype, q_nope, {run.total_q, H, kDc});
+    run.q_pe = upload_tensor(c.dtype, q_pe, {run.total_q, H, kDr});
+    run.q_nope_view = run.q_nope.view;
+    run.q_pe_view = run.q_pe.view;
+    run.o = make_output(c.dtype, {run.total_q, H, kDc});
+  } else {
+    // One [pages, page_size, 576] cache with a padded page stride; ckv and kpe are its slices.
+    const std::vector<int64_t> kv_shape = {pages, c.page_size, kDc + kDr};
+    std::vector<int64_t> kv_strides = row_major(kv_shape);
+    kv_strides[0] += 64;
+    run.kv_combined = upload_tensor(c.dtype, concat_rows(cache.ckv.k_pages, kDc, cache.kpe.k_pages, kDr), kv_shape,
+                                    kv_strides);
+    const size_t elem = tessera::dtype_size(c.dtype);
+    char* base = static_cast<char*>(run.kv_combined.view.data);
+    run.cache.ckv = make_view(base, c.dtype, {pages, c.page_size, kDc}, kv_strides);
+    run.cache.kpe = make_view(base + kDc * elem, c.dtype, {pages, c.page_size, kDr}, kv_strides);
+    const std::vector<int64_t> q_shape = {run.total_q, H, kDc + kDr};
+    std::vector<int64_t> q_strides = row_major(q_shape);
+    q_strides[0] += 8 * 3;
+    run.q_combined = upload_tensor(c.dtype, concat_rows(q_nope, kDc, q_pe, kDr), q_shape, q_strides);
+    char* q_base = static_cast<char*>(run.q_combined.view.data);
+    run.q_nope_view = make_view(q_base, c.dtype, {run.total_q, H, kDc}, q_strides);
+    run.q_pe_view = make_view(q_base + kDc * elem, c.dtype, {run.total_q, H, kDr}, q_strides);
+    run.o = make_output(c.dtype, {run.total_q, H, kDc}, padded_strides({run.total_q, H, kDc}, 8, 16));
+  }
+  run.kv_indptr = upload_i32(cache.ckv.indptr);
+  run.kv_indices = upload_i32(cache.ckv.indices.empty() ? std::vector<int32_t>{0} : cache.ckv.indices);
+  run.kv_last = upload_i32(cache.ckv.last_page_len);
+  run.cache.indptr = i32_view(run.kv_indptr, B + 1);
+  run.cache.indices = i32_view(run.kv_indices, static_cast<int64_t>(cache.ckv.indices.size()));
+  run.cache.last_page_len = i32_view(run.kv_last, B);
+  if (c.with_indptr) {
+    run.qo_indptr = upload_i32(qo_indptr);
+    run.qo_indptr_view = i32_view(run.qo_indptr, B + 1);
+  }
+  run.lse = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(run.total_q * H, 1)) * sizeof(float));
+  run.lse.poison();
+  run.lse_view = make_view(run.lse.get(), DType::kF32, {run.total_q, H}, {H, 1});
+  return run;
+}
+
+std::string describe(const MlaCase& c) {
+  std::string lens;
+  for (int64_t l : c.kv_lens) lens += (lens.empty() ? "" : ",") + std::to_string(l);
+  return std::string(tessera::dtype_name(c.dtype)) + " H" + std::to_string(c.heads) + " q" + std::to_string(c.qo_len) +
+         " page" + std::to_string(c.page_size) + (c.causal ? " causal" : "") + " kv[" + lens + "]" +
+         (c.storage == Storage::kCombined ? " combined" : "");
+}
+
+void run_case(const MlaCase& c) {
+  if (!device_has_wgmma()) GTEST_SKIP() << "batch_mla_paged needs an sm_90 GPU (tested in BadArgumentsAreNamed)";
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + describe(c));
+  std::mt19937_64 rng(seed);
+  const double sm_scale = 1.0 / std::sqrt(192.0);
+  MlaRun run = prepare(c, rng, sm_scale);
+  tessera::MlaOptions options;
+  options.sm_scale = sm_scale;
+  options.causal = c.causal;
+  tessera::batch_mla_paged(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, c.qo_len, run.cache, run.o.view,
+                           run.lse_view, options);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<double> o = read_tensor(run.o);
+  const std::vector<double> lse = download_as(DType::kF32, run.lse.get(), static_cast<size_t>(run.total_q * c.heads));
+  expect_matches_oracle(c.dtype, o, &lse, run.ref, describe(c));
+  EXPECT_EQ(padding_changes(run.o), 0u) << "writes outside o's view";
+}
+
+// The grid of the issue: heads x query lengths x page sizes x dtypes, each a batch with an empty
+// request, a one-token request, requests that end inside a tile and ones that span several.
+using GridParam = std::tuple<DType, int64_t /*heads*/, int64_t /*qo_len*/, int64_t /*page_size*/>;
+class MlaGridTest : public ::testing::TestWithParam<GridParam> {};
+
+TEST_P(MlaGridTest, MatchesOracle) {
+  const auto [dtype, heads, qo_len, page_size] = GetParam();
+  for (bool causal : {true, false}) {
+    MlaCase c{dtype, heads, qo_len, page_size, causal, {0, qo_len, 77, 200 + 3 * qo_len}};
+    run_case(c);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Mla, MlaGridTest,
+                         ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16),
+                                            ::testing::Values<int64_t>(16, 32, 64, 128),
+                                            ::testing::Values<int64_t>(1, 2, 4, 8),
+                                            ::testing::Values<int64_t>(1, 16, 64)),
+                         [](const ::testing::TestParamInfo<GridParam>& info) {
+                           return std::string(tessera::dtype_name(std::get<0>(info.param))) + "_h" +
+                                  std::to_string(std::get<1>(info.param)) + "_q" +
+                                  std::to_string(std::get<2>(info.param)) + "_p" +
+                                  std::to_string(std::get<3>(info.param));
+                         });
+
+TEST(MlaTest, DecodeWithoutQoIndptr_sanitize) {
+  MlaCase c{DType::kBF16, 16, 1, 16, false, {5, 0, 64, 129, 1000}};
+  c.with_indptr = false;
+  run_case(c);
+}
+
+TEST(MlaTest, CombinedCacheAndStridedQueries_sanitize) {
+  run_case(MlaCase{DType::kF16, 32, 2, 64, true, {300, 1, 64}, Storage::kCombined});
+  run_case(MlaCase{DType::kBF16, 128, 1, 1, false, {70, 0}, Storage::kCombined});
+}
+
+TEST(MlaTest, LongContexts) {
+  run_case(MlaCase{DType::kBF16, 16, 1, 64, false, {65536, 4099}});
+  run_case(MlaCase{DType::kF16, 64, 2, 16, true, {16384}});
+}
+
+TEST(MlaTest, MoreQueryTokensThanKeys) {
+  // Causal: the first qo_len - kv_len tokens sit before position 0 and see nothing (o = 0, lse = -inf).
+  run_case(MlaCase{DType::kBF16, 16, 8, 16, true, {3, 0, 8}});
+}
+
+TEST(MlaTest, BadArgumentsAreNamed) {
+  std::mt19937_64 rng(test_seed());
+  MlaCase c{DType::kBF16, 16, 2, 16, true, {40, 9}};
+  MlaRun run = prepare(c, rng, 0.1);
+  tessera::MlaOptions options;
+  options.sm_scale = 0.1;
+  auto call = [&](const TensorView& q_nope, const TensorView& q_pe, const TensorView& qo_indptr, int64_t max_qo_len,
+                  const tessera::PagedLatentCache& cache, const TensorView& o, const TensorView& lse,
+                  const tessera::MlaOptions& opts) {
+    tessera::batch_mla_paged(q_nope, q_pe, qo_indptr, max_qo_len, cache, o, lse, opts);
+  };
+  const auto inv = tessera::StatusCode::kInvalidArgument;
+  // Wrong latent widths.
+  TensorView narrow = run.q_nope_view;
+  narrow.shape[2] = 256;
+  expect_error_any([&] { call(narrow, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, options); },
+                   {"q_nope.shape[2] = 256"}, inv);
+  tessera::PagedLatentCache bad_cache = run.cache;
+  bad_cache.kpe.shape[2] = 32;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, bad_cache, run.o.view, {}, options); },
+                   {"kv.kpe.shape[2] = 32"}, inv);
+  // Head counts that disagree.
+  TensorView few_heads = run.q_pe_view;
+  few_heads.shape[1] = 8;
+  expect_error_any([&] { call(run.q_nope_view, few_heads, run.qo_indptr_view, 2, run.cache, run.o.view, {}, options); },
+                   {"q_pe.shape[1] = 8"}, inv);
+  TensorView o_heads = run.o.view;
+  o_heads.shape[1] = 32;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, o_heads, {}, options); },
+                   {"o.shape[1] = 32"}, inv);
+  // dtype mismatch, scale, indptr length, too short max_qo_len.
+  TensorView f16_q = run.q_nope_view;
+  f16_q.dtype = DType::kF16;
+  expect_error_any([&] { call(f16_q, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, options); },
+                   {"q_nope.dtype"});
+  tessera::MlaOptions no_scale;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, no_scale); },
+                   {"options.sm_scale = 0"}, inv);
+  TensorView short_indptr = run.qo_indptr_view;
+  short_indptr.shape[0] = 2;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, short_indptr, 2, run.cache, run.o.view, {}, options); },
+                   {"qo_indptr"}, inv);
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, TensorView{}, 2, run.cache, run.o.view, {}, options); },
+                   {"q_nope.shape[0] = 4"}, inv);
+  TensorView lse_bad = run.lse_view;
+  lse_bad.shape[1] = 3;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, lse_bad, options); },
+                   {"lse.shape[1] = 3"}, inv);
+  // The page table, read in checked mode: a page id out of range and a bad last_page_len.
+  tessera::set_checked_mode(true);
+  std::vector<int32_t> bad_ids = {0, 1, 2, 999};
+  DeviceBuffer ids = upload_i32(bad_ids);
+  tessera::PagedLatentCache bad_pages = run.cache;
+  bad_pages.indices = i32_view(ids, 4);
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, bad_pages, run.o.view, {}, options); },
+                   {"kv.indices[3] = 999"}, inv);
+  DeviceBuffer last = upload_i32({8, 17});
+  tessera::PagedLatentCache bad_last = run.cache;
+  bad_last.last_page_len = i32_view(last, 2);
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, bad_last, run.o.view, {}, options); },
+                   {"kv.last_page_len[1] = 17"}, inv);
+  DeviceBuffer qo_long = upload_i32({0, 1, 4});
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, i32_view(qo_long, 3), 2, run.cache, run.o.view, {}, options); },
+                   {"max_qo_len = 2"}, inv);
+  tessera::set_checked_mode(false);
+  if (!device_has_wgmma()) {
+    expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, options); },
+                     {"sm_90"}, tessera::StatusCode::kUnsupported);
+  }
+}
+
+}  // namespace

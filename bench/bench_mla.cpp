@@ -1,0 +1,97 @@
+// W9: multi-head latent attention (DeepSeek MLA, absorbed form) over a paged latent cache
+// (tessera/mla.h): bf16, page 64, the pages a random permutation of the pool.
+//   (a) memory-bound decode: B=128, L in {4096, 8192, 32768}, 16 heads, one token per request;
+//       GB/s = latent bytes read (B x L x 576 x 2), against the copy ceiling (target >= 0.93).
+//   (b) compute-bound decode: B=128, L in {4096, 8192}, 128 heads, 2 tokens per request (causal);
+//       TFLOP/s = 2 x B x q_len x heads x L x (576 + 512) / time, against the GEMM ceiling
+//       (target >= 620 TFLOP/s).
+// Anchor (published): FlashMLA on H800 SXM5, up to 3000 GB/s and 660 TFLOP/s.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "tessera/mla.h"
+
+namespace tessera_bench {
+namespace {
+
+using tessera::DType;
+
+constexpr int64_t kW9Batch = 128;
+constexpr int64_t kW9PageSize = 64;
+constexpr uint64_t kW9PermutationSeed = 0x3a9;
+constexpr double kFlashMlaGbps = 3000;
+constexpr double kFlashMlaTflops = 660;
+
+void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len) {
+  const int64_t pages_per_request = (len + kW9PageSize - 1) / kW9PageSize;
+  const int64_t num_pages = kW9Batch * pages_per_request;
+  std::vector<int32_t> indptr(kW9Batch + 1), last(kW9Batch), qo_indptr(kW9Batch + 1);
+  for (int64_t b = 0; b <= kW9Batch; ++b) {
+    indptr[b] = static_cast<int32_t>(b * pages_per_request);
+    qo_indptr[b] = static_cast<int32_t>(b * qo_len);
+    if (b < kW9Batch) last[b] = static_cast<int32_t>(len - (pages_per_request - 1) * kW9PageSize);
+  }
+  // One [pages, page_size, 576] cache, ckv and kpe its slices (FlashMLA's layout).
+  DeviceTensor cache = ctx.random_tensor(DType::kBF16, {num_pages, kW9PageSize, 576});
+  DeviceTensor q = ctx.random_tensor(DType::kBF16, {kW9Batch * qo_len, heads, 576});
+  DeviceTensor o = ctx.empty_tensor(DType::kBF16, {kW9Batch * qo_len, heads, 512});
+  DeviceTensor indptr_t = ctx.upload_i32(indptr), last_t = ctx.upload_i32(last), qo_t = ctx.upload_i32(qo_indptr);
+  DeviceTensor indices_t = ctx.upload_i32(random_permutation(num_pages, kW9PermutationSeed));
+  auto slice = [](const tessera::TensorView& full, int64_t offset, int64_t width) {
+    tessera::TensorView v = full;
+    v.data = static_cast<char*>(full.data) + offset * 2;
+    v.shape[2] = width;
+    return v;
+  };
+  tessera::PagedLatentCache kv;
+  kv.ckv = slice(cache.view, 0, 512);
+  kv.kpe = slice(cache.view, 512, 64);
+  kv.indptr = indptr_t.view;
+  kv.indices = indices_t.view;
+  kv.last_page_len = last_t.view;
+  tessera::MlaOptions options;
+  options.sm_scale = 1.0 / std::sqrt(192.0);
+  options.causal = qo_len > 1;
+  const tessera::TensorView q_nope = slice(q.view, 0, 512), q_pe = slice(q.view, 512, 64);
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    tessera::batch_mla_paged(q_nope, q_pe, qo_t.view, qo_len, kv, o.view, tessera::TensorView(), options,
+                             reinterpret_cast<tessera::StreamHandle>(stream));
+  });
+  Params params = {{"B", kW9Batch},     {"L", len},         {"heads", heads},       {"qo_len", qo_len},
+                   {"page_size", kW9PageSize}, {"dtype", "bf16"}, {"causal", static_cast<int64_t>(options.causal)}};
+  if (qo_len == 1) {
+    params.emplace_back("bytes", "latent rows read: B x L x 576 x 2");
+    params.emplace_back("anchor_flashmla_h800_gbps", kFlashMlaGbps);
+    params.emplace_back("target_fraction_of_copy", 0.93);
+    ctx.report_gbps(t, static_cast<double>(kW9Batch) * static_cast<double>(len) * 576.0 * 2.0, std::move(params));
+  } else {
+    params.emplace_back("flops", "2 x B x q_len x heads x L x (576 + 512)");
+    params.emplace_back("anchor_flashmla_h800_tflops", kFlashMlaTflops);
+    params.emplace_back("target_tflops", 620.0);
+    const double flops = 2.0 * static_cast<double>(kW9Batch * qo_len * heads) * static_cast<double>(len) * 1088.0;
+    ctx.report_tflops(t, flops, std::move(params));
+  }
+}
+
+void w9_memory_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 16, 1); }
+void w9_memory_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 16, 1); }
+void w9_memory_l32768(BenchContext& ctx) { run_w9(ctx, 32768, 16, 1); }
+void w9_compute_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 128, 2); }
+void w9_compute_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 128, 2); }
+
+TESSERA_BENCH_WORKLOAD(w9_memory_l4096, "w9_mla_decode_h16_l4096", "W9a MLA decode B=128 L=4096 16 heads, page 64",
+                       "mla", "quick");
+TESSERA_BENCH_WORKLOAD(w9_memory_l8192, "w9_mla_decode_h16_l8192", "W9a MLA decode B=128 L=8192 16 heads, page 64",
+                       "mla");
+TESSERA_BENCH_WORKLOAD(w9_memory_l32768, "w9_mla_decode_h16_l32768",
+                       "W9a MLA decode B=128 L=32768 16 heads, page 64", "mla", "quick");
+TESSERA_BENCH_WORKLOAD(w9_compute_l4096, "w9_mla_decode_h128_q2_l4096",
+                       "W9b MLA decode B=128 L=4096 128 heads, 2 tokens, page 64", "mla", "quick");
+TESSERA_BENCH_WORKLOAD(w9_compute_l8192, "w9_mla_decode_h128_q2_l8192",
+                       "W9b MLA decode B=128 L=8192 128 heads, 2 tokens, page 64", "mla");
+
+}  // namespace
+}  // namespace tessera_bench

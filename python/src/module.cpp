@@ -595,6 +595,33 @@ NB_MODULE(_C, m) {
       "into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to "
       "request batch_indices[i] at positions[i].");
 
+  // --- multi-head latent attention (DeepSeek MLA) --------------------------------------------------
+  m.def(
+      "batch_mla_paged",
+      [](const Array& q_nope, const Array& q_pe, const OptArray& qo_indptr, int64_t max_qo_len, const Array& ckv,
+         const Array& kpe, const Array& kv_indptr, const Array& kv_indices, const Array& kv_last_page_len,
+         const Array& o, const OptArray& lse, double sm_scale, bool causal, uintptr_t stream) {
+        const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"),
+                         qi = to_view(qo_indptr, "qo_indptr"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+        tessera::PagedLatentCache kv;
+        kv.ckv = to_view(ckv, "ckv_cache");
+        kv.kpe = to_view(kpe, "kpe_cache");
+        kv.indptr = to_view(kv_indptr, "kv_indptr");
+        kv.indices = to_view(kv_indices, "kv_indices");
+        kv.last_page_len = to_view(kv_last_page_len, "kv_last_page_len");
+        tessera::MlaOptions opt;
+        opt.sm_scale = sm_scale;
+        opt.causal = causal;
+        DeviceGuard guard(qn);
+        nb::gil_scoped_release release;
+        checked([&] { tessera::batch_mla_paged(qn, qp, qi, max_qo_len, kv, to, tl, opt, to_stream(stream)); });
+      },
+      "q_nope"_a, "q_pe"_a, "qo_indptr"_a.none(), "max_qo_len"_a, "ckv"_a, "kpe"_a, "kv_indptr"_a, "kv_indices"_a,
+      "kv_last_page_len"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
+      "tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe "
+      "[total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], "
+      "lse f32 [total_q, H] base 2 or None.");
+
   // --- block-sparse attention and the FlexAttention front end ------------------------------------
   m.def(
       "block_sparse_attention",

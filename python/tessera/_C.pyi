@@ -240,6 +240,11 @@ def append_paged_mla_kv_cache(append_ckv: NDArray, append_kpe: NDArray, batch_in
     tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to request batch_indices[i] at positions[i].
     """
 
+def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, max_qo_len: int, ckv: NDArray, kpe: NDArray, kv_indptr: NDArray, kv_indices: NDArray, kv_last_page_len: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int) -> None:
+    """
+    tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], lse f32 [total_q, H] base 2 or None.
+    """
+
 def block_sparse_attention(q: NDArray, k: NDArray, v: NDArray, indptr: NDArray, indices: NDArray, block_flags: NDArray | None, block_rows: int, block_cols: int, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant_name: str = 'flex', mask_source: str = '', mask_function: str = '', score_source: str = '', score_function: str = '', params: Sequence[tuple[str, object]] = [], window_left: int = -1, logits_soft_cap: float = 0.0, alibi_slopes: NDArray | None = None) -> None:
     """
     tessera::block_sparse_attention: q [M, Hq, D], k/v [N, Hkv, D], the BSR indptr (i32 [ceil(M / block_rows) + 1]) and indices (i32 column blocks) with optional u8 block_flags (1 = full) -> o [M, Hq, D], lse [M, Hq] (base 2). Keyword options: a user variant given as a mask function and/or a score function (tessera::flex_variant: mask_source defines bool mask_function(params, b, h, q_idx, kv_idx), score_source float score_function(params, score, b, h, q_idx, kv_idx)) with params: (name, int | float | device tensor) pairs; built-in window_left, logits_soft_cap, alibi_slopes.

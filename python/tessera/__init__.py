@@ -38,6 +38,7 @@ from .decode import (
     single_decode_with_kv_cache,
 )
 from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
+from .mla import BatchMLAPagedAttentionWrapper
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
 from .sparse import BlockSparseAttentionWrapper
@@ -57,6 +58,7 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BlockSparseAttentionWrapper",
+    "BatchMLAPagedAttentionWrapper",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
@@ -86,6 +88,8 @@ _KERNEL_FAMILIES = (
     ("decode", "attention", "CUDA-core decode; tensor-core decode for GQA group >= 4 (paged, ragged, single)"),
     ("prefill (FA2-class)", "attention", "mma.sync prefill/append over dense, ragged, paged and block-sparse KV"),
     ("runtime", "attention", "plan/run persistent kernels + split-KV contraction (the Batch*Wrapper classes)"),
+    ("mla", "latent", "multi-head latent attention (DeepSeek MLA, absorbed) over a paged latent cache; "
+     "sm_90 (wgmma) only"),
     ("merge", "state", "attention-state merge: merge_state, merge_states, merge_states_ragged"),
     ("append", "cache", "append_paged_kv_cache into NHD/HND pages, append_paged_mla_kv_cache into MLA latent "
      "pages; any page size"),
@@ -143,6 +147,8 @@ def build_info() -> Dict[str, Any]:
     for name, kind, what in _KERNEL_FAMILIES:
         if kind == "attention":
             dims, dtypes = head_dims, ["float16", "bfloat16"]
+        elif kind == "latent":
+            dims, dtypes = "latent 512 + rotary 64 (output 512)", ["float16", "bfloat16"]
         elif kind == "state":
             dims, dtypes = "any with head_dim * element size a multiple of 16 bytes", ["float16", "bfloat16", "float32"]
         else:

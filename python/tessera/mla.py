@@ -1,0 +1,251 @@
+"""Multi-head latent attention (DeepSeek MLA) with FlashInfer's ``BatchMLAPagedAttentionWrapper`` API
+(flashinfer.mla).
+
+Absorbed form: every query head attends to one paged latent cache, ``ckv`` (width 512) and its
+rotary key part ``kpe`` (width 64). The caller passes ``q_nope`` already multiplied by the key
+up-projection (width 512) and ``q_pe`` (width 64); the logits are ``sm_scale * (q_nope . ckv +
+q_pe . kpe)`` and the output stays in latent space (width 512). Each ``run()`` is one launch of
+the C++ ``batch_mla_paged`` (sm_90 GPUs, wgmma): one CTA per 64 (token x head) rows of a request,
+reading the request's whole cache (no split over the KV length). ``plan()`` checks the page table
+and derives what the kernel reads from it; the float workspace is accepted for FlashInfer's
+signature and not used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple, Union
+
+from . import _utils as U
+
+__all__ = ["BatchMLAPagedAttentionWrapper"]
+
+_CKV_DIM = 512
+_KPE_DIM = 64
+
+
+class BatchMLAPagedAttentionWrapper:
+    """MLA over a paged latent cache, decode and append-style prefill (FlashInfer's
+    ``flashinfer.mla.BatchMLAPagedAttentionWrapper``).
+
+    ``plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, 512, 64, page_size, causal,
+    sm_scale, q_data_type, kv_data_type)`` fixes a batch; ``run(q_nope, q_pe, ckv_cache,
+    kpe_cache)`` computes it. Request b's queries are rows ``qo_indptr[b] .. qo_indptr[b+1]-1``;
+    its cache is pages ``kv_indices[kv_indptr[b] ..]`` holding ``kv_len_arr[b]`` tokens; its query
+    token i sits at position ``kv_len - qo_len + i`` (the new tokens are the cache's last). The LSE
+    is base 2 unless ``return_lse_base_on_e``.
+
+    With ``use_cuda_graph=True`` the index arrays live in the buffers given here and ``plan()``
+    copies into them, so a captured ``run()`` replays later plans; a later plan may not raise the
+    longest query length above the first plan's (the captured grid is sized by it).
+    """
+
+    def __init__(
+        self,
+        float_workspace_buffer: "torch.Tensor",
+        use_cuda_graph: bool = False,
+        qo_indptr: Optional["torch.Tensor"] = None,
+        kv_indptr: Optional["torch.Tensor"] = None,
+        kv_indices: Optional["torch.Tensor"] = None,
+        kv_len_arr: Optional["torch.Tensor"] = None,
+        backend: str = "auto",
+    ) -> None:
+        """Args:
+            float_workspace_buffer: 1-D CUDA tensor (kept for FlashInfer's signature; unused).
+            use_cuda_graph: keep every device pointer fixed so ``run()`` can be captured; then the
+                four int32 CUDA buffers below are required (sized for the largest batch).
+            qo_indptr, kv_indptr: ``[max_batch + 1]``; kv_indices: ``[max_pages]``; kv_len_arr:
+                ``[max_batch]``.
+            backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (one MLA kernel, for sm_90).
+        """
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        U.check_cuda("float_workspace_buffer", ws)
+        U.check_backend(backend, ws.device)
+        self._device = ws.device
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._buffers = None
+        if self._use_cuda_graph:
+            named = (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
+                     ("kv_len_arr", kv_len_arr))
+            for name, t in named:
+                if t is None:
+                    raise ValueError(f"{name} is None, expected a preallocated int32 CUDA buffer (use_cuda_graph=True)")
+                U.check_index_tensor(name, t)
+                U.check_cuda(name, t)
+                U.check_same_device(name, t, "float_workspace_buffer", ws)
+            if qo_indptr.shape[0] != kv_indptr.shape[0] or kv_len_arr.shape[0] != kv_indptr.shape[0] - 1:
+                raise ValueError(
+                    f"qo_indptr, kv_indptr and kv_len_arr have {qo_indptr.shape[0]}, {kv_indptr.shape[0]} and "
+                    f"{kv_len_arr.shape[0]} entries, expected max_batch + 1, max_batch + 1 and max_batch")
+            torch = U._torch()
+            self._buffers = {
+                "qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len_arr": kv_len_arr,
+                "last_page_len": torch.zeros_like(kv_len_arr),
+            }
+        self._graph_max_qo_len: Optional[int] = None
+        self._plan: Optional[dict] = None
+
+    def plan(
+        self,
+        qo_indptr: "torch.Tensor",
+        kv_indptr: "torch.Tensor",
+        kv_indices: "torch.Tensor",
+        kv_len_arr: "torch.Tensor",
+        num_heads: int,
+        head_dim_ckv: int,
+        head_dim_kpe: int,
+        page_size: int,
+        causal: bool,
+        sm_scale: float,
+        q_data_type: Any,
+        kv_data_type: Any,
+        use_profiler: bool = False,
+    ) -> None:
+        """Fixes the batch. Index arrays are int32 (host or CUDA; read on the host here, as
+        FlashInfer's plan does). ``head_dim_ckv`` must be 512 and ``head_dim_kpe`` 64;
+        ``sm_scale`` is required (the usual ``1 / sqrt(192)`` belongs to the model's head dims);
+        q and kv dtypes float16 or bfloat16, the same."""
+        torch = U._torch()
+        U.check_false("use_profiler", use_profiler)
+        num_heads = U.check_positive_int("num_heads", num_heads)
+        page_size = U.check_positive_int("page_size", page_size)
+        if head_dim_ckv != _CKV_DIM:
+            raise U.unsupported("head_dim_ckv", head_dim_ckv, f"{_CKV_DIM} (DeepSeek's latent width)")
+        if head_dim_kpe != _KPE_DIM:
+            raise U.unsupported("head_dim_kpe", head_dim_kpe, f"{_KPE_DIM} (DeepSeek's rotary width)")
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+                or sm_scale <= 0:
+            raise ValueError(f"sm_scale = {sm_scale!r}, expected a finite float > 0")
+        q_dtype = U.canonical_dtype(q_data_type, "q_data_type")
+        kv_dtype = U.canonical_dtype(kv_data_type, "kv_data_type")
+        for name, dt in (("q_data_type", q_dtype), ("kv_data_type", kv_dtype)):
+            if dt not in (torch.float16, torch.bfloat16):
+                raise U.unsupported(name, dt, "torch.float16 or torch.bfloat16 (fp8 latent caches are not implemented)")
+        if kv_dtype != q_dtype:
+            raise TypeError(f"kv_data_type = {kv_dtype}, expected q_data_type {q_dtype}")
+
+        qo_host = U.to_host_int32("qo_indptr", qo_indptr)
+        kv_host = U.to_host_int32("kv_indptr", kv_indptr)
+        U.check_indptr_values("qo_indptr", qo_host)
+        U.check_indptr_values("kv_indptr", kv_host)
+        batch = qo_host.numel() - 1
+        if kv_host.numel() != batch + 1:
+            raise ValueError(f"kv_indptr has {kv_host.numel()} entries, expected {batch + 1} (len(qo_indptr))")
+        len_host = U.to_host_int32("kv_len_arr", kv_len_arr, batch)
+        U.check_index_tensor("kv_indices", kv_indices)
+        if kv_indices.shape[0] < int(kv_host[-1]):
+            raise ValueError(f"kv_indices has {kv_indices.shape[0]} entries, expected >= kv_indptr[-1] = {int(kv_host[-1])}")
+        pages = kv_host[1:] - kv_host[:-1]
+        need = (len_host.clamp(min=0) + page_size - 1) // page_size
+        bad = ((len_host < 0) | (pages != need)).nonzero()
+        if bad.numel() > 0:
+            b = int(bad[0, 0])
+            raise ValueError(
+                f"kv_len_arr[{b}] = {int(len_host[b])} needs {int(need[b])} pages of {page_size}, but kv_indptr gives "
+                f"request {b} {int(pages[b])}")
+        qo_lens = qo_host[1:] - qo_host[:-1]
+        max_qo_len = max(1, int(qo_lens.max())) if batch > 0 else 1
+        last_host = torch.where(len_host > 0, (len_host - 1) % page_size + 1, torch.zeros_like(len_host))
+
+        dev = self._device
+        if self._use_cuda_graph:
+            buf = self._buffers
+            if batch + 1 > buf["qo_indptr"].shape[0] or int(kv_host[-1]) > buf["kv_indices"].shape[0]:
+                raise ValueError(
+                    f"a batch of {batch} requests and {int(kv_host[-1])} pages exceeds the CUDA-graph buffers "
+                    f"({buf['qo_indptr'].shape[0] - 1} requests, {buf['kv_indices'].shape[0]} pages)")
+            if self._graph_max_qo_len is None:
+                self._graph_max_qo_len = max_qo_len
+            elif max_qo_len > self._graph_max_qo_len:
+                raise ValueError(
+                    f"max query length {max_qo_len} exceeds the first plan's {self._graph_max_qo_len}, which sizes "
+                    "the captured grid (use_cuda_graph=True)")
+            max_qo_len = self._graph_max_qo_len
+            # Requests past this batch see empty page ranges and no queries.
+            for name, host in (("qo_indptr", qo_host), ("kv_indptr", kv_host)):
+                full = torch.full((buf[name].shape[0],), int(host[-1]), dtype=torch.int32)
+                full[: batch + 1] = host
+                buf[name].copy_(full, non_blocking=False)
+            buf["kv_indices"][: int(kv_host[-1])].copy_(kv_indices[: int(kv_host[-1])])
+            lens = torch.zeros((buf["kv_len_arr"].shape[0],), dtype=torch.int32)
+            lens[:batch] = len_host
+            buf["kv_len_arr"].copy_(lens)
+            last = torch.zeros_like(lens)
+            last[:batch] = last_host
+            buf["last_page_len"].copy_(last)
+            arrays = (buf["qo_indptr"], buf["kv_indptr"], buf["kv_indices"], buf["last_page_len"])
+            graph_batch = buf["qo_indptr"].shape[0] - 1
+        else:
+            arrays = (qo_host.to(dev), kv_host.to(dev),
+                      kv_indices.to(dev) if kv_indices.device != dev else kv_indices, last_host.to(dev))
+            graph_batch = batch
+        self._plan = {
+            "batch": graph_batch, "num_heads": num_heads, "page_size": page_size, "causal": bool(causal),
+            "sm_scale": float(sm_scale), "dtype": q_dtype, "max_qo_len": max_qo_len,
+            "total_q": int(qo_host[-1]), "arrays": arrays,
+            "page_ids": U.HostPageIds("kv_indices", kv_indices, int(kv_host[-1])),
+        }
+
+    def run(
+        self,
+        q_nope: "torch.Tensor",
+        q_pe: "torch.Tensor",
+        ckv_cache: "torch.Tensor",
+        kpe_cache: "torch.Tensor",
+        out: Optional["torch.Tensor"] = None,
+        lse: Optional["torch.Tensor"] = None,
+        return_lse: bool = False,
+        profiler_buffer: Optional["torch.Tensor"] = None,
+        kv_len: Optional["torch.Tensor"] = None,
+        page_table: Optional["torch.Tensor"] = None,
+        return_lse_base_on_e: bool = False,
+    ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+        """Args:
+            q_nope: ``[total_q, num_heads, 512]``; q_pe: ``[total_q, num_heads, 64]`` (the planned
+                dtype; contiguous last dimension; may be slices of one ``[.., 576]`` tensor).
+            ckv_cache: ``[num_pages, page_size, 512]``; kpe_cache: ``[num_pages, page_size, 64]``
+                (may be slices of one ``[num_pages, page_size, 576]`` tensor).
+            out: optional ``[total_q, num_heads, 512]`` output; lse: optional float32
+                ``[total_q, num_heads]``.
+
+        Returns ``out``, or ``(out, lse)`` with ``return_lse``."""
+        torch = U._torch()
+        if self._plan is None:
+            raise RuntimeError("run() called before plan()")
+        U.check_none("profiler_buffer", profiler_buffer)
+        U.check_none("kv_len", kv_len, "None (the planned kv_len_arr is used)")
+        U.check_none("page_table", page_table, "None (the planned kv_indices are used)")
+        p = self._plan
+        dt = p["dtype"]
+        total_q, heads = p["total_q"], p["num_heads"]
+        U.check_tensor("q_nope", q_nope, ndim=3, dtypes=(dt,))
+        U.check_tensor("q_pe", q_pe, ndim=3, dtypes=(dt,))
+        U.check_shape("q_nope", q_nope, (total_q, heads, _CKV_DIM), "[qo_indptr[-1], num_heads, 512] of the plan")
+        U.check_shape("q_pe", q_pe, (total_q, heads, _KPE_DIM), "[qo_indptr[-1], num_heads, 64] of the plan")
+        U.check_tensor("ckv_cache", ckv_cache, ndim=3, dtypes=(dt,))
+        U.check_tensor("kpe_cache", kpe_cache, ndim=3, dtypes=(dt,))
+        if ckv_cache.shape[1] != p["page_size"] or ckv_cache.shape[2] != _CKV_DIM:
+            raise ValueError(f"ckv_cache has shape {tuple(ckv_cache.shape)}, expected [num_pages, {p['page_size']}, 512]")
+        U.check_shape("kpe_cache", kpe_cache, (ckv_cache.shape[0], p["page_size"], _KPE_DIM),
+                      "[num_pages, page_size, 64] like ckv_cache")
+        for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+            U.check_cuda(name, t)
+            if t.device != self._device:
+                raise ValueError(f"{name} is on {t.device}, expected {self._device} (the workspace's device)")
+        p["page_ids"].check(ckv_cache.shape[0])
+        if out is None:
+            out = torch.empty((total_q, heads, _CKV_DIM), dtype=dt, device=q_nope.device)
+        else:
+            U.check_tensor("out", out, ndim=3, dtypes=(dt,))
+            U.check_shape("out", out, (total_q, heads, _CKV_DIM), "[total_q, num_heads, 512]")
+        if return_lse and lse is None:
+            lse = torch.empty((total_q, heads), dtype=torch.float32, device=q_nope.device)
+        elif lse is not None:
+            U.check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,))
+            U.check_shape("lse", lse, (total_q, heads), "[total_q, num_heads]")
+        qo_indptr, kv_indptr, kv_indices, last = p["arrays"]
+        U.call(U._C().batch_mla_paged, q_nope, q_nope, q_pe, qo_indptr, p["max_qo_len"], ckv_cache, kpe_cache,
+               kv_indptr, kv_indices, last, out, lse, p["sm_scale"], p["causal"], U.current_stream(q_nope.device))
+        if lse is not None and return_lse_base_on_e:
+            lse.mul_(math.log(2.0))
+        return (out, lse) if return_lse else out

@@ -1,0 +1,220 @@
+"""Tests of BatchMLAPagedAttentionWrapper (python/tessera/mla.py), FlashInfer's MLA API.
+
+CPU: the signature and the constructor's errors. GPU (skipped without CUDA; the kernel needs
+sm_90): random batches over a paged latent cache with a random page permutation (page sizes 1, 16,
+64; 16 and 128 heads; 1-4 query tokens, causal and not; empty requests), ckv/kpe as slices of one
+[pages, page_size, 576] tensor, against an fp32 reference over the gathered latent rows; the LSE
+in base 2 and base e; CUDA-graph replay after a re-plan; the plan's errors.
+"""
+
+import inspect
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pip install torch")
+
+import tessera  # noqa: E402
+
+HAS_GPU = torch.cuda.is_available()
+HAS_SM90 = HAS_GPU and torch.cuda.get_device_capability(0) == (9, 0)
+sm90 = pytest.mark.skipif(not HAS_SM90, reason="batch_mla_paged runs on sm_90 GPUs: GPU test skipped")
+W = tessera.BatchMLAPagedAttentionWrapper
+
+REL_TOL = {torch.float16: 4e-3, torch.bfloat16: 1e-2}
+LSE_TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def test_signatures_match_flashinfer():
+    names = lambda f: [p for p in inspect.signature(f).parameters if p != "self"]  # noqa: E731
+    assert names(W.__init__) == ["float_workspace_buffer", "use_cuda_graph", "qo_indptr", "kv_indptr", "kv_indices",
+                                 "kv_len_arr", "backend"]
+    assert names(W.plan) == ["qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr", "num_heads", "head_dim_ckv",
+                             "head_dim_kpe", "page_size", "causal", "sm_scale", "q_data_type", "kv_data_type",
+                             "use_profiler"]
+    assert names(W.run) == ["q_nope", "q_pe", "ckv_cache", "kpe_cache", "out", "lse", "return_lse",
+                            "profiler_buffer", "kv_len", "page_table", "return_lse_base_on_e"]
+
+
+def test_constructor_needs_a_cuda_workspace():
+    with pytest.raises(TypeError, match="float_workspace_buffer must be a torch.Tensor"):
+        W([0] * 8)
+    with pytest.raises(ValueError, match="float_workspace_buffer is on cpu, expected a CUDA tensor"):
+        W(torch.empty(1024, dtype=torch.uint8))
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+
+def _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev):
+    """A paged latent cache (pages in random order, one [pages, page_size, 576] tensor) and queries."""
+    batch = len(kv_lens)
+    pages = [(n + page_size - 1) // page_size for n in kv_lens]
+    kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(pages), 0)
+    total_pages = int(kv_indptr[-1]) + 3  # spare pages nobody owns
+    kv_indices = torch.randperm(total_pages, generator=gen)[: int(kv_indptr[-1])].to(torch.int32)
+    cache = torch.randn(total_pages, page_size, 576, generator=gen).to(dtype)
+    qo_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    qo_indptr[1:] = torch.cumsum(torch.tensor(qo_lens), 0)
+    q = torch.randn(int(qo_indptr[-1]), heads, 576, generator=gen).to(dtype)
+    return {
+        "cache": cache.to(dev), "q": q.to(dev), "qo_indptr": qo_indptr.to(dev), "kv_indptr": kv_indptr.to(dev),
+        "kv_indices": kv_indices.to(dev), "kv_len": torch.tensor(kv_lens, dtype=torch.int32).to(dev),
+    }
+
+
+def _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale):
+    """fp32 attention over each request's gathered latent rows: key = [ckv, kpe], value = ckv."""
+    cache, q = b["cache"].float(), b["q"].float()
+    kv_indptr, kv_indices = b["kv_indptr"].cpu(), b["kv_indices"].cpu()
+    outs, lses = [], []
+    q0 = 0
+    for r, (n, m) in enumerate(zip(kv_lens, qo_lens)):
+        pages = kv_indices[int(kv_indptr[r]): int(kv_indptr[r + 1])].long().to(cache.device)
+        rows = cache[pages].reshape(-1, 576)[:n]  # [n, 576]
+        qr = q[q0: q0 + m]  # [m, H, 576]
+        logits = torch.einsum("mhd,nd->mhn", qr, rows) * sm_scale
+        if causal:
+            pos = torch.arange(m, device=cache.device)[:, None] + (n - m)
+            hidden = torch.arange(n, device=cache.device)[None, :] > pos  # [m, n]
+            logits = logits.masked_fill(hidden[:, None, :], float("-inf"))
+        lse = torch.logsumexp(logits, -1)  # [m, H], natural
+        p = torch.exp(logits - lse[..., None]).nan_to_num(0.0)
+        outs.append(torch.einsum("mhn,nd->mhd", p, rows[:, :512]))
+        lses.append(lse / math.log(2.0))
+        q0 += m
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _check(out, lse, ref_o, ref_lse, dtype):
+    rel = (out.float() - ref_o).norm() / ref_o.norm().clamp(min=1e-30)
+    assert rel <= REL_TOL[dtype], f"relative error {rel:.3e}"
+    empty = torch.isinf(ref_lse)
+    assert torch.all(out.float()[empty] == 0)
+    assert torch.all(torch.isneginf(lse[empty]))
+    assert (lse[~empty] - ref_lse[~empty]).abs().max() <= LSE_TOL[dtype]
+
+
+CASES = [
+    # dtype, heads, page_size, kv_lens, qo_lens, causal
+    (torch.bfloat16, 16, 64, [300, 0, 1, 2049], [1, 1, 1, 1], False),
+    (torch.float16, 16, 1, [65, 7, 130], [1, 1, 1], False),
+    (torch.bfloat16, 128, 16, [257, 33, 5], [2, 4, 3], True),
+    (torch.float16, 128, 64, [100, 64], [4, 1], True),
+    (torch.bfloat16, 32, 16, [40, 9, 0], [2, 2, 0], False),
+]
+
+
+@sm90
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{str(c[0])[6:]}_h{c[1]}_p{c[2]}_{'causal' if c[5] else 'full'}")
+def test_mla_wrapper_matches_reference(case):
+    dtype, heads, page_size, kv_lens, qo_lens, causal = case
+    dev = torch.device("cuda:0")
+    gen = torch.Generator().manual_seed(hash(str(case)) % (2**31))
+    b = _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev)
+    sm_scale = 1.0 / math.sqrt(192.0)
+    w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+    w.plan(b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], heads, 512, 64, page_size, causal, sm_scale,
+           dtype, dtype)
+    q, cache = b["q"], b["cache"]
+    out, lse = w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], return_lse=True)
+    ref_o, ref_lse = _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale)
+    _check(out, lse, ref_o, ref_lse, dtype)
+    # Base e, into caller buffers.
+    out2 = torch.full_like(out, float("nan"))
+    lse2 = torch.full_like(lse, float("nan"))
+    w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], out=out2, lse=lse2, return_lse=True,
+          return_lse_base_on_e=True)
+    assert torch.equal(out2, out)
+    finite = torch.isfinite(lse)
+    assert torch.allclose(lse2[finite], lse[finite] * math.log(2.0))
+
+
+@sm90
+def test_mla_wrapper_cuda_graph_replays_a_new_plan():
+    dev = torch.device("cuda:0")
+    dtype, heads, page_size = torch.bfloat16, 16, 16
+    gen = torch.Generator().manual_seed(7)
+    max_batch, max_pages = 4, 64
+    bufs = [torch.zeros(max_batch + 1, dtype=torch.int32, device=dev), torch.zeros(max_batch + 1, dtype=torch.int32, device=dev),
+            torch.zeros(max_pages, dtype=torch.int32, device=dev), torch.zeros(max_batch, dtype=torch.int32, device=dev)]
+    w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev), True, *bufs)
+    a = _batch([100, 3, 40], [2, 2, 1], page_size, heads, dtype, gen, dev)
+    bb = _batch([17, 200, 0, 65], [1, 2, 1, 2], page_size, heads, dtype, gen, dev)
+    # One cache and one query buffer large enough for both batches.
+    cache = torch.cat([a["cache"], bb["cache"]])
+    offset = a["cache"].shape[0]
+    q = torch.zeros(8, heads, 576, dtype=dtype, device=dev)
+    out = torch.zeros(8, heads, 512, dtype=dtype, device=dev)
+    sm = 0.1
+
+    def plan(x, kv_lens, page_base):
+        w.plan(x["qo_indptr"], x["kv_indptr"], x["kv_indices"] + page_base, x["kv_len"], heads, 512, 64, page_size,
+               True, sm, dtype, dtype)
+
+    plan(a, [100, 3, 40], 0)
+    n_a = a["q"].shape[0]
+    q[:n_a] = a["q"]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        w.run(q[:n_a, :, :512], q[:n_a, :, 512:], cache[..., :512], cache[..., 512:], out=out[:n_a])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q[:n_a, :, :512], q[:n_a, :, 512:], cache[..., :512], cache[..., 512:], out=out[:n_a])
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_a, _ = _reference({**a, "cache": cache, "kv_indices": a["kv_indices"]}, [100, 3, 40], [2, 2, 1], page_size,
+                          True, sm)
+    rel = (out[:n_a].float() - ref_a).norm() / ref_a.norm()
+    assert rel <= REL_TOL[dtype]
+    # A new plan with the same total query rows: the captured graph reads the new page table.
+    bb_q = bb["q"]
+    assert bb_q.shape[0] > n_a
+    with pytest.raises(ValueError, match="max query length"):
+        w.plan(bb["qo_indptr"].new_tensor([0, 3, 3, 3, 3]), bb["kv_indptr"], bb["kv_indices"], bb["kv_len"], heads,
+               512, 64, page_size, True, sm, dtype, dtype)
+    b2_lens, b2_q = [17, 200, 0, 65], [1, 2, 1, 1]
+    b2_qo = torch.tensor([0, 1, 3, 4, 5], dtype=torch.int32, device=dev)
+    w.plan(b2_qo, bb["kv_indptr"], bb["kv_indices"] + offset, bb["kv_len"], heads, 512, 64, page_size, True, sm,
+           dtype, dtype)
+    q[:5] = bb_q[:5]
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_b, _ = _reference({"cache": cache, "q": q[:5], "kv_indptr": bb["kv_indptr"],
+                           "kv_indices": bb["kv_indices"] + offset}, b2_lens, b2_q, page_size, True, sm)
+    rel = (out[:5].float() - ref_b).norm() / ref_b.norm()
+    assert rel <= REL_TOL[dtype], f"replay after re-plan: relative error {rel:.3e}"
+
+
+@sm90
+def test_mla_wrapper_errors():
+    dev = torch.device("cuda:0")
+    gen = torch.Generator().manual_seed(3)
+    b = _batch([30, 5], [1, 1], 16, 16, torch.bfloat16, gen, dev)
+    w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+    args = (b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], 16)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(b["q"][..., :512], b["q"][..., 512:], b["cache"][..., :512], b["cache"][..., 512:])
+    with pytest.raises(NotImplementedError, match="head_dim_ckv"):
+        w.plan(*args, 256, 64, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="head_dim_kpe"):
+        w.plan(*args, 512, 32, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="sm_scale"):
+        w.plan(*args, 512, 64, 16, False, 0.0, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        w.plan(*args, 512, 64, 16, False, 0.1, torch.bfloat16, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"kv_len_arr\[0\] = 30 needs 4 pages of 8"):
+        w.plan(*args, 512, 64, 8, False, 0.1, torch.bfloat16, torch.bfloat16)
+    w.plan(*args, 512, 64, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
+    q, cache = b["q"], b["cache"]
+    with pytest.raises(ValueError, match="q_nope has shape"):
+        w.run(q[:1, :, :512], q[:1, :, 512:], cache[..., :512], cache[..., 512:])
+    with pytest.raises(TypeError, match="q_pe.dtype"):
+        w.run(q[..., :512], q[..., 512:].half(), cache[..., :512], cache[..., 512:])
+    with pytest.raises(ValueError, match="ckv_cache has shape"):
+        w.run(q[..., :512], q[..., 512:], cache[:, :8, :512], cache[:, :8, 512:])
+    with pytest.raises(NotImplementedError, match="page_table"):
+        w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], page_table=b["kv_indices"])

@@ -12,6 +12,7 @@
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/tensor_checks.h"
+#include "tessera/merge.h"
 #include "tessera/mla.h"
 #include "tessera/validate.h"
 
@@ -61,7 +62,35 @@ void validate_latent_cache(const PagedLatentCache& kv) {
   validate_paged_kv(view, "kv");
 }
 
+/// The split states' layout in the workspace: output [total_q, splits, heads, 512] in the queries'
+/// dtype, then (256-byte aligned) the f32 LSE [total_q, splits, heads].
+struct SplitStates {
+  int64_t o_bytes;
+  int64_t lse_offset;
+  int64_t total_bytes;
+  static SplitStates of(int64_t total_q, int64_t heads, int64_t splits, DType dtype) {
+    SplitStates st;
+    const int64_t states = total_q * splits * heads;
+    st.o_bytes = states * kMlaLatentDim * static_cast<int64_t>(dtype_size(dtype));
+    st.lse_offset = (st.o_bytes + 255) / 256 * 256;
+    st.total_bytes = st.lse_offset + states * 4;
+    return st;
+  }
+};
+
+constexpr int64_t kMaxKvSplits = 256;
+
 }  // namespace
+
+int64_t batch_mla_paged_workspace_bytes(int64_t total_q, int64_t num_heads, int64_t num_kv_splits, DType dtype) {
+  TESSERA_CHECK_ARG(total_q >= 0 && total_q < (int64_t{1} << 31)) << "total_q = " << total_q << ", expected in [0, 2^31)";
+  TESSERA_CHECK_ARG(num_heads >= 1 && num_heads <= 4096) << "num_heads = " << num_heads << ", expected in [1, 4096]";
+  TESSERA_CHECK_ARG(num_kv_splits >= 1 && num_kv_splits <= kMaxKvSplits)
+      << "num_kv_splits = " << num_kv_splits << ", expected in [1, " << kMaxKvSplits << "]";
+  TESSERA_CHECK_ARG(dtype == DType::kF16 || dtype == DType::kBF16)
+      << "dtype = " << dtype << ", expected f16 or bf16 (the queries' dtype)";
+  return num_kv_splits == 1 ? 0 : SplitStates::of(total_q, num_heads, num_kv_splits, dtype).total_bytes;
+}
 
 void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const TensorView& qo_indptr,
                      int64_t max_qo_len, const PagedLatentCache& kv, const TensorView& o, const TensorView& lse,
@@ -90,6 +119,7 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
     check_contiguous(lse, "lse");
   }
   int64_t grid_rows = heads;  // packed (token, head) rows of the longest request
+  int64_t covered_q = total_q;  // query rows some request owns (known when qo_indptr is readable)
   if (qo_indptr.defined()) {
     check_same_device(q_nope, "q_nope", qo_indptr, "qo_indptr");
     const std::vector<int32_t> indptr = validate_indptr(qo_indptr, "qo_indptr", total_q);
@@ -104,6 +134,7 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
           << max_qo_len;
     }
     grid_rows = max_qo_len * heads;
+    if (!indptr.empty()) covered_q = indptr.back();
   } else {
     TESSERA_CHECK_ARG(total_q == batch) << "q_nope.shape[0] = " << total_q << ", expected " << batch
                                         << " (one token per request without qo_indptr)";
@@ -111,6 +142,30 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
   TESSERA_CHECK_ARG(grid_rows < (int64_t{1} << 31))
       << "max_qo_len * num_heads = " << grid_rows << ", expected < 2^31 (rows of one request)";
   TESSERA_CHECK_ARG(batch <= INT32_MAX) << "kv.batch_size() = " << batch << ", expected < 2^31";
+  const int64_t splits = options.num_kv_splits;
+  TESSERA_CHECK_ARG(splits >= 1 && splits <= kMaxKvSplits)
+      << "options.num_kv_splits = " << splits << ", expected in [1, " << kMaxKvSplits << "]";
+  const SplitStates states = SplitStates::of(total_q, heads, splits, q_nope.dtype);
+  if (splits > 1) {
+    // The merge writes every row of o: each must belong to a request.
+    TESSERA_CHECK_ARG(covered_q == total_q)
+        << "qo_indptr[batch_size] = " << covered_q << ", expected q_nope.shape[0] = " << total_q
+        << " with options.num_kv_splits > 1 (every query row in a request)";
+    const TensorView& ws = options.workspace;
+    TESSERA_CHECK_ARG(ws.defined() && ws.data != nullptr)
+        << "options.workspace is undefined, expected " << states.total_bytes << " bytes of device memory for "
+        << splits << " KV splits (batch_mla_paged_workspace_bytes)";
+    detail::check_view(ws, "options.workspace");
+    check_on_cuda(ws, "options.workspace");
+    check_same_device(q_nope, "q_nope", ws, "options.workspace");
+    check_contiguous(ws, "options.workspace");
+    const int64_t bytes = ws.numel() * static_cast<int64_t>(dtype_size(ws.dtype));
+    TESSERA_CHECK_ARG(bytes >= states.total_bytes)
+        << "options.workspace holds " << bytes << " bytes, expected >= " << states.total_bytes << " for " << splits
+        << " KV splits of " << total_q << " x " << heads << " rows";
+    TESSERA_CHECK_ARG(reinterpret_cast<uintptr_t>(ws.data) % 256 == 0)
+        << "options.workspace.data = " << ws.data << ", expected 256-byte aligned";
+  }
   if (batch == 0 || total_q == 0) return;
   if (!detail::current_device_has_wgmma()) {
     TESSERA_FAIL(StatusCode::kUnsupported)
@@ -142,18 +197,28 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
     p.o_stride_token = o.strides[0];
     p.o_stride_head = o.strides[1];
     p.lse = lse.defined() ? lse.data_as<float>() : nullptr;
+    p.num_kv_splits = static_cast<int32_t>(splits);
+    unsigned char* ws = splits > 1 ? static_cast<unsigned char*>(options.workspace.data) : nullptr;
+    p.partial_o = splits > 1 ? reinterpret_cast<T*>(ws) : nullptr;
+    p.partial_lse = splits > 1 ? reinterpret_cast<float*>(ws + states.lse_offset) : nullptr;
     p.batch_size = static_cast<int32_t>(batch);
     p.num_heads = static_cast<int32_t>(heads);
     p.sm_scale_log2 = static_cast<float>(options.sm_scale * 1.4426950408889634);
     p.causal = options.causal;
     const dim3 grid(static_cast<unsigned>((grid_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q),
-                    static_cast<unsigned>(batch));
+                    static_cast<unsigned>(batch), static_cast<unsigned>(splits));
     TESSERA_CHECK(grid.y <= 65535, StatusCode::kInvalidArgument)
         << "kv.batch_size() = " << batch << ", expected <= 65535 (one grid row per request)";
     const auto kernel = kernels::mla_paged_kernel<Traits>;
     detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
     kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     TESSERA_CHECK_LAUNCH();
+    if (splits > 1) {
+      // The split states, in split order, into o and lse.
+      const TensorView v(p.partial_o, q_nope.dtype, {total_q, splits, heads, kMlaLatentDim}, q_nope.device);
+      const TensorView s(p.partial_lse, DType::kF32, {total_q, splits, heads}, q_nope.device);
+      merge_states(v, s, o, lse, stream);
+    }
   });
 }
 

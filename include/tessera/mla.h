@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "tessera/dtype.h"
 #include "tessera/export.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
@@ -43,17 +44,33 @@ struct MlaOptions {
   /// model's head dims (128 no-rope + 64 rope), which the absorbed inputs do not show.
   double sm_scale = 0.0;
   bool causal = false;  ///< hide keys after the query's position (among a request's new tokens)
+  /// Split over the KV length: each request's KV tiles (64 tokens) are cut into this many nearly
+  /// equal runs, one CTA each, whose states are merged afterwards (merge_states, in split order:
+  /// deterministic). 1 (no split) suits batches whose CTAs fill the GPU; a few long requests need
+  /// more (the Python wrapper's plan() chooses). In [1, 256].
+  int64_t num_kv_splits = 1;
+  /// Scratch for the split states when num_kv_splits > 1: device memory (any dtype, contiguous,
+  /// 256-byte aligned) of at least batch_mla_paged_workspace_bytes(...) bytes; ignored otherwise.
+  TensorView workspace;
 };
 
+/// Bytes of MlaOptions::workspace that batch_mla_paged needs: the split states, output in the
+/// queries' dtype (f16/bf16) and f32 LSE, [total_q, num_kv_splits, num_heads, 512 + 1]; 0 for
+/// one split.
+TESSERA_API int64_t batch_mla_paged_workspace_bytes(int64_t total_q, int64_t num_heads, int64_t num_kv_splits,
+                                                    DType dtype);
+
 /// MLA over a paged latent cache, for decode and append-style prefill (any number of new tokens
-/// per request). One launch; one CTA per 64 (token x head) rows of a request, which reads the
-/// request's whole cache (no split over the KV length: a batch of few long requests uses few SMs).
+/// per request). One CTA per 64 (token x head) rows of a request and KV split; with
+/// options.num_kv_splits > 1 a merge launch follows.
 ///
 /// q_nope: f16/bf16 [total_q, num_heads, 512], the absorbed no-rope query; q_pe: [total_q,
 ///   num_heads, 64], the rotary part; both the cache's dtype, last dim contiguous, 16-byte aligned
 ///   rows, any other strides.
 /// qo_indptr: i32 [batch_size + 1] in device memory (request b's tokens are rows qo_indptr[b] ..
 ///   qo_indptr[b+1]-1), or undefined for one token per request (row b; total_q == batch_size).
+///   With num_kv_splits > 1, qo_indptr[batch_size] must be total_q (checked in checked mode):
+///   the merge writes every row of o.
 /// max_qo_len: an upper bound of the requests' token counts (it sizes the grid); ignored without
 ///   qo_indptr. Tokens past it are not computed, so it must hold.
 /// kv: the paged latent cache, batch_size requests.

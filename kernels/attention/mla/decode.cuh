@@ -19,17 +19,20 @@
 namespace tessera {
 namespace kernels {
 
-/// The query rows and KV range of one CTA: row tile blockIdx.x of request blockIdx.y.
+/// The query rows and KV range of one CTA: row tile blockIdx.x of request blockIdx.y, KV split
+/// blockIdx.z (the request's KV tiles cut into num_kv_splits nearly equal runs).
 template <typename Traits>
 struct MlaWorkTile {
   int request;
+  int split;
   int64_t qo_start;  // the request's first query token
   int qo_len;
   int kv_len;
   int row0;          // the CTA's first packed row (token * num_heads + head) within the request
   int rows;          // packed rows of the request: qo_len * num_heads
   int page_begin;    // the request's first entry of kv_indices
-  int num_kv_tiles;  // KV tiles that some row of this CTA sees
+  int first_kv_tile;  // the split's first KV tile
+  int num_kv_tiles;   // KV tiles of the split that some row of this CTA sees
 
   template <typename T>
   static TESSERA_DEVICE MlaWorkTile make(const MlaParams<T>& p) {
@@ -45,7 +48,11 @@ struct MlaWorkTile {
     // The last row of the tile sees the most keys (causal positions grow with the token).
     const int last_row = min(w.row0 + Traits::CTA_TILE_Q, w.rows) - 1;
     const int visible = p.causal ? min(w.kv_len, w.kv_len - w.qo_len + last_row / p.num_heads + 1) : w.kv_len;
-    w.num_kv_tiles = visible > 0 ? (visible + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
+    const int tiles = visible > 0 ? (visible + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
+    w.split = blockIdx.z;
+    const int per_split = (tiles + p.num_kv_splits - 1) / p.num_kv_splits;
+    w.first_kv_tile = min(w.split * per_split, tiles);
+    w.num_kv_tiles = min(per_split, tiles - w.first_kv_tile);
     return w;
   }
   TESSERA_DEVICE bool empty() const { return row0 >= rows; }
@@ -234,10 +241,26 @@ struct MlaValueGemm {
 };
 
 /// Writes a warpgroup's half of the output rows (scaled by 1 / l) and, from the score warpgroup,
-/// the rows' LSE.
+/// the rows' LSE: into o and lse, or, split over the KV length, into the split's partial state.
 template <typename Traits>
 struct MlaEpilogue {
   using T = typename Traits::DType;
+  /// Row `row` (packed, of the request) of the output this CTA writes, and its LSE slot (null when
+  /// no LSE is wanted).
+  static TESSERA_DEVICE T* out_row(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int row) {
+    const int64_t token = w.qo_start + row / p.num_heads;
+    const int head = row % p.num_heads;
+    if (p.num_kv_splits > 1) {
+      return p.partial_o + ((token * p.num_kv_splits + w.split) * p.num_heads + head) * Traits::kLatentDim;
+    }
+    return p.o + token * p.o_stride_token + head * p.o_stride_head;
+  }
+  static TESSERA_DEVICE float* lse_slot(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int row) {
+    const int64_t token = w.qo_start + row / p.num_heads;
+    const int head = row % p.num_heads;
+    if (p.num_kv_splits > 1) return p.partial_lse + (token * p.num_kv_splits + w.split) * p.num_heads + head;
+    return p.lse != nullptr ? p.lse + token * p.num_heads + head : nullptr;
+  }
   template <int kOAccs>
   static TESSERA_DEVICE void store(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const float (&o)[kOAccs],
                                    MlaFragmentCoords c, int col0, const float (&inv_sum)[2]) {
@@ -245,8 +268,7 @@ struct MlaEpilogue {
     for (int r = 0; r < 2; ++r) {
       const int row = w.row0 + c.row_lo + 8 * r;
       if (row >= w.rows) continue;
-      const int64_t token = w.qo_start + row / p.num_heads;
-      T* out = p.o + token * p.o_stride_token + (row % p.num_heads) * p.o_stride_head + col0 + c.col_in_n8;
+      T* out = out_row(p, w, row) + col0 + c.col_in_n8;
 #pragma unroll
       for (int n = 0; n < kOAccs / 4; ++n) {
         const uint32_t pair = pack_pair<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
@@ -340,10 +362,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
     const MlaTileLoader<Traits> loader{thread_in_wg};
     if (n > 0) {
       loader.load_q(p, w, smem + Traits::kQOffset);
-      loader.load_kv(p, w, 0, stage_ptr(0));
+      loader.load_kv(p, w, w.first_kv_tile, stage_ptr(0));
       handoffs.kv_copied(0);
       if (n > 1) {
-        loader.load_kv(p, w, 1, stage_ptr(1));
+        loader.load_kv(p, w, w.first_kv_tile + 1, stage_ptr(1));
         handoffs.kv_copied(1);
       }
     }
@@ -358,7 +380,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
       handoffs.release_p();
       if (t + 2 < n) {
         handoffs.wait_stage_free(t);
-        loader.load_kv(p, w, t + 2, stage_ptr(t));
+        loader.load_kv(p, w, w.first_kv_tile + t + 2, stage_ptr(t));
         handoffs.kv_copied(t + 2);
       }
     }
@@ -387,7 +409,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
       wgmma_fence_operands(s);
     }
     for (int t = 0; t < n; ++t) {
-      const int key0 = t * Traits::CTA_TILE_KV;
+      const int key0 = (w.first_kv_tile + t) * Traits::CTA_TILE_KV;
       float alpha[2];
       softmax.step(s, key0, coords.col_in_n8, limit_lo, limit_hi, key0 + Traits::CTA_TILE_KV > limit_lo,
                    p.sm_scale_log2, alpha);
@@ -444,11 +466,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
       const int row = coords.row_lo + 8 * r;
       if (coords.col_in_n8 == 0) {
         row_inv_sum[row] = inv_sum[r];
-        if (p.lse != nullptr && w.row0 + row < w.rows) {
-          const int64_t token = w.qo_start + (w.row0 + row) / p.num_heads;
-          p.lse[token * p.num_heads + (w.row0 + row) % p.num_heads] =
-              softmax.l[r] > 0.f ? softmax.m[r] + __log2f(softmax.l[r]) : -INFINITY;
-        }
+        float* lse = w.row0 + row < w.rows ? MlaEpilogue<Traits>::lse_slot(p, w, w.row0 + row) : nullptr;
+        if (lse != nullptr) *lse = softmax.l[r] > 0.f ? softmax.m[r] + __log2f(softmax.l[r]) : -INFINITY;
       }
     }
     handoffs.publish_sums();

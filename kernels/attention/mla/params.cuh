@@ -35,6 +35,14 @@ struct MlaParams {
   T* o;
   int64_t o_stride_token, o_stride_head;
   float* lse;
+  // Split over the KV length (num_kv_splits > 1): blockIdx.z = split z of each request covers
+  // its z-th share of the KV tiles, and writes its state (normalised output, LSE) to
+  // partial_o [total_q, num_kv_splits, num_heads, kLatentDim] and partial_lse [total_q,
+  // num_kv_splits, num_heads] (both contiguous), which a merge then combines; a split with no key
+  // writes o = 0, lse = -inf. With one split the kernel writes o and lse directly.
+  int32_t num_kv_splits;
+  T* partial_o;
+  float* partial_lse;
   int32_t batch_size;
   int32_t num_heads;
   float sm_scale_log2;  // sm_scale * log2(e): logits in base-2 units

@@ -58,13 +58,14 @@ struct MlaCase {
   std::vector<int64_t> kv_lens;
   Storage storage = Storage::kSeparate;
   bool with_indptr = true;
+  int64_t num_kv_splits = 1;
 };
 
 /// Device copy of one case's inputs, and the oracle's result.
 struct MlaRun {
   DeviceTensor q_nope, q_pe, q_combined, ckv, kpe, kv_combined, o;
   DeviceBuffer qo_indptr, kv_indptr, kv_indices, kv_last;
-  DeviceBuffer lse;
+  DeviceBuffer lse, workspace;
   tessera::PagedLatentCache cache;
   TensorView q_nope_view, q_pe_view, qo_indptr_view, lse_view;
   tessera_ref::State ref;
@@ -159,7 +160,21 @@ std::string describe(const MlaCase& c) {
   for (int64_t l : c.kv_lens) lens += (lens.empty() ? "" : ",") + std::to_string(l);
   return std::string(tessera::dtype_name(c.dtype)) + " H" + std::to_string(c.heads) + " q" + std::to_string(c.qo_len) +
          " page" + std::to_string(c.page_size) + (c.causal ? " causal" : "") + " kv[" + lens + "]" +
-         (c.storage == Storage::kCombined ? " combined" : "");
+         (c.storage == Storage::kCombined ? " combined" : "") + " splits " + std::to_string(c.num_kv_splits);
+}
+
+tessera::MlaOptions options_for(const MlaCase& c, MlaRun& run, double sm_scale) {
+  tessera::MlaOptions options;
+  options.sm_scale = sm_scale;
+  options.causal = c.causal;
+  options.num_kv_splits = c.num_kv_splits;
+  const int64_t bytes = tessera::batch_mla_paged_workspace_bytes(run.total_q, c.heads, c.num_kv_splits, c.dtype);
+  if (bytes > 0) {
+    run.workspace = DeviceBuffer(static_cast<size_t>(bytes));
+    run.workspace.poison();  // stale split states must not leak into the merge
+    options.workspace = make_view(run.workspace.get(), DType::kU8, {bytes}, {1});
+  }
+  return options;
 }
 
 void run_case(const MlaCase& c) {
@@ -169,9 +184,7 @@ void run_case(const MlaCase& c) {
   std::mt19937_64 rng(seed);
   const double sm_scale = 1.0 / std::sqrt(192.0);
   MlaRun run = prepare(c, rng, sm_scale);
-  tessera::MlaOptions options;
-  options.sm_scale = sm_scale;
-  options.causal = c.causal;
+  const tessera::MlaOptions options = options_for(c, run, sm_scale);
   tessera::batch_mla_paged(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, c.qo_len, run.cache, run.o.view,
                            run.lse_view, options);
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -190,6 +203,7 @@ TEST_P(MlaGridTest, MatchesOracle) {
   const auto [dtype, heads, qo_len, page_size] = GetParam();
   for (bool causal : {true, false}) {
     MlaCase c{dtype, heads, qo_len, page_size, causal, {0, qo_len, 77, 200 + 3 * qo_len}};
+    c.num_kv_splits = causal ? 1 : 3;  // half of the grid through the split states and the merge
     run_case(c);
     if (HasFatalFailure() || IsSkipped()) return;
   }
@@ -221,6 +235,37 @@ TEST(MlaTest, CombinedCacheAndStridedQueries_sanitize) {
 TEST(MlaTest, LongContexts) {
   run_case(MlaCase{DType::kBF16, 16, 1, 64, false, {65536, 4099}});
   run_case(MlaCase{DType::kF16, 64, 2, 16, true, {16384}});
+}
+
+TEST(MlaTest, SplitOverTheKvLength_sanitize) {
+  // More splits than some requests have tiles: their extra splits are empty states.
+  for (int64_t splits : {2, 5, 64}) {
+    MlaCase c{DType::kBF16, 128, 4, 16, true, {0, 1, 77, 1000, 3001}};
+    c.num_kv_splits = splits;
+    run_case(c);
+  }
+  MlaCase decode{DType::kF16, 16, 1, 64, false, {40000, 3}};
+  decode.num_kv_splits = 16;
+  decode.with_indptr = false;
+  run_case(decode);
+}
+
+TEST(MlaTest, SplitRunsAreBitwiseRepeatable) {
+  if (!device_has_wgmma()) GTEST_SKIP() << "batch_mla_paged needs an sm_90 GPU";
+  std::mt19937_64 rng(test_seed());
+  MlaCase c{DType::kBF16, 64, 2, 16, true, {5000, 700, 0}};
+  c.num_kv_splits = 7;
+  MlaRun run = prepare(c, rng, 0.07);
+  const tessera::MlaOptions options = options_for(c, run, 0.07);
+  std::vector<unsigned char> first;
+  for (int i = 0; i < 10; ++i) {
+    tessera::batch_mla_paged(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view,
+                             run.lse_view, options);
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> bytes = read_bytes(run.o);
+    if (i == 0) first = bytes;
+    ASSERT_EQ(bytes, first) << "run " << i << " differs from run 0";
+  }
 }
 
 TEST(MlaTest, MoreQueryTokensThanKeys) {
@@ -276,6 +321,18 @@ TEST(MlaTest, BadArgumentsAreNamed) {
   lse_bad.shape[1] = 3;
   expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, lse_bad, options); },
                    {"lse.shape[1] = 3"}, inv);
+  // Splits: the count, the workspace.
+  tessera::MlaOptions split = options;
+  split.num_kv_splits = 0;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, split); },
+                   {"options.num_kv_splits = 0"}, inv);
+  split.num_kv_splits = 4;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, split); },
+                   {"options.workspace is undefined"}, inv);
+  DeviceBuffer small(256);
+  split.workspace = make_view(small.get(), DType::kU8, {256}, {1});
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, split); },
+                   {"options.workspace holds 256 bytes"}, inv);
   // The page table, read in checked mode: a page id out of range and a bad last_page_len.
   tessera::set_checked_mode(true);
   std::vector<int32_t> bad_ids = {0, 1, 2, 999};
@@ -292,6 +349,13 @@ TEST(MlaTest, BadArgumentsAreNamed) {
   DeviceBuffer qo_long = upload_i32({0, 1, 4});
   expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, i32_view(qo_long, 3), 2, run.cache, run.o.view, {}, options); },
                    {"max_qo_len = 2"}, inv);
+  // With splits every query row must belong to a request (the merge writes all of o).
+  DeviceBuffer qo_short = upload_i32({0, 1, 2});
+  const int64_t ws_bytes = tessera::batch_mla_paged_workspace_bytes(4, 16, 4, DType::kBF16);
+  DeviceBuffer ws(static_cast<size_t>(ws_bytes));
+  split.workspace = make_view(ws.get(), DType::kU8, {ws_bytes}, {1});
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, i32_view(qo_short, 3), 2, run.cache, run.o.view, {}, split); },
+                   {"qo_indptr[batch_size] = 2, expected q_nope.shape[0] = 4"}, inv);
   tessera::set_checked_mode(false);
   if (!device_has_wgmma()) {
     expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, options); },

@@ -600,7 +600,8 @@ NB_MODULE(_C, m) {
       "batch_mla_paged",
       [](const Array& q_nope, const Array& q_pe, const OptArray& qo_indptr, int64_t max_qo_len, const Array& ckv,
          const Array& kpe, const Array& kv_indptr, const Array& kv_indices, const Array& kv_last_page_len,
-         const Array& o, const OptArray& lse, double sm_scale, bool causal, uintptr_t stream) {
+         const Array& o, const OptArray& lse, double sm_scale, bool causal, int64_t num_kv_splits,
+         const OptArray& workspace, uintptr_t stream) {
         const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"),
                          qi = to_view(qo_indptr, "qo_indptr"), to = to_view(o, "out"), tl = to_view(lse, "lse");
         tessera::PagedLatentCache kv;
@@ -612,15 +613,28 @@ NB_MODULE(_C, m) {
         tessera::MlaOptions opt;
         opt.sm_scale = sm_scale;
         opt.causal = causal;
+        opt.num_kv_splits = num_kv_splits;
+        opt.workspace = to_view(workspace, "float_workspace_buffer");
         DeviceGuard guard(qn);
         nb::gil_scoped_release release;
         checked([&] { tessera::batch_mla_paged(qn, qp, qi, max_qo_len, kv, to, tl, opt, to_stream(stream)); });
       },
       "q_nope"_a, "q_pe"_a, "qo_indptr"_a.none(), "max_qo_len"_a, "ckv"_a, "kpe"_a, "kv_indptr"_a, "kv_indices"_a,
-      "kv_last_page_len"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
+      "kv_last_page_len"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "num_kv_splits"_a, "workspace"_a.none(),
+      "stream"_a,
       "tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe "
       "[total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], "
-      "lse f32 [total_q, H] base 2 or None.");
+      "lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of "
+      "batch_mla_paged_workspace_bytes bytes.");
+  m.def(
+      "batch_mla_paged_workspace_bytes",
+      [](int64_t total_q, int64_t num_heads, int64_t num_kv_splits, DType dtype) {
+        int64_t bytes = 0;
+        checked([&] { bytes = tessera::batch_mla_paged_workspace_bytes(total_q, num_heads, num_kv_splits, dtype); });
+        return bytes;
+      },
+      "total_q"_a, "num_heads"_a, "num_kv_splits"_a, "dtype"_a,
+      "tessera::batch_mla_paged_workspace_bytes: bytes of the split states (0 for one split); dtype DType.f16 or bf16.");
 
   // --- block-sparse attention and the FlexAttention front end ------------------------------------
   m.def(

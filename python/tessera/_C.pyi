@@ -240,9 +240,14 @@ def append_paged_mla_kv_cache(append_ckv: NDArray, append_kpe: NDArray, batch_in
     tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to request batch_indices[i] at positions[i].
     """
 
-def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, max_qo_len: int, ckv: NDArray, kpe: NDArray, kv_indptr: NDArray, kv_indices: NDArray, kv_last_page_len: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int) -> None:
+def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, max_qo_len: int, ckv: NDArray, kpe: NDArray, kv_indptr: NDArray, kv_indices: NDArray, kv_last_page_len: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, num_kv_splits: int, workspace: NDArray | None, stream: int) -> None:
     """
-    tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], lse f32 [total_q, H] base 2 or None.
+    tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of batch_mla_paged_workspace_bytes bytes.
+    """
+
+def batch_mla_paged_workspace_bytes(total_q: int, num_heads: int, num_kv_splits: int, dtype: DType) -> int:
+    """
+    tessera::batch_mla_paged_workspace_bytes: bytes of the split states (0 for one split); dtype DType.f16 or bf16.
     """
 
 def block_sparse_attention(q: NDArray, k: NDArray, v: NDArray, indptr: NDArray, indices: NDArray, block_flags: NDArray | None, block_rows: int, block_cols: int, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant_name: str = 'flex', mask_source: str = '', mask_function: str = '', score_source: str = '', score_function: str = '', params: Sequence[tuple[str, object]] = [], window_left: int = -1, logits_soft_cap: float = 0.0, alibi_slopes: NDArray | None = None) -> None:

@@ -4,11 +4,12 @@
 Absorbed form: every query head attends to one paged latent cache, ``ckv`` (width 512) and its
 rotary key part ``kpe`` (width 64). The caller passes ``q_nope`` already multiplied by the key
 up-projection (width 512) and ``q_pe`` (width 64); the logits are ``sm_scale * (q_nope . ckv +
-q_pe . kpe)`` and the output stays in latent space (width 512). Each ``run()`` is one launch of
-the C++ ``batch_mla_paged`` (sm_90 GPUs, wgmma): one CTA per 64 (token x head) rows of a request,
-reading the request's whole cache (no split over the KV length). ``plan()`` checks the page table
-and derives what the kernel reads from it; the float workspace is accepted for FlashInfer's
-signature and not used.
+q_pe . kpe)`` and the output stays in latent space (width 512). Each ``run()`` is the C++
+``batch_mla_paged`` (sm_90 GPUs, wgmma): one CTA per 64 (token x head) rows of a request and KV
+split. ``plan()`` checks the page table, derives what the kernel reads from it and chooses the
+split over the KV length: when the batch's CTAs fill fewer than all SMs, each request's KV is
+cut into as many runs as fill them (at least 256 tokens each), whose states are merged after the
+kernel; the split states live in the float workspace.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class BatchMLAPagedAttentionWrapper:
         backend: str = "auto",
     ) -> None:
         """Args:
-            float_workspace_buffer: 1-D CUDA tensor (kept for FlashInfer's signature; unused).
+            float_workspace_buffer: 1-D contiguous CUDA tensor, 256-byte aligned (e.g. 128 MiB of
+                uint8): the states of the split over the KV length (plan() splits no more than it holds).
             use_cuda_graph: keep every device pointer fixed so ``run()`` can be captured; then the
                 four int32 CUDA buffers below are required (sized for the largest batch).
             qo_indptr, kv_indptr: ``[max_batch + 1]``; kv_indices: ``[max_pages]``; kv_len_arr:
@@ -82,7 +84,9 @@ class BatchMLAPagedAttentionWrapper:
                 "qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len_arr": kv_len_arr,
                 "last_page_len": torch.zeros_like(kv_len_arr),
             }
+        self._workspace = ws
         self._graph_max_qo_len: Optional[int] = None
+        self._graph_splits: Optional[int] = None
         self._plan: Optional[dict] = None
 
     def plan(
@@ -146,6 +150,8 @@ class BatchMLAPagedAttentionWrapper:
         qo_lens = qo_host[1:] - qo_host[:-1]
         max_qo_len = max(1, int(qo_lens.max())) if batch > 0 else 1
         last_host = torch.where(len_host > 0, (len_host - 1) % page_size + 1, torch.zeros_like(len_host))
+        max_kv_len = int(len_host.max()) if batch > 0 else 0
+        total_q = int(qo_host[-1])
 
         dev = self._device
         if self._use_cuda_graph:
@@ -161,6 +167,9 @@ class BatchMLAPagedAttentionWrapper:
                     f"max query length {max_qo_len} exceeds the first plan's {self._graph_max_qo_len}, which sizes "
                     "the captured grid (use_cuda_graph=True)")
             max_qo_len = self._graph_max_qo_len
+            if self._graph_splits is None:
+                self._graph_splits = self._choose_splits(batch, max_qo_len, num_heads, max_kv_len, total_q, q_dtype)
+            splits = self._graph_splits
             # Requests past this batch see empty page ranges and no queries.
             for name, host in (("qo_indptr", qo_host), ("kv_indptr", kv_host)):
                 full = torch.full((buf[name].shape[0],), int(host[-1]), dtype=torch.int32)
@@ -179,12 +188,27 @@ class BatchMLAPagedAttentionWrapper:
             arrays = (qo_host.to(dev), kv_host.to(dev),
                       kv_indices.to(dev) if kv_indices.device != dev else kv_indices, last_host.to(dev))
             graph_batch = batch
+            splits = self._choose_splits(batch, max_qo_len, num_heads, max_kv_len, total_q, q_dtype)
         self._plan = {
             "batch": graph_batch, "num_heads": num_heads, "page_size": page_size, "causal": bool(causal),
             "sm_scale": float(sm_scale), "dtype": q_dtype, "max_qo_len": max_qo_len,
-            "total_q": int(qo_host[-1]), "arrays": arrays,
+            "total_q": total_q, "arrays": arrays, "num_kv_splits": splits,
             "page_ids": U.HostPageIds("kv_indices", kv_indices, int(kv_host[-1])),
         }
+
+    def _choose_splits(self, batch: int, max_qo_len: int, heads: int, max_kv_len: int, total_q: int,
+                       dtype: "torch.dtype") -> int:
+        """KV splits per request: as many as fill the SMs the batch's CTAs leave idle, each at least
+        four 64-token tiles, and no more than the workspace holds."""
+        torch = U._torch()
+        sms = torch.cuda.get_device_properties(self._device).multi_processor_count
+        ctas = max(1, batch * -(-max_qo_len * heads // 64))
+        splits = max(1, min(sms // ctas, (max_kv_len // 64) // 4, 256))
+        tag = U._C().DType.bf16 if dtype == torch.bfloat16 else U._C().DType.f16
+        room = self._workspace.numel() * self._workspace.element_size()
+        while splits > 1 and U._C().batch_mla_paged_workspace_bytes(total_q, heads, splits, tag) > room:
+            splits -= 1
+        return splits
 
     def run(
         self,
@@ -245,7 +269,8 @@ class BatchMLAPagedAttentionWrapper:
             U.check_shape("lse", lse, (total_q, heads), "[total_q, num_heads]")
         qo_indptr, kv_indptr, kv_indices, last = p["arrays"]
         U.call(U._C().batch_mla_paged, q_nope, q_nope, q_pe, qo_indptr, p["max_qo_len"], ckv_cache, kpe_cache,
-               kv_indptr, kv_indices, last, out, lse, p["sm_scale"], p["causal"], U.current_stream(q_nope.device))
+               kv_indptr, kv_indices, last, out, lse, p["sm_scale"], p["causal"], p["num_kv_splits"],
+               self._workspace if p["num_kv_splits"] > 1 else None, U.current_stream(q_nope.device))
         if lse is not None and return_lse_base_on_e:
             lse.mul_(math.log(2.0))
         return (out, lse) if return_lse else out

@@ -2,9 +2,10 @@
 
 CPU: the signature and the constructor's errors. GPU (skipped without CUDA; the kernel needs
 sm_90): random batches over a paged latent cache with a random page permutation (page sizes 1, 16,
-64; 16 and 128 heads; 1-4 query tokens, causal and not; empty requests), ckv/kpe as slices of one
-[pages, page_size, 576] tensor, against an fp32 reference over the gathered latent rows; the LSE
-in base 2 and base e; CUDA-graph replay after a re-plan; the plan's errors.
+64; 16 and 128 heads; 1-4 query tokens, causal and not; empty requests; small batches that plan()
+splits over the KV length), ckv/kpe as slices of one [pages, page_size, 576] tensor, against an
+fp32 reference over the gathered latent rows; the LSE in base 2 and base e; CUDA-graph replay of a
+split plan after a re-plan; the plan's errors.
 """
 
 import inspect
@@ -121,6 +122,8 @@ def test_mla_wrapper_matches_reference(case):
     out, lse = w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], return_lse=True)
     ref_o, ref_lse = _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale)
     _check(out, lse, ref_o, ref_lse, dtype)
+    if case is CASES[0]:
+        assert w._plan["num_kv_splits"] > 1  # 4 short-query requests cannot fill the GPU alone
     # Base e, into caller buffers.
     out2 = torch.full_like(out, float("nan"))
     lse2 = torch.full_like(lse, float("nan"))
@@ -136,11 +139,11 @@ def test_mla_wrapper_cuda_graph_replays_a_new_plan():
     dev = torch.device("cuda:0")
     dtype, heads, page_size = torch.bfloat16, 16, 16
     gen = torch.Generator().manual_seed(7)
-    max_batch, max_pages = 4, 64
+    max_batch, max_pages = 4, 128
     bufs = [torch.zeros(max_batch + 1, dtype=torch.int32, device=dev), torch.zeros(max_batch + 1, dtype=torch.int32, device=dev),
             torch.zeros(max_pages, dtype=torch.int32, device=dev), torch.zeros(max_batch, dtype=torch.int32, device=dev)]
     w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev), True, *bufs)
-    a = _batch([100, 3, 40], [2, 2, 1], page_size, heads, dtype, gen, dev)
+    a = _batch([1000, 3, 40], [2, 2, 1], page_size, heads, dtype, gen, dev)  # long enough to split
     bb = _batch([17, 200, 0, 65], [1, 2, 1, 2], page_size, heads, dtype, gen, dev)
     # One cache and one query buffer large enough for both batches.
     cache = torch.cat([a["cache"], bb["cache"]])
@@ -153,7 +156,8 @@ def test_mla_wrapper_cuda_graph_replays_a_new_plan():
         w.plan(x["qo_indptr"], x["kv_indptr"], x["kv_indices"] + page_base, x["kv_len"], heads, 512, 64, page_size,
                True, sm, dtype, dtype)
 
-    plan(a, [100, 3, 40], 0)
+    plan(a, [1000, 3, 40], 0)
+    assert w._plan["num_kv_splits"] > 1
     n_a = a["q"].shape[0]
     q[:n_a] = a["q"]
     stream = torch.cuda.Stream()
@@ -166,7 +170,7 @@ def test_mla_wrapper_cuda_graph_replays_a_new_plan():
         w.run(q[:n_a, :, :512], q[:n_a, :, 512:], cache[..., :512], cache[..., 512:], out=out[:n_a])
     graph.replay()
     torch.cuda.synchronize()
-    ref_a, _ = _reference({**a, "cache": cache, "kv_indices": a["kv_indices"]}, [100, 3, 40], [2, 2, 1], page_size,
+    ref_a, _ = _reference({**a, "cache": cache, "kv_indices": a["kv_indices"]}, [1000, 3, 40], [2, 2, 1], page_size,
                           True, sm)
     rel = (out[:n_a].float() - ref_a).norm() / ref_a.norm()
     assert rel <= REL_TOL[dtype]

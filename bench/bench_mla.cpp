@@ -5,7 +5,11 @@
 //   (b) compute-bound decode: B=128, L in {4096, 8192}, 128 heads, 2 tokens per request (causal);
 //       TFLOP/s = 2 x B x q_len x heads x L x (576 + 512) / time, against the GEMM ceiling
 //       (target >= 620 TFLOP/s).
+//   (small batch, not a W9 cell) B=8, L=32768, 128 heads, one token: latent GB/s with the KV
+//       split over the SMs the 16 CTAs leave idle (what the Python wrapper's plan() chooses) and
+//       without a split.
 // Anchor (published): FlashMLA on H800 SXM5, up to 3000 GB/s and 660 TFLOP/s.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -25,19 +29,19 @@ constexpr uint64_t kW9PermutationSeed = 0x3a9;
 constexpr double kFlashMlaGbps = 3000;
 constexpr double kFlashMlaTflops = 660;
 
-void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len) {
+void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len, int64_t batch = kW9Batch) {
   const int64_t pages_per_request = (len + kW9PageSize - 1) / kW9PageSize;
-  const int64_t num_pages = kW9Batch * pages_per_request;
-  std::vector<int32_t> indptr(kW9Batch + 1), last(kW9Batch), qo_indptr(kW9Batch + 1);
-  for (int64_t b = 0; b <= kW9Batch; ++b) {
+  const int64_t num_pages = batch * pages_per_request;
+  std::vector<int32_t> indptr(batch + 1), last(batch), qo_indptr(batch + 1);
+  for (int64_t b = 0; b <= batch; ++b) {
     indptr[b] = static_cast<int32_t>(b * pages_per_request);
     qo_indptr[b] = static_cast<int32_t>(b * qo_len);
-    if (b < kW9Batch) last[b] = static_cast<int32_t>(len - (pages_per_request - 1) * kW9PageSize);
+    if (b < batch) last[b] = static_cast<int32_t>(len - (pages_per_request - 1) * kW9PageSize);
   }
   // One [pages, page_size, 576] cache, ckv and kpe its slices (FlashMLA's layout).
   DeviceTensor cache = ctx.random_tensor(DType::kBF16, {num_pages, kW9PageSize, 576});
-  DeviceTensor q = ctx.random_tensor(DType::kBF16, {kW9Batch * qo_len, heads, 576});
-  DeviceTensor o = ctx.empty_tensor(DType::kBF16, {kW9Batch * qo_len, heads, 512});
+  DeviceTensor q = ctx.random_tensor(DType::kBF16, {batch * qo_len, heads, 576});
+  DeviceTensor o = ctx.empty_tensor(DType::kBF16, {batch * qo_len, heads, 512});
   DeviceTensor indptr_t = ctx.upload_i32(indptr), last_t = ctx.upload_i32(last), qo_t = ctx.upload_i32(qo_indptr);
   DeviceTensor indices_t = ctx.upload_i32(random_permutation(num_pages, kW9PermutationSeed));
   auto slice = [](const tessera::TensorView& full, int64_t offset, int64_t width) {
@@ -56,22 +60,41 @@ void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len) {
   options.sm_scale = 1.0 / std::sqrt(192.0);
   options.causal = qo_len > 1;
   const tessera::TensorView q_nope = slice(q.view, 0, 512), q_pe = slice(q.view, 512, 64);
-  const Timing t = ctx.measure([&](cudaStream_t stream) {
-    tessera::batch_mla_paged(q_nope, q_pe, qo_t.view, qo_len, kv, o.view, tessera::TensorView(), options,
-                             reinterpret_cast<tessera::StreamHandle>(stream));
-  });
-  Params params = {{"B", kW9Batch},     {"L", len},         {"heads", heads},       {"qo_len", qo_len},
-                   {"page_size", kW9PageSize}, {"dtype", "bf16"}, {"causal", static_cast<int64_t>(options.causal)}};
+  // KV splits as the Python wrapper's plan() chooses them: the SMs the CTAs leave idle, at least
+  // four 64-token tiles a split.
+  const int64_t ctas = batch * ((qo_len * heads + 63) / 64);
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(ctx.props().multiProcessorCount / ctas, len / 64 / 4));
+  const int64_t ws_bytes = tessera::batch_mla_paged_workspace_bytes(batch * qo_len, heads, splits, DType::kBF16);
+  DeviceTensor workspace = ctx.empty_tensor(DType::kU8, {std::max<int64_t>(ws_bytes, 1)});
+  auto time_with = [&](int64_t num_splits) {
+    tessera::MlaOptions opt = options;
+    opt.num_kv_splits = num_splits;
+    opt.workspace = workspace.view;
+    return ctx.measure([&](cudaStream_t stream) {
+      tessera::batch_mla_paged(q_nope, q_pe, qo_t.view, qo_len, kv, o.view, tessera::TensorView(), opt,
+                               reinterpret_cast<tessera::StreamHandle>(stream));
+    });
+  };
+  const Timing t = time_with(splits);
+  Params params = {{"B", batch},     {"L", len},         {"heads", heads},       {"qo_len", qo_len},
+                   {"page_size", kW9PageSize}, {"dtype", "bf16"}, {"causal", static_cast<int64_t>(options.causal)},
+                   {"kv_splits", splits}};
+  if (splits > 1) {
+    Params unsplit = params;
+    unsplit.back() = {"kv_splits", int64_t{1}};
+    ctx.report_gbps(time_with(1), static_cast<double>(batch) * static_cast<double>(len) * 576.0 * 2.0,
+                    std::move(unsplit), "tessera-no-split");
+  }
   if (qo_len == 1) {
     params.emplace_back("bytes", "latent rows read: B x L x 576 x 2");
     params.emplace_back("anchor_flashmla_h800_gbps", kFlashMlaGbps);
     params.emplace_back("target_fraction_of_copy", 0.93);
-    ctx.report_gbps(t, static_cast<double>(kW9Batch) * static_cast<double>(len) * 576.0 * 2.0, std::move(params));
+    ctx.report_gbps(t, static_cast<double>(batch) * static_cast<double>(len) * 576.0 * 2.0, std::move(params));
   } else {
     params.emplace_back("flops", "2 x B x q_len x heads x L x (576 + 512)");
     params.emplace_back("anchor_flashmla_h800_tflops", kFlashMlaTflops);
     params.emplace_back("target_tflops", 620.0);
-    const double flops = 2.0 * static_cast<double>(kW9Batch * qo_len * heads) * static_cast<double>(len) * 1088.0;
+    const double flops = 2.0 * static_cast<double>(batch * qo_len * heads) * static_cast<double>(len) * 1088.0;
     ctx.report_tflops(t, flops, std::move(params));
   }
 }
@@ -81,6 +104,7 @@ void w9_memory_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 16, 1); }
 void w9_memory_l32768(BenchContext& ctx) { run_w9(ctx, 32768, 16, 1); }
 void w9_compute_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 128, 2); }
 void w9_compute_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 128, 2); }
+void mla_small_batch(BenchContext& ctx) { run_w9(ctx, 32768, 128, 1, 8); }
 
 TESSERA_BENCH_WORKLOAD(w9_memory_l4096, "w9_mla_decode_h16_l4096", "W9a MLA decode B=128 L=4096 16 heads, page 64",
                        "mla", "quick");
@@ -90,6 +114,8 @@ TESSERA_BENCH_WORKLOAD(w9_memory_l32768, "w9_mla_decode_h16_l32768",
                        "W9a MLA decode B=128 L=32768 16 heads, page 64", "mla", "quick");
 TESSERA_BENCH_WORKLOAD(w9_compute_l4096, "w9_mla_decode_h128_q2_l4096",
                        "W9b MLA decode B=128 L=4096 128 heads, 2 tokens, page 64", "mla", "quick");
+TESSERA_BENCH_WORKLOAD(mla_small_batch, "mla_decode_b8_h128_l32768",
+                       "MLA decode B=8 L=32768 128 heads, page 64, split over the KV length vs not", "mla", "quick");
 TESSERA_BENCH_WORKLOAD(w9_compute_l8192, "w9_mla_decode_h128_q2_l8192",
                        "W9b MLA decode B=128 L=8192 128 heads, 2 tokens, page 64", "mla");
 

@@ -177,7 +177,9 @@ struct MlaOnlineSoftmax {
       // A row that has seen no key yet keeps -inf; 0 then stands in for it, so that exp2 of
       // (-inf) - (-inf) never makes a NaN.
       m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[r] = fast_exp2(m[r] - m_use[r]);
+      // Exactly 1 when the row's max has not moved (most tiles once it settles), so that the
+      // output's rescale can be skipped (MlaValueGemm::rescale).
+      alpha[r] = m_new == m[r] ? 1.f : fast_exp2(m[r] - m_use[r]);
       m[r] = m_new;
       l[r] *= alpha[r];
     }
@@ -234,7 +236,10 @@ struct MlaValueGemm {
     wgmma_wait<0>();
     wgmma_fence_operands(o);
   }
+  /// O *= alpha per row; skipped by a warp whose rows all keep their max (alpha exactly 1): 128
+  /// multiplies a thread on the path between the softmax and the next P V.
   static TESSERA_DEVICE void rescale(float (&o)[kOAccs], const float (&alpha)[2]) {
+    if (__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
 #pragma unroll
     for (int i = 0; i < kOAccs; ++i) o[i] *= alpha[(i / 2) % 2];
   }

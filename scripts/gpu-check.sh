@@ -106,6 +106,13 @@ if [ "$SANITIZE" = 1 ]; then
   else
     tail -20 "$OUT/racecheck.log"; note "compute-sanitizer racecheck" "FAILED"
   fi
+  # Barrier use of the kernels whose warpgroups hand off through barriers (MLA).
+  if compute-sanitizer --tool synccheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/gpu_mla_tests" \
+       --gtest_filter='*_sanitize*' >"$OUT/synccheck.log" 2>&1; then
+    note "compute-sanitizer synccheck" "ok: $(grep -E 'ERROR SUMMARY' "$OUT/synccheck.log" | tail -1)"
+  else
+    tail -20 "$OUT/synccheck.log"; note "compute-sanitizer synccheck" "FAILED"
+  fi
 fi
 
 if [ "$PYTEST" = 1 ] && [ -d "$BUILD_DIR/python/tessera" ]; then

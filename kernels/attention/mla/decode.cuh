@@ -1,10 +1,11 @@
 // Multi-head latent attention (DeepSeek MLA) in absorbed form over a paged latent cache, on sm_90a
 // wgmma: decode and append-style prefill (any number of query tokens per request, causal among
 // them). The kernel is a composition of the types below, in the order a tile meets them:
-// MlaWorkTile (which query rows and KV tokens a CTA owns), MlaTileLoader (cp.async copies of Q and
-// of paged KV rows into the swizzled operand tiles), MlaScoreMainloop (Q K^T), MlaOnlineSoftmax
-// (masking, running max and sum, P), the P V products of both warpgroups, and MlaEpilogue.
-// Roles and shared memory: traits.cuh.
+// MlaWorkTile (which query rows and KV tokens a CTA owns: the tile scheduler), MlaTileLoader
+// (cp.async copies of Q and of paged KV rows into the swizzled operand tiles), MlaScoreMainloop
+// (Q K^T), MlaOnlineSoftmax (masking, running max and sum, P), MlaValueGemm (the P V products),
+// MlaEpilogue, MlaHandoffs (the pipeline between the warpgroups), and the two warpgroup roles,
+// MlaValueWarpgroup and MlaScoreWarpgroup. Roles and shared memory: traits.cuh.
 #pragma once
 
 #include "kernels/attention/mla/params.cuh"
@@ -327,50 +328,48 @@ struct MlaHandoffs {
   TESSERA_DEVICE void wait_sums() const { mbarrier_wait(sums, 0u); }
 };
 
-/// One CTA: CTA_TILE_Q query rows of one request against all the KV tokens they see.
-///
-/// Hand-offs per KV tile t (MlaHandoffs):
-///   value WG: wait P(t) -> rescale, P V right -> release P(t) -> wait the stage of t released,
-///             copy t + 2 into it (if t + 2 < n); Q and tiles 0 and 1 are copied before the loop
-///   score WG: softmax of S(t) -> wait P(t - 1) released (if t > 0) -> publish P(t) -> rescale,
-///             issue P V left -> wait KV(t + 1), issue Q K^T of t + 1 -> wait for P V left ->
-///             release the stage of t (if t + 2 < n) -> wait for Q K^T
-/// No wait depends on an arrival that its own warpgroup makes later, and no phase is arrived at
-/// twice before its waiter has passed it (P(t + 1) needs P(t) released, which follows the wait for
-/// P(t); a stage's next copies need its release, which follows the wait for its data).
+/// What both warpgroups of a CTA share: the work tile, the hand-offs and the shared-memory
+/// regions (traits.cuh's layout).
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const MlaParams<typename Traits::DType> p) {
-#if TESSERA_WGMMA_AVAILABLE
+struct MlaCta {
+  MlaWorkTile<Traits> w;
+  MlaHandoffs<Traits> handoffs;
+  unsigned char* smem;
+  TESSERA_DEVICE uint32_t q_tile() const { return smem_addr(smem + Traits::kQOffset); }  // [CTA_TILE_Q, kQkDim]
+  TESSERA_DEVICE uint32_t p_tile() const { return smem_addr(smem + Traits::kPOffset); }  // [CTA_TILE_Q, CTA_TILE_KV]
+  /// The KV stage of the CTA's tile t (local index): [CTA_TILE_KV, kQkDim].
+  TESSERA_DEVICE unsigned char* stage(int t) const {
+    return smem + Traits::kKVOffset + (t % Traits::kStages) * Traits::kKVStageBytes;
+  }
+  /// The rows' rescale factors of tile t: f32 [CTA_TILE_Q], one of two buffers.
+  TESSERA_DEVICE float* row_scale(int t) const {
+    return reinterpret_cast<float*>(smem + Traits::kRowScaleOffset) + (t % 2) * Traits::CTA_TILE_Q;
+  }
+  TESSERA_DEVICE float* row_inv_sum() const { return reinterpret_cast<float*>(smem + Traits::kRowInvSumOffset); }
+};
+
+/// The load-and-value warpgroup: copies Q and the KV tiles, and multiplies each published P by the
+/// right half of V.
+///   per tile t: wait KV(t) and P(t) -> rescale, P V right -> release P(t) -> wait the stage of t
+///   released, copy t + 2 into it (if t + 2 < n); Q and tiles 0 and 1 are copied before the loop.
+template <typename Traits>
+struct MlaValueWarpgroup {
   using T = typename Traits::DType;
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const MlaWorkTile<Traits> w = MlaWorkTile<Traits>::make(p);
-  if (w.empty()) return;
-  const MlaRole role = static_cast<MlaRole>(threadIdx.x / Traits::kWarpgroupThreads);
-  const int thread_in_wg = threadIdx.x % Traits::kWarpgroupThreads;
-  const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
-  const uint32_t q_tile = smem_addr(smem + Traits::kQOffset);
-  const uint32_t p_tile = smem_addr(smem + Traits::kPOffset);
-  float* row_scales = reinterpret_cast<float*>(smem + Traits::kRowScaleOffset);    // [2][CTA_TILE_Q]
-  float* row_inv_sum = reinterpret_cast<float*>(smem + Traits::kRowInvSumOffset);  // [CTA_TILE_Q]
-  auto stage_ptr = [&](int t) { return smem + Traits::kKVOffset + (t % Traits::kStages) * Traits::kKVStageBytes; };
-  const MlaHandoffs<Traits> handoffs = MlaHandoffs<Traits>::at(smem);
-  if (threadIdx.x == 0) handoffs.init();
-  __syncthreads();
-  const int n = w.num_kv_tiles;
-
-  float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] of this warpgroup, m64n256 layout
-#pragma unroll
-  for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
-  float inv_sum[2];
-
-  if (role == MlaRole::kLoadAndValue) {
+  static TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaCta<Traits>& cta, int thread_in_wg) {
+    const MlaWorkTile<Traits>& w = cta.w;
+    const MlaHandoffs<Traits>& handoffs = cta.handoffs;
+    const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
     const MlaTileLoader<Traits> loader{thread_in_wg};
+    const int n = w.num_kv_tiles;
+    float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] right half of O, m64n256 layout
+#pragma unroll
+    for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
     if (n > 0) {
-      loader.load_q(p, w, smem + Traits::kQOffset);
-      loader.load_kv(p, w, w.first_kv_tile, stage_ptr(0));
+      loader.load_q(p, w, cta.smem + Traits::kQOffset);
+      loader.load_kv(p, w, w.first_kv_tile, cta.stage(0));
       handoffs.kv_copied(0);
       if (n > 1) {
-        loader.load_kv(p, w, w.first_kv_tile + 1, stage_ptr(1));
+        loader.load_kv(p, w, w.first_kv_tile + 1, cta.stage(1));
         handoffs.kv_copied(1);
       }
     }
@@ -378,38 +377,107 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
       handoffs.wait_kv(t);
       handoffs.wait_p(t);
       fence_proxy_async_shared();  // the copies and P, before wgmma's async-proxy reads
-      const float* row_scale = row_scales + (t % 2) * Traits::CTA_TILE_Q;
+      const float* row_scale = cta.row_scale(t);
       const float alpha[2] = {row_scale[coords.row_lo], row_scale[coords.row_lo + 8]};
       MlaValueGemm<Traits>::rescale(o, alpha);
-      MlaValueGemm<Traits>::from_shared(o, p_tile, smem_addr(stage_ptr(t)), Traits::kValueBlocks);
+      MlaValueGemm<Traits>::from_shared(o, cta.p_tile(), smem_addr(cta.stage(t)), Traits::kValueBlocks);
       handoffs.release_p();
       if (t + 2 < n) {
         handoffs.wait_stage_free(t);
-        loader.load_kv(p, w, w.first_kv_tile + t + 2, stage_ptr(t));
+        loader.load_kv(p, w, w.first_kv_tile + t + 2, cta.stage(t));
         handoffs.kv_copied(t + 2);
       }
     }
     handoffs.wait_sums();
-    inv_sum[0] = row_inv_sum[coords.row_lo];
-    inv_sum[1] = row_inv_sum[coords.row_lo + 8];
+    const float inv_sum[2] = {cta.row_inv_sum()[coords.row_lo], cta.row_inv_sum()[coords.row_lo + 8]};
     MlaEpilogue<Traits>::store(p, w, o, coords, Traits::kValueCols, inv_sum);
-  } else {
-    MlaOnlineSoftmax<Traits> softmax;
+  }
+};
+
+/// The score warpgroup: Q K^T, the online softmax, P's publication and the left half of P V.
+///   per tile t: softmax of S(t) -> wait P(t - 1) released (if t > 0) -> publish P(t) ->
+///   rescale, issue P V left -> wait KV(t + 1), issue Q K^T of t + 1 -> wait for P V left ->
+///   release the stage of t (if t + 2 < n) -> wait for Q K^T.
+/// The left P V of tile t and Q K^T of t + 1 are issued back to back, so the tensor cores go on
+/// from one to the other while this warpgroup waits.
+template <typename Traits>
+struct MlaScoreWarpgroup {
+  using T = typename Traits::DType;
+  using PFragments = uint32_t[Traits::kPvSteps][4];  // P as m16n8k16 A fragments, one set per k16 step
+
+  static TESSERA_DEVICE void pack_p(const float (&s)[Traits::CTA_TILE_KV / 2], PFragments& p_frag) {
+#pragma unroll
+    for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
+      p_frag[kk][0] = pack_pair<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      p_frag[kk][1] = pack_pair<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      p_frag[kk][2] = pack_pair<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      p_frag[kk][3] = pack_pair<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  }
+  /// Writes P into the PTile ([CTA_TILE_Q, CTA_TILE_KV]) and the rows' rescale factors, then
+  /// publishes both.
+  static TESSERA_DEVICE void publish_p(const MlaCta<Traits>& cta, int t, MlaFragmentCoords coords,
+                                       const PFragments& p_frag, const float (&alpha)[2]) {
+    const uint32_t p_tile = cta.p_tile();
+#pragma unroll
+    for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t addr = p_tile + Traits::PTile::chunk_offset(coords.row_lo + 8 * r, 2 * kk + half) * 16 +
+                                coords.col_in_n8 * 2;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(p_frag[kk][2 * half + r]) : "memory");
+        }
+      }
+    }
+    if (coords.col_in_n8 == 0) {
+      cta.row_scale(t)[coords.row_lo] = alpha[0];
+      cta.row_scale(t)[coords.row_lo + 8] = alpha[1];
+    }
+    fence_proxy_async_shared();
+    cta.handoffs.publish_p();
+  }
+  /// O and P stay bound to their registers until the P V that reads them has completed.
+  static TESSERA_DEVICE void keep_until_here(float (&o)[Traits::kValueCols / 2], PFragments& p_frag) {
+    wgmma_fence_operands(o);
+#pragma unroll
+    for (int kk = 0; kk < Traits::kPvSteps; ++kk) wgmma_fence_operands(p_frag[kk]);
+  }
+  /// The rows' 1 / l for the value warpgroup, and their LSE.
+  static TESSERA_DEVICE void finish_rows(const MlaParams<T>& p, const MlaCta<Traits>& cta, MlaFragmentCoords coords,
+                                         MlaOnlineSoftmax<Traits>& softmax, float (&inv_sum)[2]) {
+    softmax.reduce_sums();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      inv_sum[r] = softmax.l[r] > 0.f ? 1.f / softmax.l[r] : 0.f;
+      const int row = coords.row_lo + 8 * r;
+      if (coords.col_in_n8 == 0) {
+        cta.row_inv_sum()[row] = inv_sum[r];
+        const int packed = cta.w.row0 + row;
+        float* lse = packed < cta.w.rows ? MlaEpilogue<Traits>::lse_slot(p, cta.w, packed) : nullptr;
+        if (lse != nullptr) *lse = softmax.l[r] > 0.f ? softmax.m[r] + __log2f(softmax.l[r]) : -INFINITY;
+      }
+    }
+    cta.handoffs.publish_sums();
+  }
+
+  static TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaCta<Traits>& cta, int thread_in_wg) {
+    const MlaWorkTile<Traits>& w = cta.w;
+    const MlaHandoffs<Traits>& handoffs = cta.handoffs;
+    const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
+    const int n = w.num_kv_tiles;
     const int limit_lo = w.key_limit(w.row0 + coords.row_lo, p.num_heads, p.causal);
     const int limit_hi = w.key_limit(w.row0 + coords.row_lo + 8, p.num_heads, p.causal);
-    // O and P stay bound to their registers until the P V that reads them has completed.
-    auto keep_until_here = [](float(&acc)[Traits::kValueCols / 2], uint32_t(&frag)[Traits::kPvSteps][4]) {
-      wgmma_fence_operands(acc);
+    MlaOnlineSoftmax<Traits> softmax;
+    float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] left half of O, m64n256 layout
 #pragma unroll
-      for (int kk = 0; kk < Traits::kPvSteps; ++kk) wgmma_fence_operands(frag[kk]);
-    };
-    // Software pipeline: the P V of tile t (left half) and Q K^T of tile t + 1 are issued back to
-    // back, so the tensor cores go on from one to the other while this warpgroup waits.
+    for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
     float s[Traits::CTA_TILE_KV / 2];  // [CTA_TILE_Q, CTA_TILE_KV] logits, m64n64 layout
     if (n > 0) {
       handoffs.wait_kv(0);
       fence_proxy_async_shared();
-      MlaScoreMainloop<Traits>::issue(s, q_tile, smem_addr(stage_ptr(0)));
+      MlaScoreMainloop<Traits>::issue(s, cta.q_tile(), smem_addr(cta.stage(0)));
       wgmma_wait<0>();
       wgmma_fence_operands(s);
     }
@@ -418,42 +486,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
       float alpha[2];
       softmax.step(s, key0, coords.col_in_n8, limit_lo, limit_hi, key0 + Traits::CTA_TILE_KV > limit_lo,
                    p.sm_scale_log2, alpha);
-      uint32_t p_frag[Traits::kPvSteps][4];  // P as m16n8k16 A fragments, one set per k16 step
-#pragma unroll
-      for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
-        p_frag[kk][0] = pack_pair<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        p_frag[kk][1] = pack_pair<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        p_frag[kk][2] = pack_pair<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        p_frag[kk][3] = pack_pair<T>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      PFragments p_frag;
+      pack_p(s, p_frag);
       if (t > 0) handoffs.wait_p_released(t - 1);
-      // Publish P ([CTA_TILE_Q, CTA_TILE_KV], PTile layout) and the rows' rescale factors.
-#pragma unroll
-      for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int chunk = 2 * kk + half;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = coords.row_lo + 8 * r;
-            const uint32_t addr = p_tile + Traits::PTile::chunk_offset(row, chunk) * 16 + coords.col_in_n8 * 2;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(p_frag[kk][2 * half + r]) : "memory");
-          }
-        }
-      }
-      if (coords.col_in_n8 == 0) {
-        float* row_scale = row_scales + (t % 2) * Traits::CTA_TILE_Q;
-        row_scale[coords.row_lo] = alpha[0];
-        row_scale[coords.row_lo + 8] = alpha[1];
-      }
-      fence_proxy_async_shared();
-      handoffs.publish_p();
+      publish_p(cta, t, coords, p_frag, alpha);
       MlaValueGemm<Traits>::rescale(o, alpha);
-      MlaValueGemm<Traits>::issue_from_registers(o, p_frag, smem_addr(stage_ptr(t)), 0);
+      MlaValueGemm<Traits>::issue_from_registers(o, p_frag, smem_addr(cta.stage(t)), 0);
       if (t + 1 < n) {
         handoffs.wait_kv(t + 1);
         fence_proxy_async_shared();
-        MlaScoreMainloop<Traits>::issue(s, q_tile, smem_addr(stage_ptr(t + 1)));
+        MlaScoreMainloop<Traits>::issue(s, cta.q_tile(), smem_addr(cta.stage(t + 1)));
         wgmma_wait<1>();  // the P V of tile t (committed first); Q K^T of t + 1 may still run
         keep_until_here(o, p_frag);
         if (t + 2 < n) handoffs.release_stage(t);
@@ -464,19 +506,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const Ml
         keep_until_here(o, p_frag);
       }
     }
-    softmax.reduce_sums();
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      inv_sum[r] = softmax.l[r] > 0.f ? 1.f / softmax.l[r] : 0.f;
-      const int row = coords.row_lo + 8 * r;
-      if (coords.col_in_n8 == 0) {
-        row_inv_sum[row] = inv_sum[r];
-        float* lse = w.row0 + row < w.rows ? MlaEpilogue<Traits>::lse_slot(p, w, w.row0 + row) : nullptr;
-        if (lse != nullptr) *lse = softmax.l[r] > 0.f ? softmax.m[r] + __log2f(softmax.l[r]) : -INFINITY;
-      }
-    }
-    handoffs.publish_sums();
+    float inv_sum[2];
+    finish_rows(p, cta, coords, softmax, inv_sum);
     MlaEpilogue<Traits>::store(p, w, o, coords, 0, inv_sum);
+  }
+};
+
+/// One CTA: CTA_TILE_Q query rows of one request against the KV tokens of its split. The two
+/// warpgroups hand off through MlaHandoffs; no wait depends on an arrival that its own warpgroup
+/// makes later, and no phase is arrived at twice before its waiter has passed it (P(t + 1) needs
+/// P(t) released, which follows the wait for P(t); a stage's next copies need its release, which
+/// follows the wait for its data).
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const MlaParams<typename Traits::DType> p) {
+#if TESSERA_WGMMA_AVAILABLE
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const MlaCta<Traits> cta{MlaWorkTile<Traits>::make(p), MlaHandoffs<Traits>::at(smem), smem};
+  if (cta.w.empty()) return;
+  if (threadIdx.x == 0) cta.handoffs.init();
+  __syncthreads();
+  const int thread_in_wg = threadIdx.x % Traits::kWarpgroupThreads;
+  if (static_cast<MlaRole>(threadIdx.x / Traits::kWarpgroupThreads) == MlaRole::kLoadAndValue) {
+    MlaValueWarpgroup<Traits>::run(p, cta, thread_in_wg);
+  } else {
+    MlaScoreWarpgroup<Traits>::run(p, cta, thread_in_wg);
   }
 #endif
 }

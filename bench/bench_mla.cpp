@@ -9,7 +9,6 @@
 //       split over the SMs the 16 CTAs leave idle (what the Python wrapper's plan() chooses) and
 //       without a split.
 // Anchor (published): FlashMLA on H800 SXM5, up to 3000 GB/s and 660 TFLOP/s.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -60,10 +59,9 @@ void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len, int64
   options.sm_scale = 1.0 / std::sqrt(192.0);
   options.causal = qo_len > 1;
   const tessera::TensorView q_nope = slice(q.view, 0, 512), q_pe = slice(q.view, 512, 64);
-  // KV splits as the Python wrapper's plan() chooses them: the SMs the CTAs leave idle, at least
-  // four 64-token tiles a split.
-  const int64_t ctas = batch * ((qo_len * heads + 63) / 64);
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(ctx.props().multiProcessorCount / ctas, len / 64 / 4));
+  // KV splits as the Python wrapper's plan() chooses them.
+  const int64_t splits =
+      tessera::batch_mla_paged_num_kv_splits(batch, qo_len, heads, len, ctx.props().multiProcessorCount);
   const int64_t ws_bytes = tessera::batch_mla_paged_workspace_bytes(batch * qo_len, heads, splits, DType::kBF16);
   DeviceTensor workspace = ctx.empty_tensor(DType::kU8, {std::max<int64_t>(ws_bytes, 1)});
   auto time_with = [&](int64_t num_splits) {

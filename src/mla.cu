@@ -2,6 +2,7 @@
 // the absorbed queries, the paged latent cache and the outputs, then one launch.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -90,6 +91,23 @@ int64_t batch_mla_paged_workspace_bytes(int64_t total_q, int64_t num_heads, int6
   TESSERA_CHECK_ARG(dtype == DType::kF16 || dtype == DType::kBF16)
       << "dtype = " << dtype << ", expected f16 or bf16 (the queries' dtype)";
   return num_kv_splits == 1 ? 0 : SplitStates::of(total_q, num_heads, num_kv_splits, dtype).total_bytes;
+}
+
+int64_t batch_mla_paged_num_kv_splits(int64_t batch_size, int64_t max_qo_len, int64_t num_heads, int64_t max_kv_len,
+                                      int64_t sm_count) {
+  TESSERA_CHECK_ARG(batch_size >= 0) << "batch_size = " << batch_size << ", expected >= 0";
+  TESSERA_CHECK_ARG(max_qo_len >= 1 && max_qo_len < (int64_t{1} << 31))
+      << "max_qo_len = " << max_qo_len << ", expected in [1, 2^31)";
+  TESSERA_CHECK_ARG(num_heads >= 1 && num_heads <= 4096) << "num_heads = " << num_heads << ", expected in [1, 4096]";
+  TESSERA_CHECK_ARG(max_kv_len >= 0) << "max_kv_len = " << max_kv_len << ", expected >= 0";
+  TESSERA_CHECK_ARG(sm_count >= 1) << "sm_count = " << sm_count << ", expected >= 1";
+  // A split shorter than four tiles spends more on its ramp and its state's merge than it saves.
+  constexpr int64_t kMinTilesPerSplit = 4;
+  const int64_t row_tiles = (max_qo_len * num_heads + 63) / 64;
+  const int64_t ctas = std::max<int64_t>(1, batch_size * row_tiles);
+  const int64_t by_sms = sm_count / ctas;
+  const int64_t by_length = max_kv_len / 64 / kMinTilesPerSplit;
+  return std::max<int64_t>(1, std::min({by_sms, by_length, kMaxKvSplits}));
 }
 
 void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const TensorView& qo_indptr,

@@ -60,6 +60,14 @@ struct MlaOptions {
 TESSERA_API int64_t batch_mla_paged_workspace_bytes(int64_t total_q, int64_t num_heads, int64_t num_kv_splits,
                                                     DType dtype);
 
+/// The KV split count a batch should take (what the Python BatchMLAPagedAttentionWrapper's plan()
+/// uses): as many splits as fill the SMs that the batch's CTAs (batch_size x ceil(max_qo_len x
+/// num_heads / 64)) leave idle, each split at least four 64-token KV tiles, at most 256; 1 when the
+/// CTAs fill the GPU or the KV is short. Host-only arithmetic. batch_size >= 0, max_qo_len >= 1,
+/// num_heads >= 1, max_kv_len >= 0 (tokens), sm_count >= 1 (the device's SMs).
+TESSERA_API int64_t batch_mla_paged_num_kv_splits(int64_t batch_size, int64_t max_qo_len, int64_t num_heads,
+                                                  int64_t max_kv_len, int64_t sm_count);
+
 /// MLA over a paged latent cache, for decode and append-style prefill (any number of new tokens
 /// per request). One CTA per 64 (token x head) rows of a request and KV split; with
 /// options.num_kv_splits > 1 a merge launch follows.

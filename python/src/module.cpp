@@ -627,6 +627,18 @@ NB_MODULE(_C, m) {
       "lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of "
       "batch_mla_paged_workspace_bytes bytes.");
   m.def(
+      "batch_mla_paged_num_kv_splits",
+      [](int64_t batch_size, int64_t max_qo_len, int64_t num_heads, int64_t max_kv_len, int64_t sm_count) {
+        int64_t splits = 1;
+        checked([&] {
+          splits = tessera::batch_mla_paged_num_kv_splits(batch_size, max_qo_len, num_heads, max_kv_len, sm_count);
+        });
+        return splits;
+      },
+      "batch_size"_a, "max_qo_len"_a, "num_heads"_a, "max_kv_len"_a, "sm_count"_a,
+      "tessera::batch_mla_paged_num_kv_splits: the KV split count for a batch (the SMs its CTAs leave idle, at "
+      "least 256 tokens a split).");
+  m.def(
       "batch_mla_paged_workspace_bytes",
       [](int64_t total_q, int64_t num_heads, int64_t num_kv_splits, DType dtype) {
         int64_t bytes = 0;

@@ -245,6 +245,11 @@ def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, m
     tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of batch_mla_paged_workspace_bytes bytes.
     """
 
+def batch_mla_paged_num_kv_splits(batch_size: int, max_qo_len: int, num_heads: int, max_kv_len: int, sm_count: int) -> int:
+    """
+    tessera::batch_mla_paged_num_kv_splits: the KV split count for a batch (the SMs its CTAs leave idle, at least 256 tokens a split).
+    """
+
 def batch_mla_paged_workspace_bytes(total_q: int, num_heads: int, num_kv_splits: int, dtype: DType) -> int:
     """
     tessera::batch_mla_paged_workspace_bytes: bytes of the split states (0 for one split); dtype DType.f16 or bf16.

@@ -198,12 +198,12 @@ class BatchMLAPagedAttentionWrapper:
 
     def _choose_splits(self, batch: int, max_qo_len: int, heads: int, max_kv_len: int, total_q: int,
                        dtype: "torch.dtype") -> int:
-        """KV splits per request: as many as fill the SMs the batch's CTAs leave idle, each at least
-        four 64-token tiles, and no more than the workspace holds."""
+        """KV splits per request (``_C.batch_mla_paged_num_kv_splits``: as many as fill the SMs the
+        batch's CTAs leave idle, each at least four 64-token tiles), no more than the workspace
+        holds."""
         torch = U._torch()
         sms = torch.cuda.get_device_properties(self._device).multi_processor_count
-        ctas = max(1, batch * -(-max_qo_len * heads // 64))
-        splits = max(1, min(sms // ctas, (max_kv_len // 64) // 4, 256))
+        splits = U._C().batch_mla_paged_num_kv_splits(batch, max_qo_len, heads, max_kv_len, sms)
         tag = U._C().DType.bf16 if dtype == torch.bfloat16 else U._C().DType.f16
         room = self._workspace.numel() * self._workspace.element_size()
         while splits > 1 and U._C().batch_mla_paged_workspace_bytes(total_q, heads, splits, tag) > room:

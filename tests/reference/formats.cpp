@@ -18,8 +18,8 @@ State make_state(int64_t rows, const HeadConfig& heads) {
   State s;
   s.rows = rows;
   s.heads = heads.num_qo_heads;
-  s.head_dim = heads.head_dim;
-  s.o.assign(rows * heads.num_qo_heads * heads.head_dim, 0.0);
+  s.head_dim = heads.value_dim();
+  s.o.assign(rows * heads.num_qo_heads * heads.value_dim(), 0.0);
   s.lse.assign(rows * heads.num_qo_heads, 0.0);
   return s;
 }
@@ -77,7 +77,10 @@ State attention_ragged(const std::vector<double>& q, const std::vector<int32_t>&
   const int64_t B = static_cast<int64_t>(qo_indptr.size()) - 1;
   const int64_t total_q = detail::packed_rows(q, Hq, D, "attention_ragged: q");
   const int64_t total_kv = detail::packed_rows(k, Hkv, D, "attention_ragged: k");
-  detail::require(v.size() == k.size(), "attention_ragged: v and k sizes differ");
+  const int64_t Dv = heads.value_dim();
+  detail::require(static_cast<int64_t>(v.size()) == total_kv * Hkv * Dv,
+                  "attention_ragged: v has " + str(v.size()) + " elements, expected total_kv*Hkv*Dv = " +
+                      str(total_kv * Hkv * Dv));
   detail::check_indptr(qo_indptr, B + 1, total_q, false, "qo_indptr");
   detail::check_indptr(kv_indptr, B + 1, total_kv, false, "kv_indptr");
   detail::check_batch_options(opts, B);
@@ -87,8 +90,8 @@ State attention_ragged(const std::vector<double>& q, const std::vector<int32_t>&
     const int64_t q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
     const int64_t k0 = kv_indptr[b], kv_len = kv_indptr[b + 1] - k0;
     detail::attend_request(q.data() + q0 * Hq * D, k.data() + k0 * Hkv * D,
-                           v.data() + k0 * Hkv * D, qo_len, kv_len, heads, opts, b, nullptr,
-                           s.o.data() + q0 * Hq * D, s.lse.data() + q0 * Hq);
+                           v.data() + k0 * Hkv * Dv, qo_len, kv_len, heads, opts, b, nullptr,
+                           s.o.data() + q0 * Hq * Dv, s.lse.data() + q0 * Hq);
   }
   return s;
 }
@@ -196,6 +199,9 @@ State attention_paged(const std::vector<double>& q, const std::vector<int32_t>& 
                       const PagedCache& cache, const HeadConfig& heads, const Options& opts) {
   detail::check_heads(heads);
   check_cache(cache);
+  detail::require(heads.value_dim() == heads.head_dim,
+                  "attention_paged: head_dim_vo = " + str(heads.head_dim_vo) + " differs from head_dim = " +
+                      str(heads.head_dim) + " (one head dim per paged cache here)");
   detail::require(heads.num_kv_heads == cache.num_kv_heads && heads.head_dim == cache.head_dim,
                   "attention_paged: heads (Hkv = " + str(heads.num_kv_heads) + ", D = " +
                       str(heads.head_dim) + ") do not match the cache (Hkv = " +
@@ -226,6 +232,9 @@ State attention_block_sparse(const std::vector<double>& q, const std::vector<dou
                              const BlockSparse& bsr, const HeadConfig& heads, const Options& opts) {
   using detail::require;
   detail::check_heads(heads);
+  require(heads.value_dim() == heads.head_dim, "attention_block_sparse: head_dim_vo = " + str(heads.head_dim_vo) +
+                                                   " differs from head_dim = " + str(heads.head_dim) +
+                                                   " (not supported here)");
   const int64_t Hq = heads.num_qo_heads, Hkv = heads.num_kv_heads, D = heads.head_dim;
   require(M >= 0 && N >= 0, "attention_block_sparse: M and N must be >= 0");
   require(static_cast<int64_t>(q.size()) == M * Hq * D,

@@ -68,6 +68,7 @@ void check_heads(const HeadConfig& heads) {
   require(heads.num_qo_heads >= 1, "num_qo_heads = " + str(heads.num_qo_heads) + " must be >= 1");
   require(heads.num_kv_heads >= 1, "num_kv_heads = " + str(heads.num_kv_heads) + " must be >= 1");
   require(heads.head_dim >= 1, "head_dim = " + str(heads.head_dim) + " must be >= 1");
+  require(heads.head_dim_vo >= 0, "head_dim_vo = " + str(heads.head_dim_vo) + " must be >= 1 (or 0: head_dim)");
   require(heads.num_qo_heads % heads.num_kv_heads == 0,
           "num_qo_heads = " + str(heads.num_qo_heads) + " is not a multiple of num_kv_heads = " +
               str(heads.num_kv_heads));
@@ -137,6 +138,7 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
   require(qo_len >= 0 && kv_len >= 0, "qo_len = " + str(qo_len) + " and kv_len = " + str(kv_len) +
                                           " must be >= 0");
   const int64_t Hq = heads.num_qo_heads, Hkv = heads.num_kv_heads, D = heads.head_dim;
+  const int64_t Dv = heads.value_dim();  // v and o rows; q and k rows are D
   const int64_t group = Hq / Hkv;
   const double scale = opts.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : opts.sm_scale;
   const int64_t b = request_index;
@@ -199,7 +201,7 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
   auto attend_units = [&](int64_t unit_begin, int64_t unit_end) {
     std::vector<int64_t> visible;  // local key indices visible to row i
     std::vector<double> logits;    // logits of the visible keys, same order
-    std::vector<double> acc(D);
+    std::vector<double> acc(Dv);
     int64_t visible_row = -1;      // the row `visible` was built for
     for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
       const int64_t i = unit / Hq, h = unit % Hq;
@@ -222,7 +224,7 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
 
       const int64_t kvh = h / group;
       const double* qi = q + (i * Hq + h) * D;
-      double* out = o + (i * Hq + h) * D;
+      double* out = o + (i * Hq + h) * Dv;
 
       // Logits of visible keys.
       logits.resize(visible.size());
@@ -241,7 +243,7 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
       std::fill(acc.begin(), acc.end(), 0.0);
       if (opts.use_softmax) {
         if (visible.empty()) {
-          std::fill(out, out + D, 0.0);
+          std::fill(out, out + Dv, 0.0);
           lse[i * Hq + h] = -kInf;
           continue;
         }
@@ -250,23 +252,23 @@ void attend_request(const double* q, const double* k, const double* v, int64_t q
         for (size_t n = 0; n < visible.size(); ++n) {
           const double w = std::exp(logits[n] - m);
           sum += w;
-          const double* vj = v + (visible[n] * Hkv + kvh) * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += w * vj[d];
+          const double* vj = v + (visible[n] * Hkv + kvh) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) acc[d] += w * vj[d];
         }
-        for (int64_t d = 0; d < D; ++d) out[d] = acc[d] / sum;
+        for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d] / sum;
         lse[i * Hq + h] = m + std::log(sum);
       } else {
         for (size_t n = 0; n < visible.size(); ++n) {
           const double w = 1.0 / (1.0 + std::exp(-(logits[n] + opts.sigmoid_bias)));
-          const double* vj = v + (visible[n] * Hkv + kvh) * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += w * vj[d];
+          const double* vj = v + (visible[n] * Hkv + kvh) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) acc[d] += w * vj[d];
         }
-        for (int64_t d = 0; d < D; ++d) out[d] = acc[d];
+        for (int64_t d = 0; d < Dv; ++d) out[d] = acc[d];
         lse[i * Hq + h] = std::numeric_limits<double>::quiet_NaN();
       }
     }
   };
-  parallel_ranges(qo_len * Hq, qo_len * Hq * std::max<int64_t>(kv_len, 1) * D, attend_units);
+  parallel_ranges(qo_len * Hq, qo_len * Hq * std::max<int64_t>(kv_len, 1) * (D + Dv), attend_units);
 }
 
 }  // namespace detail
@@ -368,13 +370,15 @@ State attention_single(const std::vector<double>& q, const std::vector<double>& 
   detail::require(static_cast<int64_t>(k.size()) == kv_len * Hkv * D,
                   "attention_single: k has " + str(k.size()) + " elements, expected kv_len*Hkv*D = " +
                       str(kv_len * Hkv * D));
-  detail::require(v.size() == k.size(), "attention_single: v has " + str(v.size()) +
-                                            " elements, expected " + str(k.size()));
+  const int64_t Dv = heads.value_dim();
+  detail::require(static_cast<int64_t>(v.size()) == kv_len * Hkv * Dv,
+                  "attention_single: v has " + str(v.size()) + " elements, expected kv_len*Hkv*Dv = " +
+                      str(kv_len * Hkv * Dv));
   State s;
   s.rows = qo_len;
   s.heads = Hq;
-  s.head_dim = D;
-  s.o.assign(qo_len * Hq * D, 0.0);
+  s.head_dim = Dv;
+  s.o.assign(qo_len * Hq * Dv, 0.0);
   s.lse.assign(qo_len * Hq, 0.0);
   detail::attend_request(q.data(), k.data(), v.data(), qo_len, kv_len, heads, opts, request_index,
                          nullptr, s.o.data(), s.lse.data());

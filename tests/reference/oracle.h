@@ -40,14 +40,19 @@ namespace tessera_ref {
 struct HeadConfig {
   int64_t num_qo_heads = 1;  // Hq, number of query (and output) heads, >= 1
   int64_t num_kv_heads = 1;  // Hkv, number of key/value heads, >= 1, divides Hq
-  int64_t head_dim = 1;      // D, elements per head vector, >= 1 (even when RoPE is used)
+  int64_t head_dim = 1;      // D, elements per query and key head vector, >= 1 (even when RoPE is used)
+  // Dv, elements per value and output head vector (DeepSeek prefill: D = 192, Dv = 128); 0 means
+  // D. Dense and ragged attention take any Dv >= 1; the paged and block-sparse functions need
+  // Dv == D.
+  int64_t head_dim_vo = 0;
+  int64_t value_dim() const { return head_dim_vo == 0 ? head_dim : head_dim_vo; }
 };
 
 // Attention state: output and log-sum-exp per (row, query head).
 struct State {
   int64_t rows = 0;          // number of query rows
   int64_t heads = 0;         // number of query heads (Hq)
-  int64_t head_dim = 0;      // D
+  int64_t head_dim = 0;      // the output's head dim (HeadConfig::value_dim())
   std::vector<double> o;     // [rows, heads, head_dim]
   std::vector<double> lse;   // [rows, heads]; natural log unless a function says otherwise;
                              // -inf for a row that saw no key; NaN in softmax-free mode

@@ -24,22 +24,25 @@ State make_state(int64_t rows, const HeadConfig& heads) {
   return s;
 }
 
-// Offset of (page, slot, head) in a paged tensor; the D elements of that head start there.
-int64_t page_offset(const PagedCache& c, int64_t page, int64_t slot, int64_t head) {
-  if (c.layout == Layout::NHD) return ((page * c.page_size + slot) * c.num_kv_heads + head) * c.head_dim;
-  return ((page * c.num_kv_heads + head) * c.page_size + slot) * c.head_dim;
+// Offset of (page, slot, head) in a paged tensor of head dim `dim` (c.head_dim for K,
+// c.value_dim() for V); the dim elements of that head start there.
+int64_t page_offset(const PagedCache& c, int64_t page, int64_t slot, int64_t head, int64_t dim) {
+  if (c.layout == Layout::NHD) return ((page * c.page_size + slot) * c.num_kv_heads + head) * dim;
+  return ((page * c.num_kv_heads + head) * c.page_size + slot) * dim;
 }
 
 void check_cache(const PagedCache& c) {
   using detail::require;
   require(c.page_size >= 1, "PagedCache::page_size = " + str(c.page_size) + " must be >= 1");
   require(c.num_pages >= 0, "PagedCache::num_pages must be >= 0");
-  require(c.num_kv_heads >= 1 && c.head_dim >= 1, "PagedCache: num_kv_heads, head_dim must be >= 1");
-  const int64_t elems = c.num_pages * c.page_size * c.num_kv_heads * c.head_dim;
-  require(static_cast<int64_t>(c.k_pages.size()) == elems,
-          "PagedCache::k_pages has " + str(c.k_pages.size()) + " elements, expected " + str(elems));
-  require(static_cast<int64_t>(c.v_pages.size()) == elems,
-          "PagedCache::v_pages has " + str(c.v_pages.size()) + " elements, expected " + str(elems));
+  require(c.num_kv_heads >= 1 && c.head_dim >= 1 && c.head_dim_vo >= 0,
+          "PagedCache: num_kv_heads, head_dim must be >= 1, head_dim_vo >= 0");
+  const int64_t slots = c.num_pages * c.page_size * c.num_kv_heads;
+  require(static_cast<int64_t>(c.k_pages.size()) == slots * c.head_dim,
+          "PagedCache::k_pages has " + str(c.k_pages.size()) + " elements, expected " + str(slots * c.head_dim));
+  require(static_cast<int64_t>(c.v_pages.size()) == slots * c.value_dim(),
+          "PagedCache::v_pages has " + str(c.v_pages.size()) + " elements, expected " +
+              str(slots * c.value_dim()));
   require(!c.indptr.empty(), "PagedCache::indptr is empty (needs batch_size + 1 entries)");
   const int64_t B = c.batch_size();
   detail::check_indptr(c.indptr, B + 1, static_cast<int64_t>(c.indices.size()), true,
@@ -113,18 +116,16 @@ DenseKV gather_paged(const PagedCache& cache, int64_t b) {
   check_cache(cache);
   DenseKV out;
   out.kv_len = paged_kv_len(cache, b);
-  const int64_t H = cache.num_kv_heads, D = cache.head_dim;
+  const int64_t H = cache.num_kv_heads, D = cache.head_dim, Dv = cache.value_dim();
   out.k.resize(out.kv_len * H * D);
-  out.v.resize(out.kv_len * H * D);
+  out.v.resize(out.kv_len * H * Dv);
   for (int64_t t = 0; t < out.kv_len; ++t) {
     const int64_t page = cache.indices[cache.indptr[b] + t / cache.page_size];
     const int64_t slot = t % cache.page_size;
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t src = page_offset(cache, page, slot, h);
-      std::copy(cache.k_pages.begin() + src, cache.k_pages.begin() + src + D,
-                out.k.begin() + (t * H + h) * D);
-      std::copy(cache.v_pages.begin() + src, cache.v_pages.begin() + src + D,
-                out.v.begin() + (t * H + h) * D);
+      const int64_t k_src = page_offset(cache, page, slot, h, D), v_src = page_offset(cache, page, slot, h, Dv);
+      std::copy(cache.k_pages.begin() + k_src, cache.k_pages.begin() + k_src + D, out.k.begin() + (t * H + h) * D);
+      std::copy(cache.v_pages.begin() + v_src, cache.v_pages.begin() + v_src + Dv, out.v.begin() + (t * H + h) * Dv);
     }
   }
   return out;
@@ -134,7 +135,7 @@ PagedCache build_paged(const std::vector<std::vector<double>>& k,
                        const std::vector<std::vector<double>>& v,
                        const std::vector<int64_t>& kv_lens, int64_t num_kv_heads,
                        int64_t head_dim, int64_t page_size, Layout layout,
-                       uint64_t shuffle_seed, int64_t extra_pages, double unused_fill) {
+                       uint64_t shuffle_seed, int64_t extra_pages, double unused_fill, int64_t head_dim_vo) {
   using detail::require;
   const int64_t B = static_cast<int64_t>(kv_lens.size());
   require(static_cast<int64_t>(k.size()) == B && static_cast<int64_t>(v.size()) == B,
@@ -142,21 +143,24 @@ PagedCache build_paged(const std::vector<std::vector<double>>& k,
   require(page_size >= 1, "build_paged: page_size = " + str(page_size) + " must be >= 1");
   require(num_kv_heads >= 1 && head_dim >= 1, "build_paged: num_kv_heads, head_dim must be >= 1");
   require(extra_pages >= 0, "build_paged: extra_pages must be >= 0");
+  require(head_dim_vo >= 0, "build_paged: head_dim_vo = " + str(head_dim_vo) + " must be >= 0 (0: head_dim)");
+  const int64_t value_dim = head_dim_vo == 0 ? head_dim : head_dim_vo;
 
   PagedCache c;
   c.layout = layout;
   c.page_size = page_size;
   c.num_kv_heads = num_kv_heads;
   c.head_dim = head_dim;
+  c.head_dim_vo = head_dim_vo;
   c.indptr.assign(1, 0);
   int64_t used_pages = 0;
   for (int64_t b = 0; b < B; ++b) {
     require(kv_lens[b] >= 0, "build_paged: kv_lens[" + str(b) + "] is negative");
-    const int64_t row = num_kv_heads * head_dim;
+    const int64_t row = num_kv_heads * head_dim, v_row = num_kv_heads * value_dim;
     require(static_cast<int64_t>(k[b].size()) == kv_lens[b] * row &&
-                static_cast<int64_t>(v[b].size()) == kv_lens[b] * row,
+                static_cast<int64_t>(v[b].size()) == kv_lens[b] * v_row,
             "build_paged: k[" + str(b) + "] / v[" + str(b) + "] must have kv_lens[b]*Hkv*D = " +
-                str(kv_lens[b] * row) + " elements");
+                str(kv_lens[b] * row) + " / kv_lens[b]*Hkv*Dv = " + str(kv_lens[b] * v_row) + " elements");
     const int64_t pages = (kv_lens[b] + page_size - 1) / page_size;
     used_pages += pages;
     c.indptr.push_back(static_cast<int32_t>(used_pages));
@@ -177,18 +181,19 @@ PagedCache build_paged(const std::vector<std::vector<double>>& k,
   }
   c.indices.assign(perm.begin(), perm.begin() + used_pages);
 
-  const int64_t elems = c.num_pages * page_size * num_kv_heads * head_dim;
-  c.k_pages.assign(elems, unused_fill);
-  c.v_pages.assign(elems, unused_fill);
+  const int64_t slots = c.num_pages * page_size * num_kv_heads;
+  c.k_pages.assign(slots * head_dim, unused_fill);
+  c.v_pages.assign(slots * value_dim, unused_fill);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < kv_lens[b]; ++t) {
       const int64_t page = c.indices[c.indptr[b] + t / page_size];
       const int64_t slot = t % page_size;
       for (int64_t h = 0; h < num_kv_heads; ++h) {
-        const int64_t src = (t * num_kv_heads + h) * head_dim;
-        const int64_t dst = page_offset(c, page, slot, h);
-        std::copy(k[b].begin() + src, k[b].begin() + src + head_dim, c.k_pages.begin() + dst);
-        std::copy(v[b].begin() + src, v[b].begin() + src + head_dim, c.v_pages.begin() + dst);
+        const int64_t k_src = (t * num_kv_heads + h) * head_dim, v_src = (t * num_kv_heads + h) * value_dim;
+        std::copy(k[b].begin() + k_src, k[b].begin() + k_src + head_dim,
+                  c.k_pages.begin() + page_offset(c, page, slot, h, head_dim));
+        std::copy(v[b].begin() + v_src, v[b].begin() + v_src + value_dim,
+                  c.v_pages.begin() + page_offset(c, page, slot, h, value_dim));
       }
     }
   }
@@ -199,9 +204,9 @@ State attention_paged(const std::vector<double>& q, const std::vector<int32_t>& 
                       const PagedCache& cache, const HeadConfig& heads, const Options& opts) {
   detail::check_heads(heads);
   check_cache(cache);
-  detail::require(heads.value_dim() == heads.head_dim,
-                  "attention_paged: head_dim_vo = " + str(heads.head_dim_vo) + " differs from head_dim = " +
-                      str(heads.head_dim) + " (one head dim per paged cache here)");
+  detail::require(heads.value_dim() == cache.value_dim(),
+                  "attention_paged: heads' value dim " + str(heads.value_dim()) + " differs from the cache's " +
+                      str(cache.value_dim()));
   detail::require(heads.num_kv_heads == cache.num_kv_heads && heads.head_dim == cache.head_dim,
                   "attention_paged: heads (Hkv = " + str(heads.num_kv_heads) + ", D = " +
                       str(heads.head_dim) + ") do not match the cache (Hkv = " +
@@ -212,12 +217,13 @@ State attention_paged(const std::vector<double>& q, const std::vector<int32_t>& 
   detail::check_indptr(qo_indptr, B + 1, total_q, false, "qo_indptr");
   detail::check_batch_options(opts, B);
 
+  const int64_t Dv = heads.value_dim();
   State s = make_state(total_q, heads);
   for (int64_t b = 0; b < B; ++b) {
     const DenseKV kv = gather_paged(cache, b);
     const int64_t q0 = qo_indptr[b], qo_len = qo_indptr[b + 1] - q0;
     detail::attend_request(q.data() + q0 * Hq * D, kv.k.data(), kv.v.data(), qo_len, kv.kv_len,
-                           heads, opts, b, nullptr, s.o.data() + q0 * Hq * D,
+                           heads, opts, b, nullptr, s.o.data() + q0 * Hq * Dv,
                            s.lse.data() + q0 * Hq);
   }
   return s;

@@ -197,25 +197,27 @@ struct PagedCache {
   int64_t page_size = 1;      // slots per page, >= 1
   int64_t num_pages = 0;      // pages in k_pages / v_pages
   int64_t num_kv_heads = 1;   // Hkv
-  int64_t head_dim = 1;       // D
+  int64_t head_dim = 1;       // D, of k_pages
+  int64_t head_dim_vo = 0;    // Dv, of v_pages; 0 means D
   std::vector<double> k_pages;  // NHD: [num_pages, page_size, Hkv, D]; HND: [num_pages, Hkv, page_size, D]
-  std::vector<double> v_pages;  // same shape as k_pages
+  std::vector<double> v_pages;  // the same with Dv for D
   std::vector<int32_t> indptr;         // [B+1], request b uses indices[indptr[b] .. indptr[b+1]-1]
   std::vector<int32_t> indices;        // [nnz_pages], page ids in [0, num_pages), in logical order
   std::vector<int32_t> last_page_len;  // [B], slots used in b's last page, in [1, page_size] when
                                        // b has >= 1 page (ignored, may be anything, when it has none)
   // Request b's kv_len = (num_pages_b - 1) * page_size + last_page_len[b], or 0 without pages.
   int64_t batch_size() const { return indptr.empty() ? 0 : static_cast<int64_t>(indptr.size()) - 1; }
+  int64_t value_dim() const { return head_dim_vo == 0 ? head_dim : head_dim_vo; }
 };
 
 // kv_len of request b in the cache.
 int64_t paged_kv_len(const PagedCache& cache, int64_t b);
 
-// Dense K and V of one request gathered from the cache: each [kv_len, Hkv, D].
+// Dense K and V of one request gathered from the cache.
 struct DenseKV {
   int64_t kv_len = 0;
   std::vector<double> k;  // [kv_len, Hkv, D]
-  std::vector<double> v;  // [kv_len, Hkv, D]
+  std::vector<double> v;  // [kv_len, Hkv, Dv]
 };
 DenseKV gather_paged(const PagedCache& cache, int64_t b);
 
@@ -226,13 +228,14 @@ DenseKV gather_paged(const PagedCache& cache, int64_t b);
 // pool (and shuffled with it). Slots that hold no token (tails of last pages, unused pages) are
 // filled with `unused_fill` (NaN by default, so any read of them poisons the result; pass a finite
 // value for kernels that are allowed to read, but not use, those slots). A request with kv_len 0
-// gets no pages and last_page_len 0.
+// gets no pages and last_page_len 0. head_dim_vo (0: head_dim) is the head dim of v[b] and of the
+// V pages.
 PagedCache build_paged(const std::vector<std::vector<double>>& k,
                        const std::vector<std::vector<double>>& v,
                        const std::vector<int64_t>& kv_lens, int64_t num_kv_heads,
                        int64_t head_dim, int64_t page_size, Layout layout,
                        uint64_t shuffle_seed = 0, int64_t extra_pages = 0,
-                       double unused_fill = std::numeric_limits<double>::quiet_NaN());
+                       double unused_fill = std::numeric_limits<double>::quiet_NaN(), int64_t head_dim_vo = 0);
 
 // Paged attention: q [total_q, Hq, D] with qo_indptr [B+1] (B = cache.batch_size()).
 // heads.num_kv_heads and heads.head_dim must match the cache.

@@ -101,6 +101,34 @@ TEST(HeadDimVo, RaggedBatchEqualsEachRequestAlone) {
   }
 }
 
+TEST(HeadDimVo, PagedCacheEqualsRaggedForBothLayouts) {
+  const int64_t Hq = 4, Hkv = 2, D = 12, Dv = 4;
+  const std::vector<int64_t> kv_lens = {9, 0, 21};
+  const std::vector<int32_t> qo_indptr = {0, 3, 4, 6}, kv_indptr = {0, 9, 9, 30};
+  std::vector<std::vector<double>> k, v;
+  std::vector<double> k_all, v_all;
+  for (size_t b = 0; b < kv_lens.size(); ++b) {
+    k.push_back(tessera_ref::random_normal(kv_lens[b] * Hkv * D, 20 + b));
+    v.push_back(tessera_ref::random_normal(kv_lens[b] * Hkv * Dv, 30 + b));
+    k_all.insert(k_all.end(), k.back().begin(), k.back().end());
+    v_all.insert(v_all.end(), v.back().begin(), v.back().end());
+  }
+  const std::vector<double> q = tessera_ref::random_normal(6 * Hq * D, 40);
+  Options opts;
+  opts.causal = true;
+  const HeadConfig heads{Hq, Hkv, D, Dv};
+  const State ragged = tessera_ref::attention_ragged(q, qo_indptr, k_all, v_all, kv_indptr, heads, opts);
+  for (tessera_ref::Layout layout : {tessera_ref::Layout::NHD, tessera_ref::Layout::HND}) {
+    const tessera_ref::PagedCache cache =
+        tessera_ref::build_paged(k, v, kv_lens, Hkv, D, 4, layout, 11, 2, 0.0, Dv);
+    EXPECT_EQ(cache.v_pages.size(), cache.k_pages.size() / D * Dv);
+    const State paged = tessera_ref::attention_paged(q, qo_indptr, cache, heads, opts);
+    expect_same(paged, ragged);
+    // The heads' value dim must match the cache's.
+    EXPECT_THROW(tessera_ref::attention_paged(q, qo_indptr, cache, {Hq, Hkv, D}, opts), std::invalid_argument);
+  }
+}
+
 TEST(HeadDimVo, ShapesAreChecked) {
   const std::vector<double> q(2 * 8), k(3 * 8), v_wrong(3 * 8), v(3 * 4);
   EXPECT_THROW(tessera_ref::attention_single(q, k, v_wrong, 2, 3, {1, 1, 8, 4}, Options{}), std::invalid_argument);

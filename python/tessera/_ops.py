@@ -9,6 +9,7 @@ calls one of these ops, which Dynamo puts into the graph as a single opaque node
 - ``tessera::prefill_paged_run``   BatchPrefillWithPagedKVCacheWrapper.run
 - ``tessera::prefill_ragged_run``  BatchPrefillWithRaggedKVCacheWrapper.run
 - ``tessera::flex_attention``      tessera.flex_attention (its mods traced while Dynamo traces)
+- ``tessera::mla_run``             BatchMLAPagedAttentionWrapper.run (q is q_nope: the output has its shape)
 
 A custom op cannot take the wrapper (a Python object holding the C++ runtime): it takes the
 wrapper's integer handle and looks the wrapper up in tessera._runtime's table of weak references.
@@ -170,8 +171,28 @@ def _flex_attention_fake(query, key, value, indptrs, indices, flags, q_block, kv
     return out, lse
 
 
+@torch.library.custom_op("tessera::mla_run", mutates_args=_MUTATES)
+def mla_run(handle: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, workspace: Tensor,
+            out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool) -> Tuple[Tensor, Tensor]:
+    """BatchMLAPagedAttentionWrapper.run of the wrapper `handle`: the output has q_nope's shape
+    ([total_q, num_heads, 512])."""
+    w = R.wrapper_for(handle)
+    if w._plan is None:
+        raise RuntimeError("run() before plan(): call plan() before running the compiled function")
+    o, l = _outputs(q_nope, out, lse, return_lse)
+    # As the eager run(): a caller's lse is written even without return_lse.
+    w._launch(q_nope, q_pe, ckv, kpe, o if out is None else out, lse if lse is not None else (l if return_lse else None))
+    return o, l
+
+
+@mla_run.register_fake
+def _mla_run_fake(handle, q_nope, q_pe, ckv, kpe, workspace, out, lse, return_lse):
+    return _outputs(q_nope, out, lse, return_lse)
+
+
 # The overloads run() calls (an OpOverload is what Dynamo puts into the graph).
 DECODE_RUN = torch.ops.tessera.decode_run.default
 PREFILL_PAGED_RUN = torch.ops.tessera.prefill_paged_run.default
 PREFILL_RAGGED_RUN = torch.ops.tessera.prefill_ragged_run.default
 FLEX_ATTENTION = torch.ops.tessera.flex_attention.default
+MLA_RUN = torch.ops.tessera.mla_run.default

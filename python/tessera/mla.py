@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Tuple, Union
 
+from . import _runtime as R
 from . import _utils as U
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
@@ -85,6 +86,9 @@ class BatchMLAPagedAttentionWrapper:
                 "last_page_len": torch.zeros_like(kv_len_arr),
             }
         self._workspace = ws
+        # torch.compile: the handle of the custom op tessera::mla_run; the workspace and the graph
+        # buffers keep their addresses (static for CUDA graphs).
+        self._handle = R.enable_compile(self, ws, *(self._buffers.values() if self._buffers else ()))
         self._graph_max_qo_len: Optional[int] = None
         self._graph_splits: Optional[int] = None
         self._plan: Optional[dict] = None
@@ -210,6 +214,16 @@ class BatchMLAPagedAttentionWrapper:
             splits -= 1
         return splits
 
+    def _launch(self, q_nope: "torch.Tensor", q_pe: "torch.Tensor", ckv_cache: "torch.Tensor",
+                kpe_cache: "torch.Tensor", out: "torch.Tensor", lse: Optional["torch.Tensor"]) -> None:
+        """One batch_mla_paged over the plan, after run()'s checks (eager, or inside the custom op)."""
+        p = self._plan
+        p["page_ids"].check(ckv_cache.shape[0])  # page ids plan() had on the host, against this cache
+        qo_indptr, kv_indptr, kv_indices, last = p["arrays"]
+        U.call(U._C().batch_mla_paged, q_nope, q_nope, q_pe, qo_indptr, p["max_qo_len"], ckv_cache, kpe_cache,
+               kv_indptr, kv_indices, last, out, lse, p["sm_scale"], p["causal"], p["num_kv_splits"],
+               self._workspace if p["num_kv_splits"] > 1 else None, U.current_stream(q_nope.device))
+
     def run(
         self,
         q_nope: "torch.Tensor",
@@ -256,21 +270,25 @@ class BatchMLAPagedAttentionWrapper:
             U.check_cuda(name, t)
             if t.device != self._device:
                 raise ValueError(f"{name} is on {t.device}, expected {self._device} (the workspace's device)")
-        p["page_ids"].check(ckv_cache.shape[0])
-        if out is None:
-            out = torch.empty((total_q, heads, _CKV_DIM), dtype=dt, device=q_nope.device)
-        else:
+        if out is not None:
             U.check_tensor("out", out, ndim=3, dtypes=(dt,))
             U.check_shape("out", out, (total_q, heads, _CKV_DIM), "[total_q, num_heads, 512]")
-        if return_lse and lse is None:
-            lse = torch.empty((total_q, heads), dtype=torch.float32, device=q_nope.device)
-        elif lse is not None:
+        if lse is not None:
             U.check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,))
             U.check_shape("lse", lse, (total_q, heads), "[total_q, num_heads]")
-        qo_indptr, kv_indptr, kv_indices, last = p["arrays"]
-        U.call(U._C().batch_mla_paged, q_nope, q_nope, q_pe, qo_indptr, p["max_qo_len"], ckv_cache, kpe_cache,
-               kv_indptr, kv_indices, last, out, lse, p["sm_scale"], p["causal"], p["num_kv_splits"],
-               self._workspace if p["num_kv_splits"] > 1 else None, U.current_stream(q_nope.device))
+        if R.compiling():
+            # torch.compile: one opaque node (tessera::mla_run, tessera/_ops.py) that launches what
+            # the eager path below launches.
+            o, l = R._OPS.MLA_RUN(self._handle, q_nope, q_pe, ckv_cache, kpe_cache, self._workspace, out, lse,
+                                  bool(return_lse))
+            out = o if out is None else out
+            lse = (l if lse is None else lse) if return_lse else lse
+        else:
+            if out is None:
+                out = torch.empty((total_q, heads, _CKV_DIM), dtype=dt, device=q_nope.device)
+            if return_lse and lse is None:
+                lse = torch.empty((total_q, heads), dtype=torch.float32, device=q_nope.device)
+            self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse)
         if lse is not None and return_lse_base_on_e:
             lse.mul_(math.log(2.0))
         return (out, lse) if return_lse else out

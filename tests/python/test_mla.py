@@ -44,6 +44,54 @@ def test_constructor_needs_a_cuda_workspace():
         W(torch.empty(1024, dtype=torch.uint8))
 
 
+def test_run_is_one_custom_op_under_torch_compile(monkeypatch):
+    """On the CPU, with a stand-in for the kernel: torch.compile(fullgraph=True) of run() is one
+    graph holding tessera::mla_run, whose result equals the eager run()'s."""
+    if not hasattr(torch.library, "custom_op"):
+        pytest.skip("torch.library.custom_op needs torch >= 2.4")
+    from tessera import _utils as U
+
+    calls = []
+
+    def stand_in(q_nope, q_pe, qo_indptr, max_qo_len, ckv, kpe, kv_indptr, kv_indices, last, o, lse, sm_scale,
+                 causal, num_kv_splits, workspace, stream):
+        o.copy_((q_nope.double() * 2 + ckv.double().mean() + float(kv_indices.double().sum())).to(o.dtype))
+        if lse is not None:
+            lse.copy_(q_nope.double().sum(-1) + q_pe.double().sum(-1))
+        calls.append((tuple(q_nope.shape), max_qo_len, num_kv_splits, workspace is not None, stream))
+
+    monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
+    monkeypatch.setattr(U, "current_stream", lambda device: 7)
+    monkeypatch.setattr(W, "_choose_splits", lambda self, *args: 2)
+    monkeypatch.setattr(U._C(), "batch_mla_paged", stand_in)
+    gen = torch.Generator().manual_seed(5)
+    w = W(torch.zeros(1 << 16, dtype=torch.uint8))
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    w.plan(i32([0, 2, 3]), i32([0, 2, 3]), i32([4, 0, 2]), i32([20, 5]), 16, 512, 64, 16, True, 0.1,
+           torch.bfloat16, torch.bfloat16)
+    cache = torch.randn(5, 16, 576, generator=gen).to(torch.bfloat16)
+    q = torch.randn(3, 16, 576, generator=gen).to(torch.bfloat16)
+    args = (q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:])
+    eager_out, eager_lse = w.run(*args, return_lse=True)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        out, lse = torch.compile(lambda a, b, c, d: w.run(a, b, c, d, return_lse=True), fullgraph=True,
+                                 backend=backend)(*args)
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1 and [t for t in graphs[0] if "tessera" in t] == ["tessera.mla_run.default"], graphs
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    assert calls[0] == calls[-1] == ((3, 16, 512), 2, 2, True, 7)
+    with pytest.raises(ValueError, match="kv_indices\\[0\\] = 4 is out of range"):
+        w.run(args[0], args[1], cache[:3, :, :512], cache[:3, :, 512:])  # the page ids against a smaller cache
+
+
 # --- GPU ---------------------------------------------------------------------------------------
 
 

@@ -270,3 +270,24 @@ def test_mla_wrapper_errors():
         w.run(q[..., :512], q[..., 512:], cache[:, :8, :512], cache[:, :8, 512:])
     with pytest.raises(NotImplementedError, match="page_table"):
         w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], page_table=b["kv_indices"])
+
+
+@sm90
+def test_gpu_mla_run_compiles_and_matches_eager():
+    if not hasattr(torch.library, "custom_op"):
+        pytest.skip("torch.library.custom_op needs torch >= 2.4")
+    dev = torch.device("cuda:0")
+    gen = torch.Generator().manual_seed(9)
+    b = _batch([700, 5, 64], [2, 1, 1], 16, 16, torch.bfloat16, gen, dev)
+    w = W(torch.empty(1 << 24, dtype=torch.uint8, device=dev))
+    w.plan(b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], 16, 512, 64, 16, True, 0.1,
+           torch.bfloat16, torch.bfloat16)
+    q, cache = b["q"], b["cache"]
+    args = (q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:])
+    eager_out, eager_lse = w.run(*args, return_lse=True)
+    torch._dynamo.reset()
+    try:
+        out, lse = torch.compile(lambda a, bb, c, d: w.run(a, bb, c, d, return_lse=True), fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)

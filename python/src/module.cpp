@@ -6,11 +6,12 @@
 // exceptions. Argument checking that names FlashInfer's argument names lives in the Python layer;
 // everything else is checked by the C++ library, whose messages reach Python unchanged.
 //
-// The attention entry points take the built-in variant options (tessera/variant.h) as keyword-only
-// arguments after the positional ones: window_left, logits_soft_cap, pos_encoding (with
-// rope_scale / rope_theta) and alibi_slopes (a f32 [num_qo_heads] device tensor the caller keeps
-// alive for as long as the call, or the plan, uses it); single_prefill also takes a packed custom
-// mask with its byte offsets.
+// The attention entry points take their variant (tessera/variant.h) as the keyword-only argument
+// `variant`, a VariantArgs: the built-in options, their device tensors (which the caller keeps alive,
+// through the VariantArgs, for as long as the call or the plan uses them) and an optional user
+// variant given as CUDA source; single_prefill also takes a packed custom mask with its byte
+// offsets. block_sparse_attention takes its few options, and the FlexAttention front end's
+// generated mods, as keywords of their own.
 #include <cuda_runtime_api.h>
 #include <dlpack/dlpack.h>
 #include <nanobind/nanobind.h>
@@ -158,46 +159,71 @@ void translate_error(const std::exception_ptr& p, void*) {
   }
 }
 
-/// The built-in variant options the Python layer passes (FlashInfer's names); the defaults give
+using VariantParamList = std::vector<std::pair<std::string, nb::object>>;
+
+/// The variant of one call or plan as the Python layer passes it (the class _C.VariantArgs, the
+/// `variant` keyword of the attention entry points): tessera::VariantOptions's built-in options,
+/// its tensors as DLPack arrays this object keeps alive (the caller keeps the object for as long as
+/// the call, or the plan, uses them), and an optional user variant (tessera::VariantSpec) given as
+/// its name, CUDA source, parameters and softmax switch (empty user_name: none). The defaults give
 /// the default variant (the ahead-of-time kernels).
 struct VariantArgs {
   int64_t window_left = -1;
+  int64_t num_sink_tokens = 0;
   double logits_soft_cap = 0.0;
   tessera::PosEncoding pos_encoding = tessera::PosEncoding::kNone;
   double rope_scale = 1.0;
   double rope_theta = 1e4;
-  TensorView alibi_slopes;
-  TensorView custom_mask;
-  TensorView custom_mask_indptr;
-
-  tessera::VariantOptions options() const {
-    tessera::VariantOptions v;
-    v.window_left = window_left;
-    v.logits_soft_cap = logits_soft_cap;
-    v.alibi_slopes = alibi_slopes;
-    v.custom_mask = custom_mask;
-    v.custom_mask_indptr = custom_mask_indptr;
-    v.rope.mode = pos_encoding;
-    v.rope.scale = rope_scale;
-    v.rope.theta = rope_theta;
-    return v;
-  }
+  double llama31_factor = 8.0;
+  double llama31_low_freq_factor = 1.0;
+  double llama31_high_freq_factor = 4.0;
+  double llama31_original_max_position = 8192.0;
+  bool sigmoid = false;
+  double sigmoid_bias = 0.0;
+  OptArray alibi_slopes;
+  OptArray rope_q_offset;
+  OptArray rope_k_offset;
+  std::string user_name;
+  std::string user_source;
+  VariantParamList user_params;
+  bool user_use_softmax = true;
 };
 
-VariantArgs variant_args(int64_t window_left, double logits_soft_cap, tessera::PosEncoding pos_encoding,
-                         double rope_scale, double rope_theta, const OptArray& alibi_slopes) {
-  VariantArgs a;
-  a.window_left = window_left;
-  a.logits_soft_cap = logits_soft_cap;
-  a.pos_encoding = pos_encoding;
-  a.rope_scale = rope_scale;
-  a.rope_theta = rope_theta;
-  a.alibi_slopes = to_view(alibi_slopes, "alibi_slopes");
-  return a;
+std::vector<tessera::VariantParam> variant_params(const VariantParamList& params);
+
+/// The C++ options of `a` (null: the default variant). A user variant is built into `user`, which
+/// the options point to: it must outlive the call.
+tessera::VariantOptions variant_options(const VariantArgs* a, std::optional<tessera::VariantSpec>& user) {
+  tessera::VariantOptions v;
+  if (a == nullptr) return v;
+  v.window_left = a->window_left;
+  v.num_sink_tokens = a->num_sink_tokens;
+  v.logits_soft_cap = a->logits_soft_cap;
+  v.alibi_slopes = to_view(a->alibi_slopes, "alibi_slopes");
+  v.sigmoid = a->sigmoid;
+  v.sigmoid_bias = a->sigmoid_bias;
+  v.rope.mode = a->pos_encoding;
+  v.rope.scale = a->rope_scale;
+  v.rope.theta = a->rope_theta;
+  v.rope.llama31_factor = a->llama31_factor;
+  v.rope.llama31_low_freq_factor = a->llama31_low_freq_factor;
+  v.rope.llama31_high_freq_factor = a->llama31_high_freq_factor;
+  v.rope.llama31_original_max_position = a->llama31_original_max_position;
+  v.rope.q_offset = to_view(a->rope_q_offset, "q_rope_offset");
+  v.rope.k_offset = to_view(a->rope_k_offset, "k_rope_offset");
+  if (!a->user_name.empty()) {
+    user.emplace();
+    user->name = a->user_name;
+    user->source = a->user_source;
+    user->params = variant_params(a->user_params);
+    user->use_softmax = a->user_use_softmax;
+    v.user = &*user;
+  }
+  return v;
 }
 
 tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype,
-                              double sm_scale, bool causal, const VariantArgs& variant,
+                              double sm_scale, bool causal, const tessera::VariantOptions& variant,
                               const std::optional<DType>& kv_dtype, const tessera::KVScales& scales) {
   tessera::PlanShape s;
   s.num_qo_heads = num_qo_heads;
@@ -207,7 +233,7 @@ tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_
   s.kv_dtype = kv_dtype;
   s.attention.sm_scale = sm_scale;
   s.attention.causal = causal;
-  s.attention.variant = variant.options();
+  s.attention.variant = variant;
   s.attention.kv_scales = scales;
   return s;
 }
@@ -380,6 +406,47 @@ NB_MODULE(_C, m) {
       .value("none", tessera::PosEncoding::kNone)
       .value("rope_llama", tessera::PosEncoding::kRopeLlama)
       .value("rope_llama31", tessera::PosEncoding::kRopeLlama31);
+  nb::class_<VariantArgs>(m, "VariantArgs",
+                          "The variant of one call or plan (tessera::VariantOptions with an optional user "
+                          "tessera::VariantSpec), the `variant` keyword of the attention entry points; the C++ "
+                          "library checks the values. Tensors: alibi_slopes f32 [Hq], rope_q_offset / "
+                          "rope_k_offset i32 [batch], on the device of q; user_params (name, int | float | "
+                          "device tensor) pairs. Empty user_name: no user variant.")
+      .def(
+          "__init__",
+          [](VariantArgs* self, int64_t window_left, int64_t num_sink_tokens, double logits_soft_cap,
+             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, double llama31_factor,
+             double llama31_low_freq_factor, double llama31_high_freq_factor, double llama31_original_max_position,
+             bool sigmoid, double sigmoid_bias, const OptArray& alibi_slopes, const OptArray& rope_q_offset,
+             const OptArray& rope_k_offset, const std::string& user_name, const std::string& user_source,
+             const VariantParamList& user_params, bool user_use_softmax) {
+            new (self) VariantArgs{window_left, num_sink_tokens, logits_soft_cap, pos_encoding, rope_scale,
+                                   rope_theta, llama31_factor, llama31_low_freq_factor, llama31_high_freq_factor,
+                                   llama31_original_max_position, sigmoid, sigmoid_bias, alibi_slopes,
+                                   rope_q_offset, rope_k_offset, user_name, user_source, user_params,
+                                   user_use_softmax};
+          },
+          nb::kw_only(), "window_left"_a = -1, "num_sink_tokens"_a = 0, "logits_soft_cap"_a = 0.0,
+          "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
+          "llama31_factor"_a = 8.0, "llama31_low_freq_factor"_a = 1.0, "llama31_high_freq_factor"_a = 4.0,
+          "llama31_original_max_position"_a = 8192.0, "sigmoid"_a = false, "sigmoid_bias"_a = 0.0,
+          "alibi_slopes"_a.none() = nb::none(), "rope_q_offset"_a.none() = nb::none(),
+          "rope_k_offset"_a.none() = nb::none(), "user_name"_a = "", "user_source"_a = "",
+          "user_params"_a = VariantParamList{}, "user_use_softmax"_a = true)
+      .def_ro("window_left", &VariantArgs::window_left)
+      .def_ro("num_sink_tokens", &VariantArgs::num_sink_tokens)
+      .def_ro("logits_soft_cap", &VariantArgs::logits_soft_cap)
+      .def_ro("pos_encoding", &VariantArgs::pos_encoding)
+      .def_ro("rope_scale", &VariantArgs::rope_scale)
+      .def_ro("rope_theta", &VariantArgs::rope_theta)
+      .def_ro("llama31_factor", &VariantArgs::llama31_factor)
+      .def_ro("llama31_low_freq_factor", &VariantArgs::llama31_low_freq_factor)
+      .def_ro("llama31_high_freq_factor", &VariantArgs::llama31_high_freq_factor)
+      .def_ro("llama31_original_max_position", &VariantArgs::llama31_original_max_position)
+      .def_ro("sigmoid", &VariantArgs::sigmoid)
+      .def_ro("sigmoid_bias", &VariantArgs::sigmoid_bias)
+      .def_ro("user_name", &VariantArgs::user_name)
+      .def_ro("user_use_softmax", &VariantArgs::user_use_softmax);
 
   nb::class_<tessera::RuntimeBounds>(m, "RuntimeBounds", "Upper bounds a runtime wrapper is built for.")
       .def(nb::init<>())
@@ -443,59 +510,48 @@ NB_MODULE(_C, m) {
   m.def(
       "single_decode",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
-         double sm_scale, uintptr_t stream, int64_t window_left, double logits_soft_cap,
-         tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes,
-         const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
-         const OptArray& v_scale_device) {
+         double sm_scale, uintptr_t stream, const VariantArgs* variant, const std::optional<DType>& kv_dtype,
+         double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
         const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
                          tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
-        const VariantArgs variant =
-            variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
+        std::optional<tessera::VariantSpec> user;
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
-        opt.variant = variant.options();
+        opt.variant = variant_options(variant, user);
         opt.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
         DeviceGuard guard(tq);
         nb::gil_scoped_release release;
         checked([&] { tessera::single_decode(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a, nb::kw_only(),
-      "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
-      "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
-      "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+      "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
       "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
       "tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword "
-      "options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with "
-      "rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device); fp8 K/V: k and v as uint8 views with "
+      "options: variant, a VariantArgs (None: the default variant); fp8 K/V: k and v as uint8 views with "
       "kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device "
       "([1] or [Hkv]).");
   m.def(
       "single_prefill",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
-         double sm_scale, bool causal, uintptr_t stream, int64_t window_left,
-         double logits_soft_cap, tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta,
-         const OptArray& alibi_slopes, const OptArray& custom_mask, const OptArray& custom_mask_indptr,
-         const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
-         const OptArray& v_scale_device) {
+         double sm_scale, bool causal, uintptr_t stream, const VariantArgs* variant, const OptArray& custom_mask,
+         const OptArray& custom_mask_indptr, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
+         const OptArray& k_scale_device, const OptArray& v_scale_device) {
         const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
                          tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
-        VariantArgs variant =
-            variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
-        variant.custom_mask = to_view(custom_mask, "packed_custom_mask");
-        variant.custom_mask_indptr = to_view(custom_mask_indptr, "custom_mask_indptr");
-        DeviceGuard guard(tq);
-        nb::gil_scoped_release release;
+        std::optional<tessera::VariantSpec> user;
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
         opt.causal = causal;
-        opt.variant = variant.options();
+        opt.variant = variant_options(variant, user);
+        opt.variant.custom_mask = to_view(custom_mask, "packed_custom_mask");
+        opt.variant.custom_mask_indptr = to_view(custom_mask_indptr, "custom_mask_indptr");
         opt.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
         checked([&] { tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
       },
       "q"_a, "k"_a, "v"_a, "layout"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "stream"_a,
-      nb::kw_only(), "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
-      "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
-      "alibi_slopes"_a.none() = nb::none(), "custom_mask"_a.none() = nb::none(),
+      nb::kw_only(), "variant"_a.none() = nb::none(), "custom_mask"_a.none() = nb::none(),
       "custom_mask_indptr"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0,
       "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
       "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for "
@@ -672,8 +728,9 @@ NB_MODULE(_C, m) {
         tessera::AttentionOptions opt;
         opt.sm_scale = sm_scale;
         opt.causal = causal;
-        opt.variant = variant_args(window_left, logits_soft_cap, tessera::PosEncoding::kNone, 1.0, 1e4, alibi_slopes)
-                          .options();
+        opt.variant.window_left = window_left;
+        opt.variant.logits_soft_cap = logits_soft_cap;
+        opt.variant.alibi_slopes = to_view(alibi_slopes, "alibi_slopes");
         opt.variant.user = spec ? &*spec : nullptr;
         DeviceGuard guard(tq);
         nb::gil_scoped_release release;
@@ -722,14 +779,12 @@ NB_MODULE(_C, m) {
           "plan",
           [](tessera::BatchDecodeWrapper& w, const Array& kv_indptr, const Array& last_page_len, int64_t page_size,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale,
-             uintptr_t stream, int device, int64_t window_left, double logits_soft_cap,
-             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes,
-             const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
-             const OptArray& v_scale_device) {
+             uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
+             double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
             const TensorView ip = to_view(kv_indptr, "indptr"), lp = to_view(last_page_len, "last_page_len");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
-            const VariantArgs variant =
-                variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
+            std::optional<tessera::VariantSpec> user;
+            const tessera::VariantOptions variant = variant_options(variant_args, user);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
@@ -741,13 +796,12 @@ NB_MODULE(_C, m) {
             });
           },
           "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a,
-          "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a, nb::kw_only(),
-          "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
-          "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
+          "dtype"_a, "sm_scale"_a, "stream"_a, "device"_a, nb::kw_only(), "variant"_a.none() = nb::none(),
           "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
           "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
-          "Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in "
-          "variants as for single_decode (alibi_slopes on GPU `device`, kept alive while the plan is used).")
+          "Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: variant, a "
+          "VariantArgs of the built-in softmax variants (its tensors on GPU `device`, kept alive while the plan is "
+          "used).")
       .def(
           "run",
           [](tessera::BatchDecodeWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
@@ -771,14 +825,13 @@ NB_MODULE(_C, m) {
           [](tessera::BatchPrefillPagedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
              const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
              int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
-             int64_t window_left, double logits_soft_cap, tessera::PosEncoding pos_encoding, double rope_scale,
-             double rope_theta, const OptArray& alibi_slopes, const std::optional<DType>& kv_dtype, double k_scale,
-             double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
+             const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
+             const OptArray& k_scale_device, const OptArray& v_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
                              lp = to_view(last_page_len, "paged_kv_last_page_len");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
-            const VariantArgs variant =
-                variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
+            std::optional<tessera::VariantSpec> user;
+            const tessera::VariantOptions variant = variant_options(variant_args, user);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
@@ -791,12 +844,10 @@ NB_MODULE(_C, m) {
           },
           "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
           "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
-          "window_left"_a = -1, "logits_soft_cap"_a = 0.0, "pos_encoding"_a = tessera::PosEncoding::kNone,
-          "rope_scale"_a = 1.0, "rope_theta"_a = 1e4, "alibi_slopes"_a.none() = nb::none(),
-          "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+          "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
           "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
-          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options: the "
-          "built-in variants as for BatchDecodeWrapper.plan.")
+          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as "
+          "for BatchDecodeWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
@@ -819,14 +870,12 @@ NB_MODULE(_C, m) {
           "plan",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
-             uintptr_t stream, int device, int64_t window_left, double logits_soft_cap,
-             tessera::PosEncoding pos_encoding, double rope_scale, double rope_theta, const OptArray& alibi_slopes,
-             const std::optional<DType>& kv_dtype, double k_scale, double v_scale, const OptArray& k_scale_device,
-             const OptArray& v_scale_device) {
+             uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
+             double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
-            const VariantArgs variant =
-                variant_args(window_left, logits_soft_cap, pos_encoding, rope_scale, rope_theta, alibi_slopes);
+            std::optional<tessera::VariantSpec> user;
+            const tessera::VariantOptions variant = variant_options(variant_args, user);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
@@ -837,12 +886,11 @@ NB_MODULE(_C, m) {
             });
           },
           "qo_indptr"_a, "kv_indptr"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a,
-          "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
-          "pos_encoding"_a = tessera::PosEncoding::kNone, "rope_scale"_a = 1.0, "rope_theta"_a = 1e4,
-          "alibi_slopes"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0,
-          "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
-          "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options: the built-in variants "
-          "as for BatchDecodeWrapper.plan.")
+          "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "variant"_a.none() = nb::none(),
+          "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+          "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for "
+          "BatchDecodeWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,

@@ -92,6 +92,55 @@ class PosEncoding(enum.Enum):
 
     rope_llama31 = 2
 
+class VariantArgs:
+    """
+    The variant of one call or plan (tessera::VariantOptions with an optional user tessera::VariantSpec), the `variant` keyword of the attention entry points; the C++ library checks the values. Tensors: alibi_slopes f32 [Hq], rope_q_offset / rope_k_offset i32 [batch], on the device of q; user_params (name, int | float | device tensor) pairs. Empty user_name: no user variant.
+    """
+
+    def __init__(self, *, window_left: int = -1, num_sink_tokens: int = 0, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, llama31_factor: float = 8.0, llama31_low_freq_factor: float = 1.0, llama31_high_freq_factor: float = 4.0, llama31_original_max_position: float = 8192.0, sigmoid: bool = False, sigmoid_bias: float = 0.0, alibi_slopes: NDArray | None = None, rope_q_offset: NDArray | None = None, rope_k_offset: NDArray | None = None, user_name: str = '', user_source: str = '', user_params: Sequence[tuple[str, object]] = [], user_use_softmax: bool = True) -> None: ...
+
+    @property
+    def window_left(self) -> int: ...
+
+    @property
+    def num_sink_tokens(self) -> int: ...
+
+    @property
+    def logits_soft_cap(self) -> float: ...
+
+    @property
+    def pos_encoding(self) -> PosEncoding: ...
+
+    @property
+    def rope_scale(self) -> float: ...
+
+    @property
+    def rope_theta(self) -> float: ...
+
+    @property
+    def llama31_factor(self) -> float: ...
+
+    @property
+    def llama31_low_freq_factor(self) -> float: ...
+
+    @property
+    def llama31_high_freq_factor(self) -> float: ...
+
+    @property
+    def llama31_original_max_position(self) -> float: ...
+
+    @property
+    def sigmoid(self) -> bool: ...
+
+    @property
+    def sigmoid_bias(self) -> float: ...
+
+    @property
+    def user_name(self) -> str: ...
+
+    @property
+    def user_use_softmax(self) -> bool: ...
+
 class RuntimeBounds:
     """Upper bounds a runtime wrapper is built for."""
 
@@ -211,12 +260,12 @@ def alibi_slopes(num_heads: int) -> list[float]:
     tessera::alibi_slopes: the standard ALiBi slopes of `num_heads` heads (host values).
     """
 
-def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
-    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword options: the built-in variants (window_left -1 = off, logits_soft_cap 0 = off, pos_encoding with rope_scale/rope_theta, alibi_slopes f32 [Hq] on q's device); fp8 K/V: k and v as uint8 views with kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device ([1] or [Hkv]).
+    tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword options: variant, a VariantArgs (None: the default variant); fp8 K/V: k and v as uint8 views with kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device ([1] or [Hkv]).
     """
 
-def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant: VariantArgs | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
     tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).
     """
@@ -284,9 +333,9 @@ class BatchDecodeWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+    def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in variants as for single_decode (alibi_slopes on GPU `device`, kept alive while the plan is used).
+        Plans a step from HOST int32 kv_indptr [B + 1] and last_page_len [B]. Keyword options: variant, a VariantArgs of the built-in softmax variants (its tensors on GPU `device`, kept alive while the plan is used).
         """
 
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
@@ -313,9 +362,9 @@ class BatchPrefillPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options: the built-in variants as for BatchDecodeWrapper.plan.
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan.
         """
 
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
@@ -340,9 +389,9 @@ class BatchPrefillRaggedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, window_left: int = -1, logits_soft_cap: float = 0.0, pos_encoding: PosEncoding = PosEncoding.none, rope_scale: float = 1.0, rope_theta: float = 10000.0, alibi_slopes: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options: the built-in variants as for BatchDecodeWrapper.plan.
+        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan.
         """
 
     def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:

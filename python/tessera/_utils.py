@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__: list = []  # private module
 
-_POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
+_POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI", "ROPE_LLAMA31")
 
 
 def _torch() -> Any:
@@ -54,7 +54,8 @@ def check_kv_layout(kv_layout: Any, name: str = "kv_layout") -> Any:
 
 
 def check_pos_encoding_mode(pos_encoding_mode: Any) -> str:
-    """'NONE', 'ROPE_LLAMA' or 'ALIBI' (FlashInfer's names); anything else raises ValueError."""
+    """'NONE', 'ROPE_LLAMA', 'ALIBI' (FlashInfer's names) or 'ROPE_LLAMA31' (Tessera's: Llama 3.1
+    RoPE scaling); anything else raises ValueError."""
     if isinstance(pos_encoding_mode, str) and pos_encoding_mode in _POS_ENCODING_MODES:
         return pos_encoding_mode
     raise ValueError(
@@ -102,60 +103,254 @@ def _finite_float(name: str, value: Any, expected: str) -> float:
 
 
 class Variant:
-    """The built-in variant options of one call or plan, validated (FlashInfer's argument names).
+    """The variant options of one call or plan, validated: FlashInfer's (pos_encoding_mode,
+    window_left, logits_soft_cap, rope_scale, rope_theta) and Tessera's own (see resolve_variant).
 
-    pos_encoding_mode: 'NONE', 'ROPE_LLAMA' (RoPE with rope_scale / rope_theta) or 'ALIBI';
-    window_left: -1 or >= 0; logits_soft_cap: 0.0 (off) or > 0.
+    pos_encoding_mode: 'NONE', 'ROPE_LLAMA', 'ROPE_LLAMA31' (RoPE with rope_scale / rope_theta, and
+    the Llama 3.1 frequency scaling `llama31` = (low_freq_factor, high_freq_factor,
+    old_context_len)) or 'ALIBI'; window_left: -1 or >= 0; num_sink_tokens: >= 0 (with a window);
+    logits_soft_cap: 0.0 (off) or > 0; sigmoid / sigmoid_bias: sigmoid attention; user: a
+    tessera.VariantSpec or None.
     """
 
-    __slots__ = ("pos_encoding_mode", "window_left", "logits_soft_cap", "rope_scale", "rope_theta")
+    __slots__ = ("pos_encoding_mode", "window_left", "logits_soft_cap", "rope_scale", "rope_theta", "llama31",
+                 "num_sink_tokens", "sigmoid", "sigmoid_bias", "user")
 
     def __init__(self, pos_encoding_mode: str, window_left: int, logits_soft_cap: float, rope_scale: float,
-                 rope_theta: float) -> None:
+                 rope_theta: float, llama31: Optional[Tuple[float, float, float]] = None, num_sink_tokens: int = 0,
+                 sigmoid: bool = False, sigmoid_bias: float = 0.0, user: Any = None) -> None:
         self.pos_encoding_mode = pos_encoding_mode
         self.window_left = window_left
         self.logits_soft_cap = logits_soft_cap
         self.rope_scale = rope_scale
         self.rope_theta = rope_theta
+        self.llama31 = llama31
+        self.num_sink_tokens = num_sink_tokens
+        self.sigmoid = sigmoid
+        self.sigmoid_bias = sigmoid_bias
+        self.user = user
 
     @property
     def alibi(self) -> bool:
         return self.pos_encoding_mode == "ALIBI"
 
-    def kwargs(self, alibi_slopes: Optional["torch.Tensor"]) -> dict:
-        """The keyword arguments of tessera._C's attention entry points (alibi_slopes: the f32
-        [num_qo_heads] device tensor when pos_encoding_mode is 'ALIBI', else None)."""
+    @property
+    def rope(self) -> bool:
+        """RoPE fused into the kernels ('ROPE_LLAMA' or 'ROPE_LLAMA31')."""
+        return self.pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31")
+
+    @property
+    def use_softmax(self) -> bool:
+        """False for sigmoid attention and for a user variant without softmax: the output is then a
+        weighted sum without normalisation, and there is no log-sum-exp."""
+        return not self.sigmoid and (self.user is None or self.user.use_softmax)
+
+    def check_return_lse(self, return_lse: bool) -> None:
+        """return_lse with a variant that has no softmax (the C++ library would write NaN) is an error."""
+        if return_lse and not self.use_softmax:
+            what = "use_sigmoid=True" if self.sigmoid else f"variant={self.user!r} (use_softmax=False)"
+            raise ValueError(f"return_lse=True with {what}: attention without softmax has no log-sum-exp "
+                             "(pass return_lse=False)")
+
+    def check_runtime(self) -> None:
+        """The plan/run runtime merges split KV chunks by their log-sum-exp and compiles only the
+        built-in softmax variants: sigmoid attention and user variants are NotImplementedError in
+        the wrappers' plan() (the C++ runtime raises kUnsupported for them too)."""
+        single = "use single_decode_with_kv_cache / single_prefill_with_kv_cache (one request per call)"
+        if self.sigmoid:
+            raise NotImplementedError(
+                "use_sigmoid=True is not supported by the plan/run wrappers: sigmoid attention has no log-sum-exp by "
+                f"which the runtime merges split KV chunks (supported: use_sigmoid=False); {single}")
+        if self.user is not None:
+            raise NotImplementedError(
+                f"variant={self.user!r} is not supported by the plan/run wrappers: the runtime compiles only the "
+                f"built-in variants (supported: variant=None); {single}, or tessera.flex_attention for masks and "
+                "score mods")
+
+    def check_tensors(self, q_rope_offset: Any, k_rope_offset: Any, batch: int, device: Any) -> None:
+        """The RoPE offsets (check_rope_offset) and a user variant's tensor parameters, against a
+        batch of `batch` requests on `device` (checks only, before any device work)."""
+        check_rope_offset("q_rope_offset", q_rope_offset, self, batch, device)
+        check_rope_offset("k_rope_offset", k_rope_offset, self, batch, device)
+        if self.user is not None:
+            self.user._check_device(device)
+
+    def kwargs(self, alibi_slopes: Optional["torch.Tensor"], q_rope_offset: Optional["torch.Tensor"] = None,
+               k_rope_offset: Optional["torch.Tensor"] = None) -> dict:
+        """The keyword arguments of tessera._C's attention entry points: ``variant``, a
+        tessera._C.VariantArgs (none for the default variant, so the prebuilt kernels run).
+        alibi_slopes: the f32 [num_qo_heads] device tensor when pos_encoding_mode is 'ALIBI', else
+        None; q_rope_offset / k_rope_offset: i32 [batch] device tensors or None (RoPE only)."""
+        if (self.pos_encoding_mode == "NONE" and self.window_left < 0 and self.logits_soft_cap == 0.0
+                and not self.sigmoid and self.user is None):
+            return {}
         C = _C()
-        rope = self.pos_encoding_mode == "ROPE_LLAMA"
-        return {
+        args: Dict[str, Any] = {
             "window_left": self.window_left,
+            "num_sink_tokens": self.num_sink_tokens,
             "logits_soft_cap": self.logits_soft_cap,
-            "pos_encoding": C.PosEncoding.rope_llama if rope else C.PosEncoding.none,
-            "rope_scale": self.rope_scale,
-            "rope_theta": self.rope_theta,
-            "alibi_slopes": alibi_slopes if self.alibi else None,
+            "sigmoid": self.sigmoid,
+            "sigmoid_bias": self.sigmoid_bias,
         }
+        if self.alibi:
+            args["alibi_slopes"] = alibi_slopes
+        if self.rope:
+            args["rope_theta"] = self.rope_theta
+            args["rope_q_offset"] = q_rope_offset
+            args["rope_k_offset"] = k_rope_offset
+            if self.llama31 is None:
+                args["pos_encoding"] = C.PosEncoding.rope_llama
+                args["rope_scale"] = self.rope_scale
+            else:
+                # FlashInfer's Llama 3.1 convention (flashinfer.apply_llama31_rope): rope_scale is the
+                # frequency factor; positions are not divided.
+                args["pos_encoding"] = C.PosEncoding.rope_llama31
+                args["llama31_factor"] = self.rope_scale
+                low, high, old_context_len = self.llama31
+                args["llama31_low_freq_factor"] = low
+                args["llama31_high_freq_factor"] = high
+                args["llama31_original_max_position"] = old_context_len
+        if self.user is not None:
+            args.update(self.user._variant_args())
+        return {"variant": C.VariantArgs(**args)}
+
+
+# The defaults of rope_scale / rope_theta per RoPE mode: FlashInfer's attention defaults for
+# 'ROPE_LLAMA', flashinfer.apply_llama31_rope's for 'ROPE_LLAMA31' (where rope_scale is the factor).
+_ROPE_DEFAULTS = {"ROPE_LLAMA": (1.0, 1e4), "ROPE_LLAMA31": (8.0, 5e5)}
+# Llama 3.1's low_freq_factor, high_freq_factor and old_context_len (flashinfer.apply_llama31_rope's).
+_LLAMA31_DEFAULTS = (1.0, 4.0, 8192.0)
 
 
 def resolve_variant(
-    pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, rope_scale: Any, rope_theta: Any
+    pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, rope_scale: Any, rope_theta: Any, *,
+    low_freq_factor: Any = None, high_freq_factor: Any = None, old_context_len: Any = None,
+    num_sink_tokens: Any = 0, use_sigmoid: Any = False, sigmoid_bias: Any = None, variant: Any = None,
 ) -> Variant:
-    """Validates FlashInfer's variant options. rope_scale (default 1.0, > 0) and rope_theta (default
-    1e4, > 1) are checked only with pos_encoding_mode='ROPE_LLAMA' (FlashInfer ignores them otherwise)."""
+    """Validates the variant options of a call or plan.
+
+    FlashInfer's: rope_scale (> 0) and rope_theta (> 1) are checked only with a RoPE mode
+    (FlashInfer ignores them otherwise); defaults 1.0 / 1e4 with 'ROPE_LLAMA', 8.0 / 5e5 with
+    'ROPE_LLAMA31'. Tessera's (keyword-only in the public functions): low_freq_factor,
+    high_freq_factor, old_context_len (Llama 3.1 only: an error with another mode), num_sink_tokens
+    (>= 0; > 0 needs window_left >= 0), use_sigmoid with sigmoid_bias (the bias only with
+    use_sigmoid), variant (None or a tessera.VariantSpec)."""
     mode = check_pos_encoding_mode(pos_encoding_mode)
     window = check_window_left(window_left)
     cap = check_logits_soft_cap(logits_soft_cap)
     scale, theta = 1.0, 1e4
-    if mode == "ROPE_LLAMA":
+    if mode in _ROPE_DEFAULTS:
+        scale, theta = _ROPE_DEFAULTS[mode]
         if rope_scale is not None:
-            scale = _finite_float("rope_scale", rope_scale, "None (1.0) or a finite value > 0")
+            scale = _finite_float("rope_scale", rope_scale, f"None ({scale}) or a finite value > 0")
             if scale <= 0.0:
-                raise ValueError(f"rope_scale = {rope_scale!r}, expected None (1.0) or a finite value > 0")
+                raise ValueError(f"rope_scale = {rope_scale!r}, expected None ({_ROPE_DEFAULTS[mode][0]}) or a "
+                                 "finite value > 0")
         if rope_theta is not None:
-            theta = _finite_float("rope_theta", rope_theta, "None (1e4) or a finite value > 1")
+            theta = _finite_float("rope_theta", rope_theta, f"None ({theta:g}) or a finite value > 1")
             if theta <= 1.0:
-                raise ValueError(f"rope_theta = {rope_theta!r}, expected None (1e4) or a finite value > 1")
-    return Variant(mode, window, cap, scale, theta)
+                raise ValueError(f"rope_theta = {rope_theta!r}, expected None ({_ROPE_DEFAULTS[mode][1]:g}) or a "
+                                 "finite value > 1")
+    llama31 = _resolve_llama31(mode, low_freq_factor, high_freq_factor, old_context_len)
+    sinks = _check_num_sink_tokens(num_sink_tokens, window)
+    sigmoid, bias = _check_sigmoid(use_sigmoid, sigmoid_bias)
+    if variant is not None:
+        from .variant import VariantSpec
+
+        if not isinstance(variant, VariantSpec):
+            raise TypeError(f"variant must be None or a tessera.VariantSpec, got {type(variant).__name__}")
+    return Variant(mode, window, cap, scale, theta, llama31, sinks, sigmoid, bias, variant)
+
+
+def _resolve_llama31(mode: str, low_freq_factor: Any, high_freq_factor: Any,
+                     old_context_len: Any) -> Optional[Tuple[float, float, float]]:
+    """(low_freq_factor, high_freq_factor, old_context_len) for 'ROPE_LLAMA31', else None (then
+    the three must be None: they mean nothing without Llama 3.1 scaling)."""
+    given = {"low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
+             "old_context_len": old_context_len}
+    if mode != "ROPE_LLAMA31":
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(f"{name} = {value!r} is used only with pos_encoding_mode='ROPE_LLAMA31' "
+                                 f"(got pos_encoding_mode={mode!r})")
+        return None
+    values = []
+    for (name, value), default in zip(given.items(), _LLAMA31_DEFAULTS):
+        if value is None:
+            values.append(default)
+            continue
+        f = _finite_float(name, value, f"None ({default:g}) or a finite value > 0")
+        if f <= 0.0:
+            raise ValueError(f"{name} = {value!r}, expected None ({default:g}) or a finite value > 0")
+        values.append(f)
+    if values[1] <= values[0]:
+        raise ValueError(f"high_freq_factor = {values[1]:g} must be greater than low_freq_factor = {values[0]:g} "
+                         "(Llama 3.1 RoPE scaling)")
+    return values[0], values[1], values[2]
+
+
+def _check_num_sink_tokens(num_sink_tokens: Any, window_left: int) -> int:
+    """Attention sinks: an int >= 0; > 0 needs a sliding window (window_left >= 0)."""
+    if isinstance(num_sink_tokens, bool):
+        raise TypeError("num_sink_tokens must be an int, got bool")
+    try:
+        value = operator.index(num_sink_tokens)
+    except TypeError:
+        raise TypeError(f"num_sink_tokens must be an int, got {type(num_sink_tokens).__name__}") from None
+    if value < 0 or value >= 2**31:
+        raise ValueError(f"num_sink_tokens = {value}, expected 0 (off) or a value in [1, 2^31)")
+    if value > 0 and window_left < 0:
+        raise ValueError(f"num_sink_tokens = {value} needs a sliding window, but window_left = -1 (sink tokens are "
+                         "the keys that stay visible outside the window)")
+    return int(value)
+
+
+def _check_sigmoid(use_sigmoid: Any, sigmoid_bias: Any) -> Tuple[bool, float]:
+    """use_sigmoid: a bool; sigmoid_bias: None (0.0) or a finite float, only with use_sigmoid."""
+    if not isinstance(use_sigmoid, bool):
+        raise TypeError(f"use_sigmoid must be a bool, got {type(use_sigmoid).__name__}")
+    if sigmoid_bias is None:
+        return use_sigmoid, 0.0
+    if not use_sigmoid:
+        raise ValueError(f"sigmoid_bias = {sigmoid_bias!r} is used only with use_sigmoid=True")
+    return True, _finite_float("sigmoid_bias", sigmoid_bias, "None (0.0) or a finite value")
+
+
+def check_rope_offset(name: str, value: Any, variant: Variant, batch: int, device: Any) -> None:
+    """A per-request RoPE position offset (q_rope_offset / k_rope_offset): None, an int (batch 1:
+    the single-request functions) or an int32 tensor of `batch` elements on the CPU or on `device`;
+    only with a RoPE mode. Checks only (no device work)."""
+    if value is None:
+        return
+    if not variant.rope:
+        raise ValueError(f"{name} is given, but pos_encoding_mode = {variant.pos_encoding_mode!r}; RoPE position "
+                         "offsets need 'ROPE_LLAMA' or 'ROPE_LLAMA31'")
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
+        check_index_tensor(name, value, batch)
+        if value.device.type != "cpu":
+            check_same_device(name, value, "q", _DeviceOnly(device))
+        return
+    if isinstance(value, bool) or batch != 1:
+        raise TypeError(f"{name} must be an int32 tensor of {batch} elements (one per request), got "
+                        f"{type(value).__name__}")
+    try:
+        offset = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or an int32 tensor, got {type(value).__name__}") from None
+    if not -(2**31) <= offset < 2**31:
+        raise ValueError(f"{name} = {offset}, expected a 32-bit integer")
+
+
+def rope_offset_tensor(value: Any, device: Any) -> Optional["torch.Tensor"]:
+    """A checked RoPE offset (check_rope_offset) as the i32 tensor the kernels read on `device`
+    (host values copied there)."""
+    if value is None:
+        return None
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
+        return value.contiguous() if value.device.type != "cpu" else value.to(device, non_blocking=True)
+    return torch.tensor([int(value)], dtype=torch.int32, device=device)
 
 
 def check_run_window_left(window_left: Any, planned: int) -> None:

@@ -96,7 +96,7 @@ class BlockSparseAttentionWrapper:
                                 "tessera.flex_attention takes any mask_mod)")
         U.check_false("use_fp16_qk_reduction", use_fp16_qk_reduction)
         variant = U.resolve_variant(pos_encoding_mode, -1, logits_soft_cap, rope_scale, rope_theta)
-        if variant.pos_encoding_mode == "ROPE_LLAMA":
+        if variant.rope:
             raise U.unsupported("pos_encoding_mode", pos_encoding_mode,
                                 "'NONE' or 'ALIBI' for block-sparse attention")
         m, n = U.check_positive_int("M", M), U.check_positive_int("N", N)

@@ -774,20 +774,26 @@ def test_cpp_errors_map_to_python_exceptions():
 
 
 def test_cpp_variant_keywords():
-    # The built-in variant options are keyword-only arguments of the attention entry points (the
-    # positional order is unchanged); they convert, and the call then fails on the device.
+    # The variant is the keyword-only argument `variant` of the attention entry points (the
+    # positional order is unchanged), a VariantArgs; it converts, and the call then fails on the device.
     q = torch.randn(8, 128).to(torch.bfloat16)
     k = torch.randn(10, 2, 128).to(torch.bfloat16)
     NHD = _C.Layout.NHD
-    variant = dict(window_left=3, logits_soft_cap=2.0, pos_encoding=_C.PosEncoding.rope_llama, rope_scale=2.0,
-                   rope_theta=5e5, alibi_slopes=torch.ones(8))
+    variant = _C.VariantArgs(window_left=3, num_sink_tokens=2, logits_soft_cap=2.0,
+                             pos_encoding=_C.PosEncoding.rope_llama31, rope_scale=2.0, rope_theta=5e5,
+                             llama31_factor=8.0, alibi_slopes=torch.ones(8),
+                             rope_q_offset=torch.zeros(1, dtype=torch.int32), user_name="v",
+                             user_source="", user_params=[("n", 1), ("x", 0.5), ("t", torch.ones(2))])
+    assert (variant.window_left, variant.num_sink_tokens, variant.pos_encoding) == (3, 2, _C.PosEncoding.rope_llama31)
     with pytest.raises(ValueError, match=r"^q.device = cpu, expected a CUDA device$"):
-        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, **variant)
+        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, variant=variant)
     mask = dict(custom_mask=torch.ones(4, dtype=torch.uint8), custom_mask_indptr=torch.tensor([0, 4], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^q.device = cpu, expected a CUDA device$"):
-        _C.single_prefill(q[None], k, k, NHD, q[None], None, 0.1, True, 0, **variant, **mask)
+        _C.single_prefill(q[None], k, k, NHD, q[None], None, 0.1, True, 0, variant=variant, **mask)
     with pytest.raises(TypeError, match="incompatible function arguments"):
-        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, 3)  # window_left is keyword-only
+        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, variant)  # variant is keyword-only
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, window_left=3)  # the options travel in a VariantArgs
     with pytest.raises(TypeError, match="incompatible function arguments"):
         _C.single_decode(q, k, k, NHD, q, None, 0.1, 0, **mask)  # custom masks: single_prefill only
     assert [e.name for e in _C.PosEncoding] == ["none", "rope_llama", "rope_llama31"]

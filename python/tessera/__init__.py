@@ -35,6 +35,7 @@ from .cascade import merge_state, merge_state_in_place, merge_states, merge_stat
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
     single_decode_with_kv_cache,
 )
 from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
@@ -42,6 +43,7 @@ from .mla import BatchMLAPagedAttentionWrapper
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
 from .sparse import BlockSparseAttentionWrapper
+from .variant import VariantSpec
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -60,6 +62,7 @@ __all__ = [
     "BlockSparseAttentionWrapper",
     "BatchMLAPagedAttentionWrapper",
     "single_decode_with_kv_cache",
+    "fast_decode_plan",
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
     "merge_state",
@@ -80,6 +83,7 @@ __all__ = [
     "noop_mask",
     "BlockMask",
     "ModTraceError",
+    "VariantSpec",
     "build_info",
 ]
 

@@ -304,3 +304,35 @@ class _KVScaleBuffer:
             if always or self.last[i] != value:
                 self.buf[i : i + 1].fill_(value)
                 self.last = (value, self.last[1]) if i == 0 else (self.last[0], value)
+
+
+class _RopeOffsets:
+    """The per-request RoPE offsets (plan()'s q_rope_offset / k_rope_offset) a plan points the
+    kernels at: the wrapper keeps the tensors for the runs of the plan. With use_cuda_graph they are
+    copied into two rows of a buffer made once (a captured run() has their address baked in, and the
+    C++ runtime refuses a later plan whose variant points elsewhere)."""
+
+    def __init__(self, use_cuda_graph: bool, max_batch: Optional[int]) -> None:
+        self.use_cuda_graph = use_cuda_graph
+        self.max_batch = max_batch
+        self.graph_rows: Optional[Any] = None  # int32 [2, max_batch]: q's offsets, k's offsets
+        self.kept: Tuple[Any, Any] = (None, None)
+
+    def plan_tensors(self, q_offset: Any, k_offset: Any, batch: int, device: Any) -> Tuple[Any, Any]:
+        """The tensors the plan passes (i32 [batch] on `device`, or None), kept until the next plan."""
+        if self.use_cuda_graph and (q_offset is not None or k_offset is not None):
+            torch = U._torch()
+            if self.graph_rows is None:
+                assert self.max_batch is not None
+                self.graph_rows = torch.zeros((2, self.max_batch), dtype=torch.int32, device=device)
+            rows = []
+            for i, t in enumerate((q_offset, k_offset)):
+                if t is None:
+                    rows.append(None)
+                    continue
+                row = self.graph_rows[i, :batch]
+                row.copy_(t, non_blocking=True)
+                rows.append(row)
+            q_offset, k_offset = rows
+        self.kept = (q_offset, k_offset)
+        return q_offset, k_offset

@@ -483,7 +483,9 @@ class _DeviceOnly:
 _VARIANTS_SUPPORTED = (
     "the built-in variant options pos_encoding_mode, window_left and logits_soft_cap of plan() and of the "
     "single-request functions, and custom_mask / packed_custom_mask in single_prefill_with_kv_cache; "
-    "user-defined variants exist only in the C++ API (tessera::VariantSpec, tessera/variant.h)"
+    "user-defined variants in CUDA C++ as tessera.VariantSpec (the C++ tessera::VariantSpec) through the "
+    "single-request functions' variant= argument, and masks and score mods as Python functions through "
+    "tessera.flex_attention"
 )
 
 

@@ -2,7 +2,9 @@
 
 - :func:`single_decode_with_kv_cache`: one request, contiguous KV.
 - :class:`BatchDecodeWithPagedKVCacheWrapper`: a batch over a paged KV cache with the plan/run
-  runtime (plan once per generation step, run once per layer; CUDA-Graph capturable).
+  runtime (plan once per generation step, run once per layer; CUDA-Graph capturable); one or
+  several (``q_len_per_req``) query tokens per request.
+- :func:`fast_decode_plan`: FlashInfer's cheaper re-plan of that wrapper.
 
 Log-sum-exp values are base 2 (as FlashInfer's Python API): ``lse = log2(sum_j exp(s_j))`` over the
 scaled logits ``s_j = sm_scale * q.k_j`` (after the variant's transforms).
@@ -17,6 +19,27 @@ the query at position ``p = kv_len - 1`` and key ``j``,
 - ``pos_encoding_mode="ROPE_LLAMA"``: q and k are rotated ("rotate half", Llama) at positions
   p and j, angle ``(pos / rope_scale) * rope_theta^(-2d / head_dim)``, before the dot product
   (the cache keeps un-rotated keys).
+
+Tessera's variants (keyword-only arguments; no FlashInfer counterpart in these functions):
+
+- ``pos_encoding_mode="ROPE_LLAMA31"``: the Llama rotation with Llama 3.1 frequency scaling, the
+  definition (and argument names and defaults) of ``flashinfer.apply_llama31_rope``: with
+  ``f_d = rope_theta^(-2d / head_dim)`` and wavelength ``2 pi / f_d``, frequencies of wavelength
+  above ``old_context_len / low_freq_factor`` are divided by ``rope_scale`` (the factor, default
+  8), those below ``old_context_len / high_freq_factor`` kept, and in between ``(1 - a) f_d /
+  rope_scale + a f_d`` with ``a = (old_context_len / wavelength - low_freq_factor) /
+  (high_freq_factor - low_freq_factor)``; angle ``pos * f_d`` (positions are not divided).
+  Defaults: ``rope_theta`` 5e5, ``low_freq_factor`` 1, ``high_freq_factor`` 4,
+  ``old_context_len`` 8192.
+- ``q_rope_offset``, ``k_rope_offset`` (with a RoPE mode): per-request position offsets: q rotated
+  at ``p + q_rope_offset[b]``, key j at ``j + k_rope_offset[b]`` (masks keep using p and j).
+- ``num_sink_tokens = n`` (with ``window_left >= 0``): keys ``j < n`` stay visible outside the
+  window (StreamingLLM's attention sinks; they still obey the causal mask).
+- ``use_sigmoid=True`` with ``sigmoid_bias = b``: weights ``sigmoid(s + b)`` (``s`` the scaled
+  logits after ALiBi and soft-cap) instead of the softmax, no normalisation, no LSE;
+  single-request functions only (the plan/run wrappers raise NotImplementedError).
+- ``variant``: a user variant (:class:`tessera.VariantSpec`, CUDA C++ hooks); single-request
+  functions only.
 """
 
 from __future__ import annotations
@@ -25,12 +48,18 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from . import _runtime as R
 from . import _utils as U
-from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
+from ._runtime import _KVScaleBuffer, _Need, _RopeOffsets, _RuntimeHolder, split_options
+from .variant import VariantSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["single_decode_with_kv_cache", "BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
+__all__ = [
+    "single_decode_with_kv_cache",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "fast_decode_plan",
+]
 
 PagedKVCache = Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]
 
@@ -51,6 +80,16 @@ def single_decode_with_kv_cache(
     rope_scale: Optional[float] = None,
     rope_theta: Optional[float] = None,
     return_lse: bool = False,
+    *,
+    low_freq_factor: Optional[float] = None,
+    high_freq_factor: Optional[float] = None,
+    old_context_len: Optional[float] = None,
+    q_rope_offset: Optional[Union[int, "torch.Tensor"]] = None,
+    k_rope_offset: Optional[Union[int, "torch.Tensor"]] = None,
+    num_sink_tokens: int = 0,
+    use_sigmoid: bool = False,
+    sigmoid_bias: Optional[float] = None,
+    variant: Optional[VariantSpec] = None,
 ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
     """Decode attention of one request against its whole KV cache.
 
@@ -62,8 +101,8 @@ def single_decode_with_kv_cache(
             any strides with a contiguous last dimension. ``num_qo_heads`` must be a multiple of
             ``num_kv_heads``.
         kv_layout: ``"NHD"`` or ``"HND"``.
-        pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE on q and k) or ``"ALIBI"`` (see the
-            module doc).
+        pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` (RoPE on q and k), ``"ALIBI"`` or
+            ``"ROPE_LLAMA31"`` (Tessera's: Llama 3.1 RoPE; see the module doc).
         use_tensor_cores: accepted for compatibility; Tessera picks the kernel itself.
         q_scale: only ``None``/``1.0``.
         k_scale, v_scale: fp8 K/V only: the dequantization scales (an element ``x`` stands for
@@ -73,9 +112,26 @@ def single_decode_with_kv_cache(
             position it still sees.
         logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``: ``cap * tanh(logits / cap)``.
         sm_scale: logit scale, default ``1/sqrt(head_dim)``.
-        rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
-            ``pos_encoding_mode="ROPE_LLAMA"``.
+        rope_scale, rope_theta: RoPE parameters, used with a RoPE mode: with ``"ROPE_LLAMA"``
+            positions are divided by ``rope_scale`` (defaults ``1.0`` and ``1e4``); with
+            ``"ROPE_LLAMA31"`` ``rope_scale`` is the Llama 3.1 frequency factor (defaults ``8.0``
+            and ``5e5``, as ``flashinfer.apply_llama31_rope``).
         return_lse: also return the base-2 log-sum-exp, float32 ``[num_qo_heads]``.
+
+    Tessera's keyword-only options (no FlashInfer counterpart in this function; module doc):
+        low_freq_factor, high_freq_factor, old_context_len: Llama 3.1 scaling with
+            ``"ROPE_LLAMA31"`` only (defaults ``1.0``, ``4.0``, ``8192``).
+        q_rope_offset, k_rope_offset: RoPE position offsets (a RoPE mode only): the query is
+            rotated at ``kv_len - 1 + q_rope_offset`` and key j at ``j + k_rope_offset``; an int or
+            an int32 tensor of one element on q's device (or the CPU).
+        num_sink_tokens: attention sinks: keys ``j < num_sink_tokens`` stay visible outside the
+            sliding window (needs ``window_left >= 0``). Not FlashInfer's ``sinks`` (per-head sink
+            logits), which Tessera does not implement.
+        use_sigmoid, sigmoid_bias: sigmoid attention: ``out = sum_j sigmoid(s_j + sigmoid_bias)
+            v_j`` over the visible keys with ``s_j`` the scaled logits after ALiBi / soft-cap (no
+            softmax, no normalisation; ``return_lse=True`` is a ValueError).
+        variant: a :class:`tessera.VariantSpec`, a user variant in CUDA C++ (its hooks run after
+            the built-in options; with ``use_softmax=False`` ``return_lse`` is refused).
 
     Returns:
         ``out`` ``[num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)`` with ``return_lse``.
@@ -84,7 +140,11 @@ def single_decode_with_kv_cache(
     torch = U._torch()
     layout = U.check_kv_layout(kv_layout)
     U.check_scale("q_scale", q_scale)
-    variant = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+    options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+                                low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+                                old_context_len=old_context_len, num_sink_tokens=num_sink_tokens,
+                                use_sigmoid=use_sigmoid, sigmoid_bias=sigmoid_bias, variant=variant)
+    options.check_return_lse(return_lse)
     U.check_tensor("q", q, ndim=2, shape_hint="([num_qo_heads, head_dim])")
     U.check_attention_dtype(q.dtype, "q.dtype")
     U.check_tensor("k", k, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
@@ -102,14 +162,17 @@ def single_decode_with_kv_cache(
     if k.shape[2] != q.shape[1]:
         raise ValueError(f"k has head_dim {k.shape[2]}, expected {q.shape[1]} (the head_dim of q)")
     scale = U.resolve_sm_scale(sm_scale, int(q.shape[1]))
+    options.check_tensors(q_rope_offset, k_rope_offset, 1, q.device)
     U.check_cuda("q", q)
     U.check_same_device("k", k, "q", q)
     U.check_same_device("v", v, "q", q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0],), dtype=torch.float32, device=q.device) if return_lse else None
-    slopes = U.alibi_slopes(int(q.shape[0]), q.device) if variant.alibi else None
+    slopes = U.alibi_slopes(int(q.shape[0]), q.device) if options.alibi else None
     U.call(U._C().single_decode, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, U.current_stream(q.device),
-           kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales, **variant.kwargs(slopes))
+           kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales,
+           **options.kwargs(slopes, U.rope_offset_tensor(q_rope_offset, q.device),
+                            U.rope_offset_tensor(k_rope_offset, q.device)))
     return (out, lse) if return_lse else out
 
 
@@ -193,6 +256,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._planned: Optional[Dict[str, Any]] = None
         self._alibi_slopes: Optional["torch.Tensor"] = None
         self._kv_scales = _KVScaleBuffer()
+        self._rope_offsets = _RopeOffsets(self._use_cuda_graph, self._fixed_batch_size)
+        self._graph_q_len: Optional[int] = None  # use_cuda_graph: q_len_per_req, fixed by the first plan
         # torch.compile: the handle of the custom op tessera::decode_run (tessera/_ops.py); the
         # workspace and the preallocated page ids keep their addresses (static for CUDA graphs).
         self._handle = R.enable_compile(self, ws, paged_kv_indices_buffer if self._use_cuda_graph else None)
@@ -247,8 +312,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
         seq_lens: Optional["torch.Tensor"] = None,
         fixed_split_size: Optional[int] = None,
         disable_split_kv: bool = False,
+        q_len_per_req: int = 1,
         *,
         o_data_type: Optional[Union[str, "torch.dtype"]] = None,
+        low_freq_factor: Optional[float] = None,
+        high_freq_factor: Optional[float] = None,
+        old_context_len: Optional[float] = None,
+        q_rope_offset: Optional["torch.Tensor"] = None,
+        k_rope_offset: Optional["torch.Tensor"] = None,
+        num_sink_tokens: int = 0,
+        use_sigmoid: bool = False,
+        sigmoid_bias: Optional[float] = None,
+        variant: Optional[VariantSpec] = None,
     ) -> None:
         """Plans one generation step; every layer's :meth:`run` of that step reuses the plan.
 
@@ -260,43 +335,101 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 ``[1, page_size]`` (copied to the CPU).
             num_qo_heads, num_kv_heads, head_dim: head configuration (head_dim one of tessera._C.supported_head_dims()).
             page_size: tokens per page (any value >= 1).
-            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc;
-                the ALiBi slopes live on the workspace's GPU, kept by the wrapper).
+            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"`` or ``"ROPE_LLAMA31"``
+                (Tessera's; see the module doc; the ALiBi slopes live on the workspace's GPU, kept
+                by the wrapper).
             window_left: sliding window, ``-1`` (off) or ``>= 0``.
             logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
             q_data_type, kv_data_type, data_type, o_data_type: float16 or bfloat16, all equal, except
                 ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
                 (head dims 64, 128, 256; its scales go to :meth:`run`).
             sm_scale: default ``1/sqrt(head_dim)``.
-            rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
-                ``"ROPE_LLAMA"``.
+            rope_scale, rope_theta: RoPE parameters, as in :func:`single_decode_with_kv_cache`
+                (``"ROPE_LLAMA"``: defaults ``1.0`` and ``1e4``; ``"ROPE_LLAMA31"``: the frequency
+                factor, defaults ``8.0`` and ``5e5``).
             non_blocking: accepted; the plan upload is always asynchronous.
             block_tables, seq_lens: not supported (must be ``None``).
             fixed_split_size: split long KV ranges at multiples of this many pages (batch-invariant
                 results); ``fixed_split_size * page_size`` must be a multiple of 128.
             disable_split_kv: never split (batch-invariant, no merge).
+            q_len_per_req: query tokens per request (FlashInfer's; e.g. draft tokens to verify in
+                speculative decoding): ``run()`` then takes q ``[batch_size * q_len_per_req,
+                num_qo_heads, head_dim]``, request b's tokens in rows ``b * q_len_per_req ...``,
+                causal among them (token i of a request with ``kv_len`` keys sits at position
+                ``kv_len - q_len_per_req + i``; its keys include the tokens being verified, so
+                every ``kv_len >= q_len_per_req``, ValueError otherwise). What runs: 1, the decode
+                runtime (C++ ``BatchDecodeWrapper``); > 1, the prefill runtime over the same page
+                table (C++ ``BatchPrefillPagedWrapper`` with ``qo_indptr = [0, n, 2n, ...]``,
+                causal), the runtime FlashInfer's tensor-core path corresponds to; any
+                ``use_tensor_cores``. A wrapper whose plans switch between 1 and > 1 rebuilds its
+                runtime at each switch (use one wrapper per value); with ``use_cuda_graph`` the
+                first plan fixes it (q / out buffers of ``max_batch * q_len_per_req`` rows).
+
+        Tessera's keyword-only options (see :func:`single_decode_with_kv_cache`):
+            low_freq_factor, high_freq_factor, old_context_len: Llama 3.1 scaling with
+                ``"ROPE_LLAMA31"``.
+            q_rope_offset, k_rope_offset: per-request RoPE position offsets, int32
+                ``[batch_size]`` on the CPU or the workspace's GPU (a RoPE mode only): request b's
+                queries are rotated at ``p + q_rope_offset[b]``, its key j at ``j +
+                k_rope_offset[b]``. The wrapper keeps them (with ``use_cuda_graph`` copied into a
+                buffer of its own) for the runs of the plan.
+            num_sink_tokens: attention sinks with the sliding window (``window_left >= 0``).
+            use_sigmoid, sigmoid_bias, variant: NotImplementedError unless left at their defaults
+                (the runtime merges split KV chunks by their log-sum-exp and compiles only the
+                built-in variants; :func:`single_decode_with_kv_cache` runs them).
 
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        variant = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
         U.check_none("block_tables", block_tables)
         U.check_none("seq_lens", seq_lens)
-        dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
-        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type, data_type)
+        options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+                                    low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+                                    old_context_len=old_context_len, num_sink_tokens=num_sink_tokens,
+                                    use_sigmoid=use_sigmoid, sigmoid_bias=sigmoid_bias, variant=variant)
+        self._plan_step(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, options,
+                        U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type),
+                        kv_data_type if kv_data_type is not None else data_type, sm_scale, non_blocking,
+                        fixed_split_size, disable_split_kv, q_len_per_req, q_rope_offset, k_rope_offset)
+
+    begin_forward = plan
+
+    def _plan_step(
+        self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: Any, num_kv_heads: Any, head_dim: Any,
+        page_size: Any, options: U.Variant, dtype: "torch.dtype", kv_data_type: Any, sm_scale: Any,
+        non_blocking: bool, fixed_split_size: Any, disable_split_kv: Any, q_len_per_req: Any, q_rope_offset: Any,
+        k_rope_offset: Any, indptr_host: Any = None, last_page_len_host: Any = None,
+        fill_graph_page_table: bool = True,
+    ) -> None:
+        """plan() and fast_decode_plan() after their own checks. indptr_host / last_page_len_host:
+        host copies the caller already has (fast_decode_plan), used instead of copying indptr /
+        last_page_len; fill_graph_page_table: with use_cuda_graph, also write indptr and
+        last_page_len into the preallocated buffers (run() reads neither: the plan keeps its own
+        copies in the workspace; fast_decode_plan skips them, as FlashInfer's does)."""
+        options.check_runtime()
+        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
         hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim)
         page_size = U.check_positive_int("page_size", page_size)
         scale = U.resolve_sm_scale(sm_scale, d)
         split, split_size = split_options(fixed_split_size, disable_split_kv, page_size)
+        q_len = U.check_positive_int("q_len_per_req", q_len_per_req)
 
-        indptr_host = U.to_host_int32("indptr", indptr)
+        if indptr_host is None:
+            indptr_host = U.to_host_int32("indptr", indptr)
+        else:
+            indptr_host = U.to_host_int32("global_override_indptr_cpu", indptr_host)
         U.check_indptr_values("indptr", indptr_host)
         batch = int(indptr_host.shape[0]) - 1
-        last_host = U.to_host_int32("last_page_len", last_page_len, batch)
+        if last_page_len_host is None:
+            last_page_len_host = U.to_host_int32("last_page_len", last_page_len, batch)
         U.check_index_tensor("indices", indices)
         num_pages = int(indptr_host[-1])
         if indices.shape[0] < num_pages:
             raise ValueError(f"indices has {indices.shape[0]} entries, expected >= indptr[-1] = {num_pages}")
+        if q_len > 1:
+            _check_kv_lens_cover_queries(indptr_host, last_page_len_host, page_size, q_len)
+        device = self._float_workspace_buffer.device
+        options.check_tensors(q_rope_offset, k_rope_offset, batch, device)
         if self._use_cuda_graph:
             assert self._fixed_batch_size is not None and self._paged_kv_indices_buf is not None
             if batch > self._fixed_batch_size:
@@ -309,38 +442,65 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     f"indptr[-1] = {num_pages} pages exceed the {self._paged_kv_indices_buf.shape[0]} entries of "
                     "paged_kv_indices_buffer (use_cuda_graph)"
                 )
+            if self._graph_q_len is not None and q_len != self._graph_q_len:
+                raise ValueError(
+                    f"q_len_per_req = {q_len}, but this use_cuda_graph wrapper was planned with {self._graph_q_len}: "
+                    "the first plan fixes it (a captured run() has its query rows baked in); use one wrapper per "
+                    "q_len_per_req"
+                )
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
+        # q_len_per_req > 1 runs on the prefill runtime. The two runtimes would share the workspace,
+        # so the old one is dropped first: its destructor waits for its last run.
+        runtime_class = "BatchDecodeWrapper" if q_len == 1 else "BatchPrefillPagedWrapper"
+        if self._holder.cpp_class_name != runtime_class:
+            self._holder.cpp = None
+            self._holder = _RuntimeHolder(runtime_class, self._float_workspace_buffer, self._use_cuda_graph)
+        graph_rows = None
+        if self._use_cuda_graph:
+            assert self._fixed_batch_size is not None
+            graph_rows = self._fixed_batch_size * q_len
         cpp = self._holder.ensure(
-            _Need(batch, batch, hq, hkv, d),
+            _Need(batch, batch * q_len, hq, hkv, d),
             dtype,
             split,
             split_size,
-            graph_bounds=(self._fixed_batch_size, self._fixed_batch_size) if self._use_cuda_graph else None,
+            graph_bounds=(self._fixed_batch_size, graph_rows) if self._use_cuda_graph else None,
             kv_dtype=kv_dtype,
         )
-        device = self._float_workspace_buffer.device
         stream = U.current_stream(device)
         if self._use_cuda_graph:
             assert self._paged_kv_indices_buf is not None
             assert self._paged_kv_indptr_buf is not None and self._paged_kv_last_page_len_buf is not None
+            self._graph_q_len = q_len
             if indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
                 self._paged_kv_indices_buf[:num_pages].copy_(indices[:num_pages], non_blocking=True)
-            self._paged_kv_indptr_buf[: batch + 1].copy_(indptr_host, non_blocking=non_blocking)
-            self._paged_kv_last_page_len_buf[:batch].copy_(last_host, non_blocking=non_blocking)
+            if fill_graph_page_table:
+                self._paged_kv_indptr_buf[: batch + 1].copy_(indptr_host, non_blocking=non_blocking)
+                self._paged_kv_last_page_len_buf[:batch].copy_(last_page_len_host, non_blocking=non_blocking)
             run_indices = self._paged_kv_indices_buf
         else:
             run_indices = indices if indices.device == device else indices.to(device, non_blocking=True)
-        # The plan keeps the slopes' device pointer: the wrapper keeps the tensor.
-        self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
+        # The plan keeps the device pointers of the slopes and offsets: the wrapper keeps the tensors.
+        self._alibi_slopes = U.alibi_slopes(hq, device) if options.alibi else None
+        q_offset, k_offset = self._rope_offsets.plan_tensors(
+            U.rope_offset_tensor(q_rope_offset, device), U.rope_offset_tensor(k_rope_offset, device), batch, device)
         fp8 = U.is_fp8(kv_dtype)
-        scale_kwargs = self._kv_scales.plan_kwargs(device) if fp8 else {}
-        cpp.plan(indptr_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
-                 U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
-                 **scale_kwargs, **variant.kwargs(self._alibi_slopes))
+        plan_kwargs = dict(kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
+                           **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
+                           **options.kwargs(self._alibi_slopes, q_offset, k_offset))
+        if q_len == 1:
+            cpp.plan(indptr_host, last_page_len_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
+                     U.device_index(self._float_workspace_buffer), **plan_kwargs)
+        else:
+            qo_indptr_host = U._torch().arange(batch + 1, dtype=U._torch().int32) * q_len
+            cpp.plan(qo_indptr_host, indptr_host, last_page_len_host, page_size, hq, hkv, d, U.tessera_dtype(dtype),
+                     scale, True, stream, U.device_index(self._float_workspace_buffer), **plan_kwargs)
         self._planned = {
             "batch": batch,
+            "q_len_per_req": q_len,
+            "rows": graph_rows if graph_rows is not None else batch * q_len,
             "num_qo_heads": hq,
             "num_kv_heads": hkv,
             "head_dim": d,
@@ -350,10 +510,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             "indices": run_indices,
             "host_indices": U.HostPageIds("indices", indices, num_pages),
             "sm_scale": scale,
-            "window_left": variant.window_left,
+            "window_left": options.window_left,
         }
-
-    begin_forward = plan
 
     def run(
         self,
@@ -372,7 +530,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """Runs the planned step for one layer, on PyTorch's current CUDA stream.
 
         Args:
-            q: ``[batch_size, num_qo_heads, head_dim]`` (with ``use_cuda_graph``: ``[max_batch, ...]``).
+            q: ``[batch_size, num_qo_heads, head_dim]`` (with ``use_cuda_graph``: ``[max_batch, ...]``);
+                with ``q_len_per_req = n > 1`` in the plan ``[batch_size * n, ...]`` (``[max_batch *
+                n, ...]``), request b's tokens in rows ``b * n ... b * n + n - 1``.
             paged_kv_cache: ``(k_cache, v_cache)`` each ``[num_pages, page_size, num_kv_heads,
                 head_dim]`` (NHD) or ``[num_pages, num_kv_heads, page_size, head_dim]`` (HND), or
                 one tensor ``[num_pages, 2, ...]``.
@@ -443,6 +603,94 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
                          paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer)
+
+
+def _check_kv_lens_cover_queries(indptr_host: "torch.Tensor", last_page_len_host: "torch.Tensor", page_size: int,
+                                 q_len: int) -> None:
+    """q_len_per_req > 1: every request's KV (pages before the last, plus its last page) holds at
+    least its q_len query tokens, which are appended before they are verified (FlashInfer's rule:
+    otherwise its first tokens would sit before position 0 and see no key)."""
+    pages = indptr_host[1:] - indptr_host[:-1]
+    kv_lens = (pages - 1).clamp(min=0) * page_size + last_page_len_host * (pages > 0)
+    short = (kv_lens < q_len).nonzero()
+    if short.numel() > 0:
+        b = int(short[0, 0])
+        raise ValueError(
+            f"q_len_per_req = {q_len} needs kv_len >= {q_len} for every request (the tokens being verified are "
+            f"already in the KV cache), but request {b} has kv_len = {int(kv_lens[b])}"
+        )
+
+
+def fast_decode_plan(
+    self: "BatchDecodeWithPagedKVCacheWrapper",
+    indptr: "torch.Tensor",
+    indices: "torch.Tensor",
+    last_page_len: "torch.Tensor",
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    pos_encoding_mode: str = "NONE",
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    q_data_type: Optional[Union[str, "torch.dtype"]] = None,
+    kv_data_type: Optional[Union[str, "torch.dtype"]] = None,
+    data_type: Optional[Union[str, "torch.dtype"]] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    non_blocking: bool = True,
+    fixed_split_size: Optional[int] = None,
+    disable_split_kv: bool = False,
+    q_len_per_req: int = 1,
+    global_override_indptr_cpu: Optional["torch.Tensor"] = None,
+) -> None:
+    """FlashInfer's ``flashinfer.decode.fast_decode_plan``: replans a decode wrapper with fewer
+    copies, for engines that call it as ``fast_decode_plan(wrapper, ...)`` or bind it as the
+    wrapper's plan (``functools.partial(fast_decode_plan, wrapper)``).
+
+    It is :meth:`BatchDecodeWithPagedKVCacheWrapper.plan` (the same checks, the same plan) with
+    FlashInfer's shortcuts:
+
+    - ``global_override_indptr_cpu``: int32 ``[batch_size + 1]`` on the CPU, the page ranges,
+      used instead of copying ``indptr`` to the host (no device-to-host copy when ``indptr`` lives
+      on the GPU);
+    - with ``page_size == 1`` ``last_page_len`` is not read (every last page holds 1 token);
+    - with ``use_cuda_graph`` ``indptr`` and ``last_page_len`` are not copied into the
+      preallocated buffers (the caller keeps them current; Tessera's run() reads neither: the plan
+      keeps its own copies in the workspace). ``indices`` is copied into the preallocated page-id
+      buffer unless it is that buffer (run() reads the buffer).
+
+    Tessera's plan() has no device-side copies to remove beyond these (it never uploads indptr /
+    last_page_len separately), so the saving is the device-to-host copies.
+
+    Args:
+        self: a :class:`BatchDecodeWithPagedKVCacheWrapper` (TypeError otherwise).
+        q_data_type: ``None`` means ``data_type``, else ``"float16"``, as in FlashInfer.
+        The others: as :meth:`BatchDecodeWithPagedKVCacheWrapper.plan`.
+    """
+    if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
+        raise TypeError(f"fast_decode_plan: self must be a BatchDecodeWithPagedKVCacheWrapper, got {type(self).__name__}")
+    if q_data_type is None and data_type is None:
+        q_data_type = "float16"
+    options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+    batch_hint = None
+    if global_override_indptr_cpu is not None:
+        U.check_index_tensor("global_override_indptr_cpu", global_override_indptr_cpu)
+        if global_override_indptr_cpu.device.type != "cpu":
+            raise ValueError(f"global_override_indptr_cpu is on {global_override_indptr_cpu.device}, expected the CPU "
+                             "(it replaces the device-to-host copy of indptr)")
+        batch_hint = int(global_override_indptr_cpu.shape[0]) - 1
+    last_host = None
+    if U.check_positive_int("page_size", page_size) == 1:
+        torch = U._torch()
+        batch = batch_hint if batch_hint is not None else int(U.check_index_tensor("indptr", indptr).shape[0]) - 1
+        last_host = torch.ones(max(batch, 0), dtype=torch.int32)
+    self._plan_step(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, options,
+                    U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type),
+                    kv_data_type if kv_data_type is not None else data_type, sm_scale, non_blocking, fixed_split_size,
+                    disable_split_kv, q_len_per_req, None, None, indptr_host=global_override_indptr_cpu,
+                    last_page_len_host=last_host, fill_graph_page_table=False)
 
 
 # --- shared run() checks of the paged wrappers ---------------------------------------------------
@@ -532,6 +780,11 @@ def _check_run_queries(
     if q.shape[1] != hq or q.shape[2] != d:
         raise ValueError(
             f"q has shape {tuple(q.shape)}, expected [rows, {hq}, {d}] (num_qo_heads, head_dim of the plan)"
+        )
+    if p.get("q_len_per_req", 1) > 1 and q.shape[0] != p["rows"]:
+        raise ValueError(
+            f"q has {q.shape[0]} rows, expected {p['rows']}: the plan has q_len_per_req = {p['q_len_per_req']} query "
+            "tokens per request (batch_size * q_len_per_req rows; with use_cuda_graph max_batch * q_len_per_req)"
         )
     U.check_cuda("q", q)
     if out is None:

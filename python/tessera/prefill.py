@@ -20,6 +20,12 @@ query position ``p`` and key ``j``:
   p and j, angle ``(pos / rope_scale) * rope_theta^(-2d / head_dim)``, before the dot product;
 - custom masks (:func:`single_prefill_with_kv_cache` only; the plan/run wrappers raise
   NotImplementedError): a bool ``[qo_len, kv_len]`` mask, True = visible.
+
+Tessera's variants (keyword-only arguments; no FlashInfer counterpart in these functions), as in
+:mod:`tessera.decode`: ``pos_encoding_mode="ROPE_LLAMA31"`` with ``low_freq_factor``,
+``high_freq_factor``, ``old_context_len``; ``q_rope_offset`` / ``k_rope_offset``;
+``num_sink_tokens``; and in :func:`single_prefill_with_kv_cache` only ``use_sigmoid`` /
+``sigmoid_bias`` and ``variant`` (a :class:`tessera.VariantSpec`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from . import _runtime as R
 from . import _utils as U
-from ._runtime import _KVScaleBuffer, _Need, _RuntimeHolder, split_options
+from ._runtime import _KVScaleBuffer, _Need, _RopeOffsets, _RuntimeHolder, split_options
 from .decode import (
     PagedKVCache,
     _check_paged_cache,
@@ -38,6 +44,7 @@ from .decode import (
     _paged_run_compiled,
     _run_kv_scales,
 )
+from .variant import VariantSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -57,9 +64,12 @@ def _check_prefill_options(
     logits_soft_cap: Any,
     rope_scale: Any,
     rope_theta: Any,
+    **tessera_options: Any,
 ) -> U.Variant:
+    """FlashInfer's variant options and Tessera's keyword-only ones (U.resolve_variant)."""
     U.check_false("use_fp16_qk_reduction", use_fp16_qk_reduction)
-    return U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
+    return U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+                             **tessera_options)
 
 
 def _check_no_custom_mask(custom_mask: Any, packed_custom_mask: Any) -> None:
@@ -141,6 +151,16 @@ def single_prefill_with_kv_cache(
     rope_theta: Optional[float] = None,
     backend: str = "auto",
     return_lse: bool = False,
+    *,
+    low_freq_factor: Optional[float] = None,
+    high_freq_factor: Optional[float] = None,
+    old_context_len: Optional[float] = None,
+    q_rope_offset: Optional[Union[int, "torch.Tensor"]] = None,
+    k_rope_offset: Optional[Union[int, "torch.Tensor"]] = None,
+    num_sink_tokens: int = 0,
+    use_sigmoid: bool = False,
+    sigmoid_bias: Optional[float] = None,
+    variant: Optional[VariantSpec] = None,
 ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
     """Prefill/append attention of one request against its KV cache.
 
@@ -162,14 +182,31 @@ def single_prefill_with_kv_cache(
             With a custom mask ``causal`` is ignored (the mask decides), as in FlashInfer.
         causal: hide keys after each query's position (offset ``kv_len - qo_len``).
         kv_layout: ``"NHD"`` or ``"HND"``.
-        pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc).
+        pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"`` or ``"ROPE_LLAMA31"``
+            (Tessera's; see the module doc).
         use_fp16_qk_reduction: only ``False``.
         sm_scale: default ``1/sqrt(head_dim)``.
         window_left: sliding window, ``-1`` (off) or ``>= 0``.
         logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
-        rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
-            ``"ROPE_LLAMA"``. backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
+        rope_scale, rope_theta: RoPE parameters, used with a RoPE mode: with ``"ROPE_LLAMA"``
+            positions are divided by ``rope_scale`` (defaults ``1.0`` and ``1e4``); with
+            ``"ROPE_LLAMA31"`` ``rope_scale`` is the Llama 3.1 frequency factor (defaults ``8.0``
+            and ``5e5``, as ``flashinfer.apply_llama31_rope``).
+        backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
         return_lse: also return the base-2 LSE, float32 ``[qo_len, num_qo_heads]``.
+
+    Tessera's keyword-only options (no FlashInfer counterpart in this function; module doc):
+        low_freq_factor, high_freq_factor, old_context_len: Llama 3.1 scaling with
+            ``"ROPE_LLAMA31"`` only (defaults ``1.0``, ``4.0``, ``8192``).
+        q_rope_offset, k_rope_offset: RoPE position offsets (a RoPE mode only): query i is
+            rotated at ``kv_len - qo_len + i + q_rope_offset``, key j at ``j + k_rope_offset``;
+            an int or an int32 tensor of one element on q's device (or the CPU).
+        num_sink_tokens: attention sinks: keys ``j < num_sink_tokens`` stay visible outside the
+            sliding window (they still obey ``causal``; needs ``window_left >= 0``).
+        use_sigmoid, sigmoid_bias: sigmoid attention: ``out_i = sum_j sigmoid(s_ij +
+            sigmoid_bias) v_j`` over the visible keys (no softmax; ``return_lse=True`` is a
+            ValueError).
+        variant: a :class:`tessera.VariantSpec`, a user variant in CUDA C++.
 
     Returns:
         ``out`` ``[qo_len, num_qo_heads, head_dim]`` or ``(out, lse)``. Rows that see no key get
@@ -179,8 +216,12 @@ def single_prefill_with_kv_cache(
     layout = U.check_kv_layout(kv_layout)
     U.check_backend(backend, getattr(q, "device", None))
     U.check_none("scale_q", scale_q, "None (fp8 queries are not implemented)")
-    variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
-                                     rope_scale, rope_theta)
+    options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                                     rope_scale, rope_theta, low_freq_factor=low_freq_factor,
+                                     high_freq_factor=high_freq_factor, old_context_len=old_context_len,
+                                     num_sink_tokens=num_sink_tokens, use_sigmoid=use_sigmoid,
+                                     sigmoid_bias=sigmoid_bias, variant=variant)
+    options.check_return_lse(return_lse)
     causal = _check_causal(causal)
     U.check_tensor("q", q, ndim=3, shape_hint="([qo_len, num_qo_heads, head_dim])")
     U.check_attention_dtype(q.dtype, "q.dtype")
@@ -205,6 +246,7 @@ def single_prefill_with_kv_cache(
     scale = U.resolve_sm_scale(sm_scale, int(q.shape[2]))
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
     _check_custom_mask_args(custom_mask, packed_custom_mask, int(q.shape[0]), kv_len)
+    options.check_tensors(q_rope_offset, k_rope_offset, 1, q.device)
     U.check_cuda("q", q)
     U.check_same_device("k", k, "q", q)
     U.check_same_device("v", v, "q", q)
@@ -213,10 +255,12 @@ def single_prefill_with_kv_cache(
         causal = False  # FlashInfer: a custom mask replaces the causal mask
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
-    slopes = U.alibi_slopes(int(q.shape[1]), q.device) if variant.alibi else None
+    slopes = U.alibi_slopes(int(q.shape[1]), q.device) if options.alibi else None
     U.call(U._C().single_prefill, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, causal,
            U.current_stream(q.device), custom_mask=mask, custom_mask_indptr=mask_indptr,
-           kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales, **variant.kwargs(slopes))
+           kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales,
+           **options.kwargs(slopes, U.rope_offset_tensor(q_rope_offset, q.device),
+                            U.rope_offset_tensor(k_rope_offset, q.device)))
     return (out, lse) if return_lse else out
 
 
@@ -270,6 +314,7 @@ class _PrefillBase:
             if qo_indptr_buf.shape[0] < 2:
                 raise ValueError("qo_indptr_buf has fewer than 2 entries, expected [max_batch_size + 1]")
             self._max_batch_size = int(qo_indptr_buf.shape[0]) - 1
+        self._rope_offsets = _RopeOffsets(self._use_cuda_graph, self._max_batch_size)
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -424,6 +469,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         o_data_type: Optional[Union[str, "torch.dtype"]] = None,
         fixed_split_size: Optional[int] = None,
         disable_split_kv: bool = False,
+        low_freq_factor: Optional[float] = None,
+        high_freq_factor: Optional[float] = None,
+        old_context_len: Optional[float] = None,
+        q_rope_offset: Optional["torch.Tensor"] = None,
+        k_rope_offset: Optional["torch.Tensor"] = None,
+        num_sink_tokens: int = 0,
+        use_sigmoid: bool = False,
+        sigmoid_bias: Optional[float] = None,
+        variant: Optional[VariantSpec] = None,
     ) -> None:
         """Plans one batch shape; every layer's :meth:`run` reuses it.
 
@@ -437,13 +491,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             page_size: tokens per page (>= 1).
             head_dim_vo: only ``None`` or ``head_dim_qk``.
             causal: causal mask with offset ``kv_len - qo_len``.
-            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc; the
-                ALiBi slopes live on the workspace's GPU, kept by the wrapper).
+            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"`` or ``"ROPE_LLAMA31"``
+                (Tessera's; see the module doc; the ALiBi slopes live on the workspace's GPU, kept by
+                the wrapper).
             sm_scale: default ``1/sqrt(head_dim_qk)``.
             window_left: sliding window, ``-1`` (off) or ``>= 0``.
             logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
-            rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
-                ``"ROPE_LLAMA"``.
+            rope_scale, rope_theta: RoPE parameters, as in :func:`single_prefill_with_kv_cache`
+                (``"ROPE_LLAMA"``: defaults ``1.0`` and ``1e4``; ``"ROPE_LLAMA31"``: the frequency
+                factor, defaults ``8.0`` and ``5e5``).
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal, except
                 ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
                 (head dims 64, 128, 256; its scales go to :meth:`run`).
@@ -455,12 +511,29 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             block_tables, max_token_per_sequence, max_sequence_kv: not supported
             (NotImplementedError unless left at their defaults). non_blocking: accepted.
 
+        Tessera's keyword-only options (see :func:`single_prefill_with_kv_cache`):
+            low_freq_factor, high_freq_factor, old_context_len: Llama 3.1 scaling with
+                ``"ROPE_LLAMA31"``.
+            q_rope_offset, k_rope_offset: per-request RoPE position offsets, int32
+                ``[batch_size]`` on the CPU or the workspace's GPU (a RoPE mode only): request b's
+                query i is rotated at ``kv_len - qo_len + i + q_rope_offset[b]``, its key j at
+                ``j + k_rope_offset[b]``; kept by the wrapper for the runs of the plan (with
+                ``use_cuda_graph`` copied into a buffer of its own).
+            num_sink_tokens: attention sinks with the sliding window (``window_left >= 0``).
+            use_sigmoid, sigmoid_bias, variant: NotImplementedError unless left at their defaults
+                (the runtime merges split KV chunks by their log-sum-exp and compiles only the
+                built-in variants; :func:`single_prefill_with_kv_cache` runs them).
+
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
         _check_no_custom_mask(custom_mask, packed_custom_mask)
-        variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
-                                         rope_scale, rope_theta)
+        options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                                         rope_scale, rope_theta, low_freq_factor=low_freq_factor,
+                                         high_freq_factor=high_freq_factor, old_context_len=old_context_len,
+                                         num_sink_tokens=num_sink_tokens, use_sigmoid=use_sigmoid,
+                                         sigmoid_bias=sigmoid_bias, variant=variant)
+        options.check_runtime()
         for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                             ("max_item_len_ptr", max_item_len_ptr), ("seq_lens", seq_lens),
                             ("seq_lens_q", seq_lens_q), ("block_tables", block_tables),
@@ -498,6 +571,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                     f"paged_kv_indptr[-1] = {num_pages} pages exceed the {self._paged_kv_indices_buf.shape[0]} entries "
                     "of paged_kv_indices_buf (use_cuda_graph)"
                 )
+        options.check_tensors(q_rope_offset, k_rope_offset, batch, self._float_workspace_buffer.device)
         graph_bounds = self._graph_bounds(batch, total_qo)
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
@@ -517,12 +591,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         else:
             run_indices = (paged_kv_indices if paged_kv_indices.device == device
                            else paged_kv_indices.to(device, non_blocking=True))
-        self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
+        self._alibi_slopes = U.alibi_slopes(hq, device) if options.alibi else None
+        q_offset, k_offset = self._rope_offsets.plan_tensors(
+            U.rope_offset_tensor(q_rope_offset, device), U.rope_offset_tensor(k_rope_offset, device), batch, device)
         fp8 = U.is_fp8(kv_dtype)
         cpp.plan(qo_host, kv_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, causal,
                  U.current_stream(device), U.device_index(self._float_workspace_buffer),
                  kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
-                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}), **variant.kwargs(self._alibi_slopes))
+                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
+                 **options.kwargs(self._alibi_slopes, q_offset, k_offset))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -536,7 +613,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "host_indices": U.HostPageIds("paged_kv_indices", paged_kv_indices, num_pages),
             "causal": causal,
             "sm_scale": scale,
-            "window_left": variant.window_left,
+            "window_left": options.window_left,
         }
 
     begin_forward = plan
@@ -677,6 +754,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         o_data_type: Optional[Union[str, "torch.dtype"]] = None,
         fixed_split_size: Optional[int] = None,
         disable_split_kv: bool = False,
+        low_freq_factor: Optional[float] = None,
+        high_freq_factor: Optional[float] = None,
+        old_context_len: Optional[float] = None,
+        q_rope_offset: Optional["torch.Tensor"] = None,
+        k_rope_offset: Optional["torch.Tensor"] = None,
+        num_sink_tokens: int = 0,
+        use_sigmoid: bool = False,
+        sigmoid_bias: Optional[float] = None,
+        variant: Optional[VariantSpec] = None,
     ) -> None:
         """Plans one batch shape; every layer's :meth:`run` reuses it.
 
@@ -686,13 +772,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim one of tessera._C.supported_head_dims()).
             head_dim_vo: only ``None`` or ``head_dim_qk``.
             causal: causal mask with offset ``kv_len - qo_len``.
-            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"`` or ``"ALIBI"`` (see the module doc; the
-                ALiBi slopes live on the workspace's GPU, kept by the wrapper).
+            pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"`` or ``"ROPE_LLAMA31"``
+                (Tessera's; see the module doc; the ALiBi slopes live on the workspace's GPU, kept by
+                the wrapper).
             window_left: sliding window, ``-1`` (off) or ``>= 0``.
             logits_soft_cap: ``None``/``0`` (off) or a cap ``> 0``.
             sm_scale: default ``1/sqrt(head_dim_qk)``.
-            rope_scale, rope_theta: RoPE parameters (default ``1.0`` and ``1e4``), used with
-                ``"ROPE_LLAMA"``.
+            rope_scale, rope_theta: RoPE parameters, as in :func:`single_prefill_with_kv_cache`
+                (``"ROPE_LLAMA"``: defaults ``1.0`` and ``1e4``; ``"ROPE_LLAMA31"``: the frequency
+                factor, defaults ``8.0`` and ``5e5``).
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal, except
                 ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
                 (head dims 64, 128, 256; its scales go to :meth:`run`).
@@ -703,12 +791,20 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr: not supported.
             non_blocking: accepted.
 
+        Tessera's keyword-only options (low_freq_factor, high_freq_factor, old_context_len,
+        q_rope_offset, k_rope_offset, num_sink_tokens; use_sigmoid, sigmoid_bias and variant only
+        at their defaults): as in :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`.
+
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
         _check_no_custom_mask(custom_mask, packed_custom_mask)
-        variant = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
-                                         rope_scale, rope_theta)
+        options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                                         rope_scale, rope_theta, low_freq_factor=low_freq_factor,
+                                         high_freq_factor=high_freq_factor, old_context_len=old_context_len,
+                                         num_sink_tokens=num_sink_tokens, use_sigmoid=use_sigmoid,
+                                         sigmoid_bias=sigmoid_bias, variant=variant)
+        options.check_runtime()
         for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                             ("max_item_len_ptr", max_item_len_ptr)):
             U.check_none(name, value)
@@ -728,6 +824,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         kv_host = U.to_host_int32("kv_indptr", kv_indptr, batch + 1)
         U.check_indptr_values("kv_indptr", kv_host)
         total_qo = int(qo_host[-1])
+        options.check_tensors(q_rope_offset, k_rope_offset, batch, self._float_workspace_buffer.device)
         graph_bounds = self._graph_bounds(batch, total_qo)
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
@@ -739,11 +836,14 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             assert self._qo_indptr_buf is not None and self._kv_indptr_buf is not None
             self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
             self._kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
-        self._alibi_slopes = U.alibi_slopes(hq, device) if variant.alibi else None
+        self._alibi_slopes = U.alibi_slopes(hq, device) if options.alibi else None
+        q_offset, k_offset = self._rope_offsets.plan_tensors(
+            U.rope_offset_tensor(q_rope_offset, device), U.rope_offset_tensor(k_rope_offset, device), batch, device)
         fp8 = U.is_fp8(kv_dtype)
         cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
                  U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
-                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}), **variant.kwargs(self._alibi_slopes))
+                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
+                 **options.kwargs(self._alibi_slopes, q_offset, k_offset))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -755,7 +855,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "kv_dtype": kv_dtype,
             "causal": causal,
             "sm_scale": scale,
-            "window_left": variant.window_left,
+            "window_left": options.window_left,
         }
 
     begin_forward = plan

@@ -458,3 +458,97 @@ def test_jit_args_error_points_at_the_python_variant_api():
     with pytest.raises(NotImplementedError, match="jit_args") as e:
         D(_ws(), jit_args=["x"])
     assert "tessera.VariantSpec" in str(e.value) and "variant=" in str(e.value)
+
+
+# --- what the wrappers hand the C++ runtime (stand-ins for the runtime classes) ---------------------
+
+
+class _RuntimeStandIn:
+    """Records what a wrapper passes to a C++ runtime class (tessera._C.Batch*Wrapper)."""
+
+    def __init__(self, workspace, bounds, options):
+        self.bounds, self.options, self.plans, self.runs = bounds, options, [], []
+        type(self).instances.append(self)
+
+    @staticmethod
+    def workspace_size(bounds, options, device):
+        return 0
+
+    def plan(self, *args, **kwargs):
+        self.plans.append((args, kwargs))
+
+    def run(self, *args, **kwargs):
+        self.runs.append((args, kwargs))
+
+
+@pytest.fixture
+def runtime_stand_ins(monkeypatch):
+    """The three runtime classes replaced by recorders, _C.VariantArgs by the dict of its keywords,
+    and the device checks lifted, so a plan on the CPU goes through to the runtime call."""
+    monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
+    monkeypatch.setattr(U, "current_stream", lambda device: 0)
+    monkeypatch.setattr(U, "device_index", lambda t: 0)
+    monkeypatch.setattr(_C, "VariantArgs", lambda **kwargs: kwargs)
+    classes = {}
+    for name in ("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"):
+        classes[name] = type(name, (_RuntimeStandIn,), {"instances": []})
+        monkeypatch.setattr(_C, name, classes[name])
+    return classes
+
+
+def test_q_len_per_req_runs_the_prefill_runtime(runtime_stand_ins):
+    decode, prefill = runtime_stand_ins["BatchDecodeWrapper"], runtime_stand_ins["BatchPrefillPagedWrapper"]
+    w = D(_ws())
+    _decode_plan(w, q_len_per_req=3, pos_encoding_mode="ROPE_LLAMA31", q_rope_offset=_i32([5, 6]))
+    assert not decode.instances and len(prefill.instances) == 1
+    runtime = prefill.instances[0]
+    args, kwargs = runtime.plans[-1]
+    qo_indptr, kv_indptr, last_page_len, page_size, hq, hkv, d = args[:7]
+    assert qo_indptr.tolist() == [0, 3, 6] and kv_indptr.tolist() == [0, 2, 3] and last_page_len.tolist() == [5, 16]
+    assert (page_size, hq, hkv, d) == (16, 8, 2, 128)
+    assert args[9] is True  # causal among a request's tokens
+    assert runtime.bounds.max_total_qo_tokens >= 6 and runtime.bounds.max_batch_size >= 2
+    variant = kwargs["variant"]
+    assert variant["pos_encoding"] == _C.PosEncoding.rope_llama31 and variant["rope_q_offset"].tolist() == [5, 6]
+    assert variant["rope_k_offset"] is None
+    # run(): batch_size * q_len_per_req rows.
+    kv = torch.zeros(3, 2, 16, 2, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"q has 2 rows, expected 6: the plan has q_len_per_req = 3"):
+        w.run(torch.zeros(2, 8, 128, dtype=torch.float16), kv)
+    w.run(torch.zeros(6, 8, 128, dtype=torch.float16), kv)
+    assert len(runtime.runs) == 1 and runtime.runs[0][0][0].shape[0] == 6
+    # One token per request again: the decode runtime, built after the prefill one is dropped.
+    _decode_plan(w)
+    assert len(decode.instances) == 1 and w._holder.cpp is decode.instances[0]
+    assert decode.instances[0].plans[-1][1] == {"kv_dtype": None}  # the default variant: no VariantArgs
+
+
+def test_fast_decode_plan_host_shortcuts(runtime_stand_ins):
+    decode = runtime_stand_ins["BatchDecodeWrapper"]
+    indptr_buf, indices_buf, last_buf = _i32([-7] * 3), _i32([0] * 8), _i32([-7] * 2)
+    w = tessera.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(_ws(), indptr_buf, indices_buf, last_buf)
+    # The host indptr replaces indptr (never read here), page size 1 replaces last_page_len.
+    unread = _i32([0, 9, 9])
+    tessera.fast_decode_plan(w, unread, _i32([4, 1, 6]), None, 8, 2, 128, 1,
+                             global_override_indptr_cpu=_i32([0, 2, 3]), data_type="bfloat16")
+    args, _ = decode.instances[0].plans[-1]
+    assert args[0].tolist() == [0, 2, 3] and args[1].tolist() == [1, 1] and args[2] == 1
+    assert args[6] == _C.DType.bf16
+    # The page ids reach the preallocated buffer run() reads; indptr / last_page_len buffers are the caller's.
+    assert indices_buf[:3].tolist() == [4, 1, 6]
+    assert indptr_buf.tolist() == [-7] * 3 and last_buf.tolist() == [-7] * 2
+    w.plan(_i32([0, 2, 3]), _i32([4, 1, 6]), _i32([1, 1]), 8, 2, 128, 1, q_data_type="bfloat16")
+    assert indptr_buf.tolist() == [0, 2, 3] and last_buf.tolist() == [1, 1]
+    assert len(decode.instances) == 1  # one runtime for the graph's life
+
+
+def test_graph_plans_point_at_fixed_offset_rows(runtime_stand_ins):
+    prefill = runtime_stand_ins["BatchPrefillPagedWrapper"]
+    w = P(_ws(), "NHD", True, _i32([0] * 3), _i32([0] * 3), _i32([0] * 8), _i32([0] * 2))
+    pointers = set()
+    for offsets in ([1, 2], [30, -4]):
+        _paged_plan(w, pos_encoding_mode="ROPE_LLAMA", k_rope_offset=_i32(offsets))
+        variant = prefill.instances[0].plans[-1][1]["variant"]
+        assert variant["rope_k_offset"].tolist() == offsets and variant["rope_q_offset"] is None
+        pointers.add(variant["rope_k_offset"].data_ptr())
+    assert len(pointers) == 1, "a captured run() reads the offsets at one address"

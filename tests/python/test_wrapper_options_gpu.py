@@ -431,7 +431,7 @@ def test_decode_wrapper_matches_single_decode(workspace):
         assert_close(out[b], lse[b], single.float(), single_lse, dtype, f"wrapper vs single_decode request {b}")
 
 
-def test_prefill_wrappers_match_single_prefill(workspace):
+def test_ragged_wrapper_matches_single_prefill(workspace):
     gen = torch.Generator().manual_seed(32)
     hq, hkv, d, dtype = 4, 2, 64, torch.float16
     q_off, k_off = [3, 900], [12, 0]

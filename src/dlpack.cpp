@@ -31,6 +31,7 @@ constexpr DTypeMapping kDTypeMappings[] = {
     {DType::kE5M2, kDLPackCodeFloat8E5M2, 8},
     {DType::kI32, kDLInt, 32},
     {DType::kU8, kDLUInt, 8},
+    {DType::kI64, kDLInt, 64},
 };
 
 const char* dl_device_type_name(int type) {

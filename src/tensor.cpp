@@ -142,6 +142,7 @@ const char* dtype_name(DType t) {
     case DType::kE5M2: return "e5m2";
     case DType::kI32: return "i32";
     case DType::kU8: return "u8";
+    case DType::kI64: return "i64";
   }
   return "unknown_dtype";
 }

@@ -17,6 +17,7 @@ enum class DType : int32_t {
   kE5M2 = 4,   ///< fp8 e5m2
   kI32 = 5,    ///< int32 (index arrays)
   kU8 = 6,     ///< uint8 (packed bit masks)
+  kI64 = 7,    ///< int64 (position ids, as PyTorch hands them over)
 };
 
 /// Size of one element in bytes.
@@ -29,6 +30,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::kE4M3:
     case DType::kE5M2:
     case DType::kU8: return 1;
+    case DType::kI64: return 8;
   }
   return 0;
 }

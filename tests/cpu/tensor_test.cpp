@@ -229,7 +229,9 @@ TEST(Names, DTypes) {
   EXPECT_STREQ(dtype_name(DType::kE5M2), "e5m2");
   EXPECT_STREQ(dtype_name(DType::kI32), "i32");
   EXPECT_STREQ(dtype_name(DType::kU8), "u8");
+  EXPECT_STREQ(dtype_name(DType::kI64), "i64");
   EXPECT_EQ(dtype_size(DType::kBF16), 2u);
+  EXPECT_EQ(dtype_size(DType::kI64), 8u);
   EXPECT_EQ(dtype_size(DType::kE4M3), 1u);
   EXPECT_TRUE(is_half_precision(DType::kBF16));
   EXPECT_FALSE(is_half_precision(DType::kF32));
@@ -373,12 +375,12 @@ TEST(DLPack, AllDTypesRoundTrip) {
   const Case cases[] = {
       {DType::kF16, kDLFloat, 16},  {DType::kBF16, kDLBfloat, 16}, {DType::kF32, kDLFloat, 32},
       {DType::kE4M3, 10, 8},        {DType::kE5M2, 12, 8},         {DType::kI32, kDLInt, 32},
-      {DType::kU8, kDLUInt, 8},
+      {DType::kU8, kDLUInt, 8},     {DType::kI64, kDLInt, 64},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(dtype_name(c.dtype));
     int64_t shape[] = {4};
-    std::vector<uint32_t> data(4);
+    std::vector<uint64_t> data(4);
     TensorView t = from_dlpack(make_dl(data.data(), {c.code, c.bits, 1}, shape, 1, nullptr));
     EXPECT_EQ(t.dtype, c.dtype);
     TensorView view(data.data(), c.dtype, {4}, Device::cpu());

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "kernels/common/fp8.cuh"
+#include "kernels/common/indptr.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/vec.cuh"
 
@@ -92,17 +93,6 @@ TESSERA_DEVICE bool paged_target_slot(const Table& c, int32_t b, int64_t pos, in
   if (page < 0 || page >= c.num_pages) return false;
   slot = pos % c.page_size;
   return true;
-}
-
-/// Largest b with indptr[b] <= row, i.e. the request owning `row`; -1 if none does.
-TESSERA_DEVICE int32_t find_request(const int32_t* indptr, int32_t batch_size, int32_t row) {
-  if (batch_size <= 0 || row < indptr[0] || row >= indptr[batch_size]) return -1;
-  int32_t lo = 0, hi = batch_size - 1;  // answer in [lo, hi]
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) >> 1;
-    if (indptr[mid] <= row) lo = mid; else hi = mid - 1;
-  }
-  return lo;
 }
 
 /// The page and slot that appended row `row` goes to; false when the row is to be skipped. The

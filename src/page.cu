@@ -144,16 +144,10 @@ void dispatch_append(const AppendTargets& targets, const TensorView& append_k, c
 
 // ---- MLA latent caches ----
 
-/// A data tensor of the latent append: `ndim` dims described by `shape` in messages, on a CUDA
-/// device, contiguous last dim, a data pointer unless it is empty.
+/// A data tensor of the latent append: check_rows_tensor's checks, on a CUDA device.
 void check_latent_tensor(const TensorView& t, const char* name, int ndim, const char* shape) {
-  detail::check_view(t, name);
-  TESSERA_CHECK_ARG(t.ndim == ndim) << name << ".ndim = " << t.ndim << ", expected " << ndim << " (" << shape
-                                    << "); " << name << " is " << t.describe();
-  TESSERA_CHECK_ARG(t.defined()) << name << ".data = null, expected a pointer to " << t.numel() << " elements ("
-                                 << t.describe() << ")";
+  detail::check_rows_tensor(t, name, ndim, shape);
   check_on_cuda(t, name);
-  check_last_dim_contiguous(t, name);
 }
 
 /// ckv/kpe widths: whole 16-byte vectors, at least one.

@@ -73,6 +73,15 @@ void check_view(const TensorView& t, const std::string& name) {
   check_extent(t.shape, t.strides, t.ndim, t.dtype, name);
 }
 
+void check_rows_tensor(const TensorView& t, const char* name, int ndim, const char* shape) {
+  check_view(t, name);
+  TESSERA_CHECK_ARG(t.ndim == ndim) << name << ".ndim = " << t.ndim << ", expected " << ndim << " (" << shape
+                                    << "); " << name << " is " << t.describe();
+  TESSERA_CHECK_ARG(t.defined()) << name << ".data = null, expected a pointer to " << t.numel() << " elements ("
+                                 << t.describe() << ")";
+  check_last_dim_contiguous(t, name);
+}
+
 void check_vector_aligned(const TensorView& t, const char* name) {
   check_view(t, name);
   constexpr int64_t kVecBytes = 16;

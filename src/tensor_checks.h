@@ -31,6 +31,11 @@ void check_extent(const int64_t* shape, const int64_t* strides, int ndim, DType 
 /// and check_extent.
 void check_view(const TensorView& t, const std::string& name);
 
+/// A data tensor the kernels read or write: `ndim` dims (`shape` describes them in messages, e.g.
+/// "[nnz, ckv_dim]"), a data pointer unless it is empty, and a contiguous last dimension. The
+/// device is left to the caller (checked last where a call must name malformed host arguments).
+void check_rows_tensor(const TensorView& t, const char* name, int ndim, const char* shape);
+
 /// The kernels move data in 16-byte vectors: the data pointer must be 16-byte aligned and every
 /// stride but the last a multiple of 16 bytes; the last dimension's size too.
 void check_vector_aligned(const TensorView& t, const char* name);
@@ -49,6 +54,8 @@ void check_kv_scales(const KVScales& scales, const char* name, DType kv_dtype, i
 /// host memory, or, for device memory, a copy after cudaDeviceSynchronize (checked mode: the
 /// caller decides that reading device memory is wanted).
 std::vector<int32_t> read_index_values(const TensorView& t, const std::string& name, int64_t count);
+/// The same for an i32 or i64 array (positions), widened to int64.
+std::vector<int64_t> read_index_values_i64(const TensorView& t, const std::string& name, int64_t count);
 
 /// Page ids of a paged KV cache: ids[j] in [0, num_pages) for every j in [indptr[0],
 /// indptr[last]), where request b owns [indptr[b], indptr[b+1]); indptr is already validated.

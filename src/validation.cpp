@@ -475,6 +475,12 @@ std::vector<int32_t> read_index_values(const TensorView& t, const std::string& n
   return read_values<int32_t>(t, name, count);
 }
 
+std::vector<int64_t> read_index_values_i64(const TensorView& t, const std::string& name, int64_t count) {
+  if (t.dtype == DType::kI64) return read_values<int64_t>(t, name, count);
+  const std::vector<int32_t> narrow = read_values<int32_t>(t, name, count);
+  return std::vector<int64_t>(narrow.begin(), narrow.end());
+}
+
 void check_page_ids(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_pages,
                     const std::string& name) {
   for (size_t b = 0; b + 1 < indptr.size(); ++b) {

@@ -9,6 +9,7 @@
 #include "tessera/merge.h"
 #include "tessera/mla.h"
 #include "tessera/page.h"
+#include "tessera/rope.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
 #include "tessera/validate.h"

@@ -82,7 +82,8 @@ if [ "$SANITIZE" = 1 ]; then
               "gpu_runtime_guarantee_tests:*" \
               "gpu_variant_tests:*_sanitize*:*Errors*" \
               "gpu_block_mask_tests:*_sanitize*:*Errors*" \
-              "gpu_mla_tests:*_sanitize*:*BadArguments*"; do
+              "gpu_mla_tests:*_sanitize*:*BadArguments*" \
+              "gpu_rope_tests:*_sanitize*:*Errors*"; do
     exe=${spec%%:*}; filter=${spec#*:}
     if ! compute-sanitizer --tool memcheck --error-exitcode 99 "$BUILD_DIR/tests/gpu/$exe" --gtest_filter="$filter" \
          >"$OUT/sanitize-$exe.log" 2>&1; then

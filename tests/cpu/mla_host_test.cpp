@@ -4,11 +4,12 @@
 
 #include <cstdint>
 
-#include "tessera/error.h"
+#include "expect_invalid.h"
 #include "tessera/mla.h"
 
 namespace {
 
+using tessera_cpu_test::expect_invalid;
 using tessera::batch_mla_paged_num_kv_splits;
 using tessera::batch_mla_paged_workspace_bytes;
 using tessera::DType;
@@ -30,17 +31,6 @@ TEST(MlaNumKvSplits, KeepsFourTilesASplitAndAtMost256) {
   EXPECT_EQ(batch_mla_paged_num_kv_splits(1, 1, 16, 0, 132), 1);
   EXPECT_EQ(batch_mla_paged_num_kv_splits(0, 1, 16, 4096, 132), 16);  // an empty batch counts one CTA
   EXPECT_EQ(batch_mla_paged_num_kv_splits(1, 1, 16, int64_t{1} << 24, 1000), 256);
-}
-
-template <typename F>
-void expect_invalid(F&& f, const char* needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const tessera::Error& e) {
-    EXPECT_EQ(e.code(), tessera::StatusCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(MlaNumKvSplits, BadArgumentsAreNamed) {

@@ -362,7 +362,38 @@ nb::dict device_properties(int device) {
   return d;
 }
 
+/// The four [nnz, heads, head_dim] tensors of the standalone RoPE bindings.
+struct RopeViews {
+  TensorView q, k, q_rope, k_rope;
+  RopeViews(const Array& q_, const Array& k_, const Array& q_rope_, const Array& k_rope_)
+      : q(to_view(q_, "q")), k(to_view(k_, "k")), q_rope(to_view(q_rope_, "q_rope")), k_rope(to_view(k_rope_, "k_rope")) {}
+};
+
+tessera::ApplyRopeOptions rope_options(int64_t rotary_dim, bool interleave, double rope_scale, double rope_theta) {
+  tessera::ApplyRopeOptions o;
+  o.rotary_dim = rotary_dim;
+  o.interleave = interleave;
+  o.rope_scale = rope_scale;
+  o.rope_theta = rope_theta;
+  return o;
+}
+
+tessera::ApplyLlama31RopeOptions llama31_rope_options(int64_t rotary_dim, bool interleave, double rope_scale,
+                                                      double rope_theta, double low_freq_factor,
+                                                      double high_freq_factor, double old_context_len) {
+  tessera::ApplyLlama31RopeOptions o;
+  o.rotary_dim = rotary_dim;
+  o.interleave = interleave;
+  o.rope_scale = rope_scale;
+  o.rope_theta = rope_theta;
+  o.low_freq_factor = low_freq_factor;
+  o.high_freq_factor = high_freq_factor;
+  o.old_context_len = old_context_len;
+  return o;
+}
+
 }  // namespace
+
 
 NB_MODULE(_C, m) {
   m.doc() = "Tessera's C++ API (low level; use the functions and classes of the `tessera` package).";
@@ -388,7 +419,8 @@ NB_MODULE(_C, m) {
       .value("e4m3", DType::kE4M3)
       .value("e5m2", DType::kE5M2)
       .value("i32", DType::kI32)
-      .value("u8", DType::kU8);
+      .value("u8", DType::kU8)
+      .value("i64", DType::kI64);
   nb::enum_<Layout>(m, "Layout", "Paged KV layouts: NHD [pages, slot, head, dim], HND [pages, head, slot, dim].")
       .value("NHD", Layout::kNHD)
       .value("HND", Layout::kHND);
@@ -650,6 +682,90 @@ NB_MODULE(_C, m) {
       "tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] "
       "into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to "
       "request batch_indices[i] at positions[i].");
+
+  // --- standalone RoPE (tessera/rope.h) -----------------------------------------------------------
+  // Out of place; the Python _inplace functions pass q and k as their own outputs.
+  m.def(
+      "apply_rope",
+      [](const Array& q, const Array& k, const Array& q_rope, const Array& k_rope, const Array& indptr,
+         const Array& offsets, int64_t rotary_dim, bool interleave, double rope_scale, double rope_theta,
+         uintptr_t stream) {
+        const RopeViews v(q, k, q_rope, k_rope);
+        const TensorView ip = to_view(indptr, "indptr"), of = to_view(offsets, "offsets");
+        const tessera::ApplyRopeOptions o = rope_options(rotary_dim, interleave, rope_scale, rope_theta);
+        DeviceGuard guard(v.q);
+        nb::gil_scoped_release release;
+        checked([&] { tessera::apply_rope(v.q, v.k, v.q_rope, v.k_rope, ip, of, o, to_stream(stream)); });
+      },
+      "q"_a, "k"_a, "q_rope"_a, "k_rope"_a, "indptr"_a, "offsets"_a, "rotary_dim"_a, "interleave"_a, "rope_scale"_a,
+      "rope_theta"_a, "stream"_a,
+      "tessera::apply_rope: q [nnz, Hq, D], k [nnz, Hk, D] rotated into q_rope, k_rope at the positions of a ragged "
+      "batch (row indptr[b] + j at offsets[b] + j); rotary_dim 0 means D.");
+  m.def(
+      "apply_rope_pos_ids",
+      [](const Array& q, const Array& k, const Array& q_rope, const Array& k_rope, const Array& pos_ids,
+         int64_t rotary_dim, bool interleave, double rope_scale, double rope_theta, uintptr_t stream) {
+        const RopeViews v(q, k, q_rope, k_rope);
+        const TensorView ids = to_view(pos_ids, "pos_ids");
+        const tessera::ApplyRopeOptions o = rope_options(rotary_dim, interleave, rope_scale, rope_theta);
+        DeviceGuard guard(v.q);
+        nb::gil_scoped_release release;
+        checked([&] { tessera::apply_rope_pos_ids(v.q, v.k, v.q_rope, v.k_rope, ids, o, to_stream(stream)); });
+      },
+      "q"_a, "k"_a, "q_rope"_a, "k_rope"_a, "pos_ids"_a, "rotary_dim"_a, "interleave"_a, "rope_scale"_a,
+      "rope_theta"_a, "stream"_a,
+      "tessera::apply_rope_pos_ids: row r of q and k rotated at pos_ids[r] (i32 or i64); rotary_dim 0 means D.");
+  m.def(
+      "apply_llama31_rope",
+      [](const Array& q, const Array& k, const Array& q_rope, const Array& k_rope, const Array& indptr,
+         const Array& offsets, int64_t rotary_dim, bool interleave, double rope_scale, double rope_theta,
+         double low_freq_factor, double high_freq_factor, double old_context_len, uintptr_t stream) {
+        const RopeViews v(q, k, q_rope, k_rope);
+        const TensorView ip = to_view(indptr, "indptr"), of = to_view(offsets, "offsets");
+        const tessera::ApplyLlama31RopeOptions o = llama31_rope_options(
+            rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_context_len);
+        DeviceGuard guard(v.q);
+        nb::gil_scoped_release release;
+        checked([&] { tessera::apply_llama31_rope(v.q, v.k, v.q_rope, v.k_rope, ip, of, o, to_stream(stream)); });
+      },
+      "q"_a, "k"_a, "q_rope"_a, "k_rope"_a, "indptr"_a, "offsets"_a, "rotary_dim"_a, "interleave"_a, "rope_scale"_a,
+      "rope_theta"_a, "low_freq_factor"_a, "high_freq_factor"_a, "old_context_len"_a, "stream"_a,
+      "tessera::apply_llama31_rope: apply_rope with Llama 3.1 frequencies (rope_scale is the smoothing factor).");
+  m.def(
+      "apply_llama31_rope_pos_ids",
+      [](const Array& q, const Array& k, const Array& q_rope, const Array& k_rope, const Array& pos_ids,
+         int64_t rotary_dim, bool interleave, double rope_scale, double rope_theta, double low_freq_factor,
+         double high_freq_factor, double old_context_len, uintptr_t stream) {
+        const RopeViews v(q, k, q_rope, k_rope);
+        const TensorView ids = to_view(pos_ids, "pos_ids");
+        const tessera::ApplyLlama31RopeOptions o = llama31_rope_options(
+            rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_context_len);
+        DeviceGuard guard(v.q);
+        nb::gil_scoped_release release;
+        checked([&] {
+          tessera::apply_llama31_rope_pos_ids(v.q, v.k, v.q_rope, v.k_rope, ids, o, to_stream(stream));
+        });
+      },
+      "q"_a, "k"_a, "q_rope"_a, "k_rope"_a, "pos_ids"_a, "rotary_dim"_a, "interleave"_a, "rope_scale"_a,
+      "rope_theta"_a, "low_freq_factor"_a, "high_freq_factor"_a, "old_context_len"_a, "stream"_a,
+      "tessera::apply_llama31_rope_pos_ids: apply_rope_pos_ids with Llama 3.1 frequencies.");
+  m.def(
+      "apply_rope_with_cos_sin_cache",
+      [](const Array& positions, const Array& query, const Array& key, int64_t head_size, const Array& cos_sin_cache,
+         bool is_neox, const Array& query_out, const Array& key_out, uintptr_t stream) {
+        const TensorView pos = to_view(positions, "positions"), tq = to_view(query, "query"), tk = to_view(key, "key"),
+                         cache = to_view(cos_sin_cache, "cos_sin_cache"), qo = to_view(query_out, "query_out"),
+                         ko = to_view(key_out, "key_out");
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
+        checked([&] {
+          tessera::apply_rope_with_cos_sin_cache(pos, tq, tk, head_size, cache, is_neox, qo, ko, to_stream(stream));
+        });
+      },
+      "positions"_a, "query"_a, "key"_a, "head_size"_a, "cos_sin_cache"_a, "is_neox"_a, "query_out"_a, "key_out"_a,
+      "stream"_a,
+      "tessera::apply_rope_with_cos_sin_cache: query [nnz, Hq * head_size], key [nnz, Hk * head_size] rotated with "
+      "cos/sin read from cos_sin_cache f32 [max_position, rotary_dim] at row positions[r].");
 
   // --- multi-head latent attention (DeepSeek MLA) --------------------------------------------------
   m.def(

@@ -52,6 +52,8 @@ class DType(enum.Enum):
 
     u8 = 6
 
+    i64 = 7
+
 class Layout(enum.Enum):
     """
     Paged KV layouts: NHD [pages, slot, head, dim], HND [pages, head, slot, dim].
@@ -287,6 +289,31 @@ def append_paged_kv_cache_at(append_k: NDArray, append_v: NDArray, batch_indices
 def append_paged_mla_kv_cache(append_ckv: NDArray, append_kpe: NDArray, batch_indices: NDArray, positions: NDArray, ckv_cache: NDArray, kpe_cache: NDArray, indptr: NDArray, indices: NDArray, last_page_len: NDArray, stream: int) -> None:
     """
     tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to request batch_indices[i] at positions[i].
+    """
+
+def apply_rope(q: NDArray, k: NDArray, q_rope: NDArray, k_rope: NDArray, indptr: NDArray, offsets: NDArray, rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float, stream: int) -> None:
+    """
+    tessera::apply_rope: q [nnz, Hq, D], k [nnz, Hk, D] rotated into q_rope, k_rope at the positions of a ragged batch (row indptr[b] + j at offsets[b] + j); rotary_dim 0 means D.
+    """
+
+def apply_rope_pos_ids(q: NDArray, k: NDArray, q_rope: NDArray, k_rope: NDArray, pos_ids: NDArray, rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float, stream: int) -> None:
+    """
+    tessera::apply_rope_pos_ids: row r of q and k rotated at pos_ids[r] (i32 or i64); rotary_dim 0 means D.
+    """
+
+def apply_llama31_rope(q: NDArray, k: NDArray, q_rope: NDArray, k_rope: NDArray, indptr: NDArray, offsets: NDArray, rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float, low_freq_factor: float, high_freq_factor: float, old_context_len: float, stream: int) -> None:
+    """
+    tessera::apply_llama31_rope: apply_rope with Llama 3.1 frequencies (rope_scale is the smoothing factor).
+    """
+
+def apply_llama31_rope_pos_ids(q: NDArray, k: NDArray, q_rope: NDArray, k_rope: NDArray, pos_ids: NDArray, rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float, low_freq_factor: float, high_freq_factor: float, old_context_len: float, stream: int) -> None:
+    """
+    tessera::apply_llama31_rope_pos_ids: apply_rope_pos_ids with Llama 3.1 frequencies.
+    """
+
+def apply_rope_with_cos_sin_cache(positions: NDArray, query: NDArray, key: NDArray, head_size: int, cos_sin_cache: NDArray, is_neox: bool, query_out: NDArray, key_out: NDArray, stream: int) -> None:
+    """
+    tessera::apply_rope_with_cos_sin_cache: query [nnz, Hq * head_size], key [nnz, Hk * head_size] rotated with cos/sin read from cos_sin_cache f32 [max_position, rotary_dim] at row positions[r].
     """
 
 def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, max_qo_len: int, ckv: NDArray, kpe: NDArray, kv_indptr: NDArray, kv_indices: NDArray, kv_last_page_len: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, num_kv_splits: int, workspace: NDArray | None, stream: int) -> None:

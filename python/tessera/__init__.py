@@ -42,6 +42,18 @@ from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create
 from .mla import BatchMLAPagedAttentionWrapper
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
+from .rope import (
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+)
 from .sparse import BlockSparseAttentionWrapper
 from .variant import VariantSpec
 from .prefill import (
@@ -75,6 +87,16 @@ __all__ = [
     "get_seq_lens",
     "packbits",
     "segment_packbits",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
     "flex_attention",
     "create_block_mask",
     "create_mask",
@@ -97,6 +119,8 @@ _KERNEL_FAMILIES = (
     ("merge", "state", "attention-state merge: merge_state, merge_states, merge_states_ragged"),
     ("append", "cache", "append_paged_kv_cache into NHD/HND pages, append_paged_mla_kv_cache into MLA latent "
      "pages; any page size"),
+    ("rope", "rotary", "standalone RoPE: apply_rope, apply_llama31_rope (indptr/offsets or pos_ids), "
+     "apply_rope_with_cos_sin_cache; in place or out of place"),
 )
 
 
@@ -153,6 +177,8 @@ def build_info() -> Dict[str, Any]:
             dims, dtypes = head_dims, ["float16", "bfloat16"]
         elif kind == "latent":
             dims, dtypes = "latent 512 + rotary 64 (output 512)", ["float16", "bfloat16"]
+        elif kind == "rotary":
+            dims, dtypes = "any head_dim >= 2, any even rotary_dim <= head_dim", ["float16", "bfloat16"]
         elif kind == "state":
             dims, dtypes = "any with head_dim * element size a multiple of 16 bytes", ["float16", "bfloat16", "float32"]
         else:
@@ -168,4 +194,4 @@ def build_info() -> Dict[str, Any]:
     }
 
 
-from . import cascade, decode, page, prefill, quantization  # noqa: E402,F401  (FlashInfer-style submodules)
+from . import cascade, decode, page, prefill, quantization, rope  # noqa: E402,F401  (FlashInfer-style submodules)

@@ -76,7 +76,8 @@ def test_build_info():
     assert info["cuda_archs"] and all(re.fullmatch(r"\d+a?", a) for a in info["cuda_archs"])
     assert list(_C.supported_head_dims()) == [64, 96, 128, 256]
     assert len(info["gpus"]) == _C.cuda_device_count()
-    assert {k["family"] for k in info["kernels"]} == {"decode", "prefill (FA2-class)", "runtime", "mla", "merge", "append"}
+    assert {k["family"] for k in info["kernels"]} == {"decode", "prefill (FA2-class)", "runtime", "mla", "merge", "append",
+                                                       "rope"}
 
 
 def test_typing_files_are_shipped():

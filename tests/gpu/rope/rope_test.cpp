@@ -4,11 +4,12 @@
 // Tolerance, per element: the kernel rounds its fp32 result once to f16/bf16, and computes the
 // angle pos * f_i in fp32, so an element of a rotated pair (x, y) may differ from the fp64 value by
 //   2 ulp of the dtype at the element's magnitude (the final rounding, with margin)
-//   + |(x, y)| * (|a_i| * (4 + |log2 f_i|) * 2^-22 + 2^-22)
+//   + |(x, y)| * (|a_i| * (4 + |log2 f_i|) * 2^-22 + 2^-20)
 // where a_i is the pair's angle: exp2f, the position product and the Llama 3.1 smoothing each
 // contribute a few fp32 roundings relative to the angle (the frequency's exponent log2 f_i
-// carries its rounding into f_i), and sincosf ~1 ulp. With a cos/sin table the angle is read, not
-// computed: only the 2^-22 term remains. Dims past rotary_dim must be copied bit for bit, and every
+// carries its rounding into f_i); 2^-20 covers sincosf (~2 ulp) and the fp32 rotation, which
+// matter where the result cancels to far below the pair's norm. With a cos/sin table the angle is
+// read, not computed: only |(x, y)| * 2^-22 (the rotation's roundings) remains. Dims past rotary_dim must be copied bit for bit, and every
 // element outside q's and k's rows (padding of strided layouts) must keep its value.
 #include <gtest/gtest.h>
 
@@ -300,9 +301,9 @@ TEST_P(RopeTest, MatchesReference) {
           const int64_t a = c.interleave ? 2 * i : i, b = c.interleave ? 2 * i + 1 : i + half;
           const double norm = std::hypot(x[a], x[b]);
           double angle_error = std::ldexp(1.0, -22);
-          if (!uses_cache(c.api) && has_position[r]) {
-            const double angle = std::abs(f[i] * static_cast<double>(positions[r]));
-            angle_error += angle * (4.0 + std::abs(std::log2(f[i]))) * std::ldexp(1.0, -22);
+          if (!uses_cache(c.api)) {
+            const double angle = has_position[r] ? std::abs(f[i] * static_cast<double>(positions[r])) : 0.0;
+            angle_error = std::ldexp(1.0, -20) + angle * (4.0 + std::abs(std::log2(f[i]))) * std::ldexp(1.0, -22);
           }
           for (int64_t d : {a, b}) {
             const int64_t at = buffer_index(c, layout, tensor, r, h, d);

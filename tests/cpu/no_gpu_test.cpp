@@ -97,6 +97,17 @@ TEST_F(NoGpu, Append) {
   }));
 }
 
+TEST_F(NoGpu, Rope) {
+  const TensorView q = device(DType::kBF16, {5, 4, 128}), k = device(DType::kBF16, {5, 2, 128});
+  const TensorView pos_ids = device(DType::kI64, {5});
+  EXPECT_TRUE(FailsForWantOfAGpu([&] { apply_rope_inplace(q, k, device(DType::kI32, {3}), device(DType::kI32, {2})); }));
+  EXPECT_TRUE(FailsForWantOfAGpu([&] { apply_llama31_rope_pos_ids_inplace(q, k, pos_ids); }));
+  EXPECT_TRUE(FailsForWantOfAGpu([&] {
+    apply_rope_with_cos_sin_cache_inplace(pos_ids, device(DType::kBF16, {5, 512}), device(DType::kBF16, {5, 256}), 128,
+                                          device(DType::kF32, {4096, 64}));
+  }));
+}
+
 TEST_F(NoGpu, Attention) {
   const DType bf16 = DType::kBF16;
   const TensorView q1 = device(bf16, {8, 128});

@@ -554,10 +554,12 @@ def _capture(run):
 
 
 def _graph_decode_wrapper(cache, workspace_dtype=torch.uint8, fill=0):
-    """A use_cuda_graph decode wrapper over `cache`'s sizes, its preallocated buffers filled with `fill`."""
+    """A use_cuda_graph decode wrapper over `cache`'s sizes, its preallocated buffers filled with `fill`.
+    128 MiB of workspace: with q_len_per_req > 1 it runs the prefill runtime, whose graph-mode
+    workspace for these bounds is ~75 MiB."""
     batch = cache.batch
     return tessera.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(64 << 20, dtype=workspace_dtype, device=DEV),
+        torch.empty(128 << 20, dtype=workspace_dtype, device=DEV),
         torch.full((batch + 1,), fill, dtype=torch.int32, device=DEV),
         torch.zeros(cache.num_pages, dtype=torch.int32, device=DEV),
         torch.full((batch,), fill, dtype=torch.int32, device=DEV))

@@ -8,6 +8,7 @@ Writes, under OUT_DIR (files whose content is unchanged are not rewritten, so no
                                       switches, the KV tile of each (head dim, query tile)
   include/tessera/head_dims.h         kSupportedHeadDims (public)
   src/config/<family>_d<D>_<dtype>.cu one instantiation file per (kernel family, head dim, dtype)
+                                      (split head dims: d<D>x<DV>)
   src/config/<family>_d<D>_<dtype>_<kv>.cu  ... and per fp8 KV storage
 and prints the .cu paths, one per line, for CMake. A malformed table is an error naming the line.
 """
@@ -31,7 +32,7 @@ ARCH_MMA = {"sm80": "kSync", "sm90a": "kWgmma"}
 DECODE_COLUMNS = ["family", "head_dim", "row_groups", "rows_per_group", "stages", "formats", "dtypes", "kv"]
 PREFILL_COLUMNS = ["family", "arch", "head_dim", "q_tile", "tile_q", "tile_kv", "warps_q", "warps_kv", "stages",
                    "min_ctas", "formats", "dtypes", "kv"]
-INT_COLUMNS = {"head_dim", "row_groups", "rows_per_group", "stages", "tile_q", "tile_kv", "warps_q", "warps_kv",
+INT_COLUMNS = {"row_groups", "rows_per_group", "stages", "tile_q", "tile_kv", "warps_q", "warps_kv",
                "min_ctas"}
 
 
@@ -71,14 +72,13 @@ def parse(path):
                     raise TableError(f"{where}: {key} = '{row[key]}' is not an integer") from None
                 if row[key] <= 0:
                     raise TableError(f"{where}: {key} = {row[key]}, expected > 0")
-            if row["head_dim"] % 16 != 0:
-                raise TableError(f"{where}: head_dim = {row['head_dim']}, expected a multiple of 16")
             row["formats"] = parse_list(row["formats"], list(FORMATS), "format", where)
             row["dtypes"] = parse_list(row["dtypes"], list(DTYPES), "dtype", where)
             row["where"] = where
             row["kv"] = parse_list(row["kv"], list(KV_STORAGES), "kv storage", where)
             if "same" not in row["kv"]:
                 raise TableError(f"{where}: kv '{','.join(row['kv'])}' must include 'same'")
+            parse_head_dims(row, family, where)
             if family == "prefill":
                 if row["arch"] not in ARCH_MMA:
                     raise TableError(f"{where}: arch '{row['arch']}' is not one of {', '.join(ARCH_MMA)}")
@@ -94,20 +94,59 @@ def parse(path):
                 decode.append(row)
     seen = set()
     for row in decode + prefill:
-        key = (row["family"], row["head_dim"], row.get("q_tile"))
+        key = (row["family"], dims_key(row), row.get("q_tile"))
         if key in seen:
-            raise TableError(f"{row['where']}: a second {row['family']} row for head_dim {row['head_dim']}"
+            raise TableError(f"{row['where']}: a second {row['family']} row for head_dim {dims_name(row)}"
                              + (f", {row['q_tile']}" if "q_tile" in row else ""))
         seen.add(key)
     if not decode or not prefill:
         raise TableError(f"{path}: expected decode and prefill rows")
-    for d in sorted({r["head_dim"] for r in prefill}):
-        tiles = {r["q_tile"] for r in prefill if r["head_dim"] == d}
+    for d, dv in head_dim_pairs(prefill):
+        tiles = {r["q_tile"] for r in prefill if dims_key(r) == (d, dv)}
         # choose_q_tile falls back to k16 and k64; the runtime's decode plans use k16.
         for needed in ("k16", "k64"):
             if needed not in tiles:
-                raise TableError(f"{path}: prefill head_dim {d} has no {needed} row (every head dim needs k16 and k64)")
+                raise TableError(f"{path}: prefill head_dim {pair_name(d, dv)} has no {needed} row "
+                                 "(every head dim needs k16 and k64)")
     return decode, prefill
+
+
+def parse_head_dims(row, family, where):
+    """head_dim: D (Q, K, V and O rows of D elements) or, for prefill, DxDV (Q and K rows of D, V and
+    O rows of DV < D)."""
+    text = row["head_dim"]
+    parts = text.split("x")
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        raise TableError(f"{where}: head_dim = '{text}' is not an integer or DxDV") from None
+    if len(dims) > 2 or (len(dims) == 2 and family != "prefill"):
+        raise TableError(f"{where}: head_dim = '{text}', expected D" + (" or DxDV" if family == "prefill" else ""))
+    for d in dims:
+        if d <= 0 or d % 16 != 0:
+            raise TableError(f"{where}: head_dim = '{text}', expected multiples of 16")
+    if len(dims) == 2 and dims[1] >= dims[0]:
+        raise TableError(f"{where}: head_dim = '{text}', expected DV < D (V's columns are a prefix of K's)")
+    row["head_dim"] = dims[0]
+    row["head_dim_vo"] = dims[-1]
+    if len(dims) == 2 and row["kv"] != ["same"]:
+        raise TableError(f"{where}: split head dims {text} take kv 'same' only")
+
+
+def dims_key(row):
+    return (row["head_dim"], row["head_dim_vo"])
+
+
+def pair_name(d, dv):
+    return f"{d}" if d == dv else f"{d}x{dv}"
+
+
+def dims_name(row):
+    return pair_name(*dims_key(row))
+
+
+def head_dim_pairs(rows):
+    return sorted({dims_key(r) for r in rows})
 
 
 def format_mask(formats):
@@ -119,7 +158,12 @@ def kv_mask(kvs):
 
 
 def head_dims(rows):
-    return sorted({r["head_dim"] for r in rows})
+    """The head dims of the rows whose Q/K and V/O dims agree."""
+    return sorted({r["head_dim"] for r in rows if r["head_dim"] == r["head_dim_vo"]})
+
+
+def split_pairs(rows):
+    return [(d, dv) for d, dv in head_dim_pairs(rows) if d != dv]
 
 
 def supported_dims(decode, prefill):
@@ -144,6 +188,9 @@ def header(decode, prefill, table_name):
     w(f"inline constexpr int kPrefillHeadDims[] = {{{', '.join(map(str, head_dims(prefill)))}}};")
     w(f'inline constexpr const char* kDecodeHeadDimsText = "{", ".join(map(str, head_dims(decode)))}";')
     w(f'inline constexpr const char* kPrefillHeadDimsText = "{", ".join(map(str, head_dims(prefill)))}";')
+    split_text = ", ".join(f"{d}/{dv}" for d, dv in split_pairs(prefill))
+    w("/// Prefill's split head dims (head_dim_qk / head_dim_vo), for messages.")
+    w(f'inline constexpr const char* kPrefillSplitHeadDimsText = "{split_text}";')
     w("/// kSupportedHeadDims (tessera/head_dims.h: those with both) for messages.")
     w(f'inline constexpr const char* kSupportedHeadDimsText = "{", ".join(map(str, supported_dims(decode, prefill)))}";')
     w("")
@@ -162,67 +209,43 @@ def header(decode, prefill, table_name):
     for r in prefill:
         for dt in r["dtypes"]:
             t = DTYPES[dt]
-            w(f"template <> struct PrefillConfig<{t}, {r['head_dim']}, QTile::{r['q_tile']}> {{  "
+            w(f"template <> struct PrefillConfig<{t}, {r['head_dim']}, QTile::{r['q_tile']}, {r['head_dim_vo']}> {{  "
               f"// {r['where'].rsplit('/', 1)[-1]}")
             w("  template <typename KVT>")
             w(f"  using TraitsFor = kernels::PrefillTraits<{t}, {r['head_dim']}, {r['tile_q']}, {r['tile_kv']}, "
-              f"{r['warps_q']}, {r['warps_kv']}, {r['stages']}, {r['min_ctas']}, kernels::MmaKind::{ARCH_MMA[r['arch']]}, KVT>;")
+              f"{r['warps_q']}, {r['warps_kv']}, {r['stages']}, {r['min_ctas']}, kernels::MmaKind::{ARCH_MMA[r['arch']]}, KVT, "
+              f"{r['head_dim_vo']}>;")
             w(f"  using Traits = TraitsFor<{t}>;")
             w(f"  static constexpr uint32_t kFormats = {format_mask(r['formats'])};")
             w(f"  static constexpr uint32_t kKVStorages = {kv_mask(r['kv'])};")
             w("};")
     w("")
-    w("/// The KV tile rows of the prefill configuration (head_dim, q_tile) of any dtype; 0 when the table")
+    def per_tile_function(signature, value):
+        w(f"constexpr {signature} {{")
+        for d, dv in head_dim_pairs(prefill):
+            w(f"  if (head_dims.qk == {d} && head_dims.vo == {dv}) {{")
+            w("    switch (q_tile) {")
+            for r in prefill:
+                if dims_key(r) == (d, dv):
+                    w(f"      case QTile::{r['q_tile']}: return {value(r)};")
+            w("      default: return 0;")
+            w("    }")
+            w("  }")
+        w("  return 0;")
+        w("}")
+        w("")
+    w("/// The KV tile rows of the prefill configuration (head_dims, q_tile) of any dtype; 0 when the table")
     w("/// has none (the heuristics ask this to see which tiles exist).")
-    w("constexpr int prefill_kv_tile_rows(int head_dim, QTile q_tile) {")
-    w("  switch (head_dim) {")
-    for d in head_dims(prefill):
-        w(f"    case {d}:")
-        w("      switch (q_tile) {")
-        for r in prefill:
-            if r["head_dim"] == d:
-                w(f"        case QTile::{r['q_tile']}: return {r['tile_kv']};")
-        w("        default: return 0;")
-        w("      }")
-    w("    default: return 0;")
-    w("  }")
-    w("}")
-    w("")
-    w("/// The query tile rows (packed rows) of the prefill configuration (head_dim, q_tile); 0 when the")
+    per_tile_function("int prefill_kv_tile_rows(PrefillHeadDims head_dims, QTile q_tile)", lambda r: r["tile_kv"])
+    w("/// The query tile rows (packed rows) of the prefill configuration (head_dims, q_tile); 0 when the")
     w("/// table has none. The runtime cuts requests into tiles of this many rows.")
-    w("constexpr int prefill_q_tile_rows(int head_dim, QTile q_tile) {")
-    w("  switch (head_dim) {")
-    for d in head_dims(prefill):
-        w(f"    case {d}:")
-        w("      switch (q_tile) {")
-        for r in prefill:
-            if r["head_dim"] == d:
-                w(f"        case QTile::{r['q_tile']}: return {r['tile_q']};")
-        w("        default: return 0;")
-        w("      }")
-    w("    default: return 0;")
-    w("  }")
-    w("}")
-    w("")
-    w("/// The KV storages (kv_storage_bit) the prefill configuration (head_dim, q_tile) is built for; 0")
+    per_tile_function("int prefill_q_tile_rows(PrefillHeadDims head_dims, QTile q_tile)", lambda r: r["tile_q"])
+    w("/// The KV storages (kv_storage_bit) the prefill configuration (head_dims, q_tile) is built for; 0")
     w("/// when the table has none.")
-    w("constexpr uint32_t prefill_kv_storages(int head_dim, QTile q_tile) {")
-    w("  switch (head_dim) {")
-    for d in head_dims(prefill):
-        w(f"    case {d}:")
-        w("      switch (q_tile) {")
-        for r in prefill:
-            if r["head_dim"] == d:
-                w(f"        case QTile::{r['q_tile']}: return {kv_mask(r['kv'])};")
-        w("        default: return 0;")
-        w("      }")
-    w("    default: return 0;")
-    w("  }")
-    w("}")
-    w("")
+    per_tile_function("uint32_t prefill_kv_storages(PrefillHeadDims head_dims, QTile q_tile)", lambda r: kv_mask(r["kv"]))
     w("/// Whether any prefill configuration of head_dim takes KV stored as `kv` (then the head dim's")
     w("/// launchers are instantiated for it).")
-    w("constexpr bool has_prefill_kv_storage(int head_dim, KVStorage kv) {")
+    w("constexpr bool has_prefill_kv_storage(PrefillHeadDims head_dim, KVStorage kv) {")
     w("  return (" + " | ".join(f"prefill_kv_storages(head_dim, QTile::{q})" for q in Q_TILES) + ") & kv_storage_bit(kv);")
     w("}")
     w("")
@@ -239,7 +262,7 @@ def header(decode, prefill, table_name):
     w(f"inline constexpr int kMaxPrefillQTileRows = {max(r['tile_q'] for r in prefill)};")
     w("")
     w("/// Whether the table has the prefill configuration (head_dim, q_tile) for KV stored as `kv`.")
-    w("constexpr bool has_prefill_config(int head_dim, QTile q_tile, KVStorage kv = KVStorage::kSame) {")
+    w("constexpr bool has_prefill_config(PrefillHeadDims head_dim, QTile q_tile, KVStorage kv = KVStorage::kSame) {")
     w("  return (prefill_kv_storages(head_dim, q_tile) & kv_storage_bit(kv)) != 0;")
     w("}")
     w("")
@@ -253,34 +276,33 @@ def header(decode, prefill, table_name):
     w('  fail_unsupported_head_dim("decode (CUDA cores)", head_dim, kDecodeHeadDimsText);')
     w("}")
     w("")
-    w("/// Calls f(std::integral_constant<int, D>{}) for the prefill head dim D == head_dim.")
+    w("/// Calls f(PrefillHeadDimsTag<QK, VO>{}) for the prefill head dims (QK, VO) == head_dims.")
     w("template <typename F>")
-    w("void with_prefill_head_dim(int head_dim, F&& f) {")
-    w("  switch (head_dim) {")
-    for d in head_dims(prefill):
-        w(f"    case {d}: return f(std::integral_constant<int, {d}>{{}});")
-    w("  }")
-    w('  fail_unsupported_head_dim("prefill", head_dim, kPrefillHeadDimsText);')
+    w("void with_prefill_head_dim(PrefillHeadDims head_dims, F&& f) {")
+    for d, dv in head_dim_pairs(prefill):
+        w(f"  if (head_dims.qk == {d} && head_dims.vo == {dv}) return f(PrefillHeadDimsTag<{d}, {dv}>{{}});")
+    w('  fail_unsupported_head_dim("prefill", head_dims, head_dims.split() ? kPrefillSplitHeadDimsText : kPrefillHeadDimsText);')
     w("}")
     w("")
-    w("/// Calls f(ConfigTag<PrefillConfig<T, HEAD_DIM, q_tile>>{}) for the query tiles of (T, HEAD_DIM).")
-    w("template <typename T, int HEAD_DIM>")
+    w("/// Calls f(ConfigTag<PrefillConfig<T, HEAD_DIM, q_tile, HEAD_DIM_VO>>{}) for the query tiles of")
+    w("/// (T, HEAD_DIM, HEAD_DIM_VO).")
+    w("template <typename T, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>")
     w("struct PrefillTiles;")
-    for d in head_dims(prefill):
+    for d, dv in head_dim_pairs(prefill):
         for dt, t in DTYPES.items():
-            rows = [r for r in prefill if r["head_dim"] == d and dt in r["dtypes"]]
+            rows = [r for r in prefill if dims_key(r) == (d, dv) and dt in r["dtypes"]]
             if not rows:
                 continue
             w("template <>")
-            w(f"struct PrefillTiles<{t}, {d}> {{")
+            w(f"struct PrefillTiles<{t}, {d}, {dv}> {{")
             w("  template <typename F>")
             w("  static void with_q_tile(QTile q_tile, F&& f) {")
             w("    switch (q_tile) {")
             for r in rows:
-                w(f"      case QTile::{r['q_tile']}: return f(ConfigTag<PrefillConfig<{t}, {d}, QTile::{r['q_tile']}>>{{}});")
+                w(f"      case QTile::{r['q_tile']}: return f(ConfigTag<PrefillConfig<{t}, {d}, QTile::{r['q_tile']}, {dv}>>{{}});")
             w("      default: break;")
             w("    }")
-            w(f"    fail_no_prefill_config({d}, q_tile);")
+            w(f"    fail_no_prefill_config(PrefillHeadDims({d}, {dv}), q_tile);")
             w("  }")
             w("};")
     w("")
@@ -291,6 +313,7 @@ def header(decode, prefill, table_name):
 
 def public_header(decode, prefill, table_name):
     dims = supported_dims(decode, prefill)
+    pairs = split_pairs(prefill)
     return "\n".join([
         f"// Generated from {table_name} by cmake/generate_attention_configs.py: edit the table, not this file.",
         "#pragma once",
@@ -303,26 +326,32 @@ def public_header(decode, prefill, table_name):
         "/// entry point and KV format takes each of them.",
         f"inline constexpr int64_t kSupportedHeadDims[] = {{{', '.join(map(str, dims))}}};",
         "",
+        "/// Pairs (head_dim_qk, head_dim_vo) of different head dims that prefill (one-shot and plan/run;",
+        "/// ragged and paged KV, 16-bit) is built for: q and k rows of head_dim_qk elements, v and o rows",
+        "/// of head_dim_vo. Decode and block-sparse attention take equal head dims only.",
+        f"inline constexpr int64_t kSupportedPrefillSplitHeadDims[][2] = {{{', '.join(f'{{{d}, {dv}}}' for d, dv in pairs)}}};",
+        "",
         "}  // namespace tessera",
         "",
     ])
 
 
-def instantiation(family, d, dtype, table_name, kv="same"):
+def instantiation(family, d, dtype, table_name, kv="same", dv=None):
+    dv = d if dv is None else dv
     t = DTYPES[dtype]
     kvt = KV_STORAGES[kv][1] or t
     what = f"{dtype}" if kv == "same" else f"{dtype} queries over {kv} KV"
     lines = [f"// Generated from {table_name} by cmake/generate_attention_configs.py: the {family} kernels of",
-             f"// head_dim {d}, {what} (one translation unit each: parallel builds).",
+             f"// head_dim {pair_name(d, dv)}, {what} (one translation unit each: parallel builds).",
              f'#include "src/{family}_launch.cuh"', "", "namespace tessera {", "namespace detail {", ""]
     if family == "prefill":
         params = f"kernels::AttentionParams<{t}, {kvt}>"
         lines += [
-            f"template void launch_prefill_head_dim<{t}, {kvt}, {d}>(const {params}&, const ResolvedVariant&,",
+            f"template void launch_prefill_head_dim<{t}, {kvt}, {d}, {dv}>(const {params}&, const ResolvedVariant&,",
             "    kernels::KVFormatKind, QTile, int64_t, cudaStream_t);",
-            f"template void launch_persistent_head_dim<{t}, {kvt}, {d}>(const {params}&, const ResolvedVariant&,",
+            f"template void launch_persistent_head_dim<{t}, {kvt}, {d}, {dv}>(const {params}&, const ResolvedVariant&,",
             "    kernels::KVFormatKind, QTile, const PersistentLaunch&, cudaStream_t);",
-            f"template int persistent_ctas_per_sm<{t}, {kvt}, {d}>(kernels::KVFormatKind, QTile);",
+            f"template int persistent_ctas_per_sm<{t}, {kvt}, {d}, {dv}>(kernels::KVFormatKind, QTile);",
         ]
     else:
         lines += [
@@ -360,15 +389,15 @@ def main(argv):
     write_if_changed(os.path.join(out_dir, "include/tessera/head_dims.h"), public_header(decode, prefill, table_name))
     sources = []
     for family, rows in (("decode", decode), ("prefill", prefill)):
-        for d in head_dims(rows):
-            dtypes = [dt for dt in DTYPES if any(dt in r["dtypes"] for r in rows if r["head_dim"] == d)]
+        for d, dv in head_dim_pairs(rows):
+            same_dims = [r for r in rows if dims_key(r) == (d, dv)]
+            dtypes = [dt for dt in DTYPES if any(dt in r["dtypes"] for r in same_dims)]
             for dt in dtypes:
-                kvs = [k for k in KV_STORAGES
-                       if any(k in r["kv"] for r in rows if r["head_dim"] == d and dt in r["dtypes"])]
+                kvs = [k for k in KV_STORAGES if any(k in r["kv"] for r in same_dims if dt in r["dtypes"])]
                 for kv in kvs:
                     suffix = "" if kv == "same" else f"_{kv}"
-                    path = os.path.join(out_dir, f"src/config/{family}_d{d}_{dt}{suffix}.cu")
-                    write_if_changed(path, instantiation(family, d, dt, table_name, kv))
+                    path = os.path.join(out_dir, f"src/config/{family}_d{pair_name(d, dv)}_{dt}{suffix}.cu")
+                    write_if_changed(path, instantiation(family, d, dt, table_name, kv, dv))
                     sources.append(path)
     print("\n".join(sources))
     return 0

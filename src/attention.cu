@@ -59,12 +59,16 @@ void check_index_array(const TensorView& t, const char* name, const TensorView& 
 
 /// o like q ([rows, Hq, D], same dtype); lse f32 [rows, Hq] when given.
 void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows) {
+  check_outputs(q, o, lse, rows, q.shape[q.ndim - 1]);
+}
+
+void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows, int64_t head_dim_vo) {
   check_operand(o, "o", 3);
   check_dtype(o, "o", {q.dtype});
   check_same_device(q, "q", o, "o");
   check_size(o, "o", 0, rows);
   check_size(o, "o", 1, q.shape[q.ndim - 2]);
-  check_size(o, "o", 2, q.shape[q.ndim - 1]);
+  check_size(o, "o", 2, head_dim_vo);
   if (lse.data != nullptr) {
     check_ndim(lse, "lse", 2);
     check_dtype(lse, "lse", {DType::kF32});
@@ -87,7 +91,27 @@ HeadConfig check_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_
   return heads;
 }
 
-/// K and V of a single request: NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D].
+PrefillHeadDims check_prefill_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim_qk,
+                                    int64_t head_dim_vo, const char* v_name) {
+  if (head_dim_vo == head_dim_qk) {
+    const HeadConfig heads = check_heads(num_qo_heads, num_kv_heads, head_dim_qk);
+    return PrefillHeadDims(static_cast<int>(heads.head_dim));
+  }
+  validate_heads(HeadConfig{num_qo_heads, num_kv_heads, head_dim_qk}, {});
+  TESSERA_CHECK_ARG(num_qo_heads <= 65535 && num_kv_heads <= 65535)
+      << "num_qo_heads = " << num_qo_heads << ", num_kv_heads = " << num_kv_heads << ", expected <= 65535";
+  for (const auto& pair : kSupportedPrefillSplitHeadDims) {
+    if (pair[0] == head_dim_qk && pair[1] == head_dim_vo) {
+      return PrefillHeadDims(static_cast<int>(head_dim_qk), static_cast<int>(head_dim_vo));
+    }
+  }
+  TESSERA_FAIL(StatusCode::kUnsupported) << v_name << ".shape[-1] = " << head_dim_vo << " with head_dim " << head_dim_qk
+                                         << " (of q and k) is not supported: V's head dim must equal it, or (head_dim_qk"
+                                         << " / head_dim_vo) be one of " << kPrefillSplitHeadDimsText;
+}
+
+/// K and V of a single request: NHD [kv_len, Hkv, D] or HND [Hkv, kv_len, D] (V's D may differ:
+/// the callers check the last dims).
 void check_dense_kv(const TensorView& q, const TensorView& k, const TensorView& v, Layout layout) {
   check_kv_operand(k, "k", 3, q);
   check_kv_operand(v, "v", 3, q);
@@ -96,7 +120,7 @@ void check_dense_kv(const TensorView& q, const TensorView& k, const TensorView& 
   check_same_device(q, "q", v, "v");
   TESSERA_CHECK_ARG(layout == Layout::kNHD || layout == Layout::kHND)
       << "kv_layout = " << static_cast<int>(layout) << ", expected NHD or HND";
-  for (int d = 0; d < 3; ++d) check_size(v, "v", d, k.shape[d]);
+  for (int d = 0; d < 2; ++d) check_size(v, "v", d, k.shape[d]);
   TESSERA_CHECK_ARG(k.shape[layout == Layout::kNHD ? 0 : 1] <= INT32_MAX) << "k: kv_len exceeds 2^31 - 1";
 }
 
@@ -194,13 +218,32 @@ void check_kv_storage(const TensorView& k, const char* k_name, int64_t head_dim,
   check_kv_scales(options.kv_scales, "options.kv_scales", k.dtype, num_kv_heads, k.device);
 }
 
+/// Split head dims (q/k wider than v/o) run 16-bit K/V and the default variant only: the built-in
+/// operand transforms (RoPE) rotate a whole head dim, which for these models' keys (a rotary part
+/// beside a plain one) is not the model's rotation, and no tile dequantizes fp8 rows of two widths.
+void check_split_head_dims_options(PrefillHeadDims dims, const TensorView& k, const char* k_name,
+                                   const ResolvedVariant& variant) {
+  if (!dims.split()) return;
+  TESSERA_CHECK(!is_fp8(k.dtype), StatusCode::kUnsupported)
+      << k_name << ".dtype = " << dtype_name(k.dtype) << ": head_dim_qk " << dims.qk << " != head_dim_vo " << dims.vo
+      << " takes f16 or bf16 K/V only";
+  TESSERA_CHECK(variant.is_default, StatusCode::kUnsupported)
+      << "options.variant is set: head_dim_qk " << dims.qk << " != head_dim_vo " << dims.vo
+      << " runs the default variant only (causal masking and sm_scale)";
+}
+
 }  // namespace
 
 namespace detail {
 
 namespace {
+/// "192 (v: 128)" for split head dims, "128" otherwise.
+std::string head_dims_text(PrefillHeadDims head_dims) {
+  return head_dims.split() ? str_cat(head_dims.qk, " (v: ", head_dims.vo, ")") : str_cat(head_dims.qk);
+}
+
 /// TESSERA_PREFILL_QTILE, when set: the configuration it names (read once per process).
-bool q_tile_override(int head_dim, QTile& out, KVStorage kv) {
+bool q_tile_override(PrefillHeadDims head_dim, QTile& out, KVStorage kv) {
   static const char* override_text = std::getenv("TESSERA_PREFILL_QTILE");
   if (override_text == nullptr || *override_text == '\0') return false;
   const std::string v = override_text;
@@ -208,7 +251,7 @@ bool q_tile_override(int head_dim, QTile& out, KVStorage kv) {
   for (QTile q : kTiles) {
     if (v != q_tile_name(q)) continue;
     TESSERA_CHECK_ARG(has_prefill_config(head_dim, q, kv) && (q != QTile::k128Wgmma || current_device_has_wgmma()))
-        << "TESSERA_PREFILL_QTILE = " << v << ": head_dim " << head_dim << " has no such tile"
+        << "TESSERA_PREFILL_QTILE = " << v << ": head_dim " << head_dims_text(head_dim) << " has no such tile"
         << (kv != KVStorage::kSame ? " for fp8 K/V" : "") << (q == QTile::k128Wgmma ? " on this device" : "")
         << " (src/config/attention_configs.txt)";
     out = q;
@@ -229,23 +272,24 @@ const char* q_tile_name(QTile q_tile) {
   return "?";
 }
 
-void fail_unsupported_head_dim(const char* family, int head_dim, const char* supported) {
-  TESSERA_FAIL(StatusCode::kUnsupported) << family << ": head_dim = " << head_dim << " is not supported (supported: "
-                                         << supported << ")";
+void fail_unsupported_head_dim(const char* family, PrefillHeadDims head_dim, const char* supported) {
+  TESSERA_FAIL(StatusCode::kUnsupported) << family << ": head_dim = " << head_dims_text(head_dim)
+                                         << " is not supported (supported: " << supported << ")";
 }
 
-void fail_no_prefill_config(int head_dim, QTile q_tile, const char* kv_type) {
-  TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim << ", query tile "
+void fail_no_prefill_config(PrefillHeadDims head_dim, QTile q_tile, const char* kv_type) {
+  TESSERA_FAIL(StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dims_text(head_dim)
+                                      << ", query tile "
                                       << q_tile_name(q_tile) << (kv_type != nullptr ? " with K/V of type " : "")
                                       << (kv_type != nullptr ? kv_type : "") << " (src/config/attention_configs.txt)";
 }
 
-void fail_unsupported_format(const char* family, int head_dim, KVFormatKind format) {
-  TESSERA_FAIL(StatusCode::kUnsupported) << family << " (head_dim " << head_dim << "): KV format "
+void fail_unsupported_format(const char* family, PrefillHeadDims head_dim, KVFormatKind format) {
+  TESSERA_FAIL(StatusCode::kUnsupported) << family << " (head_dim " << head_dims_text(head_dim) << "): KV format "
                                          << static_cast<int>(format) << " is not built for this head dim";
 }
 
-QTile choose_q_tile(int head_dim, double avg_packed_rows, KVStorage kv) {
+QTile choose_q_tile(PrefillHeadDims head_dim, double avg_packed_rows, KVStorage kv) {
   QTile forced;
   if (q_tile_override(head_dim, forced, kv)) return forced;
   if (avg_packed_rows <= 16.0) return QTile::k16;
@@ -253,7 +297,7 @@ QTile choose_q_tile(int head_dim, double avg_packed_rows, KVStorage kv) {
   return q_tile_128(head_dim, kv);
 }
 
-QTile q_tile_128(int head_dim, KVStorage kv) {
+QTile q_tile_128(PrefillHeadDims head_dim, KVStorage kv) {
   // TESSERA_PREFILL_WGMMA=0 keeps the mma.sync tile on sm_90 (tests cover the configuration sm_80
   // devices run; benchmarks compare the two). Read once per process.
   static const bool wgmma_allowed = env_choice("TESSERA_PREFILL_WGMMA", {"1", "0"}) == "1";
@@ -264,7 +308,7 @@ QTile q_tile_128(int head_dim, KVStorage kv) {
   return has_prefill_config(head_dim, QTile::k128, kv) ? QTile::k128 : QTile::k64;
 }
 
-QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
+QTile choose_q_tile_for_grid(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
                              KVStorage kv) {
   QTile forced;
   if (q_tile_override(head_dim, forced, kv)) return forced;
@@ -280,23 +324,24 @@ QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs
 
 template <typename T, typename KVT>
 void launch_prefill(const AttentionParams<T, KVT>& p, const ResolvedVariant& variant, KVFormatKind format,
-                    int head_dim, int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
+                    PrefillHeadDims head_dims, int64_t max_qo_len, double avg_qo_len, cudaStream_t stream) {
   const int64_t q_tiles_at_16 = (max_qo_len * p.group_size + 15) / 16;
-  with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
-    const QTile q_tile = choose_q_tile_for_grid(head_dim, avg_qo_len * p.group_size,
+  with_prefill_head_dim(head_dims, [&](auto head_dims_tag) {
+    const QTile q_tile = choose_q_tile_for_grid(head_dims, avg_qo_len * p.group_size,
                                                 q_tiles_at_16 * p.batch_size * p.num_kv_heads,
                                                 current_device_sm_count(), kv_storage_of<KVT, T>());
-    constexpr int kHeadDim = decltype(head_dim_tag)::value;
-    if constexpr (has_prefill_kv_storage(kHeadDim, kv_storage_of<KVT, T>())) {
-      launch_prefill_head_dim<T, KVT, kHeadDim>(p, variant, format, q_tile, max_qo_len, stream);
+    constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
+    if constexpr (has_prefill_kv_storage(PrefillHeadDims(kHeadDim, kHeadDimVo), kv_storage_of<KVT, T>())) {
+      launch_prefill_head_dim<T, KVT, kHeadDim, kHeadDimVo>(p, variant, format, q_tile, max_qo_len, stream);
     } else {
-      fail_no_prefill_config(kHeadDim, q_tile, cuda_type_name<KVT>());  // the entry points check first
+      fail_no_prefill_config(head_dims, q_tile, cuda_type_name<KVT>());  // the entry points check first
     }
   });
 }
 
 #define TESSERA_INSTANTIATE_LAUNCH_PREFILL(T, KVT)                                                                  \
-  template void launch_prefill<T, KVT>(const AttentionParams<T, KVT>&, const ResolvedVariant&, KVFormatKind, int, \
+  template void launch_prefill<T, KVT>(const AttentionParams<T, KVT>&, const ResolvedVariant&, KVFormatKind, \
+                                       PrefillHeadDims, \
                                        int64_t, double, cudaStream_t);
 TESSERA_INSTANTIATE_LAUNCH_PREFILL(__half, __half)
 TESSERA_INSTANTIATE_LAUNCH_PREFILL(__nv_bfloat16, __nv_bfloat16)
@@ -315,6 +360,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   check_dense_kv(q, k, v, kv_layout);
   const HeadConfig heads = check_heads(q.shape[0], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[1]);
   check_size(k, "k", 2, heads.head_dim);
+  check_size(v, "v", 2, heads.head_dim);
   check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   check_operand(o, "o", 2);
   check_dtype(o, "o", {q.dtype});
@@ -343,6 +389,7 @@ void batch_decode_paged(const TensorView& q, const PagedKV& kv, const TensorView
   check_paged_kv(q, kv, q.shape[0]);
   const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
   check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
+  check_size(kv.v, "paged_kv.v", 3, heads.head_dim);
   check_kv_storage(kv.k, "paged_kv.k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, q.shape[0], false);
@@ -365,6 +412,7 @@ void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorV
   validate_indptr(kv_indptr, "kv_indptr", k.shape[0]);
   const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
   check_size(k, "k", 2, heads.head_dim);
+  check_size(v, "v", 2, heads.head_dim);
   check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, q.shape[0], false);
@@ -382,19 +430,22 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
                     const TensorView& o, const TensorView& lse, const AttentionOptions& options, StreamHandle stream) {
   check_operand(q, "q", 3);
   check_dense_kv(q, k, v, kv_layout);
-  const HeadConfig heads = check_heads(q.shape[1], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[2]);
-  check_size(k, "k", 2, heads.head_dim);
-  check_outputs(q, o, lse, q.shape[0]);
+  check_size(k, "k", 2, q.shape[2]);
+  const PrefillHeadDims dims = check_prefill_heads(q.shape[1], k.shape[kv_layout == Layout::kNHD ? 1 : 0],
+                                                   q.shape[2], v.shape[2], "v");
+  const HeadConfig heads{q.shape[1], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[2]};
+  check_outputs(q, o, lse, q.shape[0], dims.vo);
   TESSERA_CHECK_ARG(q.shape[0] <= INT32_MAX) << "q.shape[0] = " << q.shape[0] << " exceeds 2^31 - 1";
   check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   const ResolvedVariant variant = call_variant(options, q, heads, 1, false);
+  check_split_head_dims_options(dims, k, "k", variant);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     TESSERA_DISPATCH_KV_DTYPE(k.dtype, T, "k", KVT, [&] {
       AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
       dense_kv_params(p, k, v, kv_layout);
       p.qo_len_single = static_cast<int32_t>(q.shape[0]);
-      detail::launch_prefill(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), q.shape[0],
-                             static_cast<double>(q.shape[0]), stream);
+      detail::launch_prefill(p, variant, KVFormatKind::kRagged, dims, q.shape[0], static_cast<double>(q.shape[0]),
+                             stream);
     });
   });
 }
@@ -410,19 +461,20 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
   const double avg_qo_len = check_qo_indptr(q, qo_indptr, batch, max_qo_len);
   check_index_array(kv_indptr, "kv_indptr", q, batch + 1);
   validate_indptr(kv_indptr, "kv_indptr", k.shape[0]);
-  const HeadConfig heads = check_heads(q.shape[1], k.shape[1], q.shape[2]);
-  check_size(k, "k", 2, heads.head_dim);
+  check_size(k, "k", 2, q.shape[2]);
+  const PrefillHeadDims dims = check_prefill_heads(q.shape[1], k.shape[1], q.shape[2], v.shape[2], "v");
+  const HeadConfig heads{q.shape[1], k.shape[1], q.shape[2]};
   check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
-  check_outputs(q, o, lse, q.shape[0]);
+  check_outputs(q, o, lse, q.shape[0], dims.vo);
   const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
+  check_split_head_dims_options(dims, k, "k", variant);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     TESSERA_DISPATCH_KV_DTYPE(k.dtype, T, "k", KVT, [&] {
       AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
       ragged_kv_params(p, k, v, kv_indptr);
       p.qo_indptr = qo_indptr.data_as<const int32_t>();
       check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillRaggedQoIndptr, stream);
-      detail::launch_prefill(p, variant, KVFormatKind::kRagged, static_cast<int>(heads.head_dim), max_qo_len,
-                             avg_qo_len, stream);
+      detail::launch_prefill(p, variant, KVFormatKind::kRagged, dims, max_qo_len, avg_qo_len, stream);
     });
   });
 }
@@ -436,19 +488,20 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
   TESSERA_CHECK_ARG(batch >= 0) << "qo_indptr must be 1-D with batch_size + 1 entries, got " << qo_indptr.describe();
   check_paged_kv(q, kv, batch);
   const double avg_qo_len = check_qo_indptr(q, qo_indptr, batch, max_qo_len);
-  const HeadConfig heads = check_heads(q.shape[1], kv.num_kv_heads(), q.shape[2]);
-  check_size(kv.k, "paged_kv.k", 3, heads.head_dim);
+  check_size(kv.k, "paged_kv.k", 3, q.shape[2]);
+  const PrefillHeadDims dims = check_prefill_heads(q.shape[1], kv.num_kv_heads(), q.shape[2], kv.head_dim_vo(), "paged_kv.v");
+  const HeadConfig heads{q.shape[1], kv.num_kv_heads(), q.shape[2]};
   check_kv_storage(kv.k, "paged_kv.k", heads.head_dim, heads.num_kv_heads, options);
-  check_outputs(q, o, lse, q.shape[0]);
+  check_outputs(q, o, lse, q.shape[0], dims.vo);
   const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
+  check_split_head_dims_options(dims, kv.k, "paged_kv.k", variant);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     TESSERA_DISPATCH_KV_DTYPE(kv.k.dtype, T, "paged_kv.k", KVT, [&] {
       AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, options);
       paged_kv_params(p, kv);
       p.qo_indptr = qo_indptr.data_as<const int32_t>();
       check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillPagedQoIndptr, stream);
-      detail::launch_prefill(p, variant, KVFormatKind::kPaged, static_cast<int>(heads.head_dim), max_qo_len,
-                             avg_qo_len, stream);
+      detail::launch_prefill(p, variant, KVFormatKind::kPaged, dims, max_qo_len, avg_qo_len, stream);
     });
   });
 }
@@ -471,6 +524,7 @@ void block_sparse_attention(const TensorView& q, const BlockSparse& kv, const Te
       << "block_sparse: " << kv.num_row_blocks() << " block rows, expected <= 65535";
   const HeadConfig heads = check_heads(q.shape[1], kv.k.shape[1], q.shape[2]);
   check_size(kv.k, "block_sparse.k", 2, heads.head_dim);
+  check_size(kv.v, "block_sparse.v", 2, heads.head_dim);
   check_kv_storage(kv.k, "block_sparse.k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0]);
   const ResolvedVariant variant = call_variant(options, q, heads, kv.num_row_blocks(), true);

@@ -8,6 +8,7 @@
 
 #include "kernels/attention/params.cuh"
 #include "src/check.h"
+#include "src/config/config_types.h"
 #include "src/kv_scales.h"
 #include "tessera/attention.h"
 #include "tessera/validate.h"
@@ -30,8 +31,16 @@ void check_index_array(const TensorView& t, const char* name, const TensorView& 
 
 /// o like q ([rows, Hq, D], same dtype); lse f32 [rows, Hq] when given.
 void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows);
+/// ... with o's head dim `head_dim_vo` (V's, when it differs from q's).
+void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows, int64_t head_dim_vo);
 
 HeadConfig check_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim);
+
+/// The heads of a prefill call whose q and k rows have head_dim_qk elements and whose v rows
+/// (`v_name`) have head_dim_vo: check_heads when they agree, else a pair of
+/// kSupportedPrefillSplitHeadDims (kUnsupported naming v's last dim otherwise).
+PrefillHeadDims check_prefill_heads(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim_qk,
+                                    int64_t head_dim_vo, const char* v_name);
 
 /// options.sm_scale, or 1/sqrt(head_dim) when it is negative; checked finite and nonzero (the
 /// kernels take the row max before scaling, so the scale must be > 0).

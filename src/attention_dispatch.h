@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention/params.cuh"
+#include "src/config/config_types.h"
 #include "src/variant/variant_config.h"
 
 namespace tessera {
@@ -21,10 +22,11 @@ void launch_decode_cuda_cores(const kernels::AttentionParams<T, KVT>& p, kernels
 /// Launches the FA2-class prefill kernel (kernels/attention/prefill.cuh) over any format, the
 /// prebuilt default variant or a JIT-compiled one. max_qo_len bounds every request's query length
 /// (BSR: Br); avg_qo_len drives the tile choice. KVT: T, or fp8 (e4m3, e5m2) for head dims whose
-/// table rows build it (has_prefill_kv_storage; others are an error).
+/// table rows build it (has_prefill_kv_storage; others are an error). head_dims: of q/k and v/o
+/// (an int converts to equal ones).
 template <typename T, typename KVT>
 void launch_prefill(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
-                    kernels::KVFormatKind format, int head_dim, int64_t max_qo_len, double avg_qo_len,
+                    kernels::KVFormatKind format, PrefillHeadDims head_dims, int64_t max_qo_len, double avg_qo_len,
                     cudaStream_t stream);
 
 }  // namespace detail

@@ -25,12 +25,12 @@ namespace detail {
 /// 128 is then the mma.sync tile on any device; a value without a configuration for the head dim
 /// or the device is an error, not a fallback).
 /// fp8 KV (kv not kSame) takes the configurations the table builds for it.
-QTile choose_q_tile(int head_dim, double avg_packed_rows, KVStorage kv = KVStorage::kSame);
+QTile choose_q_tile(PrefillHeadDims head_dim, double avg_packed_rows, KVStorage kv = KVStorage::kSame);
 
 /// The 128-row configuration for head_dim on the current device: k128Wgmma where the table has it
 /// and the device runs it (unless TESSERA_PREFILL_WGMMA=0), else k128 where the table has it, else
 /// k64 (each for KV stored as `kv`).
-QTile q_tile_128(int head_dim, KVStorage kv = KVStorage::kSame);
+QTile q_tile_128(PrefillHeadDims head_dim, KVStorage kv = KVStorage::kSame);
 
 /// The choice for a grid: choose_q_tile, then the wide 16-row tile (k16Wide: 8 warps split a
 /// 128-row KV tile) when the batch's 16-row (tile, KV head) pairs, `pairs_at_16_rows`, are fewer
@@ -42,13 +42,14 @@ QTile q_tile_128(int head_dim, KVStorage kv = KVStorage::kSame);
 /// ones (W1 B=16 and B=1, bench/results/LOG.md; at B=64 it was slower). fp8 K/V takes the wide
 /// tile at any grid size (its per-tile chain moves half the bytes). Only where the table has
 /// k16Wide (not head_dim 256: three 128-row K/V stages exceed shared memory).
-QTile choose_q_tile_for_grid(int head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
+QTile choose_q_tile_for_grid(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
                              KVStorage kv = KVStorage::kSame);
 
 /// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per
-/// head dim, dtype and KV storage in the generated <build>/src/config/prefill_d*_*.cu, so builds
-/// run them in parallel). T: q's, o's and the MMAs' type; KVT: K/V's (T or fp8).
-template <typename T, typename KVT, int HEAD_DIM>
+/// head dims, dtype and KV storage in the generated <build>/src/config/prefill_d*_*.cu, so builds
+/// run them in parallel). T: q's, o's and the MMAs' type; KVT: K/V's (T or fp8); HEAD_DIM: of q
+/// and k, HEAD_DIM_VO: of v and o.
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
 void launch_prefill_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream);
 
@@ -63,13 +64,13 @@ struct PersistentLaunch {
 
 /// Launches the persistent kernel (and contraction) of one configuration (prefill_launch.cuh).
 /// The variant's kernel is JIT-compiled unless it is the default one.
-template <typename T, typename KVT, int HEAD_DIM>
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
 void launch_persistent_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
                                 kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
                                 cudaStream_t stream);
 
 /// How many CTAs of that persistent kernel one SM of the current device holds.
-template <typename T, typename KVT, int HEAD_DIM>
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
 int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile);
 
 }  // namespace detail

@@ -25,19 +25,19 @@ constexpr const char* format_enumerator() {
 
 template <typename Traits, kernels::KVFormatKind kFormat>
 std::string prefill_template_args() {
-  // The text names these ten parameters only: a PrefillTraits parameter added later must be
+  // The text names these eleven parameters only: a PrefillTraits parameter added later must be
   // added here too, or the JIT would compile a different configuration than the host launches.
   static_assert(std::is_same<Traits, kernels::PrefillTraits<typename Traits::DType, Traits::HEAD_DIM, Traits::CTA_TILE_Q,
                                                             Traits::CTA_TILE_KV, Traits::NUM_WARPS_Q, Traits::NUM_WARPS_KV,
                                                             Traits::kStages, Traits::kMinCtasPerSm, Traits::kMma,
-                                                            typename Traits::KVStorage>>::value,
+                                                            typename Traits::KVStorage, Traits::HEAD_DIM_VO>>::value,
                 "prefill_template_args must spell every PrefillTraits parameter");
   const char* format = format_enumerator<kFormat>();
   return str_cat("tessera::kernels::PrefillTraits<", cuda_type_name<typename Traits::DType>(), ", ", Traits::HEAD_DIM,
                  ", ", Traits::CTA_TILE_Q, ", ", Traits::CTA_TILE_KV, ", ", Traits::NUM_WARPS_Q, ", ",
                  Traits::NUM_WARPS_KV, ", ", Traits::kStages, ", ", Traits::kMinCtasPerSm, ", tessera::kernels::MmaKind::",
-                 Traits::kWgmma ? "kWgmma" : "kSync", ", ", cuda_type_name<typename Traits::KVStorage>(),
-                 ">, tessera::kernels::KVFormatKind::", format);
+                 Traits::kWgmma ? "kWgmma" : "kSync", ", ", cuda_type_name<typename Traits::KVStorage>(), ", ",
+                 Traits::HEAD_DIM_VO, ">, tessera::kernels::KVFormatKind::", format);
 }
 
 /// The JIT request of the prefill kernel template with one tile scheduler for a non-default
@@ -55,7 +55,8 @@ VariantKernelRequest prefill_variant_request(const char* scheduler, const char* 
   r.args_after = str_cat(scheduler, ", ", params_type_name<T, KVT>());
   r.dynamic_smem_bytes = smem_bytes;
   // e.g. "prefill D128 Q128 KV64 kRagged __nv_bfloat16" (a 16-row tile is the decode shape)
-  r.description = str_cat(what, " D", Traits::HEAD_DIM, " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
+  r.description = str_cat(what, " D", Traits::HEAD_DIM,
+                          Traits::kSplitHeadDims ? str_cat("x", Traits::HEAD_DIM_VO) : std::string(), " Q", Traits::CTA_TILE_Q, " KV", Traits::CTA_TILE_KV,
                           Traits::kWgmma ? " wgmma " : " ", format_enumerator<kFormat>(), " ",
                           cuda_type_name<typename Traits::DType>(),
                           Traits::kDequantizeKV ? str_cat(" KV ", cuda_type_name<KVT>()) : std::string());
@@ -128,7 +129,6 @@ void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int6
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 void launch_persistent_config(const Params& p, const ResolvedVariant& variant, const PersistentLaunch& launch,
                               cudaStream_t stream) {
-  constexpr int HEAD_DIM = Traits::HEAD_DIM;
   TESSERA_CHECK(launch.work.heads_per_cta >= 1 && p.num_kv_heads % launch.work.heads_per_cta == 0 &&
                     (Traits::kWarpSpecialized || launch.work.heads_per_cta == 1),
                 StatusCode::kInternal)
@@ -165,17 +165,18 @@ void launch_persistent_config(const Params& p, const ResolvedVariant& variant, c
     config.attrs = &dependent;
     config.numAttrs = current_device_has_dependent_launch() ? 1 : 0;
     TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<Params, kFormat>,
-                                          p, launch.work, static_cast<int>(Traits::CTA_TILE_Q), HEAD_DIM))
+                                          p, launch.work, static_cast<int>(Traits::CTA_TILE_Q),
+                                          static_cast<int>(Traits::HEAD_DIM_VO)))
         << " (contraction of the plan/run runtime)";
   }
 }
 
 /// Calls f(ConfigTag<Traits>{}, FormatTag<format>{}) with the traits of the table's configuration
-/// of (T, HEAD_DIM, q_tile) for K/V stored as KVT, and `format`; a configuration, KV storage or
-/// format the table lacks is an error.
-template <typename T, typename KVT, int HEAD_DIM, typename F>
+/// of (T, HEAD_DIM, HEAD_DIM_VO, q_tile) for K/V stored as KVT, and `format`; a configuration, KV
+/// storage or format the table lacks is an error.
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO, typename F>
 void with_prefill_config(QTile q_tile, kernels::KVFormatKind format, F&& f) {
-  PrefillTiles<T, HEAD_DIM>::with_q_tile(q_tile, [&](auto config_tag) {
+  PrefillTiles<T, HEAD_DIM, HEAD_DIM_VO>::with_q_tile(q_tile, [&](auto config_tag) {
     using Config = typename decltype(config_tag)::type;
     if constexpr ((Config::kKVStorages & kv_storage_bit(kv_storage_of<KVT, T>())) != 0) {
       using Traits = typename Config::template TraitsFor<KVT>;
@@ -185,25 +186,25 @@ void with_prefill_config(QTile q_tile, kernels::KVFormatKind format, F&& f) {
       }
       with_config_format<Config>(format, "prefill", [&](auto format_tag) { f(ConfigTag<Traits>{}, format_tag); });
     } else {
-      fail_no_prefill_config(HEAD_DIM, q_tile, cuda_type_name<KVT>());
+      fail_no_prefill_config(PrefillHeadDims(HEAD_DIM, HEAD_DIM_VO), q_tile, cuda_type_name<KVT>());
     }
   });
 }
 
-template <typename T, typename KVT, int HEAD_DIM>
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO>
 void launch_persistent_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
                                 kernels::KVFormatKind format, QTile q_tile, const PersistentLaunch& launch,
                                 cudaStream_t stream) {
-  with_prefill_config<T, KVT, HEAD_DIM>(q_tile, format, [&](auto traits_tag, auto format_tag) {
+  with_prefill_config<T, KVT, HEAD_DIM, HEAD_DIM_VO>(q_tile, format, [&](auto traits_tag, auto format_tag) {
     using Traits = typename decltype(traits_tag)::type;
     launch_persistent_config<Traits, decltype(format_tag)::value>(p, variant, launch, stream);
   });
 }
 
-template <typename T, typename KVT, int HEAD_DIM>
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO>
 int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   int ctas = 0;
-  with_prefill_config<T, KVT, HEAD_DIM>(q_tile, format, [&](auto traits_tag, auto format_tag) {
+  with_prefill_config<T, KVT, HEAD_DIM, HEAD_DIM_VO>(q_tile, format, [&](auto traits_tag, auto format_tag) {
     using Traits = typename decltype(traits_tag)::type;
     auto kernel = kernels::attention_prefill_kernel<Traits, decltype(format_tag)::value, kernels::DefaultVariant,
                                                     kernels::PlannedScheduler, kernels::AttentionParams<T, KVT>>;
@@ -217,10 +218,10 @@ int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile) {
   return ctas;
 }
 
-template <typename T, typename KVT, int HEAD_DIM>
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO>
 void launch_prefill_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant,
                              kernels::KVFormatKind format, QTile q_tile, int64_t max_qo_len, cudaStream_t stream) {
-  with_prefill_config<T, KVT, HEAD_DIM>(q_tile, format, [&](auto traits_tag, auto format_tag) {
+  with_prefill_config<T, KVT, HEAD_DIM, HEAD_DIM_VO>(q_tile, format, [&](auto traits_tag, auto format_tag) {
     using Traits = typename decltype(traits_tag)::type;
     launch_prefill_config<Traits, decltype(format_tag)::value>(p, variant, max_qo_len, stream);
   });

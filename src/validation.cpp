@@ -122,7 +122,7 @@ void check_extent_positive(int64_t value, const std::string& label, const std::s
       << label << " = " << value << " (" << source << "), expected >= 1";
 }
 
-// K and V of one format: same dtype, shape and device; both with a contiguous last dim.
+// K and V of one format: same dtype, device and shape but for the head dim; both with a contiguous last dim.
 void check_kv_pair(const TensorView& k, const std::string& k_name, const TensorView& v,
                    const std::string& v_name, int ndim, const char* shape_meaning) {
   check_present(k, k_name);
@@ -133,10 +133,13 @@ void check_kv_pair(const TensorView& k, const std::string& k_name, const TensorV
   check_ndim_is(v, v_name, ndim, shape_meaning);
   TESSERA_CHECK_ARG(v.dtype == k.dtype) << v_name << ".dtype = " << v.dtype << ", expected "
                                         << k.dtype << " (the dtype of " << k_name << ")";
-  for (int d = 0; d < ndim; ++d) {
+  // The last dim may differ: prefill takes V rows narrower than K rows (head_dim_vo); the entry
+  // points check it against the head dims they run.
+  for (int d = 0; d + 1 < ndim; ++d) {
     check_size_is(v, v_name, d, k.shape[d],
-                  str_cat(" (", k_name, ".shape[", d, "]; K and V must have the same shape)"));
+                  str_cat(" (", k_name, ".shape[", d, "]; K and V must have the same shape but for the head dim)"));
   }
+  check_extent_positive(v.shape[ndim - 1], v_name + ".head_dim", str_cat(v_name, ".shape[", ndim - 1, "]"));
   check_device_matches(k, k_name, v, v_name);
   check_last_dim_unit_stride(v, v_name);
 }

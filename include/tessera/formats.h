@@ -46,7 +46,9 @@ struct Ragged {
 /// K and V may be separate tensors or two slices of one combined tensor (see from_combined).
 struct TESSERA_API PagedKV {
   TensorView k;              ///< NHD [num_pages, page_size, H_kv, D] or HND [num_pages, H_kv, page_size, D]
-  TensorView v;              ///< same shape and dtype as k; strides may differ; last dim contiguous
+  TensorView v;              ///< same dtype and shape as k but for the head dim, which is k's except in
+                             ///< prefill with split head dims (head_dim_vo, tessera/head_dims.h); strides
+                             ///< may differ; last dim contiguous
   Layout layout = Layout::kNHD;
   TensorView indptr;         ///< i32 [batch_size + 1], page ranges per request
   TensorView indices;        ///< i32 [>= indptr[B]], page ids in [0, num_pages)
@@ -62,6 +64,8 @@ struct TESSERA_API PagedKV {
   int64_t page_size() const { return k.ndim == 4 ? k.shape[layout == Layout::kNHD ? 1 : 2] : -1; }
   int64_t num_kv_heads() const { return k.ndim == 4 ? k.shape[layout == Layout::kNHD ? 2 : 1] : -1; }
   int64_t head_dim() const { return k.ndim == 4 ? k.shape[3] : -1; }
+  /// V's head dim (head_dim() except in prefill with split head dims).
+  int64_t head_dim_vo() const { return v.ndim == 4 ? v.shape[3] : -1; }
   /// Element strides of the (page, slot, head) axes of k (resp. v), independent of the layout.
   int64_t k_page_stride() const { return k.strides[0]; }
   int64_t k_slot_stride() const { return k.strides[layout == Layout::kNHD ? 1 : 2]; }

@@ -39,6 +39,7 @@ struct DecodeTraits {
   using KVStorage = KVT_;
   static constexpr bool kFp8KV = IsFp8<KVT_>::value;
   static constexpr int HEAD_DIM = HEAD_DIM_;
+  static constexpr int HEAD_DIM_VO = HEAD_DIM_;  // k and v rows alike (the configuration table's switches read both)
   static constexpr int kVecElems = vec_elems<T>();               // elements per 16-byte vector of T
   static constexpr int kVecsPerRow = HEAD_DIM / kVecElems;       // 16-byte vectors of a row's data
   // A thread's share of a stored K/V row: its kVecElems elements, 16 bytes (T) or 8 (fp8).

@@ -19,9 +19,28 @@ enum class QTile { k16, k16Wide, k64, k128, k128Wgmma };
 /// "16", "16w", "64", "128", "128wg": the names TESSERA_PREFILL_QTILE and error messages use.
 const char* q_tile_name(QTile q_tile);
 
-/// The prefill tile (PrefillTraits) of element type T, head dim HEAD_DIM and query tile Q, with
-/// the KV formats it is built for (kFormats); specialised by the generated table only.
-template <typename T, int HEAD_DIM, QTile Q>
+/// The head dims of a prefill configuration: of Q and K (`qk`, Q K^T's reduction) and of V and O
+/// (`vo`). From one int: both equal, as for every head dim but the split ones of the table
+/// ("192x128": non-absorbed MLA prefill).
+struct PrefillHeadDims {
+  int qk;
+  int vo;
+  constexpr PrefillHeadDims(int head_dim) : qk(head_dim), vo(head_dim) {}  // NOLINT: implicit on purpose
+  constexpr PrefillHeadDims(int head_dim_qk, int head_dim_vo) : qk(head_dim_qk), vo(head_dim_vo) {}
+  constexpr bool split() const { return qk != vo; }
+};
+
+/// A prefill configuration's head dims as types, for the generated switches' callbacks.
+template <int QK, int VO>
+struct PrefillHeadDimsTag {
+  static constexpr int kQk = QK;
+  static constexpr int kVo = VO;
+};
+
+/// The prefill tile (PrefillTraits) of element type T, head dims HEAD_DIM (Q, K) and HEAD_DIM_VO
+/// (V, O) and query tile Q, with the KV formats it is built for (kFormats); specialised by the
+/// generated table only.
+template <typename T, int HEAD_DIM, QTile Q, int HEAD_DIM_VO = HEAD_DIM>
 struct PrefillConfig;
 
 /// The CUDA-core decode kernel's traits (DecodeTraits) and formats; specialised by the table only.
@@ -52,10 +71,10 @@ constexpr KVStorage kv_storage_of() {
                                                    : KVStorage::kSame;
 }
 
-[[noreturn]] void fail_unsupported_head_dim(const char* family, int head_dim, const char* supported);
+[[noreturn]] void fail_unsupported_head_dim(const char* family, PrefillHeadDims head_dim, const char* supported);
 /// kv_type: K/V's element type name when they are not stored as the operands' (fp8), else nullptr.
-[[noreturn]] void fail_no_prefill_config(int head_dim, QTile q_tile, const char* kv_type = nullptr);
-[[noreturn]] void fail_unsupported_format(const char* family, int head_dim, kernels::KVFormatKind format);
+[[noreturn]] void fail_no_prefill_config(PrefillHeadDims head_dims, QTile q_tile, const char* kv_type = nullptr);
+[[noreturn]] void fail_unsupported_format(const char* family, PrefillHeadDims head_dims, kernels::KVFormatKind format);
 
 template <kernels::KVFormatKind kFormat>
 using FormatTag = std::integral_constant<kernels::KVFormatKind, kFormat>;
@@ -64,7 +83,7 @@ using FormatTag = std::integral_constant<kernels::KVFormatKind, kFormat>;
 /// family and head dim.
 template <typename Config, typename F>
 void with_config_format(kernels::KVFormatKind format, const char* family, F&& f) {
-  constexpr int kHeadDim = Config::Traits::HEAD_DIM;
+  constexpr PrefillHeadDims kHeadDims{Config::Traits::HEAD_DIM, Config::Traits::HEAD_DIM_VO};
   switch (format) {
     case kernels::KVFormatKind::kRagged:
       if constexpr ((Config::kFormats & format_bit(kernels::KVFormatKind::kRagged)) != 0) {
@@ -82,7 +101,7 @@ void with_config_format(kernels::KVFormatKind format, const char* family, F&& f)
       }
       break;
   }
-  fail_unsupported_format(family, kHeadDim, format);
+  fail_unsupported_format(family, kHeadDims, format);
 }
 
 }  // namespace detail

@@ -126,12 +126,13 @@ int ctas_per_sm(DType dtype, DType kv_dtype, int head_dim, KVFormatKind format, 
   int result = 0;
   TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
     TESSERA_DISPATCH_KV_DTYPE(kv_dtype, T, "kv_dtype", KVT, [&] {
-      with_prefill_head_dim(head_dim, [&](auto head_dim_tag) {
-        constexpr int kHeadDim = decltype(head_dim_tag)::value;
-        if constexpr (has_prefill_kv_storage(kHeadDim, kv_storage_of<KVT, T>())) {
-          result = persistent_ctas_per_sm<T, KVT, kHeadDim>(format, t);
+      with_prefill_head_dim(head_dim, [&](auto head_dims_tag) {
+        constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
+        constexpr PrefillHeadDims kDims(kHeadDim, kHeadDimVo);
+        if constexpr (has_prefill_kv_storage(kDims, kv_storage_of<KVT, T>())) {
+          result = persistent_ctas_per_sm<T, KVT, kHeadDim, kHeadDimVo>(format, t);
         } else {
-          fail_no_prefill_config(kHeadDim, t, cuda_type_name<KVT>());  // plan() checks first
+          fail_no_prefill_config(kDims, t, cuda_type_name<KVT>());  // plan() checks first
         }
       });
     });
@@ -584,12 +585,13 @@ class AttentionRuntime {
                                   shape_.num_kv_heads * info_.q_tile_rows * (shape_.head_dim / 8);
     launch.contraction_blocks =
         merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
-    with_prefill_head_dim(static_cast<int>(shape_.head_dim), [&](auto head_dim_tag) {
-      constexpr int kHeadDim = decltype(head_dim_tag)::value;
-      if constexpr (has_prefill_kv_storage(kHeadDim, kv_storage_of<KVT, T>())) {
-        launch_persistent_head_dim<T, KVT, kHeadDim>(p, variant_, format_, q_tile_, launch, s);
+    with_prefill_head_dim(static_cast<int>(shape_.head_dim), [&](auto head_dims_tag) {
+      constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
+      constexpr PrefillHeadDims kDims(kHeadDim, kHeadDimVo);
+      if constexpr (has_prefill_kv_storage(kDims, kv_storage_of<KVT, T>())) {
+        launch_persistent_head_dim<T, KVT, kHeadDim, kHeadDimVo>(p, variant_, format_, q_tile_, launch, s);
       } else {
-        fail_no_prefill_config(kHeadDim, q_tile_, cuda_type_name<KVT>());  // plan() checks first
+        fail_no_prefill_config(kDims, q_tile_, cuda_type_name<KVT>());  // plan() checks first
       }
     });
   }
@@ -1042,6 +1044,7 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
   detail::check_dense_kv(q, k, v, Layout::kNHD);
   detail::check_plan_kv_dtype(rt, k, v);
   rt.check_run_kv_heads(k, "k", 1);
+  rt.check_run_kv_heads(v, "v", 1);
   TESSERA_CHECK_ARG(k.shape[0] >= rt.total_kv_units())
       << "k has " << k.shape[0] << " rows, expected >= kv_indptr[B] = " << rt.total_kv_units() << " of the plan";
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
@@ -1107,6 +1110,7 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   detail::check_dense_kv(q, k, v, Layout::kNHD);
   detail::check_plan_kv_dtype(rt, k, v);
   rt.check_run_kv_heads(k, "k", 1);
+  rt.check_run_kv_heads(v, "v", 1);
   check_size(k, "k", 0, rt.num_cols());
   detail::check_run_index_array(indices, "indices", q, rt.total_kv_units(), "indptr[last]");
   detail::RunIds ids;

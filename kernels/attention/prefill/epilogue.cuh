@@ -63,7 +63,7 @@ struct PrefillEpilogue {
     const int t = c.t;
     if (w.out.partial_o != nullptr) {
       const int row = packed - w.packed_begin;
-      float* dst = w.out.partial_o + row * Traits::HEAD_DIM + 2 * t;  // row of [CTA_TILE_Q][HEAD_DIM]
+      float* dst = w.out.partial_o + row * Traits::HEAD_DIM_VO + 2 * t;  // row of [CTA_TILE_Q][HEAD_DIM_VO]
 #pragma unroll
       for (int n = 0; n < kN8D; ++n) {
         *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
@@ -89,8 +89,9 @@ struct PrefillEpilogue {
                                             const PrefillSmem<Traits>& smem) const {
     constexpr int kRows = Traits::kWarpRowsQ;
     __syncthreads();
-    float* merge_o = smem.merge;                                          // [kNumWarps][kRows][HEAD_DIM]
-    float* merge_md = merge_o + Traits::kNumWarps * kRows * Traits::HEAD_DIM;  // [kNumWarps][kRows][2]
+    constexpr int D = Traits::HEAD_DIM_VO;
+    float* merge_o = smem.merge;                             // [kNumWarps][kRows][D]
+    float* merge_md = merge_o + Traits::kNumWarps * kRows * D;  // [kNumWarps][kRows][2]
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
@@ -98,7 +99,7 @@ struct PrefillEpilogue {
         const int row = mq * 16 + c.g + 8 * h;
 #pragma unroll
         for (int n = 0; n < kN8D; ++n) {
-          float* dst = merge_o + (c.warp * kRows + row) * Traits::HEAD_DIM + n * 8 + 2 * c.t;
+          float* dst = merge_o + (c.warp * kRows + row) * D + n * 8 + 2 * c.t;
           dst[0] = o[mq][n][2 * h];
           dst[1] = o[mq][n][2 * h + 1];
         }
@@ -109,15 +110,15 @@ struct PrefillEpilogue {
       }
     __syncthreads();
     // All threads now combine: thread -> (row, 8-element column group).
-    constexpr int kGroups = kRows * Traits::HEAD_DIM / 8;
+    constexpr int kGroups = kRows * D / 8;
     for (int i = threadIdx.x; i < kGroups; i += Traits::kComputeThreads) {
-      const int row = i / (Traits::HEAD_DIM / 8), c0 = (i % (Traits::HEAD_DIM / 8)) * 8;
+      const int row = i / (D / 8), c0 = (i % (D / 8)) * 8;
       PartialStateSum<8> sum;  // the warps' states, in warp order
 #pragma unroll
       for (int wp = 0; wp < Traits::kNumWarps; ++wp) sum.add_max(merge_md[(wp * kRows + row) * 2]);
 #pragma unroll
       for (int wp = 0; wp < Traits::kNumWarps; ++wp) {
-        const float* src = merge_o + (wp * kRows + row) * Traits::HEAD_DIM + c0;  // [8]
+        const float* src = merge_o + (wp * kRows + row) * D + c0;  // [8]
         sum.add(merge_md[(wp * kRows + row) * 2], merge_md[(wp * kRows + row) * 2 + 1], [&](int j) { return src[j]; });
       }
       const PackedRow r = unpack_row(p, w.kv_head, w.packed_begin + row);
@@ -125,7 +126,7 @@ struct PrefillEpilogue {
       const float inv = Softmax::kSoftmaxOn ? sum.inv_sum() : 1.f;
       const float lse = Softmax::kSoftmaxOn ? sum.lse() : NAN;
       if (w.out.partial_o != nullptr) {
-        float* dst = w.out.partial_o + row * Traits::HEAD_DIM + c0;  // [8] of [CTA_TILE_Q][HEAD_DIM]
+        float* dst = w.out.partial_o + row * D + c0;  // [8] of [CTA_TILE_Q][D]
         const float* acc = sum.acc;
         *reinterpret_cast<float4*>(dst) = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
         *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);

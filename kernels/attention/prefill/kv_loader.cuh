@@ -29,7 +29,7 @@ TESSERA_DEVICE PackedRow unpack_row(const Params& p, int kv_head, int packed) {
 }
 
 /// Where a tile's result goes: the final output (AttentionParams::o, with its lse) when `partial_o` is
-/// null, else an fp32 partial state of the tile's rows — normalised output [CTA_TILE_Q][HEAD_DIM]
+/// null, else an fp32 partial state of the tile's rows — normalised output [CTA_TILE_Q][HEAD_DIM_VO]
 /// at partial_o and base-2 LSE [CTA_TILE_Q] at partial_lse — for the merge.
 struct TileOutput {
   float* partial_o;
@@ -125,12 +125,24 @@ TESSERA_DEVICE void resolve_kv_rows(const Params& p, const RequestExtent& e, int
 /// free later than their K stages) only one of them.
 enum class KVPart : int { kBoth = 0, kK = 1, kV = 2 };
 
-/// Copies the K and V rows resolved in the row table into one stage (its K tile at k_smem; its V
-/// tile is kVFromK bytes further, as PrefillSmem lays them out); missing rows are zero-filled.
+/// Copies the K and V rows resolved in the row table into one stage: its K tile at k_smem, its V
+/// tile at v_smem. With equal head dims V lies kVFromK bytes after K in every stage (PrefillSmem),
+/// in the same layout, so a chunk's two copies share one destination offset; otherwise
+/// load_kv_tile_split_dims. Missing rows are zero-filled.
 template <typename Traits, KVPart kPart = KVPart::kBoth, typename T>
-TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
+TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem, T* v_smem);
+
+template <typename Traits, KVPart kPart, typename T>
+TESSERA_DEVICE void load_kv_tile_split_dims(const uint64_t* row_table, T* k_smem, T* v_smem);
+
+template <typename Traits, KVPart kPart, typename T>
+TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem, T* v_smem) {
   static_assert(!Traits::kDequantizeKV, "fp8 KV lands in the raw ring: load_kv_raw_tile");
-  constexpr uint32_t kVFromK = Traits::kTileStages * Traits::kKVTileBytes;
+  if constexpr (Traits::kSplitHeadDims) {
+    load_kv_tile_split_dims<Traits, kPart>(row_table, k_smem, v_smem);
+    return;
+  }
+  constexpr uint32_t kVFromK = Traits::kTileStages * Traits::kKTileBytes;
   using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
   // Threads span kLoaderRowChunks chunk columns; those past the row's data copy nothing.
   static_assert((Traits::CTA_TILE_KV * Traits::kLoaderRowChunks) % Traits::kLoaderThreads == 0, "whole passes");
@@ -173,6 +185,69 @@ TESSERA_DEVICE void load_kv_tile(const uint64_t* row_table, T* k_smem) {
         cp_async_16_tagged(dst, k_src, k_src);
       } else {
         cp_async_16_tagged(dst + kVFromK, k_src, v_src);
+      }
+    }
+  }
+}
+
+/// load_kv_tile for V rows narrower than K rows (Traits::kSplitHeadDims). Both rows are whole
+/// 8-chunk (128-byte) blocks, the swizzle's period in both layouts, so a thread keeps one chunk
+/// column c of every block and the rows row0 + k * kRowsPerPass (kRowsPerPass a multiple of 8:
+/// the swizzled chunk is the same in all of them): per row it loads the table entry once and
+/// copies K's kRowChunks / 8 chunks and V's kVRowChunks / 8, every thread the same number (a
+/// column per chunk of the longer row left the threads past V's columns idle for V and doubled
+/// the busiest threads' copies, 64 against 40 at 192 / 128).
+template <typename Traits, KVPart kPart, typename T>
+TESSERA_DEVICE void load_kv_tile_split_dims(const uint64_t* row_table, T* k_smem, T* v_smem) {
+  using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
+  constexpr int kBlockChunks = 8;
+  constexpr int kKBlocks = Traits::kRowChunks / kBlockChunks, kVBlocks = Traits::kVRowChunks / kBlockChunks;
+  constexpr int kRowsPerPass = Traits::kLoaderThreads / kBlockChunks;
+  constexpr int kRowsPerThread = Traits::CTA_TILE_KV / kRowsPerPass;
+  // Entries loaded ahead of their copies (the LDS -> LDGSTS hazard padding, load_kv_tile): 4 rows,
+  // 2 in the producer warpgroup, whose 56 registers spilled 56-60 bytes with 4 in the persistent
+  // kernel (20-24 with 2: bench/results/LOG.md).
+  constexpr int kBatch = kRowsPerThread < 2 ? kRowsPerThread : Traits::kWarpSpecialized || kRowsPerThread < 4 ? 2 : 4;
+  static_assert(Traits::kRowChunks % kBlockChunks == 0 && Traits::kVRowChunks % kBlockChunks == 0,
+                "K and V rows of whole 128-byte blocks");
+  static_assert(Traits::kLoaderThreads % kBlockChunks == 0 && kRowsPerPass % 8 == 0 &&
+                    Traits::CTA_TILE_KV % kRowsPerPass == 0 && kRowsPerThread % kBatch == 0,
+                "passes of whole swizzle periods over the tile; whole batches");
+  const int tid = loader_thread<Traits>();
+  const int chunk = tid % kBlockChunks, row0 = tid / kBlockChunks;
+  // Destinations are one base per tile plus immediates: a further pass adds whole rows, a further
+  // block 8 chunks of the row (mma.sync rows) or a block of all rows (wgmma column blocks). Left
+  // to chunk_offset per copy, the persistent kernel hoisted the 40 offsets out of its item loop and
+  // spilled them.
+  constexpr uint32_t kKRowStep = kRowsPerPass * KTile::kRowStrideChunks * 16;
+  constexpr uint32_t kVRowStep = kRowsPerPass * VTile::kRowStrideChunks * 16;
+  constexpr uint32_t kBlockStep = (Traits::kWgmma ? Traits::CTA_TILE_KV * kBlockChunks : kBlockChunks) * 16;
+  const uint32_t k_dst0 = smem_addr(k_smem) + KTile::chunk_offset(row0, chunk) * 16;
+  const uint32_t v_dst0 = smem_addr(v_smem) + VTile::chunk_offset(row0, chunk) * 16;
+#pragma unroll
+  for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
+    ulonglong2 entries[kBatch];  // [row of the batch]: {K entry (tagged), V entry}
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      entries[b] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + (j0 + b) * kRowsPerPass));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b;
+      const uint64_t k_src = entries[b].x + chunk * 16;  // keeps bit 0, the K entry's tag
+      if constexpr (kPart != KVPart::kV) {
+#pragma unroll
+        for (int blk = 0; blk < kKBlocks; ++blk) {
+          cp_async_16_tagged(k_dst0 + j * kKRowStep + blk * kBlockStep, k_src, k_src + blk * kBlockChunks * 16);
+        }
+      }
+      if constexpr (kPart != KVPart::kK) {
+#pragma unroll
+        for (int blk = 0; blk < kVBlocks; ++blk) {
+          cp_async_16_tagged(v_dst0 + j * kVRowStep + blk * kBlockStep, k_src,
+                             entries[b].y + (blk * kBlockChunks + chunk) * 16);
+        }
       }
     }
   }
@@ -357,7 +432,8 @@ struct PrefillWork {
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct KVTileSource {
   using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
-  static constexpr int kTileElems = Traits::kKVTileElems;  // a stage: stored rows (PrefillTraits)
+  static constexpr int kKTileElems = Traits::kKTileElems;  // a stage's K tile: stored rows (PrefillTraits)
+  static constexpr int kVTileElems = Traits::kVTileElems;  // ... and its V tile
   const Params& p;
   const RequestExtent& e;
   const int kv_head;
@@ -413,7 +489,7 @@ struct KVTileSource {
       const int raw_stage = Traits::kWarpSpecialized ? 0 : stage;
       load_kv_raw_tile<Traits, kPart>(row_table(tile), smem.raw_k + raw_stage * Traits::kRawTileBytes);
     } else {
-      load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kTileElems);
+      load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kKTileElems, smem.v + stage * kVTileElems);
     }
   }
   /// fp8 KV: dequantizes rows [first_row, first_row + ROWS) of raw stage `stage` into the T tiles
@@ -430,7 +506,8 @@ struct KVTileSource {
     static_assert(kPart != KVPart::kBoth, "K and V convert into their own stages");
     constexpr bool kK = kPart == KVPart::kK;
     convert_raw_chunks<Traits, typename Params::KVType, !kFoldScales>(kK ? smem.raw_k : smem.raw_v,
-                                                                      (kK ? smem.k : smem.v) + stage * kTileElems,
+                                                                      kK ? smem.k + stage * kKTileElems
+                                                                         : smem.v + stage * kVTileElems,
                                                                       kK ? k_scale : v_scale);
   }
   /// Factors the kernel applies outside the tiles: K's scale on the logits and V's on the output

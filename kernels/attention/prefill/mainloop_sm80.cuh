@@ -45,8 +45,8 @@ struct Sm80Mainloop {
   using T = typename Traits::DType;  // the Q and K/V tiles' element type (the kernel checks Params' types match)
   static_assert(!Traits::kWarpSpecialized && !Traits::kWgmma, "the sm80 mainloop: every warp loads and computes");
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
-  static constexpr int kTileElems = Traits::kKVTileElems;
-  static constexpr uint32_t kRowBytes = Traits::kSmemRowChunks * 16;  // a stored row (SwizzledTile)
+  static constexpr uint32_t kRowBytes = Traits::kSmemRowChunks * 16;    // a stored Q or K row (SwizzledTile)
+  static constexpr uint32_t kVRowBytes = Traits::kVSmemRowChunks * 16;  // a stored V row
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
   static constexpr bool kConvertFragments = Traits::kConvertFragments && Source::kFoldScales;
   static constexpr bool kWarpDequantize = Traits::kDequantizeKV && Traits::NUM_WARPS_Q == 1 && !kConvertFragments &&
@@ -86,7 +86,7 @@ struct Sm80Mainloop {
     const uint32_t frag_row = (lane % 8) + 8 * ((lane / 8) % 2);  // row of an A (Q, P) or V^T fragment
     q_frag = smem_addr(q_tile) + (c.warp_q * Traits::kWarpRowsQ + frag_row) * kRowBytes + lane_chunk_lo;
     k_frag_offset = (c.warp_col0 + (lane % 8) + 8 * (lane / 16)) * kRowBytes + lane_chunk_mid;
-    v_frag_offset = (c.warp_col0 + frag_row) * kRowBytes + lane_chunk_lo;
+    v_frag_offset = (c.warp_col0 + frag_row) * kVRowBytes + lane_chunk_lo;
     if constexpr (kConvertFragments) {
       const int raw_row = c.warp_col0 + static_cast<int>(frag_row);
       raw_frag_offset = raw_row * kRawRowBytes + static_cast<uint32_t>(((lane / 16) ^ RawTile::swizzle(raw_row)) << 4);
@@ -142,8 +142,8 @@ struct Sm80Mainloop {
 
   // The tiles the MMAs read: the stage's, or fp8 KV's one dequantized pair.
   TESSERA_DEVICE int tile_stage() const { return Traits::kDequantizeKV ? 0 : read.stage; }
-  TESSERA_DEVICE T* k_tile() const { return smem.k + tile_stage() * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
-  TESSERA_DEVICE T* v_tile() const { return smem.v + tile_stage() * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  TESSERA_DEVICE T* k_tile() const { return smem.k + tile_stage() * Traits::kKTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  TESSERA_DEVICE T* v_tile() const { return smem.v + tile_stage() * Traits::kVTileElems; }  // [CTA_TILE_KV][kVSmemRowChunks * 8]
   // fp8 KV: the raw stage being computed, [CTA_TILE_KV][HEAD_DIM] bytes each (Traits::RawTile).
   TESSERA_DEVICE uint32_t raw_k_stage() const { return smem_addr(smem.raw_k + read.stage * Traits::kRawTileBytes); }
   TESSERA_DEVICE uint32_t raw_v_stage() const { return smem_addr(smem.raw_v + read.stage * Traits::kRawTileBytes); }
@@ -207,7 +207,7 @@ struct Sm80Mainloop {
 #pragma unroll
       for (int nd = 0; nd < kN8D / 2; ++nd) {
         uint32_t b[4];  // b0, b1 of D tile 2nd, then of 2nd+1
-        ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kRowBytes);
+        ldmatrix_x4_trans(b, (v_frag ^ (nd << 5)) + kk * 16 * kVRowBytes);
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) mma_m16n8k16_pair<T>(o[mq][2 * nd], o[mq][2 * nd + 1], pfrag[mq][kk], b);
       }

@@ -35,14 +35,14 @@ struct Sm90Mainloop {
   using T = typename Traits::DType;  // the wgmma operands' element type (the kernel checks Params' types match)
   using PType = T;                   // P's, as P V multiplies it
   static constexpr int kMmaQ = Traits::kMmaQ, kN8KV = Traits::kN8KV, kN8D = Traits::kN8D;
-  static constexpr int kTileElems = Traits::kKVTileElems;
   static constexpr int kSRegs = kN8KV * 4;  // a thread's S accumulators of the warpgroup's 64 x CTA_TILE_KV
-  static constexpr int kORegs = kN8D * 4;   // a thread's O accumulators of the warpgroup's 64 x HEAD_DIM
+  static constexpr int kORegs = kN8D * 4;   // a thread's O accumulators of the warpgroup's 64 x HEAD_DIM_VO
   static constexpr bool kByCopies = stage_completion<Traits, kFormat>() == StageCompletion::kByCopies;
   static constexpr bool kConvertStages = Traits::kDequantizeKV;  // fp8 KV: the producer converts raw stages
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
   using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;    // the loaders' layouts
-  using KVTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
   // Where the traits take it (kMmaTurns). Ping-pong needs every warpgroup to reach its turn
   // without waiting for another one: a value transform (issue_pv) meets every compute warp at a
   // barrier inside the turn, so variants with one keep the unordered issue.
@@ -141,7 +141,7 @@ struct Sm90Mainloop {
     if constexpr (kByCopies) fence_proxy_async_shared();
   }
 
-  TESSERA_DEVICE T* k_tile() const { return smem.k + ring.read_k.stage * kTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  TESSERA_DEVICE T* k_tile() const { return smem.k + ring.read_k.stage * Traits::kKTileElems; }  // [CTA_TILE_KV][kSmemRowChunks * 8]
   TESSERA_DEVICE T* v_tile() const { return nullptr; }  // V stages trail K stages: see issue_pv
 
   /// MMA: S = Q K^T of the warpgroup's 64 rows against all 128 keys (this warp's share is s[0],
@@ -157,7 +157,7 @@ struct Sm90Mainloop {
 #pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
       wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s_wg, wgmma_k_major_desc<QTile>(q_tile_addr, q_wg_row0, kd),
-                                                wgmma_k_major_desc<KVTile>(smem_addr(k_tile()), 0, kd), kd > 0);
+                                                wgmma_k_major_desc<KTile>(smem_addr(k_tile()), 0, kd), kd > 0);
     }
     wgmma_commit();
     if constexpr (kLagged) issue_previous_pv();
@@ -180,7 +180,7 @@ struct Sm90Mainloop {
                                int v_tile_index, const Applier& applier) const {
     smem.v_pipeline().consumer_wait(ring.read_v);
     if constexpr (kByCopies) fence_proxy_async_shared();  // the copies, before wgmma's async-proxy reads
-    T* v_tile = smem.v + ring.read_v.stage * kTileElems;  // [CTA_TILE_KV][kSmemRowChunks * 8]
+    T* v_tile = smem.v + ring.read_v.stage * Traits::kVTileElems;  // [CTA_TILE_KV][kVSmemRowChunks * 8]
     if constexpr (Variant::kHasValueTransform) {
       applier.transform_values(v_tile, kv.keys(v_tile_index));
       fence_proxy_async_shared();
@@ -191,8 +191,8 @@ struct Sm90Mainloop {
     wgmma_fence();  // the rescale's and the packing's register writes precede the reads
 #pragma unroll
     for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-      wgmma_m64nNk16_rs<T, Traits::HEAD_DIM>(
-          o_wg, pfrag[0][kk], wgmma_mn_major_desc<KVTile>(smem_addr(v_tile), kk), true);
+      wgmma_m64nNk16_rs<T, Traits::HEAD_DIM_VO>(
+          o_wg, pfrag[0][kk], wgmma_mn_major_desc<VTile>(smem_addr(v_tile), kk), true);
     }
     wgmma_commit();
   }

@@ -136,7 +136,7 @@ struct PlannedScheduler {
     w.out = TileOutput{nullptr, nullptr};
     if (item.partial >= 0) {
       const int64_t slot = static_cast<int64_t>(item.partial) * p.num_kv_heads + w.kv_head;
-      w.out.partial_o = args.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM;
+      w.out.partial_o = args.partial_o + slot * Traits::CTA_TILE_Q * Traits::HEAD_DIM_VO;
       w.out.partial_lse = args.partial_lse + slot * Traits::CTA_TILE_Q;
     }
     w.span = tile_kv_span<Traits, kFormat, Variant>(p, vp, w.e, item.packed_begin, max(item.kv_begin, 0),

@@ -30,7 +30,8 @@ struct RoleTag {
 };
 
 template <typename T, int HEAD_DIM_, int CTA_TILE_Q_, int CTA_TILE_KV_, int NUM_WARPS_Q_, int NUM_WARPS_KV_,
-          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync, typename KVT_ = T>
+          int STAGES_ = 2, int MIN_CTAS_PER_SM_ = 1, MmaKind MMA_ = MmaKind::kSync, typename KVT_ = T,
+          int HEAD_DIM_VO_ = HEAD_DIM_>
 struct PrefillTraits {
   using DType = T;  // the MMA operands' type: Q, and K/V as the MMAs read them
   // K/V as they are stored in memory: T, or fp8 (e4m3, e5m2), which the mainloop dequantizes
@@ -39,7 +40,13 @@ struct PrefillTraits {
   // (up to T's rounding of x * scale).
   using KVStorage = KVT_;
   static constexpr bool kDequantizeKV = IsFp8<KVT_>::value;
+  // Q and K rows have HEAD_DIM elements (Q K^T's reduction), V and O rows HEAD_DIM_VO (P V's
+  // columns): they differ for the prefill of models whose keys carry a rotary part that values
+  // lack (DeepSeek's MLA without absorption: 192 = 128 + 64 against 128). V's columns are a prefix
+  // of the loaders' chunk columns, so HEAD_DIM_VO <= HEAD_DIM.
   static constexpr int HEAD_DIM = HEAD_DIM_;
+  static constexpr int HEAD_DIM_VO = HEAD_DIM_VO_;
+  static constexpr bool kSplitHeadDims = HEAD_DIM_VO != HEAD_DIM;
   static constexpr int CTA_TILE_Q = CTA_TILE_Q_;
   static constexpr int CTA_TILE_KV = CTA_TILE_KV_;
   static constexpr int NUM_WARPS_Q = NUM_WARPS_Q_;
@@ -58,13 +65,15 @@ struct PrefillTraits {
   // not grow with the head dim, the MMAs' does. Measured against the unordered issue (H100,
   // bench/results/LOG.md): faster at head dims 64 (three warpgroups) and 128 (the variable-length
   // batches; dense 16k within 1%), slower at 96 (2-3%) and 256 (4-7%), which keep the unordered
-  // issue.
+  // issue. Split head dims 192 / 128 keep the unordered issue (ping-pong measured 1% slower).
   static constexpr bool kMmaTurns = kComputeWarpgroups > 1 && (HEAD_DIM == 64 || HEAD_DIM == 128);
   static constexpr int kThreads = (kNumWarps + kProducerWarps) * kWarpSize;  // launched
   static constexpr int kLoaderThreads = kWarpSpecialized ? kProducerWarps * kWarpSize : kThreads;
   // setmaxnreg: the producer keeps kProducerRegs, the compute warpgroups take the rest (the
   // kernel is compiled for 65536 / kThreads registers per thread). At 40 the persistent kernel's
-  // producer, which carries the item loop, spilled 16-24 bytes.
+  // producer, which carries the item loop, spilled 16-24 bytes. (64 would leave the compute
+  // warpgroups' increase to 224 short of the 168 x 384 registers the CTA is allocated: the
+  // split-head-dims kernels hung with it.)
   static constexpr int kProducerRegs = NUM_WARPS_Q_ * NUM_WARPS_KV_ > 8 ? 32 : 56;
   // The compute warpgroups share the rest of the SM's 64K registers (multiples of 8, at most 240):
   // 224 with two of them, 152 with three.
@@ -99,8 +108,9 @@ struct PrefillTraits {
   static constexpr bool kChainBoundTile = !kWgmma && kMmaQ * kN8KV <= 2;
   static constexpr int kQkChains = kChainBoundTile && kMmaD % 2 == 0 ? 2 : 1;
   static constexpr bool kLoadsBehindMma = kChainBoundTile;
-  static constexpr int kN8D = HEAD_DIM / 8;                       // n8 tiles of O
-  static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks of a row's data
+  static constexpr int kN8D = HEAD_DIM_VO / 8;                    // n8 tiles of O
+  static constexpr int kRowChunks = HEAD_DIM * static_cast<int>(sizeof(T)) / 16;  // 16 B chunks of a Q or K row's data
+  static constexpr int kVRowChunks = HEAD_DIM_VO * static_cast<int>(sizeof(T)) / 16;  // ... of a V row's
   // The chunk columns the loaders spread their threads over: a power of two of at least 8, so that
   // a thread keeps its column from pass to pass; threads past the row's data (head dim 96: 12 of
   // 16 columns) copy nothing.
@@ -111,12 +121,20 @@ struct PrefillTraits {
   // head dims' inner loops unchanged. wgmma reads rows as they are, in the widest swizzle that
   // divides them (WgmmaTile: 64-byte blocks at 96).
   static constexpr int kSmemRowChunks = kWgmma ? kRowChunks : kLoaderRowChunks;
-  // Shared-memory layout of a ROWS-row Q, K or V tile, as the MMA kind reads it.
+  // V rows likewise: as they are for wgmma, else a power of two of at least 8 chunks.
+  static constexpr int kVSmemRowChunks = !kSplitHeadDims ? kSmemRowChunks
+                                         : kWgmma         ? kVRowChunks
+                                         : kVRowChunks <= 8 ? 8 : kVRowChunks <= 16 ? 16 : kVRowChunks <= 32 ? 32 : 64;
+  // Shared-memory layout of a ROWS-row Q or K tile, and of a V tile, as the MMA kind reads them
+  // (the same type when the head dims agree).
   template <int ROWS>
   using SmemTile = typename OperandTile<kWgmma, ROWS, kSmemRowChunks>::type;
+  template <int ROWS>
+  using VSmemTile = typename OperandTile<kWgmma, ROWS, kVSmemRowChunks>::type;
 
-  static constexpr int kQTileElems = CTA_TILE_Q * kSmemRowChunks * 8;    // [CTA_TILE_Q][kSmemRowChunks * 8]
-  static constexpr int kKVTileElems = CTA_TILE_KV * kSmemRowChunks * 8;  // [CTA_TILE_KV][kSmemRowChunks * 8]
+  static constexpr int kQTileElems = CTA_TILE_Q * kSmemRowChunks * 8;     // [CTA_TILE_Q][kSmemRowChunks * 8]
+  static constexpr int kKTileElems = CTA_TILE_KV * kSmemRowChunks * 8;    // [CTA_TILE_KV][kSmemRowChunks * 8]
+  static constexpr int kVTileElems = CTA_TILE_KV * kVSmemRowChunks * 8;   // [CTA_TILE_KV][kVSmemRowChunks * 8]
   static constexpr int kQTileBytes = kQTileElems * static_cast<int>(sizeof(T));
   // Q buffers. Warp-specialised: two where they fit, so the producer copies the next work item's
   // Q while the compute warps still read the current one (the persistent kernel's items are short:
@@ -125,11 +143,13 @@ struct PrefillTraits {
   // room for one beside the K/V ring. Elsewhere one.
   static constexpr int kRowBytes = kSmemRowChunks * 16;
   static constexpr bool kSecondQFits =
-      2 * CTA_TILE_Q * kRowBytes + 2 * STAGES_ * CTA_TILE_KV * kRowBytes + (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 +
+      2 * CTA_TILE_Q * kRowBytes + STAGES_ * CTA_TILE_KV * (kRowBytes + kVSmemRowChunks * 16) +
+          (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 +
           (IsFp8<KVT_>::value ? 2 * CTA_TILE_KV * HEAD_DIM : 0) <=
       227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch, fp8's raw stage
   static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
-  static constexpr int kKVTileBytes = kKVTileElems * static_cast<int>(sizeof(T));
+  static constexpr int kKTileBytes = kKTileElems * static_cast<int>(sizeof(T));
+  static constexpr int kVTileBytes = kVTileElems * static_cast<int>(sizeof(T));
   // fp8 KV, sm80 mainloop: the cp.async ring holds the stored bytes (kStages raw stages of K and
   // of V, rows of HEAD_DIM bytes, RawTile), and the MMAs read either one dequantized T tile of K
   // and of V, rewritten each KV tile (kTileStages), or (kConvertFragments) the raw ring itself.
@@ -154,7 +174,7 @@ struct PrefillTraits {
   using RawTile = SwizzledRawTile<(kDequantizeKV ? kRawRowChunks : 8), kConvertFragments>;
   // The region after Q: the K/V stages, or fp8 KV's raw ring. The T tiles of fp8 KV come last
   // (kDequantTileOffset), so the kernels that never read them launch without them.
-  static constexpr int kKVRegionBytes = kDequantizeKV ? kRawRingBytes : 2 * kStages * kKVTileBytes;
+  static constexpr int kKVRegionBytes = kDequantizeKV ? kRawRingBytes : kStages * (kKTileBytes + kVTileBytes);
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
   // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
@@ -168,7 +188,7 @@ struct PrefillTraits {
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V region and the row tables (free
   // after the last tile): O, m, d per warp.
-  static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM + 2) * 4 : 0;
+  static constexpr int kMergeBytes = NUM_WARPS_KV > 1 ? kNumWarps * kWarpRowsQ * (HEAD_DIM_VO + 2) * 4 : 0;
   // Warp-specialised: the Q loader's row offsets get their own scratch (the producer loads the
   // next item's Q while K/V stages are in use), and the ring has a "full" and an "empty"
   // mbarrier per stage for K and for V, and a pair for Q.
@@ -184,7 +204,7 @@ struct PrefillTraits {
                                         kWaitAnchorBytes + kBarrierBytes;
   static constexpr int kDequantTileOffset = (kCoreSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
   static constexpr int kOneItemSmemBytes =
-      kDequantizeKV ? kDequantTileOffset + 2 * kTileStages * kKVTileBytes : kCoreSmemBytes;
+      kDequantizeKV ? kDequantTileOffset + kTileStages * (kKTileBytes + kVTileBytes) : kCoreSmemBytes;
   static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
   static constexpr int kSmemBytes = kQStages > 1 ? kExtraQOffset + (kQStages - 1) * kQTileBytes : kOneItemSmemBytes;
   // The default variant's kernels on kConvertFragments tiles never touch the T tiles.
@@ -209,6 +229,9 @@ struct PrefillTraits {
   static_assert(sizeof(T) == 2, "f16 or bf16 operands");
   static_assert(kSameType<KVT_, T> || kDequantizeKV, "K/V stored as the operands' type or as fp8");
   static_assert(!kDequantizeKV || HEAD_DIM % 16 == 0, "fp8 KV: whole 16-byte chunks of a stored row");
+  static_assert(!kSplitHeadDims || (!kDequantizeKV && HEAD_DIM_VO < HEAD_DIM && HEAD_DIM_VO % 16 == 0),
+                "different Q/K and V head dims: 16-bit K/V, V's columns a prefix of the loaders' (HEAD_DIM_VO < "
+                "HEAD_DIM), whole k16 steps");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
   static_assert(HEAD_DIM % 16 == 0, "whole k16 steps of Q K^T, pairs of n8 tiles of O, an even number of chunks");
   static_assert(kSmemRowChunks >= kRowChunks && kLoaderRowChunks >= kRowChunks && kLoaderRowChunks <= 64,
@@ -218,18 +241,20 @@ struct PrefillTraits {
   static_assert(NUM_WARPS_Q == 1 || NUM_WARPS_KV == 1, "split either query rows or KV columns across warps");
   static_assert(kMergeBytes <= kKVRegionBytes + kRowTableBytes, "the warp merge fits in the K/V region and row tables");
   static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 SM; sm_80 configurations are checked by the host");
-  static_assert(kQTileBytes % 1024 == 0 && kKVTileBytes % 1024 == 0 && kRawTileBytes % 1024 == 0,
+  static_assert(kQTileBytes % 1024 == 0 && kKTileBytes % 1024 == 0 && kVTileBytes % 1024 == 0 &&
+                    kRawTileBytes % 1024 == 0,
                 "tile bases 1024-byte aligned: attention_tile's ldmatrix addresses XOR the k16 step in");
   static_assert(!kConvertFragments || (kMmaD % 2 == 0 && kN8KV % 2 == 0 && kRawRowChunks % 2 == 0),
                 "fp8 fragments: ldmatrix x4 loads of two k16 steps by two n8 tiles (K) or two chunks by 16 rows (V)");
   // wgmma: each warpgroup (4 warps) computes 64 query rows against the whole KV tile: Q K^T with
-  // m64nKk16 (K the KV tile), P V with m64nDk16 (D the head dim); kernels/common/wgmma.cuh has N =
-  // 64, 96, 128 and 256. Head dim 256 takes 64-row KV tiles: its O is 128 accumulators per thread,
-  // and a 128-row tile's S (64 more) and P would not fit beside it in the compute registers.
-  static_assert(!kWgmma || ((HEAD_DIM == 64 || HEAD_DIM == 96 || HEAD_DIM == 128 || HEAD_DIM == 256) &&
-                            (CTA_TILE_KV == 128 || (CTA_TILE_KV == 64 && HEAD_DIM == 256)) && NUM_WARPS_KV == 1 &&
+  // m64nKk16 (K the KV tile), P V with m64nDk16 (D the V head dim); kernels/common/wgmma.cuh has N
+  // = 64, 96, 128 and 256. Head dim 256 takes 64-row KV tiles: its O is 128 accumulators per
+  // thread, and a 128-row tile's S (64 more) and P would not fit beside it in the compute
+  // registers. Q K^T's reduction may be any whole number of k16 steps (192: 12).
+  static_assert(!kWgmma || ((HEAD_DIM_VO == 64 || HEAD_DIM_VO == 96 || HEAD_DIM_VO == 128 || HEAD_DIM_VO == 256) &&
+                            (CTA_TILE_KV == 128 || (CTA_TILE_KV == 64 && HEAD_DIM_VO == 256)) && NUM_WARPS_KV == 1 &&
                             kWarpRowsQ == 16 && NUM_WARPS_Q % 4 == 0),
-                "wgmma configurations: head_dim 64, 96, 128 or 256, 128-row KV tiles (64 at head_dim 256), "
+                "wgmma configurations: V head_dim 64, 96, 128 or 256, 128-row KV tiles (64 at 256), "
                 "warpgroups of 4 warps x 16 query rows");
   static_assert(!kWarpSpecialized ||
                     (kProducerWarps == 4 && CTA_TILE_KV <= kLoaderThreads &&
@@ -241,11 +266,12 @@ struct PrefillTraits {
 template <typename Traits>
 struct PrefillSmem {
   using T = typename Traits::DType;
-  // Rows of kSmemRowChunks * 8 elements, HEAD_DIM of them data (see PrefillTraits).
+  // Rows of kSmemRowChunks * 8 elements, HEAD_DIM of them data (V: kVSmemRowChunks * 8 and
+  // HEAD_DIM_VO; see PrefillTraits).
   T* q;         // [CTA_TILE_Q][kSmemRowChunks * 8], swizzled: Q buffer 0
   T* extra_q;   // [kQStages - 1][CTA_TILE_Q][kSmemRowChunks * 8], swizzled: the other Q buffers, after the barriers
   T* k;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
-  T* v;         // [kStages][CTA_TILE_KV][kSmemRowChunks * 8], swizzled
+  T* v;         // [kStages][CTA_TILE_KV][kVSmemRowChunks * 8], swizzled
                 // (fp8 KV: [kTileStages][...] after the barriers; one T tile each in the sm80 mainloop)
   uint8_t* raw_k;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored K bytes (Traits::RawTile); nullptr otherwise
   uint8_t* raw_v;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k
@@ -264,7 +290,7 @@ struct PrefillSmem {
   TESSERA_DEVICE explicit PrefillSmem(char* base) {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kKOffset);
-    v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKVTileBytes);  // load_kv_tile's kVFromK
+    v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKTileBytes);  // load_kv_tile's kVFromK
     raw_k = Traits::kDequantizeKV ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset) : nullptr;
     raw_v = Traits::kDequantizeKV ? raw_k + Traits::kRawStages * Traits::kRawTileBytes : nullptr;
     merge = reinterpret_cast<float*>(base + Traits::kKVRegionOffset);

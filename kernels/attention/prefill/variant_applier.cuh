@@ -15,14 +15,14 @@
 namespace tessera {
 namespace kernels {
 
-/// Applies a pair transform in place to the rows of a swizzled [ROWS][HEAD_DIM] tile: each step
-/// takes chunk c < kRowChunks / 2 of a row and its partner c + kRowChunks / 2, so f(row, dim,
-/// (x[dim], x[dim + HEAD_DIM / 2])) sees both halves a rotation needs. f returns false for a row
-/// it leaves alone (missing, padding), else updates the pair.
-template <typename Traits, int ROWS, typename T, typename F>
+/// Applies a pair transform in place to the rows of a swizzled [ROWS][D] tile (layout Tile, D =
+/// ROW_CHUNKS * 8 elements of data): each step takes chunk c < ROW_CHUNKS / 2 of a row and its
+/// partner c + ROW_CHUNKS / 2, so f(row, dim, (x[dim], x[dim + D / 2])) sees both halves a
+/// rotation needs. f returns false for a row it leaves alone (missing, padding), else updates the
+/// pair.
+template <typename Traits, typename Tile, int ROWS, int ROW_CHUNKS, typename T, typename F>
 TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
-  using Tile = typename Traits::template SmemTile<ROWS>;
-  constexpr int kHalf = Traits::kRowChunks / 2;
+  constexpr int kHalf = ROW_CHUNKS / 2;
   for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kComputeThreads) {
     const int row = i / kHalf, c = i % kHalf;
     uint4* lo_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c) * 8);
@@ -116,9 +116,10 @@ struct VariantApplier {
 
   /// The variant's value transform of a V tile (keys: its rows' keys, -1 for missing rows).
   TESSERA_DEVICE void transform_values(KVT* v_tile, const int32_t* keys) const {
-    transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(v_tile, [&](int row, int dim, float2& x) {
+    using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
+    transform_tile_pairs<Traits, VTile, Traits::CTA_TILE_KV, Traits::kVRowChunks>(v_tile, [&](int row, int dim, float2& x) {
       if (keys[row] < 0) return false;
-      x = Variant::value_transform(vp, w.e, x, batch, -1, keys[row], -1, w.kv_head, dim, Traits::HEAD_DIM);
+      x = Variant::value_transform(vp, w.e, x, batch, -1, keys[row], -1, w.kv_head, dim, Traits::HEAD_DIM_VO);
       return true;
     });
   }
@@ -130,7 +131,8 @@ struct VariantApplier {
   TESSERA_DEVICE void transform_operands(int tile, QT* q_tile, KVT* k_tile, KVT* v_tile, const int32_t* keys) const {
     if constexpr (kTransformsOperands) {
       if ((Variant::kHasQueryTransform || (kPrescaleQuery && logits_input_scale != 1.f)) && tile == 0) {
-        transform_tile_pairs<Traits, Traits::CTA_TILE_Q>(q_tile, [&](int row, int dim, float2& x) {
+        using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
+        transform_tile_pairs<Traits, QTile, Traits::CTA_TILE_Q, Traits::kRowChunks>(q_tile, [&](int row, int dim, float2& x) {
           const PackedRow r = unpack_row(p, w.kv_head, w.packed_begin + row);
           if (r.qo_idx >= w.e.qo_len) return false;
           if constexpr (Variant::kHasQueryTransform) {
@@ -142,7 +144,8 @@ struct VariantApplier {
         });
       }
       if constexpr (Variant::kHasKeyTransform) {
-        transform_tile_pairs<Traits, Traits::CTA_TILE_KV>(k_tile, [&](int row, int dim, float2& x) {
+        using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+        transform_tile_pairs<Traits, KTile, Traits::CTA_TILE_KV, Traits::kRowChunks>(k_tile, [&](int row, int dim, float2& x) {
           if (keys[row] < 0) return false;
           x = Variant::key_transform(vp, w.e, x, batch, -1, keys[row], -1, w.kv_head, dim, Traits::HEAD_DIM);
           return true;

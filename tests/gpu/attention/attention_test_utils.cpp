@@ -167,7 +167,8 @@ TensorView i32_view(const DeviceBuffer& buf, int64_t n) {
 DevicePaged upload_paged(DType dtype, const tessera_ref::PagedCache& cache, Layout layout, bool combined,
                          int64_t page_pad, int64_t slot_pad) {
   DevicePaged d;
-  const int64_t P = cache.num_pages, ps = cache.page_size, H = cache.num_kv_heads, D = cache.head_dim;
+  const int64_t P = cache.num_pages, ps = cache.page_size, H = cache.num_kv_heads, D = cache.head_dim,
+                Dv = cache.value_dim();
   const bool nhd = layout == Layout::kNHD;
   const int64_t a = nhd ? ps : H, b = nhd ? H : ps;
   d.indptr = upload_i32(cache.indptr);
@@ -177,10 +178,9 @@ DevicePaged upload_paged(DType dtype, const tessera_ref::PagedCache& cache, Layo
   const TensorView indices = i32_view(d.indices, static_cast<int64_t>(cache.indices.size()));
   const TensorView last = i32_view(d.last_page_len, static_cast<int64_t>(cache.last_page_len.size()));
   if (!combined) {
-    const std::vector<int64_t> shape = {P, a, b, D};
-    const auto strides = padded_strides(shape, slot_pad, page_pad);
-    d.k = upload_tensor(dtype, cache.k_pages, shape, strides);
-    d.v = upload_tensor(dtype, cache.v_pages, shape, strides);
+    const std::vector<int64_t> shape = {P, a, b, D}, v_shape = {P, a, b, Dv};
+    d.k = upload_tensor(dtype, cache.k_pages, shape, padded_strides(shape, slot_pad, page_pad));
+    d.v = upload_tensor(dtype, cache.v_pages, v_shape, padded_strides(v_shape, slot_pad, page_pad));
     d.view.k = d.k.view;
     d.view.v = d.v.view;
     d.view.layout = layout;
@@ -188,6 +188,7 @@ DevicePaged upload_paged(DType dtype, const tessera_ref::PagedCache& cache, Layo
     d.view.indices = indices;
     d.view.last_page_len = last;
   } else {
+    if (Dv != D) throw std::invalid_argument("upload_paged: a combined K/V tensor needs equal head dims");
     const int64_t page_elems = a * b * D;
     std::vector<double> both(2 * P * page_elems);
     for (int64_t p = 0; p < P; ++p) {
@@ -363,6 +364,7 @@ std::string case_name(const AttentionCase& c) {
   s += "_kv" + std::to_string(c.kv_len);
   if (c.entry == Entry::kPaged) s += "_p" + std::to_string(c.page_size);
   s += "_g" + std::to_string(c.group) + "_hkv" + std::to_string(c.num_kv_heads) + "_d" + std::to_string(c.head_dim);
+  if (c.value_dim() != c.head_dim) s += "x" + std::to_string(c.value_dim());
   if (c.causal) s += "_causal";
   if (c.entry == Entry::kPaged && c.combined_kv) s += "_combined";
   if (c.entry == Entry::kPaged && c.nan_unused) s += "_nanpad";
@@ -594,6 +596,79 @@ std::vector<AttentionCase> prefill_cases() {
   AttentionCase s8 = small(Entry::kPaged, Layout::kHND, DType::kBF16, 3, 130, 300, 16, 2, 1, 256, true);
   AttentionCase s9 = small(Entry::kRagged, Layout::kNHD, DType::kBF16, 3, 40, 100, 0, 2, 1, 256, true);
   cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7, s8, s9});
+  make_names_unique(cases, case_name);
+  return cases;
+}
+
+std::vector<AttentionCase> split_head_dim_prefill_cases() {
+  std::vector<AttentionCase> cases;
+  Deck dtype({0, 1}, 51), kv({0, 1, 15, 512, 2049, 16384}, 52), batch({1, 7, 64}, 53), page({1, 16, 64}, 54),
+      layout({0, 1}, 55), hkv({1, 2, 3}, 56), group({1, 2, 4, 8}, 57), strided({1, 0, 0, 0}, 58),
+      nolse({1, 0, 0, 0, 0}, 59), nan_unused({1, 0}, 60), loose({1, 0, 0}, 61);
+  // Every entry point and page size, causal or not, over query lengths that pick each query tile:
+  // 1 (16-row tile with GQA groups <= 16), 17 and 64 (64-row), 577 (128-row: wgmma on sm_90).
+  for (int e = 0; e < 4; ++e) {
+    for (bool causal : {false, true}) {
+      for (int64_t qo : {1, 17, 64, 577}) {
+        AttentionCase c;
+        c.entry = e < 2 ? Entry::kSingle : e == 2 ? Entry::kRagged : Entry::kPaged;
+        c.causal = causal;
+        c.qo_len = qo;
+        c.dtype = dtype_of(dtype.next());
+        c.layout = e == 1 ? Layout::kHND : e == 3 && layout.next() ? Layout::kHND : Layout::kNHD;
+        c.kv_len = kv.next_if([&](int64_t k) {
+          return (!causal || k >= qo) && (qo < 577 || k <= 2049) && (k < 16384 || qo <= 64);
+        });
+        c.batch = c.entry == Entry::kSingle
+                      ? 1
+                      : batch.next_if([&](int64_t b) { return b < 64 || (qo <= 64 && c.kv_len <= 2049); });
+        if (c.entry == Entry::kPaged) {
+          c.page_size = page.next();
+          c.nan_unused = nan_unused.next();
+        }
+        c.group = group.next();
+        c.num_kv_heads = hkv.next();
+        c.head_dim = 192;
+        c.head_dim_vo = 128;
+        c.strided = strided.next();
+        c.with_lse = !nolse.next();
+        c.loose_max_qo = c.entry != Entry::kSingle && loose.next();
+        while ((oracle_cost(c) > 8e8 || kv_elements(c) > kMaxKvElements) && (c.num_kv_heads > 1 || c.batch > 7)) {
+          if (c.num_kv_heads > 1) --c.num_kv_heads;
+          else c.batch = 7;
+        }
+        cases.push_back(c);
+      }
+    }
+  }
+  // The compute-sanitizer subset: each query tile once, paged with page size 1 and NaN tails.
+  AttentionCase s1;
+  s1.entry = Entry::kPaged;
+  s1.dtype = DType::kBF16;
+  s1.batch = 5;
+  s1.qo_len = 130;
+  s1.kv_len = 300;
+  s1.page_size = 1;
+  s1.nan_unused = true;
+  s1.num_kv_heads = 2;
+  s1.head_dim = 192;
+  s1.head_dim_vo = 128;
+  s1.causal = true;
+  s1.sanitize = true;
+  AttentionCase s2 = s1;
+  s2.entry = Entry::kRagged;
+  s2.dtype = DType::kF16;
+  s2.qo_len = 20;
+  s2.group = 3;
+  s2.causal = false;
+  AttentionCase s3 = s2;
+  s3.entry = Entry::kSingle;
+  s3.batch = 1;
+  s3.layout = Layout::kHND;
+  s3.qo_len = 3;
+  s3.group = 4;
+  s3.strided = true;
+  cases.insert(cases.end(), {s1, s2, s3});
   make_names_unique(cases, case_name);
   return cases;
 }
@@ -1009,15 +1084,18 @@ Fp8Scales draw_fp8_scales(const AttentionCase& c, std::mt19937_64& rng) {
 void run_attention_case(const AttentionCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const Lengths len = request_lengths(c, rng);
-  const int64_t B = c.batch, Hq = c.num_qo_heads(), Hkv = c.num_kv_heads, D = c.head_dim;
+  const int64_t B = c.batch, Hq = c.num_qo_heads(), Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim();
   const std::string what = case_name(c) + " (seed " + std::to_string(seed) + ")";
+  if (Dv != D && (c.fp8 != Fp8KV::kNone || c.variant.any() || c.decode || c.combined_kv)) {
+    throw std::invalid_argument(what + ": head_dim_vo != head_dim is a prefill case without fp8, variant or combined K/V");
+  }
 
   // Inputs, rounded to the dtype before anything else sees them.
   std::vector<std::vector<double>> q_parts(B), k_parts(B), v_parts(B);
   for (int64_t b = 0; b < B; ++b) {
     q_parts[b] = round_to(c.dtype, random_normal(len.qo[b] * Hq * D, rng, c.q_stddev));
     k_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
-    v_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * D, rng));
+    v_parts[b] = round_to(c.dtype, random_normal(len.kv[b] * Hkv * Dv, rng));
   }
   // fp8 K/V: the uploaded codes (k_store, v_store) and, in k_parts / v_parts, what they stand for
   // (code x the head's scale), which the oracle sees. 16-bit K/V: the same values.
@@ -1044,7 +1122,7 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   if (c.variant.any()) prepare_variant(vs, c, len, q_parts, k_parts, v_parts, rng);
   const Packed q = pack_rows(q_parts, Hq * D);
   const Packed k = pack_rows(k_store, Hkv * D);  // uploaded
-  const Packed v = pack_rows(v_store, Hkv * D);
+  const Packed v = pack_rows(v_store, Hkv * Dv);
   q_parts.clear();
   const int64_t total_q = q.indptr.back(), total_kv = k.indptr.back();
   int64_t max_qo = *std::max_element(len.qo.begin(), len.qo.end());
@@ -1054,7 +1132,9 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   const bool one_query = c.decode && c.entry == Entry::kSingle;
   const std::vector<int64_t> q_shape = one_query ? std::vector<int64_t>{Hq, D} : std::vector<int64_t>{total_q, Hq, D};
   DeviceTensor dq = upload_tensor(c.dtype, q.values, q_shape, c.strided ? padded_strides(q_shape, 0, 64) : std::vector<int64_t>{});
-  DeviceTensor dout = make_output(c.dtype, q_shape, c.strided ? padded_strides(q_shape, 8, 0) : std::vector<int64_t>{});
+  std::vector<int64_t> o_shape = q_shape;
+  o_shape.back() = Dv;
+  DeviceTensor dout = make_output(c.dtype, o_shape, c.strided ? padded_strides(o_shape, 8, 0) : std::vector<int64_t>{});
   DeviceTensor dlse;
   TensorView lse_view;  // undefined: no lse
   if (c.with_lse) {
@@ -1080,7 +1160,7 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
     ropt.sm_scale = (c.sm_scale < 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : c.sm_scale) * vs.ref_scale_factor;
   }
   ropt.causal = c.causal;
-  const tessera_ref::HeadConfig heads{Hq, Hkv, D};
+  const tessera_ref::HeadConfig heads{Hq, Hkv, D, Dv};
 
   // Device K/V stay alive until the stream is synchronised.
   DeviceTensor dk, dv;
@@ -1092,10 +1172,12 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
       const int64_t kv_len = len.kv[0];
       const bool hnd = c.layout == Layout::kHND;
       const std::vector<int64_t> shape = hnd ? std::vector<int64_t>{Hkv, kv_len, D} : std::vector<int64_t>{kv_len, Hkv, D};
+      std::vector<int64_t> v_shape = shape;
+      v_shape.back() = Dv;
       dk = upload_tensor(kv_dtype, hnd ? nhd_to_hnd(k.values, kv_len, Hkv, D) : k.values, shape,
                          c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
-      dv = upload_tensor(kv_dtype, hnd ? nhd_to_hnd(v.values, kv_len, Hkv, D) : v.values, shape,
-                         c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
+      dv = upload_tensor(kv_dtype, hnd ? nhd_to_hnd(v.values, kv_len, Hkv, Dv) : v.values, v_shape,
+                         c.strided ? padded_strides(v_shape, 16, 0) : std::vector<int64_t>{});
       if (c.decode) {
         tessera::single_decode(dq.view, dk.view, dv.view, c.layout, dout.view, lse_view, opt, nullptr, c.kernel);
       } else {
@@ -1104,9 +1186,9 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
       break;
     }
     case Entry::kRagged: {
-      const std::vector<int64_t> shape = {total_kv, Hkv, D};
+      const std::vector<int64_t> shape = {total_kv, Hkv, D}, v_shape = {total_kv, Hkv, Dv};
       dk = upload_tensor(kv_dtype, k.values, shape, c.strided ? padded_strides(shape, 0, 32) : std::vector<int64_t>{});
-      dv = upload_tensor(kv_dtype, v.values, shape, c.strided ? padded_strides(shape, 16, 0) : std::vector<int64_t>{});
+      dv = upload_tensor(kv_dtype, v.values, v_shape, c.strided ? padded_strides(v_shape, 16, 0) : std::vector<int64_t>{});
       d_kv_indptr = upload_i32(k.indptr);
       const TensorView kv_indptr = i32_view(d_kv_indptr, B + 1);
       if (c.decode) {
@@ -1121,7 +1203,7 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
       // Shuffled page ids with 3 spare pages; unused slots NaN (kernels must zero-fill/mask, not
       // multiply them by 0) or 0.
       cache = tessera_ref::build_paged(k_store, v_store, len.kv, Hkv, D, c.page_size, ref_layout(c.layout), seed | 1,
-                                       /*extra_pages=*/3, c.nan_unused ? kNaN : 0.0);
+                                       /*extra_pages=*/3, c.nan_unused ? kNaN : 0.0, Dv);
       // Pads keep 16-byte rows: 8 elements of a 16-bit cache, 16 of an fp8 one.
       paged = upload_paged(kv_dtype, cache, c.layout, c.combined_kv, c.strided ? 64 : 0,
                            c.strided ? (tessera::dtype_size(kv_dtype) == 1 ? 16 : 8) : 0);

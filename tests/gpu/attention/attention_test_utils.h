@@ -211,6 +211,7 @@ struct AttentionCase {
   int64_t num_kv_heads = 1;
   int64_t group = 1;  ///< num_qo_heads / num_kv_heads
   int64_t head_dim = 128;
+  int64_t head_dim_vo = 0;    ///< prefill: v's and o's head dim (0: head_dim), e.g. 128 under head_dim 192
   bool causal = false;
   bool combined_kv = false;   ///< paged: one [pages, 2, ...] tensor through PagedKV::from_combined
   bool nan_unused = false;    ///< paged: unused slots (last-page tails, spare pages) hold NaN, else 0
@@ -234,6 +235,7 @@ struct AttentionCase {
   }
 
   int64_t num_qo_heads() const { return num_kv_heads * group; }
+  int64_t value_dim() const { return head_dim_vo == 0 ? head_dim : head_dim_vo; }
 };
 
 std::string case_name(const AttentionCase& c);
@@ -241,6 +243,8 @@ std::string case_name(const AttentionCase& c);
 void PrintTo(const AttentionCase& c, std::ostream* os);
 std::vector<AttentionCase> decode_cases();
 std::vector<AttentionCase> prefill_cases();
+/// Prefill with head_dim_qk 192 and head_dim_vo 128 (non-absorbed MLA) over every entry point.
+std::vector<AttentionCase> split_head_dim_prefill_cases();
 
 /// Per-request lengths drawn for one run of a case: request 0 has (qo_len, kv_len); with batch >=
 /// 2, request 1 has no keys (kv 0), request 2 no queries (prefill), request 3 one key; the others are

@@ -33,6 +33,8 @@ TEST_P(PrefillTest, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, PrefillTest, ::testing::ValuesIn(prefill_cases()),
                          [](const ::testing::TestParamInfo<AttentionCase>& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(SplitHeadDims, PrefillTest, ::testing::ValuesIn(split_head_dim_prefill_cases()),
+                         [](const ::testing::TestParamInfo<AttentionCase>& info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------------------------
 // Argument errors. Views point into one zeroed buffer, so a call that wrongly passes validation
@@ -160,6 +162,48 @@ TEST(PrefillErrors, BatchPrefillPagedNamesTheArgument) {
   expect_error_any([&] {
     tessera::batch_prefill_paged(q, TensorView(f.qo_indptr.get(), DType::kF32, {5}, Device::cuda(0)), 4, kv, o, lse);
   }, {"qo_indptr"});
+}
+
+TEST(PrefillErrors, SplitHeadDimsNameTheArgument) {
+  PrefillErrorFixture f;
+  const DType bf = DType::kBF16;
+  constexpr int64_t Q = PrefillErrorFixture::kQ, Hq = PrefillErrorFixture::kHq, Hkv = PrefillErrorFixture::kHkv,
+                    L = PrefillErrorFixture::kLen;
+  const TensorView q = f.t(0, bf, {Q, Hq, 192}), k = f.t(1, bf, {L, Hkv, 192}), v = f.t(2, bf, {L, Hkv, 128});
+  const TensorView o = f.t(3, bf, {Q, Hq, 128}), lse = f.t(4, DType::kF32, {Q, Hq});
+  EXPECT_NO_THROW(tessera::batch_prefill_ragged(q, f.qo(), 4, k, v, f.kv(), o, lse));
+  EXPECT_NO_THROW(tessera::single_prefill(q, k, v, Layout::kNHD, o, lse));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+
+  // A pair the table does not build, named by v's head dim.
+  expect_error_any([&] {
+    tessera::batch_prefill_ragged(q, f.qo(), 4, k, f.t(2, bf, {L, Hkv, 64}), f.kv(), f.t(3, bf, {Q, Hq, 64}), lse);
+  }, {"v.shape[-1] = 64"}, StatusCode::kUnsupported);
+  // o takes V's head dim.
+  expect_error_any([&] { tessera::batch_prefill_ragged(q, f.qo(), 4, k, v, f.kv(), f.t(3, bf, {Q, Hq, 192}), lse); },
+                   {"o.shape"}, StatusCode::kInvalidArgument);
+  // Decode and block-sparse attention take equal head dims only.
+  expect_error_any([&] {
+    tessera::batch_decode_ragged(f.t(0, bf, {4, Hq, 128}), f.t(1, bf, {L, Hkv, 128}), f.t(2, bf, {L, Hkv, 64}),
+                                 f.kv(), f.t(3, bf, {4, Hq, 128}), f.t(4, DType::kF32, {4, Hq}));
+  }, {"v.shape"}, StatusCode::kInvalidArgument);
+  // Variants and fp8 K/V are not built for split head dims.
+  tessera::AttentionOptions window;
+  window.variant.window_left = 16;
+  expect_error_any([&] { tessera::single_prefill(q, k, v, Layout::kNHD, o, lse, window); },
+                   {"options.variant"}, StatusCode::kUnsupported);
+  expect_error_any([&] {
+    tessera::single_prefill(q, f.t(1, DType::kE4M3, {L, Hkv, 192}), f.t(2, DType::kE4M3, {L, Hkv, 128}),
+                            Layout::kNHD, o, lse);
+  }, {"k.dtype"}, StatusCode::kUnsupported);
+  // Paged: V pages of the narrower head dim.
+  tessera::PagedKV kv = f.paged(Hkv, 192);
+  kv.v = f.t(2, bf, {4, PrefillErrorFixture::kPageSize, Hkv, 128});
+  EXPECT_NO_THROW(tessera::batch_prefill_paged(q, f.qo(), 4, kv, o, lse));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  kv.v = f.t(2, bf, {4, PrefillErrorFixture::kPageSize, Hkv, 96});
+  expect_error_any([&] { tessera::batch_prefill_paged(q, f.qo(), 4, kv, f.t(3, bf, {Q, Hq, 96}), lse); },
+                   {"paged_kv.v.shape[-1] = 96"}, StatusCode::kUnsupported);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@
 //   (small batch, not a W9 cell) B=8, L=32768, 128 heads, one token: latent GB/s with the KV
 //       split over the SMs the 16 CTAs leave idle (what the Python wrapper's plan() chooses) and
 //       without a split.
+//   (c) prefill of the non-absorbed form: q/k head dim 192 (128 + 64 rotary), v/o 128, B=4, 128
+//       heads (as many KV heads), S in {4096, 16384}, causal, ragged KV through
+//       batch_prefill_ragged; TFLOP/s = 2 x (192 + 128) x heads x visible pairs / time, against
+//       W2a D128 causal of the same run (target >= 0.95 of it: run with the prefill suite's
+//       w2a_causal cells).
 // Anchor (published): FlashMLA on H800 SXM5, up to 3000 GB/s and 660 TFLOP/s.
 #include <cmath>
 #include <cstdint>
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "tessera/attention.h"
 #include "tessera/mla.h"
 
 namespace tessera_bench {
@@ -97,12 +103,44 @@ void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len, int64
   }
 }
 
+constexpr int64_t kW9cBatch = 4, kW9cHeads = 128, kW9cHeadDimQk = 192, kW9cHeadDimVo = 128;
+
+void run_w9c(BenchContext& ctx, int64_t len) {
+  const int64_t total = kW9cBatch * len;
+  std::vector<int32_t> indptr(kW9cBatch + 1);
+  for (int64_t b = 0; b <= kW9cBatch; ++b) indptr[b] = static_cast<int32_t>(b * len);
+  DeviceTensor q = ctx.random_tensor(DType::kBF16, {total, kW9cHeads, kW9cHeadDimQk});
+  DeviceTensor k = ctx.random_tensor(DType::kBF16, {total, kW9cHeads, kW9cHeadDimQk});
+  DeviceTensor v = ctx.random_tensor(DType::kBF16, {total, kW9cHeads, kW9cHeadDimVo});
+  DeviceTensor o = ctx.empty_tensor(DType::kBF16, {total, kW9cHeads, kW9cHeadDimVo});
+  DeviceTensor indptr_t = ctx.upload_i32(indptr);
+  tessera::AttentionOptions options;
+  options.causal = true;
+  options.sm_scale = 1.0 / std::sqrt(static_cast<double>(kW9cHeadDimQk));
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    // qo_indptr == kv_indptr: query length = KV length per request.
+    tessera::batch_prefill_ragged(q.view, indptr_t.view, len, k.view, v.view, indptr_t.view, o.view,
+                                  tessera::TensorView(), options, reinterpret_cast<tessera::StreamHandle>(stream));
+  });
+  const double pairs = static_cast<double>(len) * static_cast<double>(len + 1) / 2.0;
+  const double flops = 2.0 * static_cast<double>(kW9cHeadDimQk + kW9cHeadDimVo) * static_cast<double>(kW9cHeads) *
+                       static_cast<double>(kW9cBatch) * pairs;
+  Params params = {{"B", kW9cBatch},       {"S", len},         {"heads", kW9cHeads},
+                   {"head_dim_qk", kW9cHeadDimQk}, {"head_dim_vo", kW9cHeadDimVo}, {"mask", "causal"},
+                   {"kv", "ragged"},       {"dtype", "bf16"},
+                   {"flops", "2 x (192 + 128) x heads x visible pairs"},
+                   {"target", "0.95 of W2a D128 causal (prefill suite) of the same run"}};
+  ctx.report_tflops(t, flops, std::move(params));
+}
+
 void w9_memory_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 16, 1); }
 void w9_memory_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 16, 1); }
 void w9_memory_l32768(BenchContext& ctx) { run_w9(ctx, 32768, 16, 1); }
 void w9_compute_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 128, 2); }
 void w9_compute_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 128, 2); }
 void mla_small_batch(BenchContext& ctx) { run_w9(ctx, 32768, 128, 1, 8); }
+void w9_prefill_s4096(BenchContext& ctx) { run_w9c(ctx, 4096); }
+void w9_prefill_s16384(BenchContext& ctx) { run_w9c(ctx, 16384); }
 
 TESSERA_BENCH_WORKLOAD(w9_memory_l4096, "w9_mla_decode_h16_l4096", "W9a MLA decode B=128 L=4096 16 heads, page 64",
                        "mla", "quick");
@@ -116,6 +154,11 @@ TESSERA_BENCH_WORKLOAD(mla_small_batch, "mla_decode_b8_h128_l32768",
                        "MLA decode B=8 L=32768 128 heads, page 64, split over the KV length vs not", "mla", "quick");
 TESSERA_BENCH_WORKLOAD(w9_compute_l8192, "w9_mla_decode_h128_q2_l8192",
                        "W9b MLA decode B=128 L=8192 128 heads, 2 tokens, page 64", "mla");
+
+TESSERA_BENCH_WORKLOAD(w9_prefill_s4096, "w9c_mla_prefill_qk192_vo128_s4096",
+                       "W9c prefill B=4 S=4096 128 heads, q/k 192, v/o 128, causal, ragged KV", "mla", "quick");
+TESSERA_BENCH_WORKLOAD(w9_prefill_s16384, "w9c_mla_prefill_qk192_vo128_s16384",
+                       "W9c prefill B=4 S=16384 128 heads, q/k 192, v/o 128, causal, ragged KV", "mla");
 
 }  // namespace
 }  // namespace tessera_bench

@@ -183,7 +183,7 @@ struct PhaseBuffers {
 };
 
 tessera::PlanShape model_shape(bool causal) {
-  tessera::PlanShape shape{kQoHeads, kKvHeads, kHeadDim, kDType, {}, {}};
+  tessera::PlanShape shape{kQoHeads, kKvHeads, kHeadDim, kDType, {}, {}, 0};
   shape.attention.causal = causal;
   return shape;
 }

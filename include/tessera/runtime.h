@@ -99,6 +99,10 @@ struct RuntimeBounds {
   int64_t num_qo_heads = 0;         ///< plans use at most this many query heads
   int64_t num_kv_heads = 0;         ///< plans use at most this many KV heads (exactly, with cuda_graph)
   int64_t head_dim = 0;             ///< plans use at most this head dim (exactly, with cuda_graph)
+  /// V's and o's head dim when it differs from head_dim (prefill wrappers only; a pair of
+  /// kSupportedPrefillSplitHeadDims, e.g. 192 / 128): plans then use exactly these head dims. 0:
+  /// head_dim.
+  int64_t head_dim_vo = 0;
 };
 
 struct RuntimeOptions {
@@ -118,7 +122,7 @@ struct RuntimeOptions {
 struct PlanShape {
   int64_t num_qo_heads = 0;
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  ///< of q and k (and of v and o unless head_dim_vo says otherwise)
   DType dtype = DType::kBF16;   ///< of q and o (f16 or bf16)
   /// Of k and v: unset means dtype; e4m3 / e5m2 for an fp8 cache (head dims 64, 128, 256; the
   /// mma.sync tiles dequantize it with attention.kv_scales, on every GPU).
@@ -129,6 +133,11 @@ struct PlanShape {
   /// by their log-sum-exp) and run through the one-shot entry points of tessera/attention.h. With
   /// cuda_graph the first plan fixes the variant and its tensors.
   AttentionOptions attention;
+  /// Of v and o when it differs from head_dim (BatchPrefillPagedWrapper and
+  /// BatchPrefillRaggedWrapper; a pair of kSupportedPrefillSplitHeadDims, 16-bit K/V, the default
+  /// variant; equal to the bounds' pair): then v is [.., Hkv, head_dim_vo] and o [rows, Hq,
+  /// head_dim_vo]. 0: head_dim. Last, so positional initialisers of the fields above still work.
+  int64_t head_dim_vo = 0;
 };
 
 /// What the last plan() decided (for tests, benchmarks and logs).

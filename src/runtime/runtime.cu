@@ -94,30 +94,35 @@ constexpr int32_t kMinChunkWhenBusy = 1024;
 
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-int q_tile_rows(int head_dim, QTile t) {
-  const int rows = prefill_q_tile_rows(head_dim, t);
-  TESSERA_CHECK(rows > 0, StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim
-                                                  << ", query tile " << q_tile_name(t);
+int q_tile_rows(PrefillHeadDims dims, QTile t) {
+  const int rows = prefill_q_tile_rows(dims, t);
+  TESSERA_CHECK(rows > 0, StatusCode::kInternal) << "no prefill configuration for head_dim " << dims.qk << " / "
+                                                  << dims.vo << ", query tile " << q_tile_name(t);
   return rows;
 }
 
 
-int kv_tile_rows(int head_dim, QTile t) {
-  const int rows = prefill_kv_tile_rows(head_dim, t);
-  TESSERA_CHECK(rows > 0, StatusCode::kInternal) << "no prefill configuration for head_dim " << head_dim
-                                                  << ", query tile " << q_tile_name(t);
+int kv_tile_rows(PrefillHeadDims dims, QTile t) {
+  const int rows = prefill_kv_tile_rows(dims, t);
+  TESSERA_CHECK(rows > 0, StatusCode::kInternal) << "no prefill configuration for head_dim " << dims.qk << " / "
+                                                  << dims.vo << ", query tile " << q_tile_name(t);
   return rows;
+}
+
+/// The head dims of a plan shape or bounds: (head_dim, head_dim_vo), head_dim_vo 0 meaning equal.
+PrefillHeadDims head_dims_of(int64_t head_dim, int64_t head_dim_vo) {
+  return PrefillHeadDims(static_cast<int>(head_dim), static_cast<int>(head_dim_vo == 0 ? head_dim : head_dim_vo));
 }
 
 /// CTAs of the persistent kernel per SM, from the occupancy API once per (device, dtype, head
 /// dim, format, tile): plan() asks on every call.
-int ctas_per_sm(DType dtype, DType kv_dtype, int head_dim, KVFormatKind format, QTile t) {
+int ctas_per_sm(DType dtype, DType kv_dtype, PrefillHeadDims head_dim, KVFormatKind format, QTile t) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int, int, int, int>, int> cache;
+  static std::map<std::tuple<int, int, int, int, int, int, int>, int> cache;
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
-  const auto key = std::make_tuple(device, static_cast<int>(dtype), static_cast<int>(kv_dtype), head_dim,
-                                   static_cast<int>(format), static_cast<int>(t));
+  const auto key = std::make_tuple(device, static_cast<int>(dtype), static_cast<int>(kv_dtype), head_dim.qk,
+                                   head_dim.vo, static_cast<int>(format), static_cast<int>(t));
   {
     std::lock_guard<std::mutex> lock(mutex);
     const auto it = cache.find(key);
@@ -138,7 +143,8 @@ int ctas_per_sm(DType dtype, DType kv_dtype, int head_dim, KVFormatKind format, 
     });
   });
   TESSERA_CHECK(result >= 1, StatusCode::kInternal) << "the persistent kernel does not fit an SM (head_dim "
-                                                     << head_dim << ", query tile " << q_tile_name(t) << ")";
+                                                     << head_dim.qk << " / " << head_dim.vo << ", query tile "
+                                                     << q_tile_name(t) << ")";
   std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, result);
   return result;
@@ -153,19 +159,20 @@ KVStorage kv_storage(DType kv_dtype, DType dtype) {
 DType resolved_kv_dtype(const std::optional<DType>& kv_dtype, DType dtype) { return kv_dtype.value_or(dtype); }
 
 /// A K/V dtype for q's `dtype` and head_dim: the same, or fp8 where the table builds it.
-void check_kv_dtype(DType kv_dtype, DType dtype, int64_t head_dim, const char* name) {
+void check_kv_dtype(DType kv_dtype, DType dtype, PrefillHeadDims head_dim, const char* name) {
   TESSERA_CHECK_ARG(kv_dtype == dtype || is_fp8(kv_dtype))
       << name << " = " << kv_dtype << ", expected " << dtype << " (the dtype of q) or e4m3 / e5m2";
-  TESSERA_CHECK(kv_dtype == dtype || has_prefill_kv_storage(static_cast<int>(head_dim), kv_storage(kv_dtype, dtype)),
+  TESSERA_CHECK(kv_dtype == dtype || has_prefill_kv_storage(head_dim, kv_storage(kv_dtype, dtype)),
                 StatusCode::kUnsupported)
-      << name << " = " << kv_dtype << ": fp8 K/V is not built for head_dim " << head_dim
+      << name << " = " << kv_dtype << ": fp8 K/V is not built for head_dim " << head_dim.qk
+      << (head_dim.split() ? " with head_dim_vo " + std::to_string(head_dim.vo) : std::string())
       << " (src/config/attention_configs.txt lists the head dims: 64, 128, 256)";
 }
 
-QTile to_qtile(QueryTile t, int head_dim, KVStorage kv) {
+QTile to_qtile(QueryTile t, PrefillHeadDims head_dim, KVStorage kv) {
   TESSERA_CHECK_ARG(t != QueryTile::k128 || q_tile_128(head_dim, kv) != QTile::k64)
-      << "options.q_tile = 128 with head_dim " << head_dim << ", expected 16 or 64 (no 128-row tile at head_dim "
-      << head_dim << ")";
+      << "options.q_tile = 128 with head_dim " << head_dim.qk << ", expected 16 or 64 (no 128-row tile at head_dim "
+      << head_dim.qk << ")";
   switch (t) {
     case QueryTile::k16: return QTile::k16;
     case QueryTile::k64: return QTile::k64;
@@ -186,7 +193,8 @@ void check_bounds(const RuntimeBounds& b) {
       << "bounds.max_batch_size = " << b.max_batch_size << ", expected in [1, 2^31 - 1)";
   TESSERA_CHECK_ARG(b.max_total_qo_tokens >= 1 && b.max_total_qo_tokens < INT32_MAX)
       << "bounds.max_total_qo_tokens = " << b.max_total_qo_tokens << ", expected in [1, 2^31 - 1)";
-  check_heads(b.num_qo_heads, b.num_kv_heads, b.head_dim);
+  check_prefill_heads(b.num_qo_heads, b.num_kv_heads, b.head_dim, b.head_dim_vo == 0 ? b.head_dim : b.head_dim_vo,
+                      "bounds.head_dim_vo");
 }
 
 /// Byte offsets of the workspace sections, fixed by the bounds so a captured run() always finds
@@ -239,6 +247,10 @@ class AttentionRuntime {
                    const RuntimeOptions& options)
       : format_(format), decode_(decode), bounds_(bounds), options_(options) {
     check_options();
+    TESSERA_CHECK(!bounds_dims().split() || (!decode_ && format_ != KVFormatKind::kBlockSparse),
+                  StatusCode::kUnsupported)
+        << "bounds.head_dim_vo = " << bounds_.head_dim_vo << " != head_dim " << bounds_.head_dim << ": "
+        << (decode_ ? "decode" : "block-sparse attention") << " takes equal head dims only";
     layout_ = compute_layout(format, decode, bounds, options);
     check_ndim(workspace, "workspace", 1);
     check_on_cuda(workspace, "workspace");
@@ -260,8 +272,7 @@ class AttentionRuntime {
     TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&run_done_, cudaEventDisableTiming));
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
-      const int head_dim = static_cast<int>(bounds_.head_dim);
-      graph_grid_ = grid_shape(ctas_per_sm(options_.dtype, graph_kv_dtype(), head_dim, format_, graph_tile_),
+      graph_grid_ = grid_shape(ctas_per_sm(options_.dtype, graph_kv_dtype(), bounds_dims(), format_, graph_tile_),
                                static_cast<int>(bounds_.num_kv_heads), graph_tile_);
     }
   }
@@ -285,11 +296,12 @@ class AttentionRuntime {
   void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream) {
     raise_device_error(device_);
     const int64_t batch = static_cast<int64_t>(in.qo_len.size());
-    const HeadConfig heads = check_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim);
+    const PrefillHeadDims head_dim = check_plan_head_dims(shape);
+    const HeadConfig heads{shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
     TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16)
         << "shape.dtype = " << shape.dtype << ", expected f16 or bf16";
     const DType kv_dtype = resolved_kv_dtype(shape.kv_dtype, shape.dtype);
-    check_kv_dtype(kv_dtype, shape.dtype, shape.head_dim, "shape.kv_dtype");
+    check_kv_dtype(kv_dtype, shape.dtype, head_dim, "shape.kv_dtype");
     check_kv_scales(shape.attention.kv_scales, "shape.attention.kv_scales", kv_dtype, shape.num_kv_heads,
                     Device::cuda(device_));
     const KVStorage kv = kv_storage(kv_dtype, shape.dtype);
@@ -305,7 +317,10 @@ class AttentionRuntime {
         << "shape.num_kv_heads = " << heads.num_kv_heads << " exceeds bounds.num_kv_heads = " << bounds_.num_kv_heads;
     TESSERA_CHECK_ARG(heads.head_dim <= bounds_.head_dim)
         << "shape.head_dim = " << heads.head_dim << " exceeds bounds.head_dim = " << bounds_.head_dim;
-    const int head_dim = static_cast<int>(heads.head_dim);
+    TESSERA_CHECK_ARG(!head_dim.split() && !bounds_dims().split() ||
+                      (head_dim.qk == bounds_dims().qk && head_dim.vo == bounds_dims().vo))
+        << "shape.head_dim / head_dim_vo = " << head_dim.qk << " / " << head_dim.vo << ", expected the bounds' "
+        << bounds_dims().qk << " / " << bounds_dims().vo << " (split head dims are planned at the bounds' pair)";
     const int group = static_cast<int>(heads.num_qo_heads / heads.num_kv_heads);
     // sm_scale is checked here, not first at run().
     const double sm_scale = shape.attention.sm_scale < 0 ? -1.0 : shape.attention.sm_scale;
@@ -313,6 +328,9 @@ class AttentionRuntime {
         << "shape.attention.sm_scale = " << shape.attention.sm_scale
         << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
     const ResolvedVariant variant = plan_variant(shape, heads, batch);
+    TESSERA_CHECK(!head_dim.split() || variant.is_default, StatusCode::kUnsupported)
+        << "shape.attention.variant is set: head_dim " << head_dim.qk << " != head_dim_vo " << head_dim.vo
+        << " runs the default variant only (causal masking and sm_scale)";
     if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
     // Query tile and grid.
@@ -358,7 +376,7 @@ class AttentionRuntime {
     tile_pairs *= heads.num_kv_heads;
     if (2 * tile_pairs >= sm_budget(options_)) config.min_chunk_rows = kMinChunkWhenBusy;
     config.beta = kCostBeta;
-    const int64_t slot_floats = heads.num_kv_heads * config.q_tile_rows * static_cast<int64_t>(head_dim);
+    const int64_t slot_floats = heads.num_kv_heads * config.q_tile_rows * static_cast<int64_t>(head_dim.vo);
     const int64_t slot_capacity =
         std::min(layout_.partial_floats / slot_floats,
                  layout_.partial_lse_floats / (heads.num_kv_heads * static_cast<int64_t>(config.q_tile_rows)));
@@ -445,14 +463,18 @@ class AttentionRuntime {
     TESSERA_CHECK_ARG(q.shape[0] >= needed && q.shape[0] <= INT32_MAX)
         << "q.shape[0] = " << q.shape[0] << ", expected >= " << needed
         << (options_.cuda_graph ? " (cuda_graph: bounds.max_total_qo_tokens)" : " (the plan's query rows)");
-    check_outputs(q, o, lse, q.shape[0]);
+    check_outputs(q, o, lse, q.shape[0], plan_dims().vo);
   }
 
-  /// Checks K/V [rows or pages..., Hkv, D] against the plan.
-  void check_run_kv_heads(const TensorView& k, const char* name, int64_t head_axis) const {
+  /// Checks K [rows or pages..., Hkv, D] (V: is_v, its head dim head_dim_vo) against the plan.
+  void check_run_kv_heads(const TensorView& k, const char* name, int64_t head_axis, bool is_v = false) const {
     check_size(k, name, static_cast<int>(head_axis), shape_.num_kv_heads);
-    check_size(k, name, k.ndim - 1, shape_.head_dim);
+    check_size(k, name, k.ndim - 1, is_v ? plan_dims().vo : shape_.head_dim);
   }
+  /// The last plan's head dims.
+  PrefillHeadDims plan_dims() const { return head_dims_of(shape_.head_dim, shape_.head_dim_vo); }
+  /// The bounds' head dims.
+  PrefillHeadDims bounds_dims() const { return head_dims_of(bounds_.head_dim, bounds_.head_dim_vo); }
 
   int64_t page_size() const { return page_size_; }
   int64_t total_kv_units() const { return total_kv_units_; }
@@ -582,10 +604,10 @@ class AttentionRuntime {
     launch.grid_cols = info_.grid_cols;
     // A captured launch must also contract for later plans that split.
     const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
-                                  shape_.num_kv_heads * info_.q_tile_rows * (shape_.head_dim / 8);
+                                  shape_.num_kv_heads * info_.q_tile_rows * (plan_dims().vo / 8);
     launch.contraction_blocks =
         merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
-    with_prefill_head_dim(static_cast<int>(shape_.head_dim), [&](auto head_dims_tag) {
+    with_prefill_head_dim(plan_dims(), [&](auto head_dims_tag) {
       constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
       constexpr PrefillHeadDims kDims(kHeadDim, kHeadDimVo);
       if constexpr (has_prefill_kv_storage(kDims, kv_storage_of<KVT, T>())) {
@@ -640,12 +662,12 @@ class AttentionRuntime {
     if (options_.cuda_graph) {
       TESSERA_CHECK_ARG(options_.dtype == DType::kF16 || options_.dtype == DType::kBF16)
           << "options.dtype = " << options_.dtype << ", expected f16 or bf16 (the dtype a captured run() uses)";
-      check_kv_dtype(graph_kv_dtype(), options_.dtype, bounds_.head_dim, "options.kv_dtype");
+      check_kv_dtype(graph_kv_dtype(), options_.dtype, bounds_dims(), "options.kv_dtype");
     }
   }
 
   QTile resolve_graph_tile() const {
-    const int head_dim = static_cast<int>(bounds_.head_dim);
+    const PrefillHeadDims head_dim = bounds_dims();
     const KVStorage kv = kv_storage(graph_kv_dtype(), options_.dtype);
     if (options_.q_tile != QueryTile::kAuto) return to_qtile(options_.q_tile, head_dim, kv);
     const double group = static_cast<double>(bounds_.num_qo_heads / bounds_.num_kv_heads);
@@ -683,6 +705,21 @@ class AttentionRuntime {
       }
     }
     return best;
+  }
+
+  /// The plan's head dims (shape.head_dim, shape.head_dim_vo): equal, or (prefill over ragged or
+  /// paged KV) a pair of kSupportedPrefillSplitHeadDims.
+  PrefillHeadDims check_plan_head_dims(const PlanShape& shape) const {
+    const PrefillHeadDims dims = head_dims_of(shape.head_dim, shape.head_dim_vo);
+    TESSERA_CHECK_ARG(shape.head_dim_vo >= 0) << "shape.head_dim_vo = " << shape.head_dim_vo
+                                              << ", expected >= 0 (0: head_dim)";
+    if (dims.split()) {
+      TESSERA_CHECK(!decode_ && format_ != KVFormatKind::kBlockSparse, StatusCode::kUnsupported)
+          << "shape.head_dim_vo = " << shape.head_dim_vo << " != head_dim " << shape.head_dim << ": "
+          << (decode_ ? "decode" : "block-sparse attention") << " takes equal head dims only";
+    }
+    check_prefill_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, dims.vo, "shape.head_dim_vo");
+    return dims;
   }
 
   void check_graph_invariants(const PlanInput& in, const PlanShape& shape, const ResolvedVariant& variant) const {
@@ -885,12 +922,13 @@ void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const Pa
       << rt.kv_dtype() << " K/V (shape.kv_dtype)";
   check_same_device(q, "q", kv.k, "kv.k");
   check_same_device(q, "q", kv.v, "kv.v");
-  for (int d = 0; d < 4; ++d) check_size(kv.v, "kv.v", d, kv.k.shape[d]);
+  for (int d = 0; d < 3; ++d) check_size(kv.v, "kv.v", d, kv.k.shape[d]);
   const int slot_axis = kv.layout == Layout::kNHD ? 1 : 2;
   TESSERA_CHECK_ARG(kv.k.shape[slot_axis] == rt.page_size())
       << "kv.k has page size " << kv.k.shape[slot_axis] << " (shape[" << slot_axis << "]), but the plan was made for "
       << rt.page_size();
   rt.check_run_kv_heads(kv.k, "kv.k", kv.layout == Layout::kNHD ? 2 : 1);
+  rt.check_run_kv_heads(kv.v, "kv.v", kv.layout == Layout::kNHD ? 2 : 1, /*is_v=*/true);
   TESSERA_CHECK_ARG(kv.k.shape[0] < INT32_MAX) << "kv.k has " << kv.k.shape[0] << " pages, expected < 2^31";
   check_run_index_array(kv.indices, "kv.indices", q, rt.total_kv_units(), "kv_indptr[B]");
 }
@@ -1044,7 +1082,7 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
   detail::check_dense_kv(q, k, v, Layout::kNHD);
   detail::check_plan_kv_dtype(rt, k, v);
   rt.check_run_kv_heads(k, "k", 1);
-  rt.check_run_kv_heads(v, "v", 1);
+  rt.check_run_kv_heads(v, "v", 1, /*is_v=*/true);
   TESSERA_CHECK_ARG(k.shape[0] >= rt.total_kv_units())
       << "k has " << k.shape[0] << " rows, expected >= kv_indptr[B] = " << rt.total_kv_units() << " of the plan";
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
@@ -1110,7 +1148,7 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   detail::check_dense_kv(q, k, v, Layout::kNHD);
   detail::check_plan_kv_dtype(rt, k, v);
   rt.check_run_kv_heads(k, "k", 1);
-  rt.check_run_kv_heads(v, "v", 1);
+  rt.check_run_kv_heads(v, "v", 1, /*is_v=*/true);
   check_size(k, "k", 0, rt.num_cols());
   detail::check_run_index_array(indices, "indices", q, rt.total_kv_units(), "indptr[last]");
   detail::RunIds ids;

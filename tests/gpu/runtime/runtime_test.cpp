@@ -61,6 +61,7 @@ struct RuntimeCase {
   int64_t page_size = 16;
   int64_t block_rows = 1, block_cols = 1;  // BSR
   int64_t num_kv_heads = 2, group = 4, head_dim = 128;
+  int64_t head_dim_vo = 0;  // prefill: v's and o's head dim (0: head_dim)
   bool causal = false;
   bool with_lse = true;
   SplitKV split = SplitKV::kAuto;
@@ -78,6 +79,7 @@ struct RuntimeCase {
   DType kv_dtype() const { return fp8 == Fp8KV::kE4M3 ? DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? DType::kE5M2 : dtype; }
 
   int64_t num_qo_heads() const { return num_kv_heads * group; }
+  int64_t value_dim() const { return head_dim_vo == 0 ? head_dim : head_dim_vo; }
 };
 
 void PrintTo(const RuntimeCase& c, std::ostream* os) { *os << c.name; }
@@ -111,8 +113,8 @@ struct Prepared {
 
 Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
   Prepared p;
-  const int64_t hq = c.num_qo_heads(), hkv = c.num_kv_heads, d = c.head_dim;
-  const tessera_ref::HeadConfig heads{hq, hkv, d};
+  const int64_t hq = c.num_qo_heads(), hkv = c.num_kv_heads, d = c.head_dim, dv = c.value_dim();
+  const tessera_ref::HeadConfig heads{hq, hkv, d, dv};
   tessera_ref::Options opts;
   opts.causal = c.causal;
   const size_t batch = c.qo.size();
@@ -145,28 +147,28 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
     for (size_t b = 0; b < batch; ++b) {
       qs[b] = round_to(c.dtype, random_normal(c.qo[b] * hq * d, rng));
       ks[b] = draw_kv(c, c.kv[b] * hkv * d, kFp8KScale, rng, k_store[b]);
-      vs[b] = draw_kv(c, c.kv[b] * hkv * d, kFp8VScale, rng, v_store[b]);
+      vs[b] = draw_kv(c, c.kv[b] * hkv * dv, kFp8VScale, rng, v_store[b]);
     }
     const Packed q = pack_rows(qs, hq * d);
     p.qo_indptr = q.indptr;
     p.rows = q.indptr.back();
     p.q = upload_tensor(c.dtype, q.values, {p.rows, hq, d});
     if (c.wrapper == Wrapper::kPrefillRagged) {
-      const Packed k = pack_rows(ks, hkv * d), v = pack_rows(vs, hkv * d);
+      const Packed k = pack_rows(ks, hkv * d), v = pack_rows(vs, hkv * dv);
       p.kv_indptr = k.indptr;
       p.ref = tessera_ref::attention_ragged(q.values, q.indptr, k.values, v.values, k.indptr, heads, opts);
-      const Packed ku = pack_rows(k_store, hkv * d), vu = pack_rows(v_store, hkv * d);
+      const Packed ku = pack_rows(k_store, hkv * d), vu = pack_rows(v_store, hkv * dv);
       p.k = upload_tensor(c.kv_dtype(), ku.values, {k.indptr.back(), hkv, d});
-      p.v = upload_tensor(c.kv_dtype(), vu.values, {v.indptr.back(), hkv, d});
+      p.v = upload_tensor(c.kv_dtype(), vu.values, {v.indptr.back(), hkv, dv});
     } else {
       // The same page layout (seed) for the uploaded codes and the oracle's values.
       const uint64_t page_seed = rng() | 1;
       const tessera_ref::PagedCache cache =
-          tessera_ref::build_paged(ks, vs, c.kv, hkv, d, c.page_size, attn::ref_layout(c.layout), page_seed, 3, 0.0);
+          tessera_ref::build_paged(ks, vs, c.kv, hkv, d, c.page_size, attn::ref_layout(c.layout), page_seed, 3, 0.0, dv);
       p.ref = tessera_ref::attention_paged(q.values, q.indptr, cache, heads, opts);
-      const tessera_ref::PagedCache stored = tessera_ref::build_paged(k_store, v_store, c.kv, hkv, d, c.page_size,
-                                                                      attn::ref_layout(c.layout), page_seed, 3, 0.0);
-      p.paged = upload_paged(c.kv_dtype(), stored, c.layout, /*combined=*/c.page_size % 2 == 1);
+      const tessera_ref::PagedCache stored = tessera_ref::build_paged(
+          k_store, v_store, c.kv, hkv, d, c.page_size, attn::ref_layout(c.layout), page_seed, 3, 0.0, dv);
+      p.paged = upload_paged(c.kv_dtype(), stored, c.layout, /*combined=*/c.page_size % 2 == 1 && dv == d);
       p.kv_indptr = cache.indptr;
       p.last_page_len = cache.last_page_len;
       p.cache.k = p.paged.view.k;
@@ -175,7 +177,7 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
       p.cache.indices = p.paged.view.indices;
     }
   }
-  p.o = make_output(c.dtype, {p.rows, hq, d});
+  p.o = make_output(c.dtype, {p.rows, hq, dv});
   p.lse = make_output(DType::kF32, {p.rows, hq});
   return p;
 }
@@ -188,6 +190,7 @@ tessera::RuntimeBounds bounds_for(const RuntimeCase& c, int64_t rows) {
   b.num_qo_heads = c.num_qo_heads();
   b.num_kv_heads = c.num_kv_heads;
   b.head_dim = c.head_dim;
+  b.head_dim_vo = c.head_dim_vo;
   return b;
 }
 
@@ -205,6 +208,7 @@ tessera::PlanShape shape_for(const RuntimeCase& c) {
   s.num_qo_heads = c.num_qo_heads();
   s.num_kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim;
+  s.head_dim_vo = c.head_dim_vo;
   s.dtype = c.dtype;
   s.attention.causal = c.causal;
   if (c.fp8 != Fp8KV::kNone) {
@@ -293,6 +297,7 @@ RuntimeCase named(RuntimeCase c, const std::string& tag) {
            (c.fp8 != Fp8KV::kNone ? std::string("kv") + tessera::dtype_name(c.kv_dtype()) + "_" : std::string()) +
            tessera::layout_name(c.layout) + "_B" + std::to_string(c.qo.size()) + "_hkv" +
            std::to_string(c.num_kv_heads) + "_g" + std::to_string(c.group) + "_d" + std::to_string(c.head_dim) +
+           (c.value_dim() != c.head_dim ? "x" + std::to_string(c.value_dim()) : std::string()) +
            (c.causal ? "_causal" : "") +
            (c.split == SplitKV::kAuto ? "_auto" : c.split == SplitKV::kFixed ? "_fixed" : "_nosplit") + "_" + tag;
   return c;
@@ -405,6 +410,45 @@ std::vector<RuntimeCase> runtime_cases() {
     c.causal = true;
     c.page_size = 64;
     c.with_lse = false;
+    cases.push_back(named(c, "append_long"));
+  }
+  // Split head dims (q/k 192, v/o 128: non-absorbed MLA prefill) over paged (page sizes 1, 16) and
+  // ragged KV: mixed query lengths, causal on and off, every query tile, a long request split over
+  // the grid (the contraction at head_dim_vo), fixed splits and none.
+  for (Wrapper w : {Wrapper::kPrefillPaged, Wrapper::kPrefillRagged}) {
+    RuntimeCase c;
+    c.wrapper = w;
+    c.head_dim = 192;
+    c.head_dim_vo = 128;
+    c.qo = {1, 3, 17, 128, 577, 0, 40};
+    c.kv = {15, 3, 2049, 512, 1200, 9, 0};
+    c.page_size = 16;
+    for (bool causal : {false, true}) {
+      c.causal = causal;
+      cases.push_back(named(c, "mixed"));
+    }
+    c.dtype = DType::kF16;
+    c.page_size = 1;
+    c.group = 1;
+    c.num_kv_heads = 3;
+    for (QueryTile t : {QueryTile::k16, QueryTile::k64, QueryTile::k128}) {
+      c.tile = t;
+      cases.push_back(named(c, "tile" + std::to_string(static_cast<int>(t))));
+    }
+    c.tile = QueryTile::kAuto;
+    c.split = SplitKV::kFixed;
+    c.fixed_split = 256;
+    cases.push_back(named(c, w == Wrapper::kPrefillPaged ? "fixed_sanitize" : "fixed"));
+    c.split = SplitKV::kNone;
+    cases.push_back(named(c, "nosplit"));
+    c = RuntimeCase{};
+    c.wrapper = w;
+    c.head_dim = 192;
+    c.head_dim_vo = 128;
+    c.qo = {64};
+    c.kv = {16384};
+    c.causal = true;
+    c.page_size = 64;
     cases.push_back(named(c, "append_long"));
   }
   // fp8 K/V through every wrapper: decode (one long request split over the grid, an odd batch),
@@ -838,6 +882,51 @@ TEST(RuntimeErrors, BoundsWorkspaceAndPlanOrder) {
   zero.max_batch_size = 0;
   expect_error_any([&] { tessera::BatchDecodeWrapper::workspace_size(zero); }, {"max_batch_size"},
                    StatusCode::kInvalidArgument);
+}
+
+TEST(RuntimeErrors, SplitHeadDimsNameTheArgument) {
+  RuntimeCase c;
+  c.wrapper = Wrapper::kPrefillRagged;
+  c.head_dim = 192;
+  c.head_dim_vo = 128;
+  c.qo = {3, 5};
+  c.kv = {40, 70};
+  std::mt19937_64 rng(test_seed());
+  Prepared p = prepare(c, rng);
+  const tessera::RuntimeBounds bounds = bounds_for(c, p.rows);
+  // A pair the table does not build; decode and block-sparse wrappers take equal head dims.
+  tessera::RuntimeBounds odd = bounds;
+  odd.head_dim_vo = 64;
+  expect_error_any([&] { tessera::BatchPrefillRaggedWrapper::workspace_size(odd); }, {"bounds.head_dim_vo"},
+                   StatusCode::kUnsupported);
+  Workspace ws(tessera::BatchPrefillRaggedWrapper::workspace_size(bounds));
+  expect_error_any([&] { tessera::BatchDecodeWrapper w(ws.view, bounds); }, {"bounds.head_dim_vo"},
+                   StatusCode::kUnsupported);
+  expect_error_any([&] { tessera::BlockSparseWrapper w(ws.view, bounds); }, {"bounds.head_dim_vo"},
+                   StatusCode::kUnsupported);
+  tessera::BatchPrefillRaggedWrapper w(ws.view, bounds);
+  // A plan at other head dims than the bounds' pair, with a variant, or with fp8 K/V.
+  tessera::PlanShape equal = shape_for(c);
+  equal.head_dim_vo = 0;  // 192 / 192: no such head dim
+  expect_error_any([&] { w.plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), equal); }, {"head_dim"},
+                   StatusCode::kUnsupported);
+  tessera::PlanShape windowed = shape_for(c);
+  windowed.attention.variant.window_left = 8;
+  expect_error_any([&] { w.plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), windowed); }, {"variant"},
+                   StatusCode::kUnsupported);
+  tessera::PlanShape fp8 = shape_for(c);
+  fp8.kv_dtype = DType::kE4M3;
+  expect_error_any([&] { w.plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), fp8); }, {"kv_dtype"},
+                   StatusCode::kUnsupported);
+  // A valid plan, then v or o of q's head dim.
+  w.plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), shape_for(c));
+  const TensorView v_wide(p.k.view.data, c.dtype, {p.k.view.shape[0], c.num_kv_heads, 192}, Device::cuda(0));
+  expect_error_any([&] { w.run(p.q.view, p.k.view, v_wide, p.o.view); }, {"v.shape"}, StatusCode::kInvalidArgument);
+  const TensorView o_wide(p.q.view.data, c.dtype, {p.rows, c.num_qo_heads(), 192}, Device::cuda(0));
+  expect_error_any([&] { w.run(p.q.view, p.k.view, p.v.view, o_wide); }, {"o.shape"}, StatusCode::kInvalidArgument);
+  w.run(p.q.view, p.k.view, p.v.view, p.o.view, p.lse.view);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  check_against_oracle(c, p, "split head dims after the errors");
 }
 
 TEST(RuntimeErrors, CudaGraphModeRejectsChangesTheCaptureBakedIn) {

@@ -224,11 +224,13 @@ tessera::VariantOptions variant_options(const VariantArgs* a, std::optional<tess
 
 tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype,
                               double sm_scale, bool causal, const tessera::VariantOptions& variant,
-                              const std::optional<DType>& kv_dtype, const tessera::KVScales& scales) {
+                              const std::optional<DType>& kv_dtype, const tessera::KVScales& scales,
+                              int64_t head_dim_vo = 0) {
   tessera::PlanShape s;
   s.num_qo_heads = num_qo_heads;
   s.num_kv_heads = num_kv_heads;
   s.head_dim = head_dim;
+  s.head_dim_vo = head_dim_vo;
   s.dtype = dtype;
   s.kv_dtype = kv_dtype;
   s.attention.sm_scale = sm_scale;
@@ -486,7 +488,8 @@ NB_MODULE(_C, m) {
       .def_rw("max_total_qo_tokens", &tessera::RuntimeBounds::max_total_qo_tokens)
       .def_rw("num_qo_heads", &tessera::RuntimeBounds::num_qo_heads)
       .def_rw("num_kv_heads", &tessera::RuntimeBounds::num_kv_heads)
-      .def_rw("head_dim", &tessera::RuntimeBounds::head_dim);
+      .def_rw("head_dim", &tessera::RuntimeBounds::head_dim)
+      .def_rw("head_dim_vo", &tessera::RuntimeBounds::head_dim_vo);
   nb::class_<tessera::RuntimeOptions>(m, "RuntimeOptions", "Options of a runtime wrapper, fixed at construction.")
       .def(nb::init<>())
       .def_rw("cuda_graph", &tessera::RuntimeOptions::cuda_graph)
@@ -506,6 +509,11 @@ NB_MODULE(_C, m) {
     std::vector<int64_t> dims(std::begin(tessera::kSupportedHeadDims), std::end(tessera::kSupportedHeadDims));
     return dims;
   }, "Head dimensions with compiled attention kernels.");
+  m.def("supported_prefill_split_head_dims", [] {
+    std::vector<std::pair<int64_t, int64_t>> pairs;
+    for (const auto& p : tessera::kSupportedPrefillSplitHeadDims) pairs.emplace_back(p[0], p[1]);
+    return pairs;
+  }, "(head_dim_qk, head_dim_vo) pairs of different head dims that prefill is built for.");
   m.def("cuda_runtime_version", [] {
     int v = 0;
     if (cudaRuntimeGetVersion(&v) != cudaSuccess) cudaGetLastError();
@@ -942,7 +950,7 @@ NB_MODULE(_C, m) {
              const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
              int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
              const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
-             const OptArray& k_scale_device, const OptArray& v_scale_device) {
+             const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
                              lp = to_view(last_page_len, "paged_kv_last_page_len");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
@@ -954,16 +962,17 @@ NB_MODULE(_C, m) {
             nb::gil_scoped_release release;
             checked([&] {
               w.plan(qi, ip, lp, page_size,
-                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales),
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
+                                head_dim_vo),
                      to_stream(stream));
             });
           },
           "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
           "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
           "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
-          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
           "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as "
-          "for BatchDecodeWrapper.plan.")
+          "for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).")
       .def(
           "run",
           [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
@@ -987,7 +996,8 @@ NB_MODULE(_C, m) {
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
              uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
-             double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
+             double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device,
+             int64_t head_dim_vo) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             std::optional<tessera::VariantSpec> user;
@@ -997,16 +1007,18 @@ NB_MODULE(_C, m) {
             DeviceGuard guard(probe);
             nb::gil_scoped_release release;
             checked([&] {
-              w.plan(qi, ki, plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales),
+              w.plan(qi, ki,
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
+                                head_dim_vo),
                      to_stream(stream));
             });
           },
           "qo_indptr"_a, "kv_indptr"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a,
           "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "variant"_a.none() = nb::none(),
           "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
-          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
           "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for "
-          "BatchDecodeWrapper.plan.")
+          "BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).")
       .def(
           "run",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,

@@ -178,6 +178,12 @@ class RuntimeBounds:
     @head_dim.setter
     def head_dim(self, arg: int, /) -> None: ...
 
+    @property
+    def head_dim_vo(self) -> int: ...
+
+    @head_dim_vo.setter
+    def head_dim_vo(self, arg: int, /) -> None: ...
+
 class RuntimeOptions:
     """Options of a runtime wrapper, fixed at construction."""
 
@@ -235,6 +241,11 @@ def cuda_archs() -> str:
 
 def supported_head_dims() -> list[int]:
     """Head dimensions with compiled attention kernels."""
+
+def supported_prefill_split_head_dims() -> list[tuple[int, int]]:
+    """
+    (head_dim_qk, head_dim_vo) pairs of different head dims that prefill is built for.
+    """
 
 def cuda_runtime_version() -> int:
     """Version of the CUDA runtime in use (1000 * major + 10 * minor)."""
@@ -389,9 +400,9 @@ class BatchPrefillPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0) -> None:
         """
-        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan.
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).
         """
 
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
@@ -416,9 +427,9 @@ class BatchPrefillRaggedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0) -> None:
         """
-        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan.
+        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).
         """
 
     def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:

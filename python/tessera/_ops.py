@@ -41,10 +41,14 @@ __all__: list = []  # private module
 Tensor = torch.Tensor
 
 
-def _outputs(q: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool) -> Tuple[Tensor, Tensor]:
-    """The op's new outputs (shared by the kernels and the fake implementations)."""
+def _outputs(q: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool,
+             v: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """The op's new outputs (shared by the kernels and the fake implementations): o of q's rows
+    and heads and of v's head dim (a prefill plan's head_dim_vo; q's when v is None, one combined
+    K/V tensor)."""
     if out is None:
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        o = torch.empty((q.shape[0], q.shape[1], (v if v is not None else q).shape[-1]), dtype=q.dtype,
+                        device=q.device)
     else:
         o = q.new_empty((0,))
     if return_lse and lse is None:
@@ -74,7 +78,7 @@ def _paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
     from .decode import _run_kv_scales
 
     w, p = _planned(handle)
-    o, l = _outputs(q, out, lse, return_lse)
+    o, l = _outputs(q, out, lse, return_lse, v)
     ref = kv if kv is not None else k
     assert ref is not None
     p["host_indices"].check(int(ref.shape[0]))  # page ids plan() had on the host, against this cache
@@ -117,7 +121,7 @@ def prefill_ragged_run(handle: int, q: Tensor, k: Tensor, v: Tensor, kv_layout: 
     from .decode import _run_kv_scales
 
     w, p = _planned(handle)
-    o, l = _outputs(q, out, lse, return_lse)
+    o, l = _outputs(q, out, lse, return_lse, v)
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
     fp8 = _run_kv_scales(w._kv_scales, p, _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value),
@@ -137,13 +141,13 @@ def _decode_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, ls
 @prefill_paged_run.register_fake
 def _prefill_paged_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, lse, return_lse, k_scale,
                             v_scale, k_scale_value, v_scale_value):
-    return _outputs(q, out, lse, return_lse)
+    return _outputs(q, out, lse, return_lse, v)
 
 
 @prefill_ragged_run.register_fake
 def _prefill_ragged_run_fake(handle, q, k, v, kv_layout, workspace, out, lse, return_lse, k_scale, v_scale,
                              k_scale_value, v_scale_value):
-    return _outputs(q, out, lse, return_lse)
+    return _outputs(q, out, lse, return_lse, v)
 
 
 @torch.library.custom_op("tessera::flex_attention", mutates_args=())

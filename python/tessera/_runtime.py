@@ -94,38 +94,46 @@ def compiling() -> bool:
 class _Need:
     """What one plan requires of the runtime's bounds."""
 
-    __slots__ = ("batch", "total_qo", "num_qo_heads", "num_kv_heads", "head_dim")
+    __slots__ = ("batch", "total_qo", "num_qo_heads", "num_kv_heads", "head_dim", "head_dim_vo")
 
-    def __init__(self, batch: int, total_qo: int, num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, batch: int, total_qo: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                 head_dim_vo: Optional[int] = None) -> None:
         self.batch = max(1, int(batch))
         self.total_qo = max(1, int(total_qo))
         self.num_qo_heads = int(num_qo_heads)
         self.num_kv_heads = int(num_kv_heads)
         self.head_dim = int(head_dim)
+        # v's and o's head dim: 0 when it is head_dim (the C++ bounds' convention).
+        self.head_dim_vo = 0 if head_dim_vo is None or int(head_dim_vo) == self.head_dim else int(head_dim_vo)
 
     def fits(self, bounds: Any) -> bool:
+        # Split head dims are planned at exactly the bounds' pair; equal ones at most the bounds' head dim.
+        same_dims = (self.head_dim == bounds.head_dim if self.head_dim_vo else self.head_dim <= bounds.head_dim)
         return (
             self.batch <= bounds.max_batch_size
             and self.total_qo <= bounds.max_total_qo_tokens
             and self.num_qo_heads <= bounds.num_qo_heads
             and self.num_kv_heads <= bounds.num_kv_heads
-            and self.head_dim <= bounds.head_dim
+            and same_dims
+            and self.head_dim_vo == bounds.head_dim_vo
         )
 
     def describe(self) -> str:
+        vo = f", head_dim_vo={self.head_dim_vo}" if self.head_dim_vo else ""
         return (
             f"batch_size={self.batch}, query rows={self.total_qo}, num_qo_heads={self.num_qo_heads}, "
-            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{vo}"
         )
 
 
-def _bounds(C: Any, batch: int, total_qo: int, hq: int, hkv: int, d: int) -> Any:
+def _bounds(C: Any, batch: int, total_qo: int, hq: int, hkv: int, d: int, d_vo: int = 0) -> Any:
     b = C.RuntimeBounds()
     b.max_batch_size = int(batch)
     b.max_total_qo_tokens = int(total_qo)
     b.num_qo_heads = int(hq)
     b.num_kv_heads = int(hkv)
     b.head_dim = int(d)
+    b.head_dim_vo = int(d_vo)
     return b
 
 
@@ -133,6 +141,7 @@ def _describe_bounds(b: Any) -> str:
     return (
         f"max_batch_size={b.max_batch_size}, max_total_qo_tokens={b.max_total_qo_tokens}, "
         f"num_qo_heads={b.num_qo_heads}, num_kv_heads={b.num_kv_heads}, head_dim={b.head_dim}"
+        + (f", head_dim_vo={b.head_dim_vo}" if b.head_dim_vo else "")
     )
 
 
@@ -204,18 +213,23 @@ class _RuntimeHolder:
                     f"use_cuda_graph: this plan ({need.describe()}) exceeds the preallocated buffers "
                     f"(max batch_size {max_batch}, max query rows {max_total})"
                 )
-            candidates = [_bounds(C, max_batch, max_total, need.num_qo_heads, need.num_kv_heads, need.head_dim)]
+            candidates = [_bounds(C, max_batch, max_total, need.num_qo_heads, need.num_kv_heads, need.head_dim,
+                                  need.head_dim_vo)]
         else:
             old = self.bounds
+            # A change between equal and split head dims starts the bounds' head dims afresh.
+            keep = old if old is not None and old.head_dim_vo == need.head_dim_vo else None
             grown = _bounds(
                 C,
                 max(U.next_pow2(need.batch), old.max_batch_size if old is not None else 0),
                 max(U.next_pow2(need.total_qo), old.max_total_qo_tokens if old is not None else 0),
                 max(need.num_qo_heads, old.num_qo_heads if old is not None else 0),
                 max(need.num_kv_heads, old.num_kv_heads if old is not None else 0),
-                max(need.head_dim, old.head_dim if old is not None else 0),
+                need.head_dim if need.head_dim_vo or keep is None else max(need.head_dim, keep.head_dim),
+                need.head_dim_vo,
             )
-            exact = _bounds(C, need.batch, need.total_qo, need.num_qo_heads, need.num_kv_heads, need.head_dim)
+            exact = _bounds(C, need.batch, need.total_qo, need.num_qo_heads, need.num_kv_heads, need.head_dim,
+                            need.head_dim_vo)
             candidates = [grown, exact]
 
         have = self.workspace_bytes()

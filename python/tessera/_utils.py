@@ -145,6 +145,11 @@ class Variant:
         weighted sum without normalisation, and there is no log-sum-exp."""
         return not self.sigmoid and (self.user is None or self.user.use_softmax)
 
+    def is_default(self) -> bool:
+        """No variant: plain softmax attention (the prebuilt kernels)."""
+        return (self.pos_encoding_mode == "NONE" and self.window_left < 0 and self.logits_soft_cap == 0.0
+                and not self.sigmoid and self.user is None)
+
     def check_return_lse(self, return_lse: bool) -> None:
         """return_lse with a variant that has no softmax (the C++ library would write NaN) is an error."""
         if return_lse and not self.use_softmax:
@@ -181,8 +186,7 @@ class Variant:
         tessera._C.VariantArgs (none for the default variant, so the prebuilt kernels run).
         alibi_slopes: the f32 [num_qo_heads] device tensor when pos_encoding_mode is 'ALIBI', else
         None; q_rope_offset / k_rope_offset: i32 [batch] device tensors or None (RoPE only)."""
-        if (self.pos_encoding_mode == "NONE" and self.window_left < 0 and self.logits_soft_cap == 0.0
-                and not self.sigmoid and self.user is None):
+        if self.is_default():
             return {}
         C = _C()
         args: Dict[str, Any] = {
@@ -543,6 +547,28 @@ def check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dim_na
     if d not in supported:
         raise unsupported(head_dim_name, d, ", ".join(map(str, supported)))
     return hq, hkv, d
+
+
+def check_prefill_head_dims(num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any,
+                            head_dim_vo: Any) -> Tuple[int, int, int, int]:
+    """check_heads for prefill, whose v and o may have their own head dim: head_dim_vo None or
+    head_dim_qk (equal head dims), or a (head_dim_qk, head_dim_vo) pair the build has kernels for
+    (tessera._C.supported_prefill_split_head_dims(), e.g. 192 / 128). Returns (hq, hkv, d, dv)."""
+    if head_dim_vo is None or (not isinstance(head_dim_vo, bool) and head_dim_vo == head_dim_qk):
+        hq, hkv, d = check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
+        return hq, hkv, d, d
+    dv = check_positive_int("head_dim_vo", head_dim_vo)
+    d = check_positive_int("head_dim_qk", head_dim_qk)
+    pairs = [tuple(int(x) for x in p) for p in _C().supported_prefill_split_head_dims()]
+    if (d, dv) not in pairs:
+        raise unsupported("head_dim_vo", dv, f"None, head_dim_qk ({d}), or a (head_dim_qk, head_dim_vo) pair of {pairs}")
+    hq = check_positive_int("num_qo_heads", num_qo_heads)
+    hkv = check_positive_int("num_kv_heads", num_kv_heads)
+    if hq % hkv != 0:
+        raise ValueError(
+            f"num_qo_heads = {hq} is not a multiple of num_kv_heads = {hkv} (GQA needs num_qo_heads % num_kv_heads == 0)"
+        )
+    return hq, hkv, d, dv
 
 
 def resolve_sm_scale(sm_scale: Any, head_dim: int) -> float:

@@ -787,14 +787,16 @@ def _check_run_queries(
             "tokens per request (batch_size * q_len_per_req rows; with use_cuda_graph max_batch * q_len_per_req)"
         )
     U.check_cuda("q", q)
+    dv = p.get("head_dim_vo", d)  # prefill plans with split head dims: o's head dim is v's
+    out_shape = (int(q.shape[0]), hq, dv)
     if out is None:
         if allocate:
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     else:
         U.check_tensor("out", out, ndim=3)
         if out.dtype != q.dtype:
             raise TypeError(f"out.dtype = {out.dtype}, expected {q.dtype} (the dtype of q)")
-        U.check_shape("out", out, tuple(q.shape), "the shape of q")
+        U.check_shape("out", out, out_shape, "[rows of q, num_qo_heads, head_dim_vo]" if dv != d else "the shape of q")
         U.check_same_device("out", out, "q", q)
     if return_lse:
         if lse is None:
@@ -814,15 +816,22 @@ def _check_paged_cache(
     plan() had on the host against the cache's page count (under torch.compile the op does it)."""
     k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
     if kv is not None:
+        if p.get("head_dim_vo", p["head_dim"]) != p["head_dim"]:
+            raise ValueError(
+                f"paged_kv_cache is one tensor, but the plan has head_dim_vo {p['head_dim_vo']} != head_dim "
+                f"{p['head_dim']}: pass (k_cache, v_cache), V pages of the narrower head dim"
+            )
         U.kv_data_dtype_check("paged_kv_cache", kv, q.dtype, p["kv_dtype"])
         U.check_same_device("paged_kv_cache", kv, "q", q)
     else:
         assert k is not None and v is not None
         U.kv_data_dtype_check("paged_kv_cache[0]", k, q.dtype, p["kv_dtype"])
         U.kv_data_dtype_check("paged_kv_cache[1]", v, q.dtype, p["kv_dtype"])
-        if tuple(v.shape) != tuple(k.shape):
+        v_shape = tuple(k.shape[:-1]) + (p.get("head_dim_vo", p["head_dim"]),)
+        if tuple(v.shape) != v_shape:
             raise ValueError(
-                f"paged_kv_cache[1] has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of paged_kv_cache[0])"
+                f"paged_kv_cache[1] has shape {tuple(v.shape)}, expected {v_shape} (the shape of paged_kv_cache[0] "
+                "with the plan's head_dim_vo)"
             )
         U.check_same_device("paged_kv_cache[0]", k, "q", q)
         U.check_same_device("paged_kv_cache[1]", v, "q", q)

@@ -119,9 +119,21 @@ def _packed_custom_mask(
     return packed, indptr
 
 
-def _check_head_dim_vo(head_dim_qk: Any, head_dim_vo: Any) -> None:
-    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-        raise U.unsupported("head_dim_vo", head_dim_vo, f"None or head_dim_qk ({head_dim_qk})")
+def _head_dim_vo_kwargs(d: int, dv: int) -> Dict[str, int]:
+    """The C++ plan()'s head_dim_vo keyword: only for split head dims (0 means equal)."""
+    return {"head_dim_vo": dv} if dv != d else {}
+
+
+def _check_split_head_dims_options(dv: int, d: int, options: Any, kv_dtype: Any) -> None:
+    """Split head dims (v/o narrower than q/k) run 16-bit K/V and no variant (the C++ layer's rule,
+    raised here before any GPU work)."""
+    if dv == d:
+        return
+    if U.is_fp8(kv_dtype):
+        raise U.unsupported("kv_data_type", kv_dtype, f"float16 or bfloat16 with head_dim_vo {dv} != head_dim_qk {d}")
+    if not options.is_default():
+        raise U.unsupported("pos_encoding_mode / window_left / logits_soft_cap and the other variant options",
+                            "set", f"their defaults with head_dim_vo {dv} != head_dim_qk {d}")
 
 
 def _check_causal(causal: Any) -> bool:
@@ -168,7 +180,10 @@ def single_prefill_with_kv_cache(
         q: ``[qo_len, num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
         k, v: ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
             (HND), q's dtype or both ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (an fp8 cache:
-            head dims 64, 128, 256), contiguous last dimension.
+            head dims 64, 128, 256), contiguous last dimension. v's head dim may differ from q's and
+            k's where the build has the pair (``tessera._C.supported_prefill_split_head_dims()``:
+            192 / 128, DeepSeek's non-absorbed prefill; 16-bit K/V, no variant option); the output
+            then has v's head dim.
         scale_q: only ``None`` (fp8 queries are not implemented).
         scale_k, scale_v: fp8 K/V only: the dequantization scales, each ``None`` (1), a float > 0,
             or a float32 tensor on q's device of 1 or ``num_kv_heads`` elements.
@@ -236,13 +251,16 @@ def single_prefill_with_kv_cache(
     if v.dtype != k.dtype:
         raise TypeError(f"v.dtype = {v.dtype}, expected {k.dtype} (the dtype of k)")
     hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
-    U.check_heads(q.shape[1], hkv, q.shape[2])
-    fp8 = U.is_fp8(k.dtype)
-    scales = U.kv_scale_kwargs(("scale_k", "scale_v"), scale_k, scale_v, k.dtype if fp8 else None, hkv, q.device)
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
+    if tuple(v.shape[:2]) != tuple(k.shape[:2]):
+        raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape[:2])} + (head_dim_vo,) (k's but for "
+                         "the head dim)")
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"k has head_dim {k.shape[2]}, expected {q.shape[2]} (the head_dim of q)")
+    # v's head dim may differ from q's and k's (a pair of tessera._C.supported_prefill_split_head_dims()).
+    _, _, d, dv = U.check_prefill_head_dims(q.shape[1], hkv, q.shape[2], int(v.shape[2]))
+    _check_split_head_dims_options(dv, d, options, k.dtype)
+    fp8 = U.is_fp8(k.dtype)
+    scales = U.kv_scale_kwargs(("scale_k", "scale_v"), scale_k, scale_v, k.dtype if fp8 else None, hkv, q.device)
     scale = U.resolve_sm_scale(sm_scale, int(q.shape[2]))
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
     _check_custom_mask_args(custom_mask, packed_custom_mask, int(q.shape[0]), kv_len)
@@ -253,7 +271,7 @@ def single_prefill_with_kv_cache(
     mask, mask_indptr = _packed_custom_mask(custom_mask, packed_custom_mask, q, int(q.shape[0]), kv_len)
     if mask is not None:
         causal = False  # FlashInfer: a custom mask replaces the causal mask
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
     slopes = U.alibi_slopes(int(q.shape[1]), q.device) if options.alibi else None
     U.call(U._C().single_prefill, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, causal,
@@ -489,7 +507,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             paged_kv_last_page_len: int32 ``[batch_size]`` in ``[1, page_size]`` (copied to the CPU).
             num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim one of tessera._C.supported_head_dims()).
             page_size: tokens per page (>= 1).
-            head_dim_vo: only ``None`` or ``head_dim_qk``.
+            head_dim_vo: ``None`` (``head_dim_qk``), or the head dim of v and of the output when
+                it differs: a pair of ``tessera._C.supported_prefill_split_head_dims()``
+                (``head_dim_qk=192, head_dim_vo=128``, DeepSeek's non-absorbed prefill), with a 16-bit
+                KV cache and no variant option (others raise NotImplementedError naming them).
             causal: causal mask with offset ``kv_len - qo_len``.
             pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"`` or ``"ROPE_LLAMA31"``
                 (Tessera's; see the module doc; the ALiBi slopes live on the workspace's GPU, kept by
@@ -543,10 +564,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         if token_pos_in_items_len:
             raise U.unsupported("token_pos_in_items_len", token_pos_in_items_len, "0")
         causal = _check_causal(causal)
-        _check_head_dim_vo(head_dim_qk, head_dim_vo)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
         kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
-        hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
+        hq, hkv, d, dv = U.check_prefill_head_dims(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+        _check_split_head_dims_options(dv, d, options, kv_dtype)
         page_size = U.check_positive_int("page_size", page_size)
         scale = U.resolve_sm_scale(sm_scale, d)
         split, split_size = split_options(fixed_split_size, disable_split_kv, 1)
@@ -576,7 +597,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
-        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds,
+        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d, dv), dtype, split, split_size, graph_bounds,
                                   kv_dtype=kv_dtype)
         device = self._float_workspace_buffer.device
         if self._use_cuda_graph:
@@ -599,13 +620,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                  U.current_stream(device), U.device_index(self._float_workspace_buffer),
                  kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
                  **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
-                 **options.kwargs(self._alibi_slopes, q_offset, k_offset))
+                 **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
             "num_qo_heads": hq,
             "num_kv_heads": hkv,
             "head_dim": d,
+            "head_dim_vo": dv,
             "page_size": page_size,
             "dtype": dtype,
             "kv_dtype": kv_dtype,
@@ -770,7 +792,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             qo_indptr: int32 ``[batch_size + 1]`` query row ranges (copied to the CPU).
             kv_indptr: int32 ``[batch_size + 1]`` KV row ranges (copied to the CPU).
             num_qo_heads, num_kv_heads, head_dim_qk: heads (head dim one of tessera._C.supported_head_dims()).
-            head_dim_vo: only ``None`` or ``head_dim_qk``.
+            head_dim_vo: ``None`` (``head_dim_qk``), or the head dim of v and of the output when
+                it differs: a pair of ``tessera._C.supported_prefill_split_head_dims()``
+                (``head_dim_qk=192, head_dim_vo=128``, DeepSeek's non-absorbed prefill), with a 16-bit
+                KV cache and no variant option (others raise NotImplementedError naming them).
             causal: causal mask with offset ``kv_len - qo_len``.
             pos_encoding_mode: ``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"`` or ``"ROPE_LLAMA31"``
                 (Tessera's; see the module doc; the ALiBi slopes live on the workspace's GPU, kept by
@@ -811,10 +836,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         if token_pos_in_items_len:
             raise U.unsupported("token_pos_in_items_len", token_pos_in_items_len, "0")
         causal = _check_causal(causal)
-        _check_head_dim_vo(head_dim_qk, head_dim_vo)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
         kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
-        hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim_qk, "head_dim_qk")
+        hq, hkv, d, dv = U.check_prefill_head_dims(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+        _check_split_head_dims_options(dv, d, options, kv_dtype)
         scale = U.resolve_sm_scale(sm_scale, d)
         split, split_size = split_options(fixed_split_size, disable_split_kv, 1)
 
@@ -829,7 +854,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
-        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d), dtype, split, split_size, graph_bounds,
+        cpp = self._holder.ensure(_Need(batch, total_qo, hq, hkv, d, dv), dtype, split, split_size, graph_bounds,
                                   kv_dtype=kv_dtype)
         device = self._float_workspace_buffer.device
         if self._use_cuda_graph:
@@ -843,7 +868,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
                  U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
                  **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
-                 **options.kwargs(self._alibi_slopes, q_offset, k_offset))
+                 **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv))
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -851,6 +876,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "num_qo_heads": hq,
             "num_kv_heads": hkv,
             "head_dim": d,
+            "head_dim_vo": dv,
             "dtype": dtype,
             "kv_dtype": kv_dtype,
             "causal": causal,
@@ -896,8 +922,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         U.check_tensor("v", v, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
         U.kv_data_dtype_check("k", k, q.dtype, p["kv_dtype"])
         U.kv_data_dtype_check("v", v, q.dtype, p["kv_dtype"])
-        if tuple(v.shape) != tuple(k.shape):
-            raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
+        v_shape = tuple(k.shape[:2]) + (p.get("head_dim_vo", p["head_dim"]),)
+        if tuple(v.shape) != v_shape:
+            raise ValueError(f"v has shape {tuple(v.shape)}, expected {v_shape} (k's with the plan's head_dim_vo)")
         U.check_same_device("k", k, "q", q)
         U.check_same_device("v", v, "q", q)
         k_in, v_in = k, v

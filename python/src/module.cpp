@@ -571,6 +571,28 @@ NB_MODULE(_C, m) {
       "kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device "
       "([1] or [Hkv]).");
   m.def(
+      "batch_decode_ragged",
+      [](const Array& q, const Array& k, const Array& v, const Array& kv_indptr, const Array& o, const OptArray& lse,
+         double sm_scale, uintptr_t stream, const VariantArgs* variant, const std::optional<DType>& kv_dtype,
+         double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
+        const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
+                         tv = as_kv(to_view(v, "v"), kv_dtype), ti = to_view(kv_indptr, "kv_indptr"),
+                         to = to_view(o, "out"), tl = to_view(lse, "lse");
+        std::optional<tessera::VariantSpec> user;
+        tessera::AttentionOptions opt;
+        opt.sm_scale = sm_scale;
+        opt.variant = variant_options(variant, user);
+        opt.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
+        checked([&] { tessera::batch_decode_ragged(tq, tk, tv, ti, to, tl, opt, to_stream(stream)); });
+      },
+      "q"_a, "k"_a, "v"_a, "kv_indptr"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "stream"_a, nb::kw_only(),
+      "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+      "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+      "tessera::batch_decode_ragged: q [B, Hq, D], k/v [total_kv, Hkv, D] (request b's rows kv_indptr[b] .. "
+      "kv_indptr[b+1]-1, kv_indptr i32 [B + 1] on q's device). Keyword options as for single_decode.");
+  m.def(
       "single_prefill",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
          double sm_scale, bool causal, uintptr_t stream, const VariantArgs* variant, const OptArray& custom_mask,

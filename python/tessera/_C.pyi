@@ -278,6 +278,11 @@ def single_decode(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray
     tessera::single_decode: q [Hq, D], k/v [kv_len, Hkv, D] (NHD) or [Hkv, kv_len, D] (HND). Keyword options: variant, a VariantArgs (None: the default variant); fp8 K/V: k and v as uint8 views with kv_dtype e4m3/e5m2, scales k_scale/v_scale (host) times the optional f32 k_scale_device/v_scale_device ([1] or [Hkv]).
     """
 
+def batch_decode_ragged(q: NDArray, k: NDArray, v: NDArray, kv_indptr: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, stream: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+    """
+    tessera::batch_decode_ragged: q [B, Hq, D], k/v [total_kv, Hkv, D] (request b's rows kv_indptr[b] .. kv_indptr[b+1]-1, kv_indptr i32 [B + 1] on q's device). Keyword options as for single_decode.
+    """
+
 def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant: VariantArgs | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
     tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).

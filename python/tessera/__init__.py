@@ -35,6 +35,7 @@ from .cascade import merge_state, merge_state_in_place, merge_states, merge_stat
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    batch_decode_with_ragged_kv_cache,
     fast_decode_plan,
     single_decode_with_kv_cache,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "BlockSparseAttentionWrapper",
     "BatchMLAPagedAttentionWrapper",
     "single_decode_with_kv_cache",
+    "batch_decode_with_ragged_kv_cache",
     "fast_decode_plan",
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",

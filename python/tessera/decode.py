@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "single_decode_with_kv_cache",
+    "batch_decode_with_ragged_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "fast_decode_plan",
@@ -171,6 +172,97 @@ def single_decode_with_kv_cache(
     slopes = U.alibi_slopes(int(q.shape[0]), q.device) if options.alibi else None
     U.call(U._C().single_decode, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, U.current_stream(q.device),
            kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales,
+           **options.kwargs(slopes, U.rope_offset_tensor(q_rope_offset, q.device),
+                            U.rope_offset_tensor(k_rope_offset, q.device)))
+    return (out, lse) if return_lse else out
+
+
+def batch_decode_with_ragged_kv_cache(
+    q: "torch.Tensor",
+    k: "torch.Tensor",
+    v: "torch.Tensor",
+    kv_indptr: "torch.Tensor",
+    pos_encoding_mode: str = "NONE",
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+    *,
+    k_scale: Optional[Any] = None,
+    v_scale: Optional[Any] = None,
+    low_freq_factor: Optional[float] = None,
+    high_freq_factor: Optional[float] = None,
+    old_context_len: Optional[float] = None,
+    q_rope_offset: Optional["torch.Tensor"] = None,
+    k_rope_offset: Optional["torch.Tensor"] = None,
+    num_sink_tokens: int = 0,
+    use_sigmoid: bool = False,
+    sigmoid_bias: Optional[float] = None,
+    variant: Optional[VariantSpec] = None,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """Decode attention of a batch over ragged (packed) KV, one launch (Tessera's; FlashInfer has no
+    ragged decode function): request b's single query ``q[b]`` attends to rows
+    ``kv_indptr[b]:kv_indptr[b+1]`` of k and v. No plan: the one-shot kernels of
+    ``tessera::batch_decode_ragged`` (CUDA cores for GQA groups < 4 and no variant, else tensor
+    cores), for batches whose KV is already packed (e.g. after a gather); paged caches use
+    :class:`BatchDecodeWithPagedKVCacheWrapper`.
+
+    Args:
+        q: ``[batch_size, num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
+        k, v: ``[kv_indptr[-1] or more, num_kv_heads, head_dim]`` (NHD), q's dtype or both fp8
+            (``k_scale`` / ``v_scale`` as in :func:`single_decode_with_kv_cache`).
+        kv_indptr: int32 ``[batch_size + 1]``, ``kv_indptr[0] == 0``, non-decreasing, on the CPU or
+            q's device.
+        pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+            return_lse: as in :func:`single_decode_with_kv_cache`.
+        Keyword-only: k_scale, v_scale, the RoPE / sink / sigmoid / variant options of
+            :func:`single_decode_with_kv_cache`; q_rope_offset / k_rope_offset are int32
+            ``[batch_size]`` tensors (per request).
+
+    Returns:
+        ``out`` ``[batch_size, num_qo_heads, head_dim]``, or ``(out, lse)`` with ``return_lse``
+        (base 2, float32 ``[batch_size, num_qo_heads]``). A request without keys gets 0 and -inf.
+    """
+    torch = U._torch()
+    options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+                                low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+                                old_context_len=old_context_len, num_sink_tokens=num_sink_tokens,
+                                use_sigmoid=use_sigmoid, sigmoid_bias=sigmoid_bias, variant=variant)
+    options.check_return_lse(return_lse)
+    U.check_tensor("q", q, ndim=3, shape_hint="([batch_size, num_qo_heads, head_dim])")
+    U.check_attention_dtype(q.dtype, "q.dtype")
+    U.check_tensor("k", k, ndim=3, shape_hint="([total_kv, num_kv_heads, head_dim])")
+    U.check_tensor("v", v, ndim=3, shape_hint="([total_kv, num_kv_heads, head_dim])")
+    U.kv_data_dtype_check("k", k, q.dtype)
+    U.kv_data_dtype_check("v", v, q.dtype)
+    if v.dtype != k.dtype:
+        raise TypeError(f"v.dtype = {v.dtype}, expected {k.dtype} (the dtype of k)")
+    batch = int(q.shape[0])
+    hkv = int(k.shape[1])
+    fp8 = U.is_fp8(k.dtype)
+    scales = U.kv_scale_kwargs(("k_scale", "v_scale"), k_scale, v_scale, k.dtype if fp8 else None, hkv, q.device)
+    U.check_heads(q.shape[1], hkv, q.shape[2])
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v has shape {tuple(v.shape)}, expected {tuple(k.shape)} (the shape of k)")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k has head_dim {k.shape[2]}, expected {q.shape[2]} (the head_dim of q)")
+    host = U.to_host_int32("kv_indptr", kv_indptr, batch + 1)
+    U.check_indptr_values("kv_indptr", host)
+    if int(host[-1]) > k.shape[0]:
+        raise ValueError(f"kv_indptr[-1] = {int(host[-1])} exceeds the {k.shape[0]} rows of k")
+    scale = U.resolve_sm_scale(sm_scale, int(q.shape[2]))
+    options.check_tensors(q_rope_offset, k_rope_offset, batch, q.device)
+    U.check_cuda("q", q)
+    U.check_same_device("k", k, "q", q)
+    U.check_same_device("v", v, "q", q)
+    indptr = kv_indptr if kv_indptr.device == q.device else host.to(q.device, non_blocking=True)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
+    slopes = U.alibi_slopes(int(q.shape[1]), q.device) if options.alibi else None
+    U.call(U._C().batch_decode_ragged, q, q, U.kv_arg(k), U.kv_arg(v), indptr, out, lse, scale,
+           U.current_stream(q.device), kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales,
            **options.kwargs(slopes, U.rope_offset_tensor(q_rope_offset, q.device),
                             U.rope_offset_tensor(k_rope_offset, q.device)))
     return (out, lse) if return_lse else out

@@ -31,7 +31,13 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from . import _C
-from .cascade import merge_state, merge_state_in_place, merge_states, merge_states_ragged
+from .cascade import (
+    MultiLevelCascadeAttentionWrapper,
+    merge_state,
+    merge_state_in_place,
+    merge_states,
+    merge_states_ragged,
+)
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
@@ -83,6 +89,7 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "merge_states_ragged",
+    "MultiLevelCascadeAttentionWrapper",
     "append_paged_kv_cache",
     "append_paged_mla_kv_cache",
     "get_batch_indices_positions",

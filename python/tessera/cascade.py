@@ -17,7 +17,8 @@ from . import _utils as U
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_states_ragged"]
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "merge_states_ragged",
+           "MultiLevelCascadeAttentionWrapper"]
 
 
 def _check_state(v_name: str, v: Any, s_name: str, s: Any, v_ndim: int) -> None:
@@ -136,3 +137,149 @@ def merge_states_ragged(v: "torch.Tensor", s: "torch.Tensor",
     s_out = torch.empty((rows, v.shape[1]), dtype=torch.float32, device=v.device)
     U.call(U._C().merge_states_ragged, v, v, s, indptr, v_out, s_out, U.current_stream(v.device))
     return v_out, s_out
+
+
+class MultiLevelCascadeAttentionWrapper:
+    """Shared-prefix (cascade) attention over a paged KV cache in ``num_levels`` levels,
+    FlashInfer-compatible.
+
+    Level ``i`` partitions the batch's query rows into groups (``qo_indptr_arr[i]``) and gives each
+    group one page range (``paged_kv_indptr_arr[i]`` etc.): level 0 is typically one group of every
+    row over the shared prefix, the last level one group per request over its own pages. Each
+    level runs as one :class:`tessera.BatchPrefillWithPagedKVCacheWrapper` plan, so a shared
+    level's KV is read once for all the rows of its group (their rows packed into the same query
+    tiles), and the levels' states are merged in level order with :func:`merge_state_in_place`
+    (deterministic). ``causal`` applies to the last level only; the shared levels are fully
+    visible.
+
+    This is a composition of plan/run wrappers (one plan and launch per level plus a merge per
+    extra level), FlashInfer's own design; a single runtime plan over all levels is not built yet.
+    Not supported (NotImplementedError naming them): ``use_cuda_graph=True``; position-dependent
+    variants across levels (``window_left``, ``"ROPE_LLAMA"``, ``"ALIBI"``: a level's query
+    positions are not the sequence's).
+    """
+
+    def __init__(
+        self,
+        num_levels: int,
+        float_workspace_buffer: "torch.Tensor",
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf_arr: Optional[Any] = None,
+        paged_kv_indptr_buf_arr: Optional[Any] = None,
+        paged_kv_indices_buf_arr: Optional[Any] = None,
+        paged_kv_last_page_len_buf_arr: Optional[Any] = None,
+    ) -> None:
+        """Creates one prefill wrapper per level over an equal slice of the workspace.
+
+        Args:
+            num_levels: number of levels, >= 1.
+            float_workspace_buffer: one-byte-element CUDA tensor, split evenly between the levels
+                (FlashInfer's examples use 128 MB).
+            kv_layout: ``"NHD"`` or ``"HND"``.
+            use_cuda_graph, *_buf_arr: only ``False`` / ``None``.
+        """
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        levels = U.check_positive_int("num_levels", num_levels)
+        if use_cuda_graph:
+            raise U.unsupported("use_cuda_graph", use_cuda_graph,
+                                "False (MultiLevelCascadeAttentionWrapper runs one plan per level; no graph mode yet)")
+        for name, value in (("qo_indptr_buf_arr", qo_indptr_buf_arr), ("paged_kv_indptr_buf_arr", paged_kv_indptr_buf_arr),
+                            ("paged_kv_indices_buf_arr", paged_kv_indices_buf_arr),
+                            ("paged_kv_last_page_len_buf_arr", paged_kv_last_page_len_buf_arr)):
+            U.check_none(name, value)
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if ws.element_size() != 1:
+            raise TypeError(f"float_workspace_buffer.dtype = {ws.dtype}, expected a one-byte dtype (uint8, int8)")
+        # Equal slices whose starts stay 256-byte aligned (the runtime's requirement).
+        share = (int(ws.numel()) // levels) // 256 * 256
+        if share == 0:
+            raise ValueError(f"float_workspace_buffer has {ws.numel()} bytes, too few for {levels} levels")
+        self._num_levels = levels
+        self._wrappers = [BatchPrefillWithPagedKVCacheWrapper(ws[i * share:(i + 1) * share], kv_layout)
+                          for i in range(levels)]
+
+    def plan(
+        self,
+        qo_indptr_arr: Any,
+        paged_kv_indptr_arr: Any,
+        paged_kv_indices_arr: Any,
+        paged_kv_last_page_len: Any,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: Any = "float16",
+        kv_data_type: Any = None,
+    ) -> None:
+        """Plans every level (host index arrays read as in
+        :meth:`tessera.BatchPrefillWithPagedKVCacheWrapper.plan`).
+
+        Args:
+            qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len:
+                lists of ``num_levels`` int32 tensors: level i's query groups ``[groups_i + 1]``
+                (the last entry, the batch's query rows, equal at every level), their page ranges
+                ``[groups_i + 1]``, page ids and last-page lengths ``[groups_i]``.
+            num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, logits_soft_cap,
+                q_data_type, kv_data_type: as in the prefill wrapper, the same for every level.
+            causal: the last level's causal mask (query i of a group at position kv_len - qo_len + i).
+            pos_encoding_mode, window_left, rope_scale, rope_theta, use_fp16_qk_reduction: only
+                their defaults (NotImplementedError otherwise).
+        """
+        levels = self._num_levels
+        arrays = (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
+                  ("paged_kv_indices_arr", paged_kv_indices_arr), ("paged_kv_last_page_len", paged_kv_last_page_len))
+        for name, value in arrays:
+            if not isinstance(value, (list, tuple)) or len(value) != levels:
+                got = f"{len(value)} entries" if isinstance(value, (list, tuple)) else type(value).__name__
+                raise ValueError(f"{name} has {got}, expected a list of num_levels = {levels} tensors")
+        if pos_encoding_mode != "NONE":
+            raise U.unsupported("pos_encoding_mode", pos_encoding_mode,
+                                "'NONE' (a level's query positions are not the sequence's)")
+        if window_left != -1:
+            raise U.unsupported("window_left", window_left, "-1 (a level's query positions are not the sequence's)")
+        for name, value in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
+            U.check_none(name, value)
+        rows = []
+        for i, qo in enumerate(qo_indptr_arr):
+            U.check_index_tensor(f"qo_indptr_arr[{i}]", qo)
+            rows.append(int(qo[-1]) if qo.numel() > 0 else 0)
+        if any(r != rows[-1] for r in rows):
+            raise ValueError(f"qo_indptr_arr's last entries are {rows}, expected equal: every level covers all the "
+                             "batch's query rows")
+        for i, w in enumerate(self._wrappers):
+            w.plan(qo_indptr_arr[i], paged_kv_indptr_arr[i], paged_kv_indices_arr[i], paged_kv_last_page_len[i],
+                   num_qo_heads, num_kv_heads, head_dim, page_size, causal=bool(causal) and i == levels - 1,
+                   use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+                   q_data_type=q_data_type, kv_data_type=kv_data_type)
+
+    begin_forward = plan
+
+    def run(self, q: "torch.Tensor", paged_kv_cache: Any) -> "torch.Tensor":
+        """Runs every level and merges their states in level order.
+
+        Args:
+            q: ``[rows, num_qo_heads, head_dim]``.
+            paged_kv_cache: as in :meth:`tessera.BatchPrefillWithPagedKVCacheWrapper.run` (every
+                level's pages index the same cache).
+
+        Returns:
+            ``out`` ``[rows, num_qo_heads, head_dim]``.
+        """
+        out, lse = self._wrappers[0].run(q, paged_kv_cache, return_lse=True)
+        for w in self._wrappers[1:]:
+            o_level, lse_level = w.run(q, paged_kv_cache, return_lse=True)
+            merge_state_in_place(out, lse, o_level, lse_level)
+        return out
+
+    forward = run
+

@@ -1,7 +1,8 @@
 // tessera._C: nanobind bindings of the C++ API for the Python package (python/tessera).
 //
 // This layer is deliberately thin: it converts DLPack tensors (PyTorch tensors through
-// __dlpack__, no copies) into tessera::TensorView, makes the tensors' GPU current for the call,
+// torch._C._to_dlpack, other arrays through __dlpack__; no copies) into tessera::TensorView, makes
+// the tensors' GPU current for the call,
 // passes the caller's CUDA stream through as a StreamHandle, and maps tessera::Error onto Python
 // exceptions. Argument checking that names FlashInfer's argument names lives in the Python layer;
 // everything else is checked by the C++ library, whose messages reach Python unchanged.
@@ -42,8 +43,86 @@ using tessera::Layout;
 using tessera::StatusCode;
 using tessera::TensorView;
 
-using Array = nb::ndarray<>;
-using OptArray = std::optional<nb::ndarray<>>;
+/// An array argument: nb::ndarray<> whose conversion from a torch.Tensor skips Tensor.__dlpack__'s
+/// Python code (see the type_caster below).
+struct TorchArray : nb::ndarray<> {
+  TorchArray() = default;
+  explicit TorchArray(nb::ndarray<>&& a) : nb::ndarray<>(std::move(a)) {}
+};
+
+using Array = TorchArray;
+using OptArray = std::optional<TorchArray>;
+
+/// A DLPack capsule of `o` when it is a torch.Tensor (exactly that type), from
+/// torch._C._to_dlpack, the function Tensor.__dlpack__() ends in; null otherwise, or when the export
+/// fails (no Python error is left set). Tensor.__dlpack__ is Python code (a torch-function check,
+/// autograd / conjugate / layout / current-device conditions, stream handling) costing microseconds
+/// per tensor, several tensors a run() (W12, bench/README.md); the capsule is the same one. What
+/// it skips: tensors that require grad export as they are (the kernels never touch autograd), and
+/// the tensor's device need not be PyTorch's current one (DeviceGuard sets the device for the call).
+/// The Python layer checks the tensors it passes; the library checks devices, dtypes and shapes.
+/// torch is looked up in sys.modules (never imported here) until it is there; its type and function
+/// are kept for the life of the process.
+PyObject* torch_dlpack_capsule(PyObject* o) {
+  static PyTypeObject* tensor_type = nullptr;
+  static PyObject* to_dlpack = nullptr;
+  static bool resolved = false;
+  if (!resolved) {
+    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+    if (torch == nullptr) return nullptr;
+    resolved = true;
+    PyObject* tensor = PyObject_GetAttrString(torch, "Tensor");
+    PyObject* c = PyObject_GetAttrString(torch, "_C");
+    PyObject* fn = c != nullptr ? PyObject_GetAttrString(c, "_to_dlpack") : nullptr;
+    Py_XDECREF(c);
+    if (tensor != nullptr && PyType_Check(tensor) && fn != nullptr && PyCallable_Check(fn)) {
+      tensor_type = reinterpret_cast<PyTypeObject*>(tensor);  // both kept for the life of the process
+      to_dlpack = fn;
+    } else {
+      Py_XDECREF(tensor);
+      Py_XDECREF(fn);
+    }
+    PyErr_Clear();
+  }
+  if (to_dlpack == nullptr || Py_TYPE(o) != tensor_type) return nullptr;
+  PyObject* capsule = PyObject_CallOneArg(to_dlpack, o);
+  if (capsule == nullptr) PyErr_Clear();  // e.g. a sparse tensor: nanobind's own import says what is wrong
+  return capsule;
+}
+
+}  // namespace
+
+NAMESPACE_BEGIN(NB_NAMESPACE)
+NAMESPACE_BEGIN(detail)
+/// TorchArray from Python: a torch.Tensor through torch_dlpack_capsule, anything else (and a
+/// tensor whose capsule nanobind refuses) as nb::ndarray<> converts it. Its name in signatures
+/// and stubs is nb::ndarray<>'s.
+template <>
+struct type_caster<TorchArray> {
+  using Base = make_caster<nb::ndarray<>>;
+  NB_TYPE_CASTER(TorchArray, Base::Name)
+
+  template <typename Flags>
+  bool from_python(handle src, Flags flags, cleanup_list* cleanup) noexcept {
+    Base base;
+    bool ok = false;
+    if (PyObject* capsule = torch_dlpack_capsule(src.ptr())) {
+      ok = base.from_python(handle(capsule), flags, cleanup);
+      Py_DECREF(capsule);
+    }
+    if (!ok) ok = base.from_python(src, flags, cleanup);
+    if (ok) value = TorchArray(std::move(base.value));
+    return ok;
+  }
+
+  static handle from_cpp(const TorchArray& a, rv_policy policy, cleanup_list* cleanup) noexcept {
+    return Base::from_cpp(a, policy, cleanup);
+  }
+};
+NAMESPACE_END(detail)
+NAMESPACE_END(NB_NAMESPACE)
+
+namespace {
 
 #ifndef TESSERA_PY_CUDA_ARCHS
 #define TESSERA_PY_CUDA_ARCHS ""
@@ -61,9 +140,19 @@ void checked(F&& f, const char* prefix = nullptr) {
 }
 
 /// A view of a DLPack-imported array (no copy). `name` prefixes conversion errors.
-TensorView to_view(const Array& a, const char* name) {
+TensorView to_view(const nb::ndarray<>& a, const char* name) {
   const size_t ndim = a.ndim();
-  std::vector<int64_t> shape(ndim), strides(ndim);
+  // On the stack up to TensorView's dimensions (from_dlpack refuses more, with its message).
+  int64_t shape_buf[TensorView::kMaxDims], strides_buf[TensorView::kMaxDims];
+  std::vector<int64_t> shape_vec, strides_vec;
+  int64_t* shape = shape_buf;
+  int64_t* strides = strides_buf;
+  if (ndim > static_cast<size_t>(TensorView::kMaxDims)) {
+    shape_vec.resize(ndim);
+    strides_vec.resize(ndim);
+    shape = shape_vec.data();
+    strides = strides_vec.data();
+  }
   for (size_t d = 0; d < ndim; ++d) {
     shape[d] = static_cast<int64_t>(a.shape(d));
     strides[d] = static_cast<int64_t>(a.stride(d));
@@ -76,8 +165,8 @@ TensorView to_view(const Array& a, const char* name) {
   t.dtype.code = a.dtype().code;
   t.dtype.bits = a.dtype().bits;
   t.dtype.lanes = a.dtype().lanes;
-  t.shape = shape.data();
-  t.strides = strides.data();
+  t.shape = shape;
+  t.strides = strides;
   t.byte_offset = 0;
   TensorView view;
   checked([&] { view = tessera::from_dlpack(t); }, name);
@@ -537,6 +626,23 @@ NB_MODULE(_C, m) {
         "\"no CUDA device: ...\"), the message every GPU entry point raises on such a machine.");
   m.def("cuda_device_properties", &device_properties, "device"_a,
         "name, compute capability (major, minor), SM count and memory of GPU `device`.");
+  // Private (bench/host_standin.py): the host cost of the bindings themselves, without a GPU.
+  m.def(
+      "_run_arguments_probe",
+      [](const Array& q, const OptArray& k, const OptArray& v, const OptArray& kv, Layout layout,
+         const OptArray& indices, const Array& o, const OptArray& lse, uintptr_t stream,
+         const std::optional<DType>& kv_dtype) {
+        const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+        const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
+        DeviceGuard guard(tq);
+        nb::gil_scoped_release release;
+        checked([&] { (void)cache, (void)tq, (void)to, (void)tl, (void)stream; });
+      },
+      "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a.none(), "o"_a, "lse"_a.none(),
+      "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(),
+      "Private: what a runtime wrapper's run() binding does before its C++ call (argument conversion, the DLPack "
+      "import of every array, the views, the device guard, the GIL release), without the call; host arrays are "
+      "accepted. For measuring the bindings' per-call cost without a GPU (bench/host_standin.py).");
   m.def(
       "alibi_slopes",
       [](int64_t num_heads) {

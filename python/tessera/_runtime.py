@@ -33,12 +33,13 @@ _WRAPPERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary
 _NEXT_HANDLE = itertools.count(1)
 _OPS: Optional[Any] = None  # the module tessera._ops once loaded (torch >= 2.4 has torch.library.custom_op)
 _OPS_TRIED = False
+_IS_COMPILING: Any = None  # torch.compiler.is_compiling, once the ops are loaded
 
 
 def load_ops() -> Optional[Any]:
     """Imports tessera._ops (registering the custom ops) once; None when this torch has no
     torch.library.custom_op (before 2.4): run() then stays a plain Python call under torch.compile."""
-    global _OPS, _OPS_TRIED
+    global _OPS, _OPS_TRIED, _IS_COMPILING
     if not _OPS_TRIED:
         _OPS_TRIED = True
         torch = U._torch()
@@ -49,6 +50,7 @@ def load_ops() -> Optional[Any]:
                 if e.name != f"{__package__}._ops":
                     raise
             else:
+                _IS_COMPILING = torch.compiler.is_compiling
                 _OPS = _ops
     return _OPS
 
@@ -88,7 +90,7 @@ def wrapper_for(handle: int) -> Any:
 def compiling() -> bool:
     """True while torch.compile (Dynamo) traces a run() and the custom ops exist: run() then does
     the checks that depend only on the plan, shapes and dtypes, and calls the op."""
-    return _OPS is not None and bool(U._torch().compiler.is_compiling())
+    return _OPS is not None and bool(_IS_COMPILING())
 
 
 class _Need:
@@ -176,17 +178,9 @@ class _RuntimeHolder:
         preallocated buffers. kv_dtype: K/V's torch dtype when it is not q's (an fp8 cache).
         """
         U.check_cuda("float_workspace_buffer", self.workspace)
-        C = U._C()
-        cls = getattr(C, self.cpp_class_name)
-        options = C.RuntimeOptions()
-        options.cuda_graph = self.use_cuda_graph
-        options.split_kv = {"auto": C.SplitKV.auto, "fixed": C.SplitKV.fixed, "none": C.SplitKV.none}[split_kv]
-        options.fixed_split_size = int(fixed_split_size)
-        options.dtype = U.tessera_dtype(dtype)
-        if kv_dtype is not None and kv_dtype != dtype:
-            options.kv_dtype = U.tessera_dtype(kv_dtype)
         key = (split_kv, int(fixed_split_size), (dtype, kv_dtype) if self.use_cuda_graph else None)
 
+        # The runtime of the last plan, when it serves this one too (every step of a serving loop).
         if self.cpp is not None and self.bounds is not None:
             if self.use_cuda_graph:
                 if key != self.options_key:
@@ -204,6 +198,15 @@ class _RuntimeHolder:
             if key == self.options_key and need.fits(self.bounds):
                 return self.cpp
 
+        C = U._C()
+        cls = getattr(C, self.cpp_class_name)
+        options = C.RuntimeOptions()
+        options.cuda_graph = self.use_cuda_graph
+        options.split_kv = {"auto": C.SplitKV.auto, "fixed": C.SplitKV.fixed, "none": C.SplitKV.none}[split_kv]
+        options.fixed_split_size = int(fixed_split_size)
+        options.dtype = U.tessera_dtype(dtype)
+        if kv_dtype is not None and kv_dtype != dtype:
+            options.kv_dtype = U.tessera_dtype(kv_dtype)
         device = U.device_index(self.workspace)
         if self.use_cuda_graph:
             assert graph_bounds is not None
@@ -318,6 +321,24 @@ class _KVScaleBuffer:
             if always or self.last[i] != value:
                 self.buf[i : i + 1].fill_(value)
                 self.last = (value, self.last[1]) if i == 0 else (self.last[0], value)
+
+
+class _PrefixViews:
+    """Views buf[:n] of a wrapper's preallocated buffers, made once per (buffer, n): a graph-mode
+    plan() fills prefixes of its page-table buffers at every step, and slicing a tensor costs about a
+    microsecond of host time. The buffers are the wrapper's for its whole life."""
+
+    def __init__(self) -> None:
+        self.views: Dict[Tuple[int, int], Any] = {}
+
+    def get(self, buf: Any, n: int) -> Any:
+        key = (id(buf), n)
+        view = self.views.get(key)
+        if view is None:
+            if len(self.views) >= 256:
+                self.views.clear()
+            view = self.views[key] = buf[:n]
+        return view
 
 
 class _RopeOffsets:

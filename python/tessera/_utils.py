@@ -18,14 +18,21 @@ __all__: list = []  # private module
 _POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI", "ROPE_LLAMA31")
 
 
+_TORCH: Any = None  # the torch module, once imported
+
+
 def _torch() -> Any:
     """Imports torch on first use (the package itself imports without it)."""
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "tessera's attention functions take PyTorch tensors: install torch (pip install torch)"
         ) from e
+    _TORCH = torch
     return torch
 
 
@@ -175,6 +182,8 @@ class Variant:
     def check_tensors(self, q_rope_offset: Any, k_rope_offset: Any, batch: int, device: Any) -> None:
         """The RoPE offsets (check_rope_offset) and a user variant's tensor parameters, against a
         batch of `batch` requests on `device` (checks only, before any device work)."""
+        if q_rope_offset is None and k_rope_offset is None and self.user is None:
+            return
         check_rope_offset("q_rope_offset", q_rope_offset, self, batch, device)
         check_rope_offset("k_rope_offset", k_rope_offset, self, batch, device)
         if self.user is not None:
@@ -226,6 +235,9 @@ _ROPE_DEFAULTS = {"ROPE_LLAMA": (1.0, 1e4), "ROPE_LLAMA31": (8.0, 5e5)}
 _LLAMA31_DEFAULTS = (1.0, 4.0, 8192.0)
 
 
+_DEFAULT_VARIANT: Optional[Variant] = None
+
+
 def resolve_variant(
     pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, rope_scale: Any, rope_theta: Any, *,
     low_freq_factor: Any = None, high_freq_factor: Any = None, old_context_len: Any = None,
@@ -239,6 +251,16 @@ def resolve_variant(
     high_freq_factor, old_context_len (Llama 3.1 only: an error with another mode), num_sink_tokens
     (>= 0; > 0 needs window_left >= 0), use_sigmoid with sigmoid_bias (the bias only with
     use_sigmoid), variant (None or a tessera.VariantSpec)."""
+    global _DEFAULT_VARIANT
+    if (type(pos_encoding_mode) is str and pos_encoding_mode == "NONE" and type(window_left) is int
+            and window_left == -1 and logits_soft_cap is None and low_freq_factor is None
+            and high_freq_factor is None and old_context_len is None and type(num_sink_tokens) is int
+            and num_sink_tokens == 0 and use_sigmoid is False and sigmoid_bias is None and variant is None):
+        # Every plan of a serving loop without a variant: the result is always the same (rope_scale /
+        # rope_theta are not read without a RoPE mode). Variants are never modified after this.
+        if _DEFAULT_VARIANT is None:
+            _DEFAULT_VARIANT = Variant("NONE", -1, 0.0, 1.0, 1e4)
+        return _DEFAULT_VARIANT
     mode = check_pos_encoding_mode(pos_encoding_mode)
     window = check_window_left(window_left)
     cap = check_logits_soft_cap(logits_soft_cap)
@@ -523,6 +545,8 @@ def _torch_if_loaded() -> Any:
 
 def check_positive_int(name: str, value: Any) -> int:
     """An integer >= 1 (anything with __index__: int, numpy or 0-d integer tensor; bools rejected)."""
+    if type(value) is int and value >= 1:
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:
@@ -534,6 +558,17 @@ def check_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+_SUPPORTED_HEAD_DIMS: Optional[Tuple[int, ...]] = None
+
+
+def _supported_head_dims() -> Tuple[int, ...]:
+    """The build's kernel configuration table (tessera._C.supported_head_dims()), read once."""
+    global _SUPPORTED_HEAD_DIMS
+    if _SUPPORTED_HEAD_DIMS is None:
+        _SUPPORTED_HEAD_DIMS = tuple(int(d) for d in _C().supported_head_dims())
+    return _SUPPORTED_HEAD_DIMS
+
+
 def check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dim_name: str = "head_dim") -> Tuple[int, int, int]:
     """Validates the head configuration: GQA divisibility and a head dim with kernels."""
     hq = check_positive_int("num_qo_heads", num_qo_heads)
@@ -543,7 +578,7 @@ def check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dim_na
         raise ValueError(
             f"num_qo_heads = {hq} is not a multiple of num_kv_heads = {hkv} (GQA needs num_qo_heads % num_kv_heads == 0)"
         )
-    supported = _C().supported_head_dims()  # the build's kernel configuration table
+    supported = _supported_head_dims()
     if d not in supported:
         raise unsupported(head_dim_name, d, ", ".join(map(str, supported)))
     return hq, hkv, d
@@ -620,9 +655,15 @@ def canonical_dtype(value: Any, name: str) -> "torch.dtype":
     raise TypeError(f"{name} must be a torch.dtype or a string, got {type(value).__name__}")
 
 
+_IS_FP8: Dict[Any, bool] = {}
+
+
 def is_fp8(dtype: "torch.dtype") -> bool:
     """True for torch's fp8 dtypes."""
-    return "float8" in str(dtype)
+    known = _IS_FP8.get(dtype)
+    if known is None:
+        known = _IS_FP8[dtype] = "float8" in str(dtype)
+    return known
 
 
 def check_attention_dtype(dtype: "torch.dtype", name: str) -> None:
@@ -635,8 +676,32 @@ def check_attention_dtype(dtype: "torch.dtype", name: str) -> None:
     raise TypeError(f"{name} = {dtype}, expected torch.float16 or torch.bfloat16")
 
 
+def _memo(cache: Dict[Any, Any], key: Any, compute: Any) -> Any:
+    """compute() remembered under `key` (plans repeat the same dtype arguments every step); an
+    unhashable key is computed every time, and errors are never remembered."""
+    try:
+        return cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable: nothing to remember
+        return compute()
+    value = compute()
+    if len(cache) >= 256:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+_PLAN_DTYPES: Dict[Any, Any] = {}
+
+
 def resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any = None, o_data_type: Any = None) -> "torch.dtype":
     """FlashInfer's q/kv/o data types -> the single dtype Tessera's kernels use."""
+    return _memo(_PLAN_DTYPES, ("q", q_data_type, kv_data_type, data_type, o_data_type),
+                 lambda: _resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type))
+
+
+def _resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any, o_data_type: Any) -> "torch.dtype":
     if data_type is not None:
         if q_data_type is None:
             q_data_type = data_type
@@ -664,6 +729,11 @@ def resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any = No
 def resolve_plan_kv_dtype(q: "torch.dtype", kv_data_type: Any, data_type: Any = None) -> "torch.dtype":
     """The K/V dtype of a plan: q's (kv_data_type None or q's dtype) or an fp8 cache's
     (torch.float8_e4m3fn, torch.float8_e5m2). resolve_plan_dtypes has checked the pair."""
+    return _memo(_PLAN_DTYPES, ("kv", q, kv_data_type, data_type),
+                 lambda: _resolve_plan_kv_dtype(q, kv_data_type, data_type))
+
+
+def _resolve_plan_kv_dtype(q: "torch.dtype", kv_data_type: Any, data_type: Any) -> "torch.dtype":
     if kv_data_type is None:
         kv_data_type = data_type
     if kv_data_type is None:
@@ -687,12 +757,17 @@ def kv_arg(t: Any) -> Any:
     return t.view(_torch().uint8)
 
 
+_TESSERA_DTYPES: Dict[Any, Any] = {}
+
+
 def tessera_dtype(dtype: "torch.dtype") -> Any:
     """torch.float16/bfloat16/float32/float8_e4m3fn/float8_e5m2 -> tessera._C.DType."""
-    torch = _torch()
-    C = _C()
-    mapping = {torch.float16: C.DType.f16, torch.bfloat16: C.DType.bf16, torch.float32: C.DType.f32,
-               torch.float8_e4m3fn: C.DType.e4m3, torch.float8_e5m2: C.DType.e5m2}
+    mapping = _TESSERA_DTYPES
+    if not mapping:
+        torch = _torch()
+        C = _C()
+        mapping.update({torch.float16: C.DType.f16, torch.bfloat16: C.DType.bf16, torch.float32: C.DType.f32,
+                        torch.float8_e4m3fn: C.DType.e4m3, torch.float8_e5m2: C.DType.e5m2})
     if dtype not in mapping:
         raise TypeError(f"dtype {dtype} has no Tessera equivalent")
     return mapping[dtype]
@@ -724,6 +799,9 @@ def check_tensor(
 def check_index_tensor(name: str, t: Any, length: Optional[int] = None) -> "torch.Tensor":
     """A 1-D int32 tensor (optionally of a given length)."""
     torch = _torch()
+    if (isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.dim() == 1
+            and (length is None or t.shape[0] == length)):
+        return t
     check_tensor(name, t, ndim=1, dtypes=(torch.int32,))
     if length is not None and t.shape[0] != length:
         raise ValueError(f"{name} has {t.shape[0]} entries, expected {length}")
@@ -755,13 +833,23 @@ def check_shape(name: str, t: "torch.Tensor", expected: Tuple[int, ...], what: s
 def to_host_int32(name: str, t: Any, length: Optional[int] = None) -> "torch.Tensor":
     """A contiguous CPU int32 copy of an index array (blocking when it lives on the GPU, as in FlashInfer)."""
     check_index_tensor(name, t, length)
-    host = t.to("cpu") if t.device.type != "cpu" else t
+    host = t if t.is_cpu else t.to("cpu")
     return host.contiguous()
 
 
-def check_indptr_values(name: str, host: "torch.Tensor") -> None:
-    """indptr[0] == 0 and non-decreasing (host tensor)."""
-    if host.numel() < 1:
+# Up to this many entries an index array is checked as a Python list (a few microseconds at a batch of
+# 64, against ~10 µs of tensor operations); beyond, with tensor operations, whose cost does not grow.
+_LIST_CHECK_MAX = 1024
+
+
+def check_indptr_values(name: str, host: "torch.Tensor") -> int:
+    """indptr[0] == 0 and non-decreasing (host tensor). Returns its last entry."""
+    n = host.numel()
+    if 0 < n <= _LIST_CHECK_MAX:  # the common case, cheaper as a list than as tensor operations
+        values = host.tolist()
+        if values[0] == 0 and values == sorted(values):
+            return values[-1]
+    if n < 1:
         raise ValueError(f"{name} is empty, expected batch_size + 1 >= 1 entries")
     first = int(host[0])
     if first != 0:
@@ -774,6 +862,7 @@ def check_indptr_values(name: str, host: "torch.Tensor") -> None:
             raise ValueError(
                 f"{name}[{i}] = {int(host[i])}, expected >= {int(host[i - 1])} ({name} must be non-decreasing)"
             )
+    return int(host[-1])
 
 
 class HostPageIds:
@@ -784,7 +873,7 @@ class HostPageIds:
 
     def __init__(self, name: str, indices: "torch.Tensor", count: int) -> None:
         self.name = name
-        self.ids = indices[:count] if indices.device.type == "cpu" else None
+        self.ids = indices[:count] if indices.is_cpu else None
         self._checked_page_counts: set = set()
 
     def check(self, num_cache_pages: int) -> None:
@@ -800,10 +889,25 @@ class HostPageIds:
         self._checked_page_counts.add(num_cache_pages)
 
 
+_RAW_STREAM: Any = None  # torch._C._cuda_getCurrentRawStream once CUDA is initialised (current_stream)
+
+
 def current_stream(device: "torch.device") -> int:
-    """PyTorch's current CUDA stream on `device`, as an integer handle."""
+    """PyTorch's current CUDA stream on `device`, as an integer handle.
+
+    torch.cuda.current_stream(device).cuda_stream builds a Stream object per call (microseconds
+    on the run() path); after the first call (which also initialises CUDA in torch) this reads the
+    same handle through torch._C._cuda_getCurrentRawStream, what torch's own compiled code uses,
+    where this torch has it."""
+    global _RAW_STREAM
+    raw = _RAW_STREAM
+    if raw is not None:
+        index = device.index
+        return raw(index if index is not None else _torch()._C._cuda_getDevice())
     torch = _torch()
-    return int(torch.cuda.current_stream(device).cuda_stream)
+    stream = int(torch.cuda.current_stream(device).cuda_stream)
+    _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return stream
 
 
 def call(fn: Any, device_tensor: "torch.Tensor", *args: Any, **kwargs: Any) -> Any:
@@ -822,6 +926,19 @@ def call(fn: Any, device_tensor: "torch.Tensor", *args: Any, **kwargs: Any) -> A
         return fn(*args, **kwargs)
     with torch.cuda.device(index):
         return fn(*args, **kwargs)
+
+
+def launch(fn: Any, device_tensor: "torch.Tensor", *args: Any, **kwargs: Any) -> Any:
+    """call() for the hot path of the wrappers' run(), whose arguments the caller has checked: the
+    binding is called directly. The extension module exports torch tensors without
+    Tensor.__dlpack__'s Python-level conditions (module.cpp, TorchArray), so neither autograd nor
+    PyTorch's current device matters to it; when it refuses an argument anyway (a tensor subclass,
+    an older build of the module: nanobind's TypeError, raised before the C++ call runs) the call
+    is made again through call(), which detaches and switches the device, as before."""
+    try:
+        return fn(*args, **kwargs)
+    except TypeError:
+        return call(fn, device_tensor, *args, **kwargs)
 
 
 def device_index(t: "torch.Tensor") -> int:

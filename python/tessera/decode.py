@@ -44,11 +44,12 @@ Tessera's variants (keyword-only arguments; no FlashInfer counterpart in these f
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from . import _runtime as R
 from . import _utils as U
-from ._runtime import _KVScaleBuffer, _Need, _RopeOffsets, _RuntimeHolder, split_options
+from ._runtime import _KVScaleBuffer, _Need, _PrefixViews, _RopeOffsets, _RuntimeHolder, split_options
 from .variant import VariantSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -350,6 +351,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._kv_scales = _KVScaleBuffer()
         self._rope_offsets = _RopeOffsets(self._use_cuda_graph, self._fixed_batch_size)
         self._graph_q_len: Optional[int] = None  # use_cuda_graph: q_len_per_req, fixed by the first plan
+        self._graph_views = _PrefixViews()  # use_cuda_graph: the buffers' prefixes plan() fills
         # torch.compile: the handle of the custom op tessera::decode_run (tessera/_ops.py); the
         # workspace and the preallocated page ids keep their addresses (static for CUDA graphs).
         self._handle = R.enable_compile(self, ws, paged_kv_indices_buffer if self._use_cuda_graph else None)
@@ -510,12 +512,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             indptr_host = U.to_host_int32("indptr", indptr)
         else:
             indptr_host = U.to_host_int32("global_override_indptr_cpu", indptr_host)
-        U.check_indptr_values("indptr", indptr_host)
+        num_pages = U.check_indptr_values("indptr", indptr_host)
         batch = int(indptr_host.shape[0]) - 1
         if last_page_len_host is None:
             last_page_len_host = U.to_host_int32("last_page_len", last_page_len, batch)
         U.check_index_tensor("indices", indices)
-        num_pages = int(indptr_host[-1])
         if indices.shape[0] < num_pages:
             raise ValueError(f"indices has {indices.shape[0]} entries, expected >= indptr[-1] = {num_pages}")
         if q_len > 1:
@@ -566,11 +567,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
             assert self._paged_kv_indices_buf is not None
             assert self._paged_kv_indptr_buf is not None and self._paged_kv_last_page_len_buf is not None
             self._graph_q_len = q_len
+            views = self._graph_views
             if indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
-                self._paged_kv_indices_buf[:num_pages].copy_(indices[:num_pages], non_blocking=True)
+                src = indices if indices.shape[0] == num_pages else indices[:num_pages]
+                views.get(self._paged_kv_indices_buf, num_pages).copy_(src, non_blocking=True)
             if fill_graph_page_table:
-                self._paged_kv_indptr_buf[: batch + 1].copy_(indptr_host, non_blocking=non_blocking)
-                self._paged_kv_last_page_len_buf[:batch].copy_(last_page_len_host, non_blocking=non_blocking)
+                views.get(self._paged_kv_indptr_buf, batch + 1).copy_(indptr_host, non_blocking=non_blocking)
+                views.get(self._paged_kv_last_page_len_buf, batch).copy_(last_page_len_host, non_blocking=non_blocking)
             run_indices = self._paged_kv_indices_buf
         else:
             run_indices = indices if indices.device == device else indices.to(device, non_blocking=True)
@@ -603,6 +606,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             "host_indices": U.HostPageIds("indices", indices, num_pages),
             "sm_scale": scale,
             "window_left": options.window_left,
+            **_run_fields(device, self._kv_layout, hkv, d, d, page_size, kv_dtype,
+                          q_rows=(graph_rows if graph_rows is not None else batch * q_len) if q_len > 1 else None),
         }
 
     def run(
@@ -643,23 +648,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
         Returns:
             ``out`` or ``(out, lse)``.
         """
-        U.check_no_extra_args(args)
-        U.check_scale("q_scale", q_scale)
+        if args:
+            U.check_no_extra_args(args)
+        if q_scale is not None:
+            U.check_scale("q_scale", q_scale)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this step's page table first")
-        U.check_run_window_left(window_left, p["window_left"])
+        if window_left is not None:
+            U.check_run_window_left(window_left, p["window_left"])
         if R.compiling():
             return _paged_run_compiled(R._OPS.DECODE_RUN, self, p, q, paged_kv_cache, k_scale, v_scale, out, lse,
                                        return_lse)
-        layout = U.check_kv_layout(self._kv_layout)
-        q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
-        k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
-        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
-        U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), layout, p["indices"], out,
-               lse if return_lse else None, U.current_stream(q.device),
-               kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
-        return (out, lse) if return_lse else out
+        return _paged_run(self, p, q, paged_kv_cache, k_scale, v_scale, out, lse, return_lse)
 
     forward = run
 
@@ -695,6 +696,33 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
                          paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer)
+
+
+@functools.lru_cache(maxsize=64)
+def _run_fields(device: Any, kv_layout: str, num_kv_heads: int, head_dim: int, head_dim_vo: int,
+                page_size: Optional[int], kv_dtype: Any, q_rows: Optional[int] = None) -> Dict[str, Any]:
+    """What run() compares and passes on its fast path, computed once per plan (entries of the
+    plan dict): the workspace's device (q, the cache and out must be on it), v's / o's head dim, the
+    exact query rows when the plan fixes them (q_len_per_req > 1) or None, a page's K and V shape
+    in the layout (paged wrappers), the layout and K/V dtype as the bindings take them. Memoised
+    (plans repeat their shapes): the caller copies the entries, never modifies the dict."""
+    fp8 = U.is_fp8(kv_dtype)
+    if page_size is None:
+        k_page = v_page = None
+    elif kv_layout == "NHD":
+        k_page, v_page = (page_size, num_kv_heads, head_dim), (page_size, num_kv_heads, head_dim_vo)
+    else:
+        k_page, v_page = (num_kv_heads, page_size, head_dim), (num_kv_heads, page_size, head_dim_vo)
+    return {
+        "device": device,
+        "head_dim_vo": head_dim_vo,
+        "q_rows": q_rows,
+        "k_page": k_page,
+        "v_page": v_page,
+        "layout_arg": U.check_kv_layout(kv_layout),
+        "fp8": fp8,
+        "kv_dtype_arg": U.tessera_dtype(kv_dtype) if fp8 else None,
+    }
 
 
 def _check_kv_lens_cover_queries(indptr_host: "torch.Tensor", last_page_len_host: "torch.Tensor", page_size: int,
@@ -805,6 +833,25 @@ def _paged_run_compiled(
     return _op_results(o, l, out, lse, return_lse)
 
 
+def _paged_run(
+    w: Any, p: Dict[str, Any], q: Any, paged_kv_cache: Any, k_scale: Any, v_scale: Any, out: Any, lse: Any,
+    return_lse: bool,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """run() of a paged wrapper (decode, paged prefill) after its argument checks that need no
+    tensor: the checks of q, out, lse and the cache (fast paths for the common case, each falling
+    back to the checks that name the argument), an fp8 cache's scales, the launch on the current
+    stream."""
+    q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
+    k, v, kv = _check_paged_cache(paged_kv_cache, w._kv_layout, q, p)
+    if _run_kv_scales(w._kv_scales, p, k_scale, v_scale, w._use_cuda_graph):
+        k, v, kv, kv_dtype = U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), p["kv_dtype_arg"]
+    else:
+        kv_dtype = None
+    U.launch(w._holder.cpp.run, q, q, k, v, kv, p["layout_arg"], p["indices"], out, lse if return_lse else None,
+             U.current_stream(q.device), kv_dtype=kv_dtype)
+    return (out, lse) if return_lse else out
+
+
 def _detached(t: Any) -> Any:
     return None if t is None else t.detach()
 
@@ -851,11 +898,16 @@ def _op_kv_scales(p: Dict[str, Any], k_scale: Any, v_scale: Any, workspace: Any)
 def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any, graph: bool) -> bool:
     """run()'s k_scale / v_scale: written into the plan's scale buffer for an fp8 cache (True; with
     use_cuda_graph on every run, so captures hold the fills), else only None/1.0 (False)."""
-    if U.is_fp8(p["kv_dtype"]):
+    fp8 = p.get("fp8")
+    if fp8 is None:
+        fp8 = U.is_fp8(p["kv_dtype"])
+    if fp8:
         buffer.set(k_scale, v_scale, always=graph)
         return True
-    U.check_scale("k_scale", k_scale)
-    U.check_scale("v_scale", v_scale)
+    if k_scale is not None:
+        U.check_scale("k_scale", k_scale)
+    if v_scale is not None:
+        U.check_scale("v_scale", v_scale)
     return False
 
 
@@ -866,6 +918,31 @@ def _check_run_queries(
     `allocate` is False (under torch.compile the op allocates them)."""
     torch = U._torch()
     hq, d, dtype = p["num_qo_heads"], p["head_dim"], p["dtype"]
+    # The common case in few attribute reads: q of the plan's dtype and heads on the plan's device
+    # (the workspace's, a CUDA device), out / lse absent or of the expected shape, dtype and device.
+    # Anything else takes the checks below, which name what is wrong.
+    device = p.get("device")
+    if device is not None and isinstance(q, torch.Tensor):
+        s = q.shape
+        q_rows = p["q_rows"]
+        if (len(s) == 3 and s[1] == hq and s[2] == d and q.dtype == dtype and q.device == device
+                and (q_rows is None or s[0] == q_rows)):
+            rows = s[0]
+            out_shape = (rows, hq, p["head_dim_vo"])
+            if out is None:
+                if allocate:
+                    out = torch.empty(out_shape, dtype=dtype, device=device)
+            elif not (isinstance(out, torch.Tensor) and out.shape == out_shape and out.dtype == dtype
+                      and out.device == device):
+                out = _check_run_out(q, out, p)
+            if return_lse:
+                if lse is None:
+                    if allocate:
+                        lse = torch.empty((rows, hq), dtype=torch.float32, device=device)
+                elif not (isinstance(lse, torch.Tensor) and lse.shape == (rows, hq) and lse.dtype == torch.float32
+                          and lse.device == device):
+                    _check_run_lse(q, lse, p)
+            return q, out, lse
     U.check_tensor("q", q, ndim=3, shape_hint="([rows, num_qo_heads, head_dim])")
     if q.dtype != dtype:
         raise TypeError(f"q.dtype = {q.dtype}, but the plan was made for q_data_type = {dtype}")
@@ -885,20 +962,63 @@ def _check_run_queries(
         if allocate:
             out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     else:
-        U.check_tensor("out", out, ndim=3)
-        if out.dtype != q.dtype:
-            raise TypeError(f"out.dtype = {out.dtype}, expected {q.dtype} (the dtype of q)")
-        U.check_shape("out", out, out_shape, "[rows of q, num_qo_heads, head_dim_vo]" if dv != d else "the shape of q")
-        U.check_same_device("out", out, "q", q)
+        out = _check_run_out(q, out, p)
     if return_lse:
         if lse is None:
             if allocate:
                 lse = torch.empty((q.shape[0], hq), dtype=torch.float32, device=q.device)
         else:
-            U.check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,))
-            U.check_shape("lse", lse, (int(q.shape[0]), hq), "[rows of q, num_qo_heads]")
-            U.check_same_device("lse", lse, "q", q)
+            _check_run_lse(q, lse, p)
     return q, out, lse
+
+
+def _check_run_out(q: "torch.Tensor", out: Any, p: Dict[str, Any]) -> "torch.Tensor":
+    """run()'s out against a checked q: [rows of q, num_qo_heads, head_dim_vo], q's dtype and device."""
+    hq, d = p["num_qo_heads"], p["head_dim"]
+    dv = p.get("head_dim_vo", d)
+    U.check_tensor("out", out, ndim=3)
+    if out.dtype != q.dtype:
+        raise TypeError(f"out.dtype = {out.dtype}, expected {q.dtype} (the dtype of q)")
+    U.check_shape("out", out, (int(q.shape[0]), hq, dv),
+                  "[rows of q, num_qo_heads, head_dim_vo]" if dv != d else "the shape of q")
+    U.check_same_device("out", out, "q", q)
+    return out
+
+
+def _check_run_lse(q: "torch.Tensor", lse: Any, p: Dict[str, Any]) -> None:
+    """run()'s lse against a checked q: float32 [rows of q, num_qo_heads] on q's device."""
+    U.check_tensor("lse", lse, ndim=2, dtypes=(U._torch().float32,))
+    U.check_shape("lse", lse, (int(q.shape[0]), p["num_qo_heads"]), "[rows of q, num_qo_heads]")
+    U.check_same_device("lse", lse, "q", q)
+
+
+def _paged_cache_fast(paged_kv_cache: Any, q: "torch.Tensor", p: Dict[str, Any]) -> Optional[Tuple[Any, Any, Any, int]]:
+    """_check_paged_cache's common case in few attribute reads: (k, v) or one [num_pages, 2, ...]
+    tensor of the plan's kv dtype and page geometry (p["k_page"] / p["v_page"]: a page's shape in
+    the layout) on q's device, which is the plan's. (k, v, kv, num_pages), or None when anything
+    differs (the full checks then name it)."""
+    device = p.get("device")
+    if device is None or q.device != device:
+        return None
+    tensor = U._torch().Tensor
+    kv_dtype = p["kv_dtype"]
+    k_page, v_page = p["k_page"], p["v_page"]
+    if isinstance(paged_kv_cache, tuple) and len(paged_kv_cache) == 2:
+        k, v = paged_kv_cache
+        if not (isinstance(k, tensor) and isinstance(v, tensor)):
+            return None
+        ks, vs = k.shape, v.shape
+        if (len(ks) == 4 and len(vs) == 4 and ks[1] == k_page[0] and ks[2] == k_page[1] and ks[3] == k_page[2]
+                and vs[0] == ks[0] and vs[1] == v_page[0] and vs[2] == v_page[1] and vs[3] == v_page[2]
+                and k.dtype == kv_dtype and v.dtype == kv_dtype and k.device == device and v.device == device):
+            return k, v, None, ks[0]
+        return None
+    if isinstance(paged_kv_cache, tensor) and k_page == v_page:
+        s = paged_kv_cache.shape
+        if (len(s) == 5 and s[1] == 2 and s[2] == k_page[0] and s[3] == k_page[1] and s[4] == k_page[2]
+                and paged_kv_cache.dtype == kv_dtype and paged_kv_cache.device == device):
+            return None, None, paged_kv_cache, s[0]
+    return None
 
 
 def _check_paged_cache(
@@ -906,6 +1026,12 @@ def _check_paged_cache(
 ) -> Tuple[Optional["torch.Tensor"], Optional["torch.Tensor"], Optional["torch.Tensor"]]:
     """run()'s paged-cache checks -> (k, v, None) or (None, None, kv). check_page_ids: the page ids
     plan() had on the host against the cache's page count (under torch.compile the op does it)."""
+    fast = _paged_cache_fast(paged_kv_cache, q, p)
+    if fast is not None:
+        k, v, kv, num_pages = fast
+        if check_page_ids:
+            p["host_indices"].check(num_pages)  # page ids plan() had on the host, against this cache
+        return k, v, kv
     k, v, kv = U.unpack_paged_kv_cache(paged_kv_cache)
     if kv is not None:
         if p.get("head_dim_vo", p["head_dim"]) != p["head_dim"]:

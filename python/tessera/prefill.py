@@ -41,7 +41,9 @@ from .decode import (
     _check_run_queries,
     _op_kv_scales,
     _op_results,
+    _paged_run,
     _paged_run_compiled,
+    _run_fields,
     _run_kv_scales,
 )
 from .variant import VariantSpec
@@ -636,6 +638,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "causal": causal,
             "sm_scale": scale,
             "window_left": options.window_left,
+            **_run_fields(device, self._kv_layout, hkv, d, dv, page_size, kv_dtype),
         }
 
     begin_forward = plan
@@ -670,23 +673,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         Returns:
             ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
         """
-        U.check_no_extra_args(args)
-        U.check_scale("q_scale", q_scale)
+        if args:
+            U.check_no_extra_args(args)
+        if q_scale is not None:
+            U.check_scale("q_scale", q_scale)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
-        U.check_run_window_left(window_left, p["window_left"])
+        if window_left is not None:
+            U.check_run_window_left(window_left, p["window_left"])
         if R.compiling():
             return _paged_run_compiled(R._OPS.PREFILL_PAGED_RUN, self, p, q, paged_kv_cache, k_scale, v_scale, out,
                                        lse, return_lse)
-        layout = U.check_kv_layout(self._kv_layout)
-        q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
-        k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
-        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
-        U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), layout, p["indices"], out,
-               lse if return_lse else None, U.current_stream(q.device),
-               kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
-        return (out, lse) if return_lse else out
+        return _paged_run(self, p, q, paged_kv_cache, k_scale, v_scale, out, lse, return_lse)
 
     forward = run
 
@@ -694,6 +693,26 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         """``run(..., return_lse=True)``."""
         kwargs["return_lse"] = True
         return self.run(q, paged_kv_cache, *args, **kwargs)  # type: ignore[return-value]
+
+
+def _ragged_kv_fast(k: Any, v: Any, q: "torch.Tensor", p: Dict[str, Any], nhd: bool) -> bool:
+    """The ragged run()'s k / v checks in their common case, in few attribute reads: 3-D tensors of
+    the plan's kv dtype, KV heads and head dims (k's head_dim, v's head_dim_vo) with as many rows,
+    on q's device, which is the plan's. False when anything differs (the full checks then name it)."""
+    device = p.get("device")
+    tensor = U._torch().Tensor
+    if device is None or not (isinstance(k, tensor) and isinstance(v, tensor)) or q.device != device:
+        return False
+    ks, vs = k.shape, v.shape
+    hkv, d, dv, kv_dtype = p["num_kv_heads"], p["head_dim"], p["head_dim_vo"], p["kv_dtype"]
+    if len(ks) != 3 or len(vs) != 3 or ks[2] != d or vs[2] != dv:
+        return False
+    if nhd:
+        shapes_ok = ks[1] == hkv and vs[1] == hkv and vs[0] == ks[0]
+    else:
+        shapes_ok = ks[0] == hkv and vs[0] == hkv and vs[1] == ks[1]
+    return (shapes_ok and k.dtype == kv_dtype and v.dtype == kv_dtype and k.device == device
+            and v.device == device)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
@@ -882,6 +901,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "causal": causal,
             "sm_scale": scale,
             "window_left": options.window_left,
+            **_run_fields(device, self._kv_layout, hkv, d, dv, None, kv_dtype),
         }
 
     begin_forward = plan
@@ -912,38 +932,46 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         Returns:
             ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
         """
-        U.check_no_extra_args(args)
+        if args:
+            U.check_no_extra_args(args)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
         compiling = R.compiling()  # torch.compile traces this run(): the op tessera::prefill_ragged_run launches
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p, allocate=not compiling)
-        U.check_tensor("k", k, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
-        U.check_tensor("v", v, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
-        U.kv_data_dtype_check("k", k, q.dtype, p["kv_dtype"])
-        U.kv_data_dtype_check("v", v, q.dtype, p["kv_dtype"])
-        v_shape = tuple(k.shape[:2]) + (p.get("head_dim_vo", p["head_dim"]),)
-        if tuple(v.shape) != v_shape:
-            raise ValueError(f"v has shape {tuple(v.shape)}, expected {v_shape} (k's with the plan's head_dim_vo)")
-        U.check_same_device("k", k, "q", q)
-        U.check_same_device("v", v, "q", q)
         k_in, v_in = k, v
-        if self._kv_layout == "HND":
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
-        if k.shape[1] != p["num_kv_heads"] or k.shape[2] != p["head_dim"]:
-            raise ValueError(
-                f"k has {k.shape[1]} KV heads of dim {k.shape[2]} (kv_layout={self._kv_layout!r}), but the plan was made "
-                f"for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
-            )
+        if not compiling and _ragged_kv_fast(k, v, q, p, self._kv_layout == "NHD"):
+            if self._kv_layout == "HND":
+                k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
+        else:
+            U.check_tensor("k", k, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
+            U.check_tensor("v", v, ndim=3, shape_hint="([kv_rows, num_kv_heads, head_dim] or HND)")
+            U.kv_data_dtype_check("k", k, q.dtype, p["kv_dtype"])
+            U.kv_data_dtype_check("v", v, q.dtype, p["kv_dtype"])
+            v_shape = tuple(k.shape[:2]) + (p.get("head_dim_vo", p["head_dim"]),)
+            if tuple(v.shape) != v_shape:
+                raise ValueError(f"v has shape {tuple(v.shape)}, expected {v_shape} (k's with the plan's head_dim_vo)")
+            U.check_same_device("k", k, "q", q)
+            U.check_same_device("v", v, "q", q)
+            if self._kv_layout == "HND":
+                k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
+            if k.shape[1] != p["num_kv_heads"] or k.shape[2] != p["head_dim"]:
+                raise ValueError(
+                    f"k has {k.shape[1]} KV heads of dim {k.shape[2]} (kv_layout={self._kv_layout!r}), but the plan "
+                    f"was made for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
+                )
         if compiling:  # the op transposes HND itself, allocates out / lse when None, sets fp8 scale values
             scales = _op_kv_scales(p, k_scale, v_scale, self._holder.workspace)
             o, l = R._OPS.PREFILL_RAGGED_RUN(self._handle, q.detach(), k_in.detach(), v_in.detach(), self._kv_layout,
                                              self._holder.workspace, out, lse if return_lse else None, return_lse,
                                              *scales)
             return _op_results(o, l, out, lse, return_lse)
-        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
-        U.call(self._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), out, lse if return_lse else None,
-               U.current_stream(q.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
+        if _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph):
+            k, v, kv_dtype = U.kv_arg(k), U.kv_arg(v), p["kv_dtype_arg"]
+        else:
+            kv_dtype = None
+        U.launch(self._holder.cpp.run, q, q, k, v, out, lse if return_lse else None, U.current_stream(q.device),
+                 kv_dtype=kv_dtype)
         return (out, lse) if return_lse else out
 
     forward = run

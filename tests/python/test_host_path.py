@@ -1,0 +1,357 @@
+"""CPU tests of the wrappers' lean per-call path (W12, bench/README.md): the fast checks of run() and
+plan() still validate, and say exactly what the full checks say.
+
+run() of the paged and ragged wrappers first compares q, out, lse and the KV cache against values
+the plan computed once (its device, dtypes, head counts, a page's shape); whatever differs goes
+through the full checks, which name the argument. Here every input of a table of good and bad
+ones gets the same outcome (the same exception type and message, or the same arguments handed to
+the runtime) with the fast path and with the full checks alone (the plan without its "device"
+entry, which the fast paths need). The runtime classes are stand-ins that record their calls, as in
+test_wrapper_options.py; no GPU is needed.
+"""
+
+import pytest
+
+import tessera
+from tessera import _C
+from tessera import _utils as U
+from test_cpu import _decode_plan, _i32, _paged_plan, _ragged_plan, _ws  # the CPU plan helpers
+
+torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pip install torch")
+
+D, G, P, R = (tessera.BatchDecodeWithPagedKVCacheWrapper, tessera.CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+              tessera.BatchPrefillWithPagedKVCacheWrapper, tessera.BatchPrefillWithRaggedKVCacheWrapper)
+F16 = torch.float16
+
+
+class _Recorder:
+    """A stand-in for a C++ runtime class (tessera._C.Batch*Wrapper) that records its calls."""
+
+    def __init__(self, workspace, bounds, options):
+        self.plans, self.runs = [], []
+
+    @staticmethod
+    def workspace_size(bounds, options, device):
+        return 0
+
+    def plan(self, *args, **kwargs):
+        self.plans.append((args, kwargs))
+
+    def run(self, *args, **kwargs):
+        self.runs.append((args, kwargs))
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """The runtime classes replaced by recorders and the device checks lifted, so plan() and run()
+    go through on the CPU (the workspace, hence the plan's device, is the CPU)."""
+    monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
+    monkeypatch.setattr(U, "current_stream", lambda device: 0)
+    monkeypatch.setattr(U, "device_index", lambda t: 0)
+    for name in ("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"):
+        monkeypatch.setattr(_C, name, type(name, (_Recorder,), {}))
+
+
+def _outcome(fn):
+    """('ok', a summary of what the runtime was handed) or (exception type, message)."""
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 - the outcome is the point
+        return type(e), str(e)
+    return "ok", _summary(result)
+
+
+def _summary(x):
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype, str(x.device))
+    if isinstance(x, (tuple, list)):
+        return tuple(_summary(a) for a in x)
+    if isinstance(x, dict):
+        return {k: _summary(v) for k, v in x.items()}
+    return x
+
+
+def _both_ways(w, call):
+    """The outcome of call() with the plan as made (fast paths on) and with the full checks alone,
+    each with what the stand-in runtime received."""
+    planned = w._planned
+    slow = {k: v for k, v in planned.items() if k != "device"}
+    results = []
+    for p in (planned, slow):
+        w._planned = p
+        runtime = w._holder.cpp
+        before = len(runtime.runs)
+        outcome = _outcome(call)
+        handed = _summary(runtime.runs[before:])
+        results.append((outcome, handed))
+    w._planned = planned
+    return results
+
+
+def _pages(n=3, page=16, hkv=2, d=128, dtype=F16, hnd=False):
+    shape = (n, hkv, page, d) if hnd else (n, page, hkv, d)
+    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+
+
+# q, cache, out, lse variations against a plan of batch 2, 8 query heads, 2 KV heads, head dim 128,
+# page size 16, fp16, three pages (_decode_plan / _paged_plan).
+def _q(rows=2, hq=8, d=128, dtype=F16):
+    return torch.zeros(rows, hq, d, dtype=dtype)
+
+
+PAGED_CASES = {
+    "good": lambda: dict(q=_q(), cache=_pages()),
+    "good, one tensor": lambda: dict(q=_q(), cache=torch.zeros(3, 2, 16, 2, 128, dtype=F16)),
+    "good, out and lse": lambda: dict(q=_q(), cache=_pages(), out=torch.zeros(2, 8, 128, dtype=F16),
+                                      lse=torch.zeros(2, 8), return_lse=True),
+    "good, lse allocated": lambda: dict(q=_q(), cache=_pages(), return_lse=True),
+    "q of 2 dims": lambda: dict(q=torch.zeros(2, 8 * 128, dtype=F16), cache=_pages()),
+    "q heads": lambda: dict(q=_q(hq=4), cache=_pages()),
+    "q head dim": lambda: dict(q=_q(d=64), cache=_pages()),
+    "q dtype": lambda: dict(q=_q(dtype=torch.bfloat16), cache=_pages()),
+    "q not a tensor": lambda: dict(q=[[0.0]], cache=_pages()),
+    "q on another device": lambda: dict(q=_q().to("meta"), cache=_pages()),
+    "cache page size": lambda: dict(q=_q(), cache=_pages(page=8)),
+    "cache heads": lambda: dict(q=_q(), cache=_pages(hkv=4)),
+    "cache head dim": lambda: dict(q=_q(), cache=_pages(d=64)),
+    "cache dtype": lambda: dict(q=_q(), cache=_pages(dtype=torch.bfloat16)),
+    "cache layout": lambda: dict(q=_q(), cache=_pages(hnd=True)),
+    "cache of 3 entries": lambda: dict(q=_q(), cache=_pages() + (None,)),
+    "cache as a list": lambda: dict(q=_q(), cache=list(_pages())),
+    "v of another shape": lambda: dict(q=_q(), cache=(_pages()[0], torch.zeros(4, 16, 2, 128, dtype=F16))),
+    "v on another device": lambda: dict(q=_q(), cache=(_pages()[0], _pages()[1].to("meta"))),
+    "too few pages": lambda: dict(q=_q(), cache=_pages(n=2)),
+    "one tensor, wrong 2nd dim": lambda: dict(q=_q(), cache=torch.zeros(3, 3, 16, 2, 128, dtype=F16)),
+    "one tensor, dtype": lambda: dict(q=_q(), cache=torch.zeros(3, 2, 16, 2, 128, dtype=torch.bfloat16)),
+    "out shape": lambda: dict(q=_q(), cache=_pages(), out=torch.zeros(3, 8, 128, dtype=F16)),
+    "out dtype": lambda: dict(q=_q(), cache=_pages(), out=torch.zeros(2, 8, 128, dtype=torch.bfloat16)),
+    "out on another device": lambda: dict(q=_q(), cache=_pages(), out=torch.zeros(2, 8, 128, dtype=F16, device="meta")),
+    "out not a tensor": lambda: dict(q=_q(), cache=_pages(), out=0),
+    "lse shape": lambda: dict(q=_q(), cache=_pages(), lse=torch.zeros(2, 4), return_lse=True),
+    "lse dtype": lambda: dict(q=_q(), cache=_pages(), lse=torch.zeros(2, 8, dtype=F16), return_lse=True),
+    "k_scale on a 16-bit cache": lambda: dict(q=_q(), cache=_pages(), k_scale=2.0),
+    "v_scale 1.0": lambda: dict(q=_q(), cache=_pages(), v_scale=1.0),
+}
+
+PAGED_ACCEPTED = {"good", "good, one tensor", "good, out and lse", "good, lse allocated", "cache as a list",
+                  "v_scale 1.0"}
+
+
+def _paged_run(w, case):
+    kwargs = dict(case)
+    q, cache = kwargs.pop("q"), kwargs.pop("cache")
+    return lambda: w.run(q, cache, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(PAGED_CASES))
+@pytest.mark.parametrize("wrapper", ["decode", "graph decode", "paged prefill"])
+def test_paged_run_fast_path_says_what_the_full_checks_say(stand_ins, wrapper, name):
+    if wrapper == "decode":
+        w = D(_ws())
+        _decode_plan(w)
+    elif wrapper == "graph decode":
+        w = G(_ws(), _i32([0] * 3), _i32([0] * 4), _i32([0] * 2))
+        _decode_plan(w)
+    else:
+        w = P(_ws())
+        _paged_plan(w, qo_indptr=_i32([0, 1, 2]))
+    fast, slow = _both_ways(w, _paged_run(w, PAGED_CASES[name]()))
+    assert fast == slow
+    if name in PAGED_ACCEPTED:
+        assert fast[0][0] == "ok" and len(fast[1]) == 1, fast
+    else:
+        assert fast[0][0] != "ok" and not fast[1], f"{name}: accepted"
+
+
+def test_fast_path_keeps_the_named_errors(stand_ins):
+    # The errors of the table above, spelled out for the common mistakes.
+    w = D(_ws())
+    _decode_plan(w)
+    k, v = _pages()
+    with pytest.raises(ValueError, match=r"q has shape \(2, 4, 128\), expected \[rows, 8, 128\]"):
+        w.run(_q(hq=4), (k, v))
+    with pytest.raises(TypeError, match=r"q.dtype = torch.bfloat16, but the plan was made for q_data_type = torch.float16"):
+        w.run(_q(dtype=torch.bfloat16), (k, v))
+    with pytest.raises(ValueError, match=r"paged_kv_cache has shape \(3, 8, 2, 128\); with kv_layout='NHD'"):
+        w.run(_q(), _pages(page=8))
+    with pytest.raises(TypeError, match=r"paged_kv_cache\[0\].dtype = torch.bfloat16, but the plan was made for"):
+        w.run(_q(), _pages(dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"indices\[2\] = 2 is out of range \[0, 2\)"):
+        w.run(_q(), _pages(n=2))
+    with pytest.raises(ValueError, match=r"out has shape \(3, 8, 128\), expected \(2, 8, 128\)"):
+        w.run(_q(), (k, v), out=torch.zeros(3, 8, 128, dtype=F16))
+    with pytest.raises(ValueError, match=r"paged_kv_cache\[0\] is on cpu, expected meta \(the device of q\)"):
+        w.run(_q().to("meta"), (k, v))
+    with pytest.raises(NotImplementedError, match=r"run\(\) got 1 extra positional argument"):
+        w.run(_q(), (k, v), None)
+    with pytest.raises(NotImplementedError, match=r"q_scale"):
+        w.run(_q(), (k, v), q_scale=2.0)
+    with pytest.raises(NotImplementedError, match=r"window_left=5 in run\(\) differs from the plan's window_left=-1"):
+        w.run(_q(), (k, v), window_left=5)
+    # And a good call after the bad ones goes through, handing the runtime the plan's page ids.
+    out = w.run(_q(), (k, v))
+    assert out.shape == (2, 8, 128) and out.dtype == F16
+    args, kwargs = w._holder.cpp.runs[-1]
+    assert args[0].shape == (2, 8, 128) and args[1] is k and args[2] is v and args[3] is None
+    assert args[4] == _C.Layout.NHD and args[5].tolist() == [0, 1, 2] and args[6] is out
+    assert kwargs == {"kv_dtype": None}
+
+
+def test_q_rows_fixed_by_the_plan(stand_ins):
+    # q_len_per_req > 1 fixes the query rows: the fast path compares them too.
+    w = D(_ws())
+    _decode_plan(w, q_len_per_req=3)
+    k, v = _pages()
+    with pytest.raises(ValueError, match=r"q has 2 rows, expected 6: the plan has q_len_per_req = 3"):
+        w.run(_q(rows=2), (k, v))
+    assert w.run(_q(rows=6), (k, v)).shape == (6, 8, 128)
+
+
+RAGGED_CASES = {
+    "good": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 2, 128, dtype=F16), v=torch.zeros(37, 2, 128, dtype=F16)),
+    "k heads": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 4, 128, dtype=F16), v=torch.zeros(37, 4, 128, dtype=F16)),
+    "k head dim": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 2, 64, dtype=F16), v=torch.zeros(37, 2, 64, dtype=F16)),
+    "v rows": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 2, 128, dtype=F16), v=torch.zeros(36, 2, 128, dtype=F16)),
+    "v dtype": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 2, 128, dtype=F16),
+                            v=torch.zeros(37, 2, 128, dtype=torch.bfloat16)),
+    "k of 4 dims": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 2, 128, 1, dtype=F16),
+                                v=torch.zeros(37, 2, 128, dtype=F16)),
+    "k on another device": lambda: dict(q=_q(rows=4), k=torch.zeros(37, 2, 128, dtype=F16, device="meta"),
+                                        v=torch.zeros(37, 2, 128, dtype=F16)),
+    "q heads": lambda: dict(q=_q(rows=4, hq=2), k=torch.zeros(37, 2, 128, dtype=F16),
+                            v=torch.zeros(37, 2, 128, dtype=F16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAGGED_CASES))
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_ragged_run_fast_path_says_what_the_full_checks_say(stand_ins, layout, name):
+    w = R(_ws(), layout)
+    _ragged_plan(w)
+    case = RAGGED_CASES[name]()
+    q, k, v = case["q"], case["k"], case["v"]
+    if layout == "HND" and k.dim() == 3 and v.dim() == 3:
+        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    fast, slow = _both_ways(w, lambda: w.run(q, k, v))
+    assert fast == slow
+    assert (fast[0][0] == "ok") == (name == "good"), fast
+
+
+# --- the plan-side shortcuts ---------------------------------------------------------------------
+
+
+def test_indptr_checks_keep_their_messages():
+    for n in (3, U._LIST_CHECK_MAX + 5):  # the list shortcut and the tensor operations
+        good = torch.arange(n, dtype=torch.int32)
+        assert U.check_indptr_values("indptr", good) == n - 1
+        bad = good.clone()
+        bad[0] = 1
+        with pytest.raises(ValueError, match=r"^indptr\[0\] = 1, expected 0$"):
+            U.check_indptr_values("indptr", bad)
+        bad = good.clone()
+        bad[2] = 0
+        with pytest.raises(ValueError, match=r"^indptr\[2\] = 0, expected >= 1 \(indptr must be non-decreasing\)$"):
+            U.check_indptr_values("indptr", bad)
+    with pytest.raises(ValueError, match=r"indptr is empty"):
+        U.check_indptr_values("indptr", _i32([]))
+
+
+def test_default_variant_shortcut_matches_the_checks():
+    fast = U.resolve_variant("NONE", -1, None, None, None)
+    slow = U.resolve_variant("NONE", -1, 0.0, None, None)  # not the shortcut (logits_soft_cap given)
+    assert [getattr(fast, n) for n in U.Variant.__slots__] == [getattr(slow, n) for n in U.Variant.__slots__]
+    assert fast.is_default()
+    # Near-defaults still get their checks.
+    with pytest.raises(TypeError, match=r"window_left must be an int, got float"):
+        U.resolve_variant("NONE", -1.0, None, None, None)
+    with pytest.raises(TypeError, match=r"window_left must be an int, got bool"):
+        U.resolve_variant("NONE", True, None, None, None)
+    with pytest.raises(ValueError, match=r"pos_encoding_mode = 'none'"):
+        U.resolve_variant("none", -1, None, None, None)
+    with pytest.raises(TypeError, match=r"num_sink_tokens must be an int, got bool"):
+        U.resolve_variant("NONE", -1, None, None, None, num_sink_tokens=False)
+
+
+def test_plan_dtype_memo_never_remembers_errors():
+    assert U.resolve_plan_dtypes("bf16", None) is torch.bfloat16
+    assert U.resolve_plan_dtypes("bf16", None) is torch.bfloat16  # remembered
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"q_data_type = 'bf17' is not a dtype Tessera knows"):
+            U.resolve_plan_dtypes("bf17", None)
+        with pytest.raises(TypeError, match=r"q_data_type must be a torch.dtype or a string, got list"):
+            U.resolve_plan_dtypes(["bf16"], None)  # unhashable: checked every time
+    assert U.resolve_plan_kv_dtype(torch.float16, "e4m3") is torch.float8_e4m3fn
+
+
+def test_positive_int_shortcut_keeps_the_checks():
+    assert U.check_positive_int("page_size", 16) == 16
+    with pytest.raises(TypeError, match=r"page_size must be an int, got bool"):
+        U.check_positive_int("page_size", True)
+    with pytest.raises(ValueError, match=r"page_size = 0, expected >= 1"):
+        U.check_positive_int("page_size", 0)
+
+
+# --- the call into the bindings ------------------------------------------------------------------
+
+
+def test_launch_falls_back_to_call_when_the_binding_refuses():
+    calls = []
+
+    def binding(*args):
+        calls.append(args)
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            raise TypeError("incompatible function arguments")  # what nanobind says
+        return "done"
+
+    x = torch.zeros(2, requires_grad=True)
+    assert U.launch(binding, x, x, 1) == "done"
+    assert len(calls) == 2 and not calls[1][0].requires_grad  # call() detached it
+    with pytest.raises(ValueError, match="not a TypeError"):
+        U.launch(lambda *a: (_ for _ in ()).throw(ValueError("not a TypeError")), x, x)
+
+
+def test_bindings_take_torch_tensors_directly():
+    probe = getattr(_C, "_run_arguments_probe", None)
+    if probe is None:
+        pytest.skip("this build of tessera._C has no _run_arguments_probe")
+    q, o = _q(), _q()
+    k = torch.zeros(3, 16, 2, 256, dtype=F16)[..., :128]  # strided
+    indices = _i32([0, 1, 2])
+    probe(q, k, k, None, _C.Layout.NHD, indices, o, None, 0)
+    probe(q.clone().requires_grad_(), k, k, None, _C.Layout.NHD, indices, o, None, 0)  # autograd: no matter
+    sub = type("Sub", (torch.Tensor,), {})
+    probe(q.as_subclass(sub), k, k, None, _C.Layout.NHD, indices, o, None, 0)  # through __dlpack__
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        probe([1.0], k, k, None, _C.Layout.NHD, indices, o, None, 0)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        probe(torch.ones(2, 2).to_sparse(), k, k, None, _C.Layout.NHD, indices, o, None, 0)
+    with pytest.raises(ValueError, match=r"out: DLTensor.ndim = 7 is out of range"):
+        probe(q, k, k, None, _C.Layout.NHD, indices, torch.zeros((1,) * 7), None, 0)
+
+
+@pytest.mark.parametrize("wrapper", ["decode", "paged prefill", "ragged prefill"])
+def test_good_calls_take_the_fast_path(stand_ins, monkeypatch, wrapper):
+    # The full checks are not run for a good call (what makes run() cheap): they would raise here.
+    if wrapper == "decode":
+        w = D(_ws())
+        _decode_plan(w)
+        args = (_q(), _pages())
+    elif wrapper == "paged prefill":
+        w = P(_ws())
+        _paged_plan(w, qo_indptr=_i32([0, 1, 2]))
+        args = (_q(), torch.zeros(3, 2, 16, 2, 128, dtype=F16))
+    else:
+        w = R(_ws())
+        _ragged_plan(w)
+        args = (_q(rows=4), torch.zeros(37, 2, 128, dtype=F16), torch.zeros(37, 2, 128, dtype=F16))
+    w.run(*args)  # the page-id check of this cache's page count, once
+
+    def full_check(*a, **k):
+        raise AssertionError("the full checks ran")
+
+    for name in ("check_tensor", "check_shape", "check_same_device", "unpack_paged_kv_cache", "kv_data_dtype_check",
+                 "check_scale", "check_kv_layout", "call"):
+        monkeypatch.setattr(U, name, full_check)
+    out, lse = w.run(*args, return_lse=True)
+    assert out.shape == (args[0].shape[0], 8, 128) and lse.shape == (args[0].shape[0], 8)
+    assert len(w._holder.cpp.runs) == 2

@@ -37,7 +37,6 @@ from . import _utils as U
 from ._runtime import _KVScaleBuffer, _Need, _RopeOffsets, _RuntimeHolder, split_options
 from .decode import (
     PagedKVCache,
-    _check_paged_cache,
     _check_run_queries,
     _op_kv_scales,
     _op_results,

@@ -275,11 +275,12 @@ def run_cells(torch, tessera, args, sink: Sink, base_params: dict) -> None:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    gw.run(cell.q, kv, out=cell.out)  # warm-up on the capture stream
+                    gw.run(cell.q, kv, out=cell.out)  # warm-up on a side stream, as torch.cuda.graph asks
                 torch.cuda.current_stream().wait_stream(side)
                 sync()
                 with torch.cuda.graph(graph):
                     gw.run(cell.q, kv, out=cell.out)
+                cell.out.zero_()  # the replay must write it
                 sync()
                 graph.replay()
                 check_against_sdpa(torch, F, cell, cell.out, "graph replay")

@@ -154,6 +154,8 @@ class MultiLevelCascadeAttentionWrapper:
 
     This is a composition of plan/run wrappers (one plan and launch per level plus a merge per
     extra level), FlashInfer's own design; a single runtime plan over all levels is not built yet.
+    Memory: levels beyond the first each allocate a workspace of ``float_workspace_buffer``'s size
+    (a runtime keeps its plan in its workspace).
     Not supported (NotImplementedError naming them): ``use_cuda_graph=True``; position-dependent
     variants across levels (``window_left``, ``"ROPE_LLAMA"``, ``"ALIBI"``: a level's query
     positions are not the sequence's).
@@ -174,12 +176,15 @@ class MultiLevelCascadeAttentionWrapper:
 
         Args:
             num_levels: number of levels, >= 1.
-            float_workspace_buffer: one-byte-element CUDA tensor, split evenly between the levels
-                (FlashInfer's examples use 128 MB).
+            float_workspace_buffer: one-byte-element CUDA tensor (FlashInfer's examples use 128
+                MB), level 0's workspace; each further level allocates one of the same size (see
+                the class note).
             kv_layout: ``"NHD"`` or ``"HND"``.
             use_cuda_graph, *_buf_arr: only ``False`` / ``None``.
         """
         from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        torch_empty_like = U._torch().empty_like
 
         levels = U.check_positive_int("num_levels", num_levels)
         if use_cuda_graph:
@@ -192,13 +197,13 @@ class MultiLevelCascadeAttentionWrapper:
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if ws.element_size() != 1:
             raise TypeError(f"float_workspace_buffer.dtype = {ws.dtype}, expected a one-byte dtype (uint8, int8)")
-        # Equal slices whose starts stay 256-byte aligned (the runtime's requirement).
-        share = (int(ws.numel()) // levels) // 256 * 256
-        if share == 0:
-            raise ValueError(f"float_workspace_buffer has {ws.numel()} bytes, too few for {levels} levels")
         self._num_levels = levels
-        self._wrappers = [BatchPrefillWithPagedKVCacheWrapper(ws[i * share:(i + 1) * share], kv_layout)
-                          for i in range(levels)]
+        # A Tessera runtime keeps its plan in its workspace beside the split states, so the levels,
+        # planned together and run one after another, cannot share one buffer as FlashInfer's
+        # levels do (theirs hold only scratch): level 0 takes the caller's buffer, every further
+        # level a buffer of the same size allocated here, on its device.
+        buffers = [ws] + [torch_empty_like(ws) for _ in range(levels - 1)]
+        self._wrappers = [BatchPrefillWithPagedKVCacheWrapper(b, kv_layout) for b in buffers]
 
     def plan(
         self,

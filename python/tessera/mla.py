@@ -85,7 +85,11 @@ class BatchMLAPagedAttentionWrapper:
                 "qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len_arr": kv_len_arr,
                 "last_page_len": torch.zeros_like(kv_len_arr),
             }
-        self._workspace = ws
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        # The split states' bytes: any element type (FlashInfer's examples allocate int8, which
+        # DLPack has no Tessera dtype for), seen as uint8.
+        self._workspace = ws.view(U._torch().uint8)
         # torch.compile: the handle of the custom op tessera::mla_run; the workspace and the graph
         # buffers keep their addresses (static for CUDA graphs).
         self._handle = R.enable_compile(self, ws, *(self._buffers.values() if self._buffers else ()))

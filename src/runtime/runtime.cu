@@ -317,10 +317,6 @@ class AttentionRuntime {
         << "shape.num_kv_heads = " << heads.num_kv_heads << " exceeds bounds.num_kv_heads = " << bounds_.num_kv_heads;
     TESSERA_CHECK_ARG(heads.head_dim <= bounds_.head_dim)
         << "shape.head_dim = " << heads.head_dim << " exceeds bounds.head_dim = " << bounds_.head_dim;
-    TESSERA_CHECK_ARG(!head_dim.split() && !bounds_dims().split() ||
-                      (head_dim.qk == bounds_dims().qk && head_dim.vo == bounds_dims().vo))
-        << "shape.head_dim / head_dim_vo = " << head_dim.qk << " / " << head_dim.vo << ", expected the bounds' "
-        << bounds_dims().qk << " / " << bounds_dims().vo << " (split head dims are planned at the bounds' pair)";
     const int group = static_cast<int>(heads.num_qo_heads / heads.num_kv_heads);
     // sm_scale is checked here, not first at run().
     const double sm_scale = shape.attention.sm_scale < 0 ? -1.0 : shape.attention.sm_scale;
@@ -328,9 +324,7 @@ class AttentionRuntime {
         << "shape.attention.sm_scale = " << shape.attention.sm_scale
         << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
     const ResolvedVariant variant = plan_variant(shape, heads, batch);
-    TESSERA_CHECK(!head_dim.split() || variant.is_default, StatusCode::kUnsupported)
-        << "shape.attention.variant is set: head_dim " << head_dim.qk << " != head_dim_vo " << head_dim.vo
-        << " runs the default variant only (causal masking and sm_scale)";
+    check_split_head_dims_variant(head_dim, variant);
     if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
     // Query tile and grid.
@@ -719,7 +713,18 @@ class AttentionRuntime {
           << (decode_ ? "decode" : "block-sparse attention") << " takes equal head dims only";
     }
     check_prefill_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, dims.vo, "shape.head_dim_vo");
+    const PrefillHeadDims bounds = bounds_dims();
+    TESSERA_CHECK_ARG((!dims.split() && !bounds.split()) || (dims.qk == bounds.qk && dims.vo == bounds.vo))
+        << "shape.head_dim / head_dim_vo = " << dims.qk << " / " << dims.vo << ", expected the bounds' " << bounds.qk
+        << " / " << bounds.vo << " (split head dims are planned at the bounds' pair)";
     return dims;
+  }
+
+  /// Split head dims run the default variant only (causal masking and sm_scale).
+  static void check_split_head_dims_variant(PrefillHeadDims dims, const ResolvedVariant& variant) {
+    TESSERA_CHECK(!dims.split() || variant.is_default, StatusCode::kUnsupported)
+        << "shape.attention.variant is set: head_dim " << dims.qk << " != head_dim_vo " << dims.vo
+        << " runs the default variant only (causal masking and sm_scale)";
   }
 
   void check_graph_invariants(const PlanInput& in, const PlanShape& shape, const ResolvedVariant& variant) const {

@@ -12,27 +12,28 @@
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
+#include "src/mla_host.h"
 #include "src/tensor_checks.h"
 #include "tessera/merge.h"
 #include "tessera/mla.h"
 #include "tessera/validate.h"
 
 namespace tessera {
-namespace {
+namespace detail {
 
-/// A 3-D operand of the MLA kernels: f16/bf16 on CUDA, last dim `width`, 16-byte vectors.
 void check_latent_operand(const TensorView& t, const char* name, int64_t width, const char* layout) {
-  detail::check_view(t, name);
+  check_view(t, name);
   TESSERA_CHECK_ARG(t.ndim == 3) << name << ".ndim = " << t.ndim << ", expected 3 (" << layout << ")";
   check_dtype(t, name, {DType::kF16, DType::kBF16});
   check_on_cuda(t, name);
   check_last_dim_contiguous(t, name);
   TESSERA_CHECK_ARG(t.shape[2] == width)
       << name << ".shape[2] = " << t.shape[2] << ", expected " << width << " (" << layout << ")";
-  detail::check_vector_aligned(t, name);
+  check_vector_aligned(t, name);
 }
 
-void check_matches(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name, int dims) {
+void check_latent_matches(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name,
+                          int dims) {
   check_dtype(t, name, {ref.dtype});
   check_same_device(ref, ref_name, t, name);
   for (int d = 0; d < dims; ++d) {
@@ -41,10 +42,28 @@ void check_matches(const TensorView& t, const char* name, const TensorView& ref,
   }
 }
 
+void check_latent_lse(const TensorView& lse, const TensorView& q, int64_t rows, int64_t num_heads) {
+  if (!lse.defined()) return;
+  check_view(lse, "lse");
+  TESSERA_CHECK_ARG(lse.ndim == 2) << "lse.ndim = " << lse.ndim << ", expected 2 ([rows, num_heads])";
+  check_dtype(lse, "lse", {DType::kF32});
+  check_same_device(q, "q_nope", lse, "lse");
+  check_size(lse, "lse", 0, rows);
+  check_size(lse, "lse", 1, num_heads);
+  check_contiguous(lse, "lse");
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::check_latent_matches;
+using detail::check_latent_operand;
+
 void validate_latent_cache(const PagedLatentCache& kv) {
   check_latent_operand(kv.ckv, "kv.ckv", kMlaLatentDim, "[num_pages, page_size, 512]");
   check_latent_operand(kv.kpe, "kv.kpe", kMlaRopeDim, "[num_pages, page_size, 64]");
-  check_matches(kv.kpe, "kv.kpe", kv.ckv, "kv.ckv", 2);
+  check_latent_matches(kv.kpe, "kv.kpe", kv.ckv, "kv.ckv", 2);
   TESSERA_CHECK_ARG(kv.ckv.shape[1] >= 1 && kv.ckv.shape[1] < (int64_t{1} << 31))
       << "kv.ckv.shape[1] (page_size) = " << kv.ckv.shape[1] << ", expected in [1, 2^31)";
   // The page table is a paged cache's: validate it through a one-head PagedKV view of ckv.
@@ -117,25 +136,17 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
   const int64_t batch = kv.batch_size();
   check_latent_operand(q_nope, "q_nope", kMlaLatentDim, "[total_q, num_heads, 512]");
   check_latent_operand(q_pe, "q_pe", kMlaRopeDim, "[total_q, num_heads, 64]");
-  check_matches(q_nope, "q_nope", kv.ckv, "kv.ckv", 0);
-  check_matches(q_pe, "q_pe", q_nope, "q_nope", 2);
+  check_latent_matches(q_nope, "q_nope", kv.ckv, "kv.ckv", 0);
+  check_latent_matches(q_pe, "q_pe", q_nope, "q_nope", 2);
   check_latent_operand(o, "o", kMlaLatentDim, "[total_q, num_heads, 512]");
-  check_matches(o, "o", q_nope, "q_nope", 2);
+  check_latent_matches(o, "o", q_nope, "q_nope", 2);
   const int64_t total_q = q_nope.shape[0];
   const int64_t heads = q_nope.shape[1];
   TESSERA_CHECK_ARG(heads >= 1 && heads <= 4096)
       << "q_nope.shape[1] (num_heads) = " << heads << ", expected in [1, 4096]";
   TESSERA_CHECK_ARG(std::isfinite(options.sm_scale) && options.sm_scale > 0)
       << "options.sm_scale = " << options.sm_scale << ", expected finite and > 0 (MLA has no default scale)";
-  if (lse.defined()) {
-    detail::check_view(lse, "lse");
-    TESSERA_CHECK_ARG(lse.ndim == 2) << "lse.ndim = " << lse.ndim << ", expected 2 ([total_q, num_heads])";
-    check_dtype(lse, "lse", {DType::kF32});
-    check_same_device(q_nope, "q_nope", lse, "lse");
-    check_size(lse, "lse", 0, total_q);
-    check_size(lse, "lse", 1, heads);
-    check_contiguous(lse, "lse");
-  }
+  detail::check_latent_lse(lse, q_nope, total_q, heads);
   int64_t grid_rows = heads;  // packed (token, head) rows of the longest request
   int64_t covered_q = total_q;  // query rows some request owns (known when qo_indptr is readable)
   if (qo_indptr.defined()) {
@@ -193,43 +204,26 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
   TESSERA_DISPATCH_HALF_DTYPE(q_nope.dtype, "q_nope", T, [&] {
     using Traits = kernels::MlaTraits<T>;
     kernels::MlaParams<T> p{};
-    p.q_nope = q_nope.data_as<const T>();
-    p.q_pe = q_pe.data_as<const T>();
-    p.q_nope_stride_token = q_nope.strides[0];
-    p.q_nope_stride_head = q_nope.strides[1];
-    p.q_pe_stride_token = q_pe.strides[0];
-    p.q_pe_stride_head = q_pe.strides[1];
+    detail::set_mla_tensor_params(p, q_nope, q_pe, kv.ckv, kv.kpe, o, lse);
     p.qo_indptr = qo_indptr.defined() ? qo_indptr.data_as<const int32_t>() : nullptr;
-    p.ckv = kv.ckv.data_as<const T>();
-    p.kpe = kv.kpe.data_as<const T>();
-    p.ckv_stride_page = kv.ckv.strides[0];
-    p.ckv_stride_slot = kv.ckv.strides[1];
-    p.kpe_stride_page = kv.kpe.strides[0];
-    p.kpe_stride_slot = kv.kpe.strides[1];
     p.kv_indptr = kv.indptr.data_as<const int32_t>();
     p.kv_indices = kv.indices.data_as<const int32_t>();
     p.kv_last_page_len = kv.last_page_len.data_as<const int32_t>();
-    p.page_size = static_cast<int32_t>(kv.page_size());
-    p.page_div = kernels::FastDivisor::make(kv.page_size());
-    p.o = o.data_as<T>();
-    p.o_stride_token = o.strides[0];
-    p.o_stride_head = o.strides[1];
-    p.lse = lse.defined() ? lse.data_as<float>() : nullptr;
     p.num_kv_splits = static_cast<int32_t>(splits);
     unsigned char* ws = splits > 1 ? static_cast<unsigned char*>(options.workspace.data) : nullptr;
     p.partial_o = splits > 1 ? reinterpret_cast<T*>(ws) : nullptr;
     p.partial_lse = splits > 1 ? reinterpret_cast<float*>(ws + states.lse_offset) : nullptr;
     p.batch_size = static_cast<int32_t>(batch);
-    p.num_heads = static_cast<int32_t>(heads);
     p.sm_scale_log2 = static_cast<float>(options.sm_scale * 1.4426950408889634);
     p.causal = options.causal;
     const dim3 grid(static_cast<unsigned>((grid_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q),
                     static_cast<unsigned>(batch), static_cast<unsigned>(splits));
     TESSERA_CHECK(grid.y <= 65535, StatusCode::kInvalidArgument)
         << "kv.batch_size() = " << batch << ", expected <= 65535 (one grid row per request)";
-    const auto kernel = kernels::mla_paged_kernel<Traits>;
+    using Schedule = kernels::MlaSplitGridSchedule<Traits>;
+    const auto kernel = kernels::mla_paged_kernel<Traits, Schedule>;
     detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, typename Schedule::Args{});
     TESSERA_CHECK_LAUNCH();
     if (splits > 1) {
       // The split states, in split order, into o and lse.

@@ -23,6 +23,38 @@ struct ContractionTraits {
   static_assert(kThreadsPerBlock % kWarpSize == 0, "whole warps");
 };
 
+/// Folds the partial states of one split tile's row, 8 columns from `col`, in KV order: slots
+/// merge.partial_begin .. partial_end - 1 of KV head `kv_head` (planned_work.cuh's layout).
+TESSERA_DEVICE OnlineSoftmax<ContractionTraits::kFloatsPerThread> fold_planned_partials(
+    const PlannedWork& work, const PlannedMerge& merge, int kv_head, int num_kv_heads, int q_tile_rows, int row,
+    int head_dim, int col) {
+  constexpr int N = ContractionTraits::kFloatsPerThread;
+  constexpr int kBatch = ContractionTraits::kStatesInFlight;
+  OnlineSoftmax<N> acc;
+  for (int base = merge.partial_begin; base < merge.partial_end; base += kBatch) {
+    float4 lo[kBatch], hi[kBatch];  // [kBatch] x [N] partial outputs
+    float lse[kBatch];              // [kBatch]
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (base + k < merge.partial_end) {
+        const int64_t slot = static_cast<int64_t>(base + k) * num_kv_heads + kv_head;
+        const float* src = work.partial_o + (slot * q_tile_rows + row) * head_dim + col;  // [N]
+        lo[k] = __ldcs(reinterpret_cast<const float4*>(src));
+        hi[k] = __ldcs(reinterpret_cast<const float4*>(src + 4));
+        lse[k] = work.partial_lse[slot * q_tile_rows + row];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (base + k < merge.partial_end) {
+        const float v[N] = {lo[k].x, lo[k].y, lo[k].z, lo[k].w, hi[k].x, hi[k].y, hi[k].z, hi[k].w};
+        acc.fold_state(lse[k], v);
+      }
+    }
+  }
+  return acc;
+}
+
 /// Grid-stride over (merge, KV head, tile row, 8 columns of head_dim); the grid is fixed by the
 /// runtime and the merge count is read from the workspace, so one captured launch serves any plan.
 /// Launched as a programmatic dependent of the persistent kernel (sm_90+): everything up to the
@@ -52,29 +84,8 @@ merge_planned_kernel(const Params p, const PlannedWork work, const int q_tile_ro
     const int head = kv_head * p.group_size + packed % p.group_size;
 
     wait_for_prerequisite_grids();  // the persistent kernel's partial states are complete
-    constexpr int kBatch = ContractionTraits::kStatesInFlight;
-    OnlineSoftmax<N> acc;
-    for (int base = merge.partial_begin; base < merge.partial_end; base += kBatch) {
-      float4 lo[kBatch], hi[kBatch];  // [kBatch] x [N] partial outputs
-      float lse[kBatch];              // [kBatch]
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        if (base + k < merge.partial_end) {
-          const int64_t slot = static_cast<int64_t>(base + k) * p.num_kv_heads + kv_head;
-          const float* src = work.partial_o + (slot * q_tile_rows + row) * head_dim + vec * N;  // [N]
-          lo[k] = __ldcs(reinterpret_cast<const float4*>(src));
-          hi[k] = __ldcs(reinterpret_cast<const float4*>(src + 4));
-          lse[k] = work.partial_lse[slot * q_tile_rows + row];
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        if (base + k < merge.partial_end) {
-          const float v[N] = {lo[k].x, lo[k].y, lo[k].z, lo[k].w, hi[k].x, hi[k].y, hi[k].z, hi[k].w};
-          acc.fold_state(lse[k], v);
-        }
-      }
-    }
+    const OnlineSoftmax<N> acc = fold_planned_partials(work, merge, kv_head, p.num_kv_heads, q_tile_rows, row,
+                                                       head_dim, vec * N);
     Vec<OT> out;
     const float inv_d = acc.d > 0.f ? 1.f / acc.d : 0.f;
 #pragma unroll

@@ -1,7 +1,9 @@
 // Multi-head latent attention (DeepSeek MLA) in absorbed form over a paged latent cache, on sm_90a
 // wgmma: decode and append-style prefill (any number of query tokens per request, causal among
 // them). The kernel is a composition of the types below, in the order a tile meets them:
-// MlaWorkTile (which query rows and KV tokens a CTA owns: the tile scheduler), MlaTileLoader
+// MlaWorkTile (which query rows and KV tokens a CTA works on) and its two tile schedulers
+// (MlaSplitGridSchedule: one tile per CTA of the one-shot grid; MlaPlannedSchedule: the plan/run
+// runtime's persistent columns of work items), MlaTileLoader
 // (cp.async copies of Q and of paged KV rows into the swizzled operand tiles), MlaScoreMainloop
 // (Q K^T), MlaOnlineSoftmax (masking, running max and sum, P), MlaValueGemm (the P V products),
 // MlaEpilogue, MlaHandoffs (the pipeline between the warpgroups), and the two warpgroup roles,
@@ -9,6 +11,7 @@
 #pragma once
 
 #include "kernels/attention/mla/params.cuh"
+#include "kernels/attention/planned_work.cuh"
 #include "kernels/attention/mla/traits.cuh"
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/math.cuh"
@@ -20,46 +23,112 @@
 namespace tessera {
 namespace kernels {
 
-/// The query rows and KV range of one CTA: row tile blockIdx.x of request blockIdx.y, KV split
-/// blockIdx.z (the request's KV tiles cut into num_kv_splits nearly equal runs).
+/// The query rows and KV range of one work tile: CTA_TILE_Q packed rows of one request against a
+/// run of its KV tiles, and where the result goes.
 template <typename Traits>
 struct MlaWorkTile {
   int request;
-  int split;
+  int split;         // one-shot grid: the KV split (blockIdx.z); planned items: 0
   int64_t qo_start;  // the request's first query token
   int qo_len;
   int kv_len;
-  int row0;          // the CTA's first packed row (token * num_heads + head) within the request
+  int row0;          // the tile's first packed row (token * num_heads + head) within the request
   int rows;          // packed rows of the request: qo_len * num_heads
   int page_begin;    // the request's first entry of kv_indices
-  int first_kv_tile;  // the split's first KV tile
-  int num_kv_tiles;   // KV tiles of the split that some row of this CTA sees
+  int first_kv_tile;  // the first KV tile of the run
+  int num_kv_tiles;   // KV tiles of the run that some row of this tile sees
+  // A planned item that is one chunk of a split tile writes its fp32 state here instead of o:
+  // [CTA_TILE_Q, kLatentDim] normalised output and [CTA_TILE_Q] base-2 LSE (null otherwise).
+  float* state_o;
+  float* state_lse;
 
+  /// The request's extent (everything but the tile's rows and KV run).
   template <typename T>
-  static TESSERA_DEVICE MlaWorkTile make(const MlaParams<T>& p) {
+  static TESSERA_DEVICE MlaWorkTile of_request(const MlaParams<T>& p, int request, int row0) {
     MlaWorkTile w;
-    w.request = blockIdx.y;
-    w.qo_start = p.qo_indptr ? p.qo_indptr[w.request] : w.request;
-    w.qo_len = p.qo_indptr ? p.qo_indptr[w.request + 1] - static_cast<int>(w.qo_start) : 1;
-    w.page_begin = p.kv_indptr[w.request];
-    const int pages = p.kv_indptr[w.request + 1] - w.page_begin;
-    w.kv_len = pages == 0 ? 0 : (pages - 1) * p.page_size + p.kv_last_page_len[w.request];
-    w.row0 = blockIdx.x * Traits::CTA_TILE_Q;
+    w.request = request;
+    w.split = 0;
+    w.qo_start = p.qo_indptr ? p.qo_indptr[request] : request;
+    w.qo_len = p.qo_indptr ? p.qo_indptr[request + 1] - static_cast<int>(w.qo_start) : 1;
+    w.page_begin = p.kv_indptr[request];
+    const int pages = p.kv_indptr[request + 1] - w.page_begin;
+    w.kv_len = pages == 0 ? 0 : (pages - 1) * p.page_size + p.kv_last_page_len[request];
+    w.row0 = row0;
     w.rows = w.qo_len * p.num_heads;
-    // The last row of the tile sees the most keys (causal positions grow with the token).
-    const int last_row = min(w.row0 + Traits::CTA_TILE_Q, w.rows) - 1;
-    const int visible = p.causal ? min(w.kv_len, w.kv_len - w.qo_len + last_row / p.num_heads + 1) : w.kv_len;
-    const int tiles = visible > 0 ? (visible + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
-    w.split = blockIdx.z;
-    const int per_split = (tiles + p.num_kv_splits - 1) / p.num_kv_splits;
-    w.first_kv_tile = min(w.split * per_split, tiles);
-    w.num_kv_tiles = min(per_split, tiles - w.first_kv_tile);
+    w.first_kv_tile = 0;
+    w.num_kv_tiles = 0;
+    w.state_o = nullptr;
+    w.state_lse = nullptr;
     return w;
+  }
+  /// KV tiles that some row of the tile sees (the last row sees the most: causal positions grow
+  /// with the token).
+  template <typename T>
+  TESSERA_DEVICE int visible_kv_tiles(const MlaParams<T>& p) const {
+    const int last_row = min(row0 + Traits::CTA_TILE_Q, rows) - 1;
+    const int visible = key_limit(last_row, p.num_heads, p.causal);
+    return visible > 0 ? (visible + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
   }
   TESSERA_DEVICE bool empty() const { return row0 >= rows; }
   /// Keys [0, limit) are visible to packed row `row` of the request.
   TESSERA_DEVICE int key_limit(int row, int num_heads, bool causal) const {
     return causal ? min(kv_len, kv_len - qo_len + row / num_heads + 1) : kv_len;
+  }
+};
+
+/// The one-shot grid (batch_mla_paged): CTA (x, y, z) is row tile x of request y against KV split
+/// z, the request's visible KV tiles cut into num_kv_splits nearly equal runs.
+template <typename Traits>
+struct MlaSplitGridSchedule {
+  struct Args {};
+  template <typename T, typename F>
+  static TESSERA_DEVICE void for_each_tile(const MlaParams<T>& p, Args, F&& run_tile) {
+    MlaWorkTile<Traits> w = MlaWorkTile<Traits>::of_request(p, blockIdx.y, blockIdx.x * Traits::CTA_TILE_Q);
+    if (w.empty()) return;
+    const int tiles = w.visible_kv_tiles(p);
+    w.split = blockIdx.z;
+    const int per_split = (tiles + p.num_kv_splits - 1) / p.num_kv_splits;
+    w.first_kv_tile = min(w.split * per_split, tiles);
+    w.num_kv_tiles = min(per_split, tiles - w.first_kv_tile);
+    run_tile(w);
+  }
+};
+
+/// The plan/run runtime's persistent grid: CTA c runs the work items cta_indptr[c] ..
+/// cta_indptr[c + 1] - 1 of the plan (src/runtime/planner.h) one after another, each a query tile
+/// of 64 packed rows against KV positions [kv_begin, kv_end) (multiples of CTA_TILE_KV but the
+/// last). The kernel's pipeline runs on across items (MlaPipelineState).
+template <typename Traits>
+struct MlaPlannedSchedule {
+  using Args = PlannedWork;
+  template <typename T, typename F>
+  static TESSERA_DEVICE void for_each_tile(const MlaParams<T>& p, const PlannedWork& work, F&& run_tile) {
+    const int end = work.cta_indptr[blockIdx.x + 1];
+    for (int i = work.cta_indptr[blockIdx.x]; i < end; ++i) {
+      const PlannedItem item = work.items[i];
+      MlaWorkTile<Traits> w = MlaWorkTile<Traits>::of_request(p, item.request, item.packed_begin);
+      // Keys past what the tile's rows see are masked anyway; the planner clips the run to them.
+      w.first_kv_tile = item.kv_begin / Traits::CTA_TILE_KV;
+      const int last = min(item.kv_end, w.kv_len);
+      w.num_kv_tiles = last > item.kv_begin ? (last - item.kv_begin + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
+      if (item.partial >= 0) {
+        w.state_o = work.partial_o + static_cast<int64_t>(item.partial) * Traits::CTA_TILE_Q * Traits::kLatentDim;
+        w.state_lse = work.partial_lse + static_cast<int64_t>(item.partial) * Traits::CTA_TILE_Q;
+      }
+      run_tile(w);
+    }
+  }
+};
+
+/// Where a CTA's pipeline stands: the KV tiles and work tiles it has run before the current one.
+/// The hand-offs' phases and a tile's stage follow from these CTA-wide counts, so one CTA can run
+/// any number of work tiles back to back (MlaPlannedSchedule).
+struct MlaPipelineState {
+  int tiles_done = 0;
+  int items_done = 0;
+  TESSERA_DEVICE void advance(int tiles) {
+    tiles_done += tiles;
+    ++items_done;
   }
 };
 
@@ -247,7 +316,8 @@ struct MlaValueGemm {
 };
 
 /// Writes a warpgroup's half of the output rows (scaled by 1 / l) and, from the score warpgroup,
-/// the rows' LSE: into o and lse, or, split over the KV length, into the split's partial state.
+/// the rows' LSE: into o and lse, into the one-shot split's state (16-bit), or into a planned
+/// item's fp32 state (MlaWorkTile::state_o).
 template <typename Traits>
 struct MlaEpilogue {
   using T = typename Traits::DType;
@@ -262,6 +332,7 @@ struct MlaEpilogue {
     return p.o + token * p.o_stride_token + head * p.o_stride_head;
   }
   static TESSERA_DEVICE float* lse_slot(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int row) {
+    if (w.state_lse != nullptr) return w.state_lse + (row - w.row0);
     const int64_t token = w.qo_start + row / p.num_heads;
     const int head = row % p.num_heads;
     if (p.num_kv_splits > 1) return p.partial_lse + (token * p.num_kv_splits + w.split) * p.num_heads + head;
@@ -272,8 +343,18 @@ struct MlaEpilogue {
                                    MlaFragmentCoords c, int col0, const float (&inv_sum)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = w.row0 + c.row_lo + 8 * r;
+      const int tile_row = c.row_lo + 8 * r;
+      const int row = w.row0 + tile_row;
       if (row >= w.rows) continue;
+      if (w.state_o != nullptr) {
+        float* out = w.state_o + tile_row * Traits::kLatentDim + col0 + c.col_in_n8;  // [kOAccs / 4] pairs
+#pragma unroll
+        for (int n = 0; n < kOAccs / 4; ++n) {
+          *reinterpret_cast<float2*>(out + 8 * n) =
+              make_float2(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
+        }
+        continue;
+      }
       T* out = out_row(p, w, row) + col0 + c.col_in_n8;
 #pragma unroll
       for (int n = 0; n < kOAccs / 4; ++n) {
@@ -288,8 +369,9 @@ struct MlaEpilogue {
 /// kBarrierOffset). Each completes a phase when the 128 threads of the signalling warpgroup have
 /// arrived, and the waiter names the phase's parity, so neither side meets the other at a CTA-wide
 /// barrier and the generic stores that cross a hand-off (the rescale factors, 1 / l) are ordered by
-/// the arrive's release and the wait's acquire. Phases: tile t's KV stage and stage release are
-/// phase t / 2 of their stage's barrier (tile t uses stage t % 2), P's are phase t.
+/// the arrive's release and the wait's acquire. Tiles and work tiles are counted CTA-wide
+/// (MlaPipelineState): KV tile g's stage and stage release are phase g / 2 of their stage's barrier
+/// (tile g uses stage g % 2), P's are phase g, work tile i's sums and their read are phase i.
 template <typename Traits>
 struct MlaHandoffs {
   uint64_t* kv_full;     // [kStages] a stage's copies (and, for tile 0, Q's) have landed: value -> score
@@ -297,10 +379,12 @@ struct MlaHandoffs {
   uint64_t* p_full;      // P and the rescale factors of a tile are published: score -> value
   uint64_t* p_empty;     // the value warpgroup has finished reading P: value -> score
   uint64_t* sums;        // the rows' 1 / l are published: score -> value
+  uint64_t* sums_read;   // the value warpgroup has read them (the next work tile may overwrite): value -> score
 
   static TESSERA_DEVICE MlaHandoffs at(unsigned char* smem) {
     uint64_t* b = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
-    return {b, b + Traits::kStages, b + 2 * Traits::kStages, b + 2 * Traits::kStages + 1, b + 2 * Traits::kStages + 2};
+    uint64_t* p = b + 2 * Traits::kStages;
+    return {b, b + Traits::kStages, p, p + 1, p + 2, p + 3};
   }
   /// Thread 0; a CTA barrier must follow.
   TESSERA_DEVICE void init() const {
@@ -311,6 +395,7 @@ struct MlaHandoffs {
     mbarrier_init(p_full, Traits::kWarpgroupThreads);
     mbarrier_init(p_empty, Traits::kWarpgroupThreads);
     mbarrier_init(sums, Traits::kWarpgroupThreads);
+    mbarrier_init(sums_read, Traits::kWarpgroupThreads);
   }
   static TESSERA_DEVICE uint32_t stage_parity(int tile) { return static_cast<uint32_t>(tile / Traits::kStages) & 1u; }
   /// This thread's copies of `tile` (issued before) count as arrived once they land.
@@ -325,85 +410,99 @@ struct MlaHandoffs {
   TESSERA_DEVICE void release_p() const { mbarrier_arrive(p_empty); }
   TESSERA_DEVICE void wait_p_released(int tile) const { mbarrier_wait(p_empty, static_cast<uint32_t>(tile) & 1u); }
   TESSERA_DEVICE void publish_sums() const { mbarrier_arrive(sums); }
-  TESSERA_DEVICE void wait_sums() const { mbarrier_wait(sums, 0u); }
+  TESSERA_DEVICE void wait_sums(int item) const { mbarrier_wait(sums, static_cast<uint32_t>(item) & 1u); }
+  TESSERA_DEVICE void release_sums() const { mbarrier_arrive(sums_read); }
+  TESSERA_DEVICE void wait_sums_released(int item) const {
+    mbarrier_wait(sums_read, static_cast<uint32_t>(item) & 1u);
+  }
 };
 
-/// What both warpgroups of a CTA share: the work tile, the hand-offs and the shared-memory
-/// regions (traits.cuh's layout).
+/// What both warpgroups of a CTA share: the hand-offs and the shared-memory regions (traits.cuh's
+/// layout).
 template <typename Traits>
 struct MlaCta {
-  MlaWorkTile<Traits> w;
   MlaHandoffs<Traits> handoffs;
   unsigned char* smem;
   TESSERA_DEVICE uint32_t q_tile() const { return smem_addr(smem + Traits::kQOffset); }  // [CTA_TILE_Q, kQkDim]
   TESSERA_DEVICE uint32_t p_tile() const { return smem_addr(smem + Traits::kPOffset); }  // [CTA_TILE_Q, CTA_TILE_KV]
-  /// The KV stage of the CTA's tile t (local index): [CTA_TILE_KV, kQkDim].
-  TESSERA_DEVICE unsigned char* stage(int t) const {
-    return smem + Traits::kKVOffset + (t % Traits::kStages) * Traits::kKVStageBytes;
+  /// The KV stage of the CTA's KV tile g (CTA-wide count): [CTA_TILE_KV, kQkDim].
+  TESSERA_DEVICE unsigned char* stage(int g) const {
+    return smem + Traits::kKVOffset + (g % Traits::kStages) * Traits::kKVStageBytes;
   }
-  /// The rows' rescale factors of tile t: f32 [CTA_TILE_Q], one of two buffers.
-  TESSERA_DEVICE float* row_scale(int t) const {
-    return reinterpret_cast<float*>(smem + Traits::kRowScaleOffset) + (t % 2) * Traits::CTA_TILE_Q;
+  /// The rows' rescale factors of KV tile g: f32 [CTA_TILE_Q], one of two buffers.
+  TESSERA_DEVICE float* row_scale(int g) const {
+    return reinterpret_cast<float*>(smem + Traits::kRowScaleOffset) + (g % 2) * Traits::CTA_TILE_Q;
   }
   TESSERA_DEVICE float* row_inv_sum() const { return reinterpret_cast<float*>(smem + Traits::kRowInvSumOffset); }
 };
 
 /// The load-and-value warpgroup: copies Q and the KV tiles, and multiplies each published P by the
-/// right half of V.
-///   per tile t: wait KV(t) and P(t) -> rescale, P V right -> release P(t) -> wait the stage of t
-///   released, copy t + 2 into it (if t + 2 < n); Q and tiles 0 and 1 are copied before the loop.
+/// right half of V. Per work tile of n KV tiles, g = the CTA-wide index of its tile t:
+///   Q and tiles 0 and 1 are copied first (each into a stage the score warpgroup has released);
+///   per tile: wait KV(g) and P(g) -> rescale, P V right -> release P(g) -> wait the stage of g
+///   released, copy t + 2 into it (if t + 2 < n); then wait for the rows' 1 / l, store, release them.
+/// Q of the next work tile is copied after P of this one's last tile: every Q K^T reading the old
+/// Q has completed by then (the score warpgroup publishes P only after its Q K^T).
 template <typename Traits>
 struct MlaValueWarpgroup {
   using T = typename Traits::DType;
-  static TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaCta<Traits>& cta, int thread_in_wg) {
-    const MlaWorkTile<Traits>& w = cta.w;
+  const MlaCta<Traits>& cta;
+  MlaFragmentCoords coords;
+  MlaTileLoader<Traits> loader;
+
+  /// Copies KV tile `t` of `w` (CTA-wide index g) into its stage once the score warpgroup has
+  /// released the stage's previous tile.
+  TESSERA_DEVICE void copy_kv(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int t, int g) const {
+    if (g >= Traits::kStages) cta.handoffs.wait_stage_free(g - Traits::kStages);
+    loader.load_kv(p, w, w.first_kv_tile + t, cta.stage(g));
+    cta.handoffs.kv_copied(g);
+  }
+
+  TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state) const {
     const MlaHandoffs<Traits>& handoffs = cta.handoffs;
-    const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
-    const MlaTileLoader<Traits> loader{thread_in_wg};
     const int n = w.num_kv_tiles;
+    const int g0 = state.tiles_done;
     float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] right half of O, m64n256 layout
 #pragma unroll
     for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
     if (n > 0) {
-      loader.load_q(p, w, cta.smem + Traits::kQOffset);
-      loader.load_kv(p, w, w.first_kv_tile, cta.stage(0));
-      handoffs.kv_copied(0);
-      if (n > 1) {
-        loader.load_kv(p, w, w.first_kv_tile + 1, cta.stage(1));
-        handoffs.kv_copied(1);
-      }
+      loader.load_q(p, w, cta.smem + Traits::kQOffset);  // lands with tile 0's copies (one arrive)
+      copy_kv(p, w, 0, g0);
+      if (n > 1) copy_kv(p, w, 1, g0 + 1);
     }
     for (int t = 0; t < n; ++t) {
-      handoffs.wait_kv(t);
-      handoffs.wait_p(t);
+      const int g = g0 + t;
+      handoffs.wait_kv(g);
+      handoffs.wait_p(g);
       fence_proxy_async_shared();  // the copies and P, before wgmma's async-proxy reads
-      const float* row_scale = cta.row_scale(t);
+      const float* row_scale = cta.row_scale(g);
       const float alpha[2] = {row_scale[coords.row_lo], row_scale[coords.row_lo + 8]};
       MlaValueGemm<Traits>::rescale(o, alpha);
-      MlaValueGemm<Traits>::from_shared(o, cta.p_tile(), smem_addr(cta.stage(t)), Traits::kValueBlocks);
+      MlaValueGemm<Traits>::from_shared(o, cta.p_tile(), smem_addr(cta.stage(g)), Traits::kValueBlocks);
       handoffs.release_p();
-      if (t + 2 < n) {
-        handoffs.wait_stage_free(t);
-        loader.load_kv(p, w, w.first_kv_tile + t + 2, cta.stage(t));
-        handoffs.kv_copied(t + 2);
-      }
+      if (t + 2 < n) copy_kv(p, w, t + 2, g + 2);
     }
-    handoffs.wait_sums();
+    handoffs.wait_sums(state.items_done);
     const float inv_sum[2] = {cta.row_inv_sum()[coords.row_lo], cta.row_inv_sum()[coords.row_lo + 8]};
+    handoffs.release_sums();
     MlaEpilogue<Traits>::store(p, w, o, coords, Traits::kValueCols, inv_sum);
   }
 };
 
-/// The score warpgroup: Q K^T, the online softmax, P's publication and the left half of P V.
-///   per tile t: softmax of S(t) -> wait P(t - 1) released (if t > 0) -> publish P(t) ->
-///   rescale, issue P V left -> wait KV(t + 1), issue Q K^T of t + 1 -> wait for P V left ->
-///   release the stage of t (if t + 2 < n) -> wait for Q K^T.
+/// The score warpgroup: Q K^T, the online softmax, P's publication and the left half of P V. Per
+/// KV tile t of a work tile (CTA-wide index g):
+///   softmax of S(t) -> wait P(g - 1) released (if g > 0) -> publish P(g) -> rescale, issue P V
+///   left -> wait KV(g + 1), issue Q K^T of t + 1 (if t + 1 < n) -> wait for P V left -> release
+///   the stage of g -> wait for Q K^T.
 /// The left P V of tile t and Q K^T of t + 1 are issued back to back, so the tensor cores go on
-/// from one to the other while this warpgroup waits.
+/// from one to the other while this warpgroup waits. Every stage is released (the value
+/// warpgroup's next copy into it, of this work tile or the next, waits for that).
 template <typename Traits>
 struct MlaScoreWarpgroup {
   using T = typename Traits::DType;
   using PFragments = uint32_t[Traits::kPvSteps][4];  // P as m16n8k16 A fragments, one set per k16 step
+  const MlaCta<Traits>& cta;
+  MlaFragmentCoords coords;
 
   static TESSERA_DEVICE void pack_p(const float (&s)[Traits::CTA_TILE_KV / 2], PFragments& p_frag) {
 #pragma unroll
@@ -414,10 +513,9 @@ struct MlaScoreWarpgroup {
       p_frag[kk][3] = pack_pair<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
   }
-  /// Writes P into the PTile ([CTA_TILE_Q, CTA_TILE_KV]) and the rows' rescale factors, then
-  /// publishes both.
-  static TESSERA_DEVICE void publish_p(const MlaCta<Traits>& cta, int t, MlaFragmentCoords coords,
-                                       const PFragments& p_frag, const float (&alpha)[2]) {
+  /// Writes P into the PTile ([CTA_TILE_Q, CTA_TILE_KV]) and the rows' rescale factors of KV tile
+  /// g, then publishes both.
+  TESSERA_DEVICE void publish_p(int g, const PFragments& p_frag, const float (&alpha)[2]) const {
     const uint32_t p_tile = cta.p_tile();
 #pragma unroll
     for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
@@ -432,8 +530,8 @@ struct MlaScoreWarpgroup {
       }
     }
     if (coords.col_in_n8 == 0) {
-      cta.row_scale(t)[coords.row_lo] = alpha[0];
-      cta.row_scale(t)[coords.row_lo + 8] = alpha[1];
+      cta.row_scale(g)[coords.row_lo] = alpha[0];
+      cta.row_scale(g)[coords.row_lo + 8] = alpha[1];
     }
     fence_proxy_async_shared();
     cta.handoffs.publish_p();
@@ -444,29 +542,30 @@ struct MlaScoreWarpgroup {
 #pragma unroll
     for (int kk = 0; kk < Traits::kPvSteps; ++kk) wgmma_fence_operands(p_frag[kk]);
   }
-  /// The rows' 1 / l for the value warpgroup, and their LSE.
-  static TESSERA_DEVICE void finish_rows(const MlaParams<T>& p, const MlaCta<Traits>& cta, MlaFragmentCoords coords,
-                                         MlaOnlineSoftmax<Traits>& softmax, float (&inv_sum)[2]) {
+  /// The rows' 1 / l for the value warpgroup (once it has read the previous work tile's), and
+  /// their LSE.
+  TESSERA_DEVICE void finish_rows(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state,
+                                  MlaOnlineSoftmax<Traits>& softmax, float (&inv_sum)[2]) const {
     softmax.reduce_sums();
+    if (state.items_done > 0) cta.handoffs.wait_sums_released(state.items_done - 1);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       inv_sum[r] = softmax.l[r] > 0.f ? 1.f / softmax.l[r] : 0.f;
       const int row = coords.row_lo + 8 * r;
       if (coords.col_in_n8 == 0) {
         cta.row_inv_sum()[row] = inv_sum[r];
-        const int packed = cta.w.row0 + row;
-        float* lse = packed < cta.w.rows ? MlaEpilogue<Traits>::lse_slot(p, cta.w, packed) : nullptr;
+        const int packed = w.row0 + row;
+        float* lse = packed < w.rows ? MlaEpilogue<Traits>::lse_slot(p, w, packed) : nullptr;
         if (lse != nullptr) *lse = softmax.l[r] > 0.f ? softmax.m[r] + __log2f(softmax.l[r]) : -INFINITY;
       }
     }
     cta.handoffs.publish_sums();
   }
 
-  static TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaCta<Traits>& cta, int thread_in_wg) {
-    const MlaWorkTile<Traits>& w = cta.w;
+  TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state) const {
     const MlaHandoffs<Traits>& handoffs = cta.handoffs;
-    const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
     const int n = w.num_kv_tiles;
+    const int g0 = state.tiles_done;
     const int limit_lo = w.key_limit(w.row0 + coords.row_lo, p.num_heads, p.causal);
     const int limit_hi = w.key_limit(w.row0 + coords.row_lo + 8, p.num_heads, p.causal);
     MlaOnlineSoftmax<Traits> softmax;
@@ -475,61 +574,74 @@ struct MlaScoreWarpgroup {
     for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
     float s[Traits::CTA_TILE_KV / 2];  // [CTA_TILE_Q, CTA_TILE_KV] logits, m64n64 layout
     if (n > 0) {
-      handoffs.wait_kv(0);
+      handoffs.wait_kv(g0);
       fence_proxy_async_shared();
-      MlaScoreMainloop<Traits>::issue(s, cta.q_tile(), smem_addr(cta.stage(0)));
+      MlaScoreMainloop<Traits>::issue(s, cta.q_tile(), smem_addr(cta.stage(g0)));
       wgmma_wait<0>();
       wgmma_fence_operands(s);
     }
     for (int t = 0; t < n; ++t) {
+      const int g = g0 + t;
       const int key0 = (w.first_kv_tile + t) * Traits::CTA_TILE_KV;
       float alpha[2];
       softmax.step(s, key0, coords.col_in_n8, limit_lo, limit_hi, key0 + Traits::CTA_TILE_KV > limit_lo,
                    p.sm_scale_log2, alpha);
       PFragments p_frag;
       pack_p(s, p_frag);
-      if (t > 0) handoffs.wait_p_released(t - 1);
-      publish_p(cta, t, coords, p_frag, alpha);
+      if (g > 0) handoffs.wait_p_released(g - 1);
+      publish_p(g, p_frag, alpha);
       MlaValueGemm<Traits>::rescale(o, alpha);
-      MlaValueGemm<Traits>::issue_from_registers(o, p_frag, smem_addr(cta.stage(t)), 0);
+      MlaValueGemm<Traits>::issue_from_registers(o, p_frag, smem_addr(cta.stage(g)), 0);
       if (t + 1 < n) {
-        handoffs.wait_kv(t + 1);
+        handoffs.wait_kv(g + 1);
         fence_proxy_async_shared();
-        MlaScoreMainloop<Traits>::issue(s, cta.q_tile(), smem_addr(cta.stage(t + 1)));
+        MlaScoreMainloop<Traits>::issue(s, cta.q_tile(), smem_addr(cta.stage(g + 1)));
         wgmma_wait<1>();  // the P V of tile t (committed first); Q K^T of t + 1 may still run
         keep_until_here(o, p_frag);
-        if (t + 2 < n) handoffs.release_stage(t);
+        handoffs.release_stage(g);
         wgmma_wait<0>();
         wgmma_fence_operands(s);
       } else {
         wgmma_wait<0>();
         keep_until_here(o, p_frag);
+        handoffs.release_stage(g);
       }
     }
     float inv_sum[2];
-    finish_rows(p, cta, coords, softmax, inv_sum);
+    finish_rows(p, w, state, softmax, inv_sum);
     MlaEpilogue<Traits>::store(p, w, o, coords, 0, inv_sum);
   }
 };
 
-/// One CTA: CTA_TILE_Q query rows of one request against the KV tokens of its split. The two
-/// warpgroups hand off through MlaHandoffs; no wait depends on an arrival that its own warpgroup
-/// makes later, and no phase is arrived at twice before its waiter has passed it (P(t + 1) needs
-/// P(t) released, which follows the wait for P(t); a stage's next copies need its release, which
-/// follows the wait for its data).
-template <typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1) mla_paged_kernel(const MlaParams<typename Traits::DType> p) {
+/// A CTA runs its schedule's work tiles one after another: one (the one-shot grid) or a column of
+/// the runtime's plan. The two warpgroups hand off through MlaHandoffs; no wait depends on an
+/// arrival that its own warpgroup makes later, and no phase is arrived at twice before its waiter
+/// has passed it (P(g + 1) needs P(g) released, which follows the wait for P(g); a stage's next
+/// copies need its release, which follows the wait for its data; the next work tile's 1 / l need
+/// this one's read).
+template <typename Traits, typename Schedule>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    mla_paged_kernel(const MlaParams<typename Traits::DType> p, const typename Schedule::Args schedule) {
 #if TESSERA_WGMMA_AVAILABLE
   extern __shared__ __align__(1024) unsigned char smem[];
-  const MlaCta<Traits> cta{MlaWorkTile<Traits>::make(p), MlaHandoffs<Traits>::at(smem), smem};
-  if (cta.w.empty()) return;
+  const MlaCta<Traits> cta{MlaHandoffs<Traits>::at(smem), smem};
   if (threadIdx.x == 0) cta.handoffs.init();
   __syncthreads();
   const int thread_in_wg = threadIdx.x % Traits::kWarpgroupThreads;
+  const MlaFragmentCoords coords = MlaFragmentCoords::of_thread(thread_in_wg);
+  MlaPipelineState state;
   if (static_cast<MlaRole>(threadIdx.x / Traits::kWarpgroupThreads) == MlaRole::kLoadAndValue) {
-    MlaValueWarpgroup<Traits>::run(p, cta, thread_in_wg);
+    const MlaValueWarpgroup<Traits> value{cta, coords, MlaTileLoader<Traits>{thread_in_wg}};
+    Schedule::for_each_tile(p, schedule, [&](const MlaWorkTile<Traits>& w) {
+      value.run(p, w, state);
+      state.advance(w.num_kv_tiles);
+    });
   } else {
-    MlaScoreWarpgroup<Traits>::run(p, cta, thread_in_wg);
+    const MlaScoreWarpgroup<Traits> score{cta, coords};
+    Schedule::for_each_tile(p, schedule, [&](const MlaWorkTile<Traits>& w) {
+      score.run(p, w, state);
+      state.advance(w.num_kv_tiles);
+    });
   }
 #endif
 }

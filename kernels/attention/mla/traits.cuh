@@ -75,7 +75,7 @@ struct MlaTraits {
   static constexpr int kRowScaleOffset = kPOffset + kPBytes;                     // f32 [2][CTA_TILE_Q]
   static constexpr int kRowInvSumOffset = kRowScaleOffset + 2 * CTA_TILE_Q * 4;  // f32 [CTA_TILE_Q]
   static constexpr int kBarrierOffset = kRowInvSumOffset + CTA_TILE_Q * 4;  // the mbarriers of MlaHandoffs
-  static constexpr int kBarriers = 2 * kStages + 3;
+  static constexpr int kBarriers = 2 * kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
   static_assert(kKVOffset % 1024 == 0 && kKVStageBytes % 1024 == 0 && kPOffset % 1024 == 0,
                 "the 128-byte swizzle repeats every 1024 bytes: operand tiles start on its period");

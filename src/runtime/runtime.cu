@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@
 #include "src/dispatch.h"
 #include "src/prefill_config.h"
 #include "src/runtime/device_errors.h"
+#include "src/runtime/plan_channel.h"
+#include "src/runtime/plan_inputs.h"
 #include "src/runtime/planner.h"
 #include "src/tensor_checks.h"
 #include "src/variant/jit_variant.h"
@@ -266,10 +269,7 @@ class AttentionRuntime {
         << "workspace is on cuda:" << workspace.device.id << " but the current device is cuda:" << device;
     device_ = device;
     workspace_ = static_cast<char*>(workspace.data);
-    TESSERA_CUDA_CHECK(cudaHostAlloc(&pinned_, static_cast<size_t>(layout_.plan_end), cudaHostAllocDefault))
-        << " (pinned plan buffer of " << layout_.plan_end << " bytes)";
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&run_done_, cudaEventDisableTiming));
+    channel_ = std::make_unique<PlanChannel>(workspace_, layout_.plan_end);
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
       graph_grid_ = grid_shape(ctas_per_sm(options_.dtype, graph_kv_dtype(), bounds_dims(), format_, graph_tile_),
@@ -277,14 +277,9 @@ class AttentionRuntime {
     }
   }
 
-  // Waits for the last plan upload (it reads the pinned buffer) and the last run (a new wrapper
-  // over the same workspace, as the Python wrappers build when they grow, must not overwrite a
-  // plan that a run still reads; for a captured run, the last replay launched).
-  ~AttentionRuntime() {
-    if (copy_done_ != nullptr) cudaEventSynchronize(copy_done_), cudaEventDestroy(copy_done_);
-    if (run_done_ != nullptr) cudaEventSynchronize(run_done_), cudaEventDestroy(run_done_);
-    if (pinned_ != nullptr) cudaFreeHost(pinned_);
-  }
+  // The channel's destructor waits for the last upload and run (the Python wrappers build a new
+  // wrapper over the same workspace when they grow).
+  ~AttentionRuntime() = default;
   AttentionRuntime(const AttentionRuntime&) = delete;
   AttentionRuntime& operator=(const AttentionRuntime&) = delete;
 
@@ -386,9 +381,7 @@ class AttentionRuntime {
     TESSERA_CHECK(cols <= layout_.max_cols, StatusCode::kInternal)
         << "grid of " << cols << " columns exceeds the workspace's " << layout_.max_cols;
 
-    // The previous plan's copy may still be reading the pinned buffer.
-    TESSERA_CUDA_CHECK(cudaEventSynchronize(copy_done_));
-    char* host = static_cast<char*>(pinned_);
+    char* host = channel_->staging();
     const int32_t num_merges = static_cast<int32_t>(plan.merges.size());
     std::memcpy(host + layout_.num_merges, &num_merges, sizeof(num_merges));
     const int32_t num_segments = static_cast<int32_t>(batch);
@@ -402,20 +395,9 @@ class AttentionRuntime {
     std::memcpy(host + layout_.merges, plan.merges.data(), plan.merges.size() * sizeof(runtime::MergeItem));
     std::memcpy(host + layout_.items, plan.items.data(), plan.items.size() * sizeof(runtime::WorkItem));
     const int64_t plan_bytes = layout_.items + static_cast<int64_t>(plan.items.size() * sizeof(runtime::WorkItem));
-    const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-    // The upload overwrites the plan every earlier run() reads, on whatever stream it ran: it waits
-    // (on the GPU; the host goes on) for the last one. Double-buffering the plan sections instead
-    // would let the upload start at once, but a captured run() has the plan's addresses baked in
-    // and must find every later plan at the same place; and runs of one wrapper are ordered anyway
-    // (they share the partial-state sections), so a plan waiting for the run before it costs no
-    // overlap that run order allows.
-    wait_for_last_run(s);
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(workspace_, pinned_, static_cast<size_t>(plan_bytes), cudaMemcpyHostToDevice, s))
-        << " (plan upload)";
-    TESSERA_CUDA_CHECK(cudaEventRecord(copy_done_, s));
+    channel_->upload(plan_bytes, reinterpret_cast<cudaStream_t>(stream));
 
     planned_ = true;
-    plan_stream_ = s;
     kv_indptr_host_ = in.kv_indptr;
     shape_ = shape;
     kv_dtype_ = kv_dtype;
@@ -508,32 +490,12 @@ class AttentionRuntime {
   template <typename T, typename KVT>
   void launch(const kernels::AttentionParams<T, KVT>& p, const RunIds* ids, StreamHandle stream) {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-    const bool capturing = capture != cudaStreamCaptureStatusNone;
+    const bool capturing = PlanChannel::capturing(s);
     if (ids != nullptr && !capturing) check_run_ids_on_host(*ids);
-    if (capturing) {
-      // A replay may come after any later plan() and on any stream, so the graph itself waits for
-      // the plan upload and the run that are the latest when it is launched (external event wait
-      // nodes; a plain cudaStreamWaitEvent inside a capture only orders captured work).
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, cudaEventWaitExternal));
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, run_done_, cudaEventWaitExternal));
-      if (ids != nullptr) enqueue_run_ids_check(*ids, stream);
-    } else {
-      if (s != plan_stream_) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, copy_done_, 0));
-      wait_for_last_run(s);
-    }
+    channel_->order_run(s, capturing);
+    if (capturing && ids != nullptr) enqueue_run_ids_check(*ids, stream);
     launch_kernels(p, s);
-    if (capturing) {
-      // Recorded by every replay (an external event record node), so that the next plan() and
-      // run() wait for the latest replay.
-      TESSERA_CUDA_CHECK(cudaEventRecordWithFlags(run_done_, s, cudaEventRecordExternal));
-      run_captured_ = true;
-    } else {
-      TESSERA_CUDA_CHECK(cudaEventRecord(run_done_, s));
-      run_stream_ = s;
-    }
-    run_recorded_ = true;
+    channel_->record_run(s, capturing);
   }
 
   /// The device address a kernel reads `ids` through: the data pointer for device memory, the
@@ -549,12 +511,6 @@ class AttentionRuntime {
   }
 
  private:
-  /// Orders work on `s` after the last run of this wrapper (the last one recorded on another
-  /// stream, or any replay of a captured run).
-  void wait_for_last_run(cudaStream_t s) {
-    if (run_recorded_ && (run_captured_ || s != run_stream_)) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, run_done_, 0));
-  }
-
   /// Page ids or column blocks of run() in host memory (always) or in device memory (checked
   /// mode), checked against the plan's ranges before the launch. Host memory is read directly;
   /// device memory after a device-wide synchronisation (validation.cpp's checked mode).
@@ -819,18 +775,12 @@ class AttentionRuntime {
   RuntimeOptions options_;
   WorkspaceLayout layout_;
   char* workspace_ = nullptr;
-  void* pinned_ = nullptr;
+  std::unique_ptr<PlanChannel> channel_;  // plan uploads and the ordering of runs
   int device_ = 0;
-  cudaEvent_t copy_done_ = nullptr;  // the last plan upload
-  cudaEvent_t run_done_ = nullptr;   // the last run (for a captured run: recorded by every replay)
-  bool run_recorded_ = false;
-  bool run_captured_ = false;        // run_done_ may be recorded by replays, on any stream
-  cudaStream_t run_stream_ = nullptr;  // of the last run outside a capture
   QTile graph_tile_ = QTile::k16;
   GridShape graph_grid_{0, 1};
 
   bool planned_ = false;
-  cudaStream_t plan_stream_ = nullptr;
   std::vector<int32_t> kv_indptr_host_;  // the plan's page (block) ranges, for run()'s id checks
   PlanShape shape_;
   DType kv_dtype_ = DType::kBF16;  // K/V's dtype in the last plan (shape_.kv_dtype resolved)
@@ -843,53 +793,14 @@ class AttentionRuntime {
 
 namespace {
 
-/// A host i32 vector argument of plan(): 1-D, `length` entries (or any length when < 0).
-std::vector<int32_t> read_host_array(const TensorView& t, const char* name, int64_t length) {
-  check_ndim(t, name, 1);
-  check_dtype(t, name, {DType::kI32});
-  TESSERA_CHECK_ARG(t.device.is_host()) << name << " is on " << t.device
-                                        << ", expected host memory (plan() reads it on the CPU)";
-  if (length >= 0) check_size(t, name, 0, length);
-  std::vector<int32_t> v(static_cast<size_t>(t.shape[0]));
-  const int32_t* data = t.data_as<const int32_t>();
-  for (int64_t i = 0; i < t.shape[0]; ++i) v[static_cast<size_t>(i)] = data[i * t.strides[0]];
-  return v;
-}
-
-/// A host indptr: [B + 1], starts at 0, non-decreasing (validate_indptr's checks and messages).
-std::vector<int32_t> read_host_indptr(const TensorView& t, const char* name) {
-  TESSERA_CHECK_ARG(t.device.is_host()) << name << " is on " << t.device
-                                        << ", expected host memory (plan() reads it on the CPU)";
-  return validate_indptr(t, name, -1);
-}
-
-void fill_lengths(const std::vector<int32_t>& indptr, std::vector<int32_t>& len) {
-  len.resize(indptr.size() - 1);
-  for (size_t b = 0; b + 1 < indptr.size(); ++b) len[b] = indptr[b + 1] - indptr[b];
-}
-
 /// Paged plan input: page ranges to KV lengths.
 void paged_lengths(AttentionRuntime::PlanInput& in, const TensorView& kv_indptr, const TensorView& last_page_len,
                    int64_t page_size, int64_t batch) {
-  TESSERA_CHECK_ARG(page_size >= 1 && page_size < INT32_MAX) << "page_size = " << page_size << ", expected >= 1";
-  in.kv_indptr = read_host_indptr(kv_indptr, "kv_indptr");
-  TESSERA_CHECK_ARG(static_cast<int64_t>(in.kv_indptr.size()) == batch + 1)
-      << "kv_indptr has " << in.kv_indptr.size() << " entries, expected batch_size + 1 = " << batch + 1;
-  in.last_page_len = read_host_array(last_page_len, "last_page_len", batch);
+  const PagedLengths paged = read_paged_lengths(kv_indptr, last_page_len, page_size, batch);
+  in.kv_indptr = paged.kv_indptr;
+  in.last_page_len = paged.last_page_len;
+  in.kv_len = paged.kv_len;
   in.page_size = page_size;
-  in.kv_len.resize(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
-    const int32_t last = in.last_page_len[b];
-    if (pages > 0) {
-      TESSERA_CHECK_ARG(last >= 1 && last <= page_size)
-          << "last_page_len[" << b << "] = " << last << ", expected in [1, " << page_size << "] (request " << b
-          << " has " << pages << " pages)";
-    }
-    const int64_t len = pages > 0 ? (pages - 1) * page_size + last : 0;
-    TESSERA_CHECK_ARG(len < INT32_MAX) << "request " << b << " has " << len << " KV tokens, expected < 2^31";
-    in.kv_len[b] = static_cast<int32_t>(len);
-  }
 }
 
 /// run()'s page ids or column blocks: contiguous 1-D i32 with at least `needed` entries (the plan's

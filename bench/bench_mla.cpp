@@ -8,6 +8,10 @@
 //   (small batch, not a W9 cell) B=8, L=32768, 128 heads, one token: latent GB/s with the KV
 //       split over the SMs the 16 CTAs leave idle (what the Python wrapper's plan() chooses) and
 //       without a split.
+//   Every decode cell also runs through the plan/run runtime (BatchMLAPagedWrapper, implementation
+//   "tessera-runtime"; run() only, the plan made once), and (skewed, not a W9 cell) a batch of
+//   one long and many short requests compares the one-shot entry point's uniform split with the
+//   runtime's balanced plan.
 //   (c) prefill of the non-absorbed form: q/k head dim 192 (128 + 64 rotary), v/o 128, B=4, 128
 //       heads (as many KV heads), S in {4096, 16384}, causal, ragged KV through
 //       batch_prefill_ragged; TFLOP/s = 2 x (192 + 128) x heads x visible pairs / time, against
@@ -22,6 +26,7 @@
 #include "harness.h"
 #include "tessera/attention.h"
 #include "tessera/mla.h"
+#include "tessera/runtime.h"
 
 namespace tessera_bench {
 namespace {
@@ -34,15 +39,56 @@ constexpr uint64_t kW9PermutationSeed = 0x3a9;
 constexpr double kFlashMlaGbps = 3000;
 constexpr double kFlashMlaTflops = 660;
 
-void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len, int64_t batch = kW9Batch) {
-  const int64_t pages_per_request = (len + kW9PageSize - 1) / kW9PageSize;
-  const int64_t num_pages = batch * pages_per_request;
-  std::vector<int32_t> indptr(batch + 1), last(batch), qo_indptr(batch + 1);
-  for (int64_t b = 0; b <= batch; ++b) {
-    indptr[b] = static_cast<int32_t>(b * pages_per_request);
-    qo_indptr[b] = static_cast<int32_t>(b * qo_len);
-    if (b < batch) last[b] = static_cast<int32_t>(len - (pages_per_request - 1) * kW9PageSize);
+/// Times the plan/run runtime on the same inputs as a one-shot cell: run() of a plan made once.
+Timing time_runtime(BenchContext& ctx, const std::vector<int32_t>& qo_indptr, const std::vector<int32_t>& kv_indptr,
+                    const std::vector<int32_t>& last, int64_t heads, bool causal, const tessera::TensorView& q_nope,
+                    const tessera::TensorView& q_pe, const tessera::PagedLatentCache& kv, const tessera::TensorView& o,
+                    tessera::PlanInfo* info) {
+  const int64_t batch = static_cast<int64_t>(last.size());
+  const tessera::MlaRuntimeBounds bounds{batch, qo_indptr.back(), heads};
+  DeviceTensor workspace =
+      ctx.empty_tensor(DType::kU8, {tessera::BatchMLAPagedWrapper::workspace_size(bounds)});
+  tessera::BatchMLAPagedWrapper wrapper(workspace.view, bounds);
+  auto host = [](const std::vector<int32_t>& v) {
+    return tessera::TensorView(const_cast<int32_t*>(v.data()), DType::kI32, {static_cast<int64_t>(v.size())},
+                               tessera::Device::cpu());
+  };
+  wrapper.plan(host(qo_indptr), host(kv_indptr), host(last), kv.page_size(),
+               tessera::MlaPlanShape{heads, DType::kBF16, 1.0 / std::sqrt(192.0), causal});
+  *info = wrapper.plan_info();
+  return ctx.measure([&](cudaStream_t stream) {
+    wrapper.run(q_nope, q_pe, kv.ckv, kv.kpe, kv.indices, o, tessera::TensorView(),
+                reinterpret_cast<tessera::StreamHandle>(stream));
+  });
+}
+
+void add_plan_params(Params& params, const tessera::PlanInfo& info) {
+  params.emplace_back("runtime_items", static_cast<int64_t>(info.num_items));
+  params.emplace_back("runtime_merges", static_cast<int64_t>(info.num_merges));
+  params.emplace_back("runtime_chunk_size", static_cast<int64_t>(info.chunk_size));
+  params.emplace_back("runtime_makespan_over_lower_bound",
+                      info.lower_bound > 0 ? static_cast<double>(info.makespan) / static_cast<double>(info.lower_bound)
+                                           : 0.0);
+}
+
+/// One MLA decode cell over requests of KV lengths `lens` (tokens), each with qo_len new tokens:
+/// the one-shot entry point with the split the Python wrapper's plan() chooses (and, when that
+/// splits, without), and the runtime. `lengths` names a non-uniform batch in the results.
+void run_w9(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, int64_t qo_len,
+            const char* lengths = nullptr) {
+  const int64_t batch = static_cast<int64_t>(lens.size());
+  std::vector<int32_t> indptr(batch + 1, 0), last(batch), qo_indptr(batch + 1, 0);
+  int64_t len = 0;
+  double total_len = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t pages = (lens[b] + kW9PageSize - 1) / kW9PageSize;
+    indptr[b + 1] = static_cast<int32_t>(indptr[b] + pages);
+    qo_indptr[b + 1] = static_cast<int32_t>((b + 1) * qo_len);
+    last[b] = static_cast<int32_t>(lens[b] - (pages - 1) * kW9PageSize);
+    len = std::max(len, lens[b]);
+    total_len += static_cast<double>(lens[b]);
   }
+  const int64_t num_pages = indptr.back();
   // One [pages, page_size, 576] cache, ckv and kpe its slices (FlashMLA's layout).
   DeviceTensor cache = ctx.random_tensor(DType::kBF16, {num_pages, kW9PageSize, 576});
   DeviceTensor q = ctx.random_tensor(DType::kBF16, {batch * qo_len, heads, 576});
@@ -80,25 +126,34 @@ void run_w9(BenchContext& ctx, int64_t len, int64_t heads, int64_t qo_len, int64
     });
   };
   const Timing t = time_with(splits);
-  Params params = {{"B", batch},     {"L", len},         {"heads", heads},       {"qo_len", qo_len},
+  Params params = {{"B", batch},     {"L", lengths != nullptr ? ParamValue(lengths) : ParamValue(len)}, {"heads", heads},
+                   {"qo_len", qo_len},
                    {"page_size", kW9PageSize}, {"dtype", "bf16"}, {"causal", static_cast<int64_t>(options.causal)},
                    {"kv_splits", splits}};
+  tessera::PlanInfo info;
+  const Timing t_runtime = time_runtime(ctx, qo_indptr, indptr, last, heads, options.causal, q_nope, q_pe, kv, o.view,
+                                        &info);
+  Params runtime_params(params.begin(), params.end() - 1);
+  add_plan_params(runtime_params, info);
   if (splits > 1) {
     Params unsplit = params;
     unsplit.back() = {"kv_splits", int64_t{1}};
-    ctx.report_gbps(time_with(1), static_cast<double>(batch) * static_cast<double>(len) * 576.0 * 2.0,
+    ctx.report_gbps(time_with(1), total_len * 576.0 * 2.0,
                     std::move(unsplit), "tessera-no-split");
   }
   if (qo_len == 1) {
     params.emplace_back("bytes", "latent rows read: B x L x 576 x 2");
     params.emplace_back("anchor_flashmla_h800_gbps", kFlashMlaGbps);
     params.emplace_back("target_fraction_of_copy", 0.93);
-    ctx.report_gbps(t, static_cast<double>(batch) * static_cast<double>(len) * 576.0 * 2.0, std::move(params));
+    const double bytes = total_len * 576.0 * 2.0;
+    ctx.report_gbps(t_runtime, bytes, std::move(runtime_params), "tessera-runtime");
+    ctx.report_gbps(t, bytes, std::move(params));
   } else {
     params.emplace_back("flops", "2 x B x q_len x heads x L x (576 + 512)");
     params.emplace_back("anchor_flashmla_h800_tflops", kFlashMlaTflops);
     params.emplace_back("target_tflops", 620.0);
-    const double flops = 2.0 * static_cast<double>(batch * qo_len * heads) * static_cast<double>(len) * 1088.0;
+    const double flops = 2.0 * static_cast<double>(qo_len * heads) * total_len * 1088.0;
+    ctx.report_tflops(t_runtime, flops, std::move(runtime_params), "tessera-runtime");
     ctx.report_tflops(t, flops, std::move(params));
   }
 }
@@ -133,12 +188,21 @@ void run_w9c(BenchContext& ctx, int64_t len) {
   ctx.report_tflops(t, flops, std::move(params));
 }
 
-void w9_memory_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 16, 1); }
-void w9_memory_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 16, 1); }
-void w9_memory_l32768(BenchContext& ctx) { run_w9(ctx, 32768, 16, 1); }
-void w9_compute_l4096(BenchContext& ctx) { run_w9(ctx, 4096, 128, 2); }
-void w9_compute_l8192(BenchContext& ctx) { run_w9(ctx, 8192, 128, 2); }
-void mla_small_batch(BenchContext& ctx) { run_w9(ctx, 32768, 128, 1, 8); }
+std::vector<int64_t> uniform(int64_t batch, int64_t len) { return std::vector<int64_t>(batch, len); }
+void w9_memory_l4096(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 4096), 16, 1); }
+void w9_memory_l8192(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 8192), 16, 1); }
+void w9_memory_l32768(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 32768), 16, 1); }
+void w9_compute_l4096(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 4096), 128, 2); }
+void w9_compute_l8192(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 8192), 128, 2); }
+void mla_small_batch(BenchContext& ctx) { run_w9(ctx, uniform(8, 32768), 128, 1); }
+// A serving step's skew: one long context among 63 short ones.
+std::vector<int64_t> skewed() {
+  std::vector<int64_t> lens(64, 2048);
+  lens[0] = 131072;
+  return lens;
+}
+void mla_skewed_h16(BenchContext& ctx) { run_w9(ctx, skewed(), 16, 1, "1 x 131072 + 63 x 2048"); }
+void mla_skewed_h128(BenchContext& ctx) { run_w9(ctx, skewed(), 128, 2, "1 x 131072 + 63 x 2048"); }
 void w9_prefill_s4096(BenchContext& ctx) { run_w9c(ctx, 4096); }
 void w9_prefill_s16384(BenchContext& ctx) { run_w9c(ctx, 16384); }
 
@@ -152,6 +216,13 @@ TESSERA_BENCH_WORKLOAD(w9_compute_l4096, "w9_mla_decode_h128_q2_l4096",
                        "W9b MLA decode B=128 L=4096 128 heads, 2 tokens, page 64", "mla", "quick");
 TESSERA_BENCH_WORKLOAD(mla_small_batch, "mla_decode_b8_h128_l32768",
                        "MLA decode B=8 L=32768 128 heads, page 64, split over the KV length vs not", "mla", "quick");
+TESSERA_BENCH_WORKLOAD(mla_skewed_h16, "mla_decode_skewed_h16",
+                       "MLA decode B=64 (1 x 128k + 63 x 2k) 16 heads, page 64: uniform split vs the runtime's plan",
+                       "mla", "quick");
+TESSERA_BENCH_WORKLOAD(mla_skewed_h128, "mla_decode_skewed_h128_q2",
+                       "MLA decode B=64 (1 x 128k + 63 x 2k) 128 heads, 2 tokens, page 64: uniform split vs the "
+                       "runtime's plan",
+                       "mla", "quick");
 TESSERA_BENCH_WORKLOAD(w9_compute_l8192, "w9_mla_decode_h128_q2_l8192",
                        "W9b MLA decode B=128 L=8192 128 heads, 2 tokens, page 64", "mla");
 

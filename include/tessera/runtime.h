@@ -69,6 +69,7 @@
 #include "tessera/export.h"
 #include "tessera/attention.h"
 #include "tessera/formats.h"
+#include "tessera/mla.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
 
@@ -174,6 +175,7 @@ struct TESSERA_API PagedKVCache {
 
 namespace detail {
 class AttentionRuntime;
+class MlaRuntime;
 }
 
 /// Batch decode over a paged KV cache: one query token per request.
@@ -270,6 +272,64 @@ class TESSERA_API BlockSparseWrapper {
 
  private:
   std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
+/// Upper bounds of a BatchMLAPagedWrapper; they size its workspace.
+struct MlaRuntimeBounds {
+  int64_t max_batch_size = 0;       ///< requests per plan
+  int64_t max_total_qo_tokens = 0;  ///< query tokens of all requests together (decode: = batch)
+  int64_t num_heads = 0;            ///< plans use at most this many query heads (exactly, with cuda_graph)
+};
+
+/// What an MLA plan needs besides its index arrays.
+struct MlaPlanShape {
+  int64_t num_heads = 0;        ///< query heads, in [1, bounds.num_heads]
+  DType dtype = DType::kBF16;   ///< of q_nope, q_pe, the latent cache and o (f16 or bf16)
+  double sm_scale = 0.0;        ///< logit scale, finite and > 0 (no default: see MlaOptions)
+  bool causal = false;          ///< hide keys after each query's position (tessera/mla.h)
+};
+
+/// Multi-head latent attention (tessera/mla.h) through the plan/run runtime: decode and
+/// append-style prefill over a paged latent cache, with the load-balanced split over the KV
+/// length and CUDA Graphs of the other wrappers (the header comment's rules hold). sm_90 GPUs.
+///
+/// The plan treats MLA as attention with one KV head shared by all num_heads query heads: a
+/// request's (token, head) rows are cut into query tiles of 64 rows, each tile's visible KV range
+/// into chunks of whole 64-token tiles, and the chunks are balanced over one persistent CTA per
+/// SM. Every tile reads the request's whole latent row (576 values) per key and multiplies it
+/// into 64 rows whether or not all are valid, so an item costs its KV length whatever its rows: a
+/// request with many heads or tokens is several tiles over the same KV (the compute-bound regime),
+/// whose chunks the plan keeps aligned so that the tiles read the same keys at the same time and
+/// share them in L2. With SplitKV::kAuto a plan without splits is kept when it is within 10% of
+/// the balanced lower bound (a split costs its state's write and merge), else the best of chunks
+/// that give one wave of items and the planner's own search (docs/design.md §6).
+/// options: cuda_graph, split_kv (kFixed: fixed_split_size a multiple of 128), sm_budget and,
+/// with cuda_graph, dtype; q_tile must be kAuto or k64 and kv_dtype unset or dtype.
+class TESSERA_API BatchMLAPagedWrapper {
+ public:
+  BatchMLAPagedWrapper(const TensorView& workspace, const MlaRuntimeBounds& bounds, const RuntimeOptions& options = {});
+  ~BatchMLAPagedWrapper();
+  BatchMLAPagedWrapper(BatchMLAPagedWrapper&&) noexcept;
+  BatchMLAPagedWrapper& operator=(BatchMLAPagedWrapper&&) noexcept;
+  static int64_t workspace_size(const MlaRuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// qo_indptr: host i32 [B + 1] (query tokens per request); kv_indptr: host i32 [B + 1] (pages
+  /// per request); last_page_len: host i32 [B] in [1, page_size] (ignored for requests without
+  /// pages); page_size >= 1.
+  void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const TensorView& last_page_len,
+            int64_t page_size, const MlaPlanShape& shape, StreamHandle stream = nullptr);
+  /// q_nope: [>= qo_indptr[B], num_heads, 512]; q_pe: [.., num_heads, 64]; ckv: [num_pages,
+  /// page_size, 512]; kpe: [num_pages, page_size, 64] (tessera/mla.h's layouts and strides);
+  /// kv_indices: i32 [>= kv_indptr[B]] page ids as PagedKVCache::indices; o: [rows of q_nope,
+  /// num_heads, 512]; lse: f32 [rows, num_heads] base 2, or undefined. With cuda_graph, q_nope
+  /// has bounds.max_total_qo_tokens rows.
+  void run(const TensorView& q_nope, const TensorView& q_pe, const TensorView& ckv, const TensorView& kpe,
+           const TensorView& kv_indices, const TensorView& o, const TensorView& lse = {},
+           StreamHandle stream = nullptr);
+  const PlanInfo& plan_info() const;
+
+ private:
+  std::unique_ptr<detail::MlaRuntime> impl_;
 };
 
 }  // namespace tessera

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gpu/attention/attention_test_utils.h"
+#include "gpu/attention/mla_test_utils.h"
 #include "gpu/gpu_test_utils.h"
 #include "reference/mla.h"
 #include "reference/oracle.h"
@@ -31,137 +32,7 @@ using tessera::DType;
 using tessera::TensorView;
 using namespace tessera_test;
 using namespace tessera_test::attn;
-
-constexpr int64_t kDc = tessera::kMlaLatentDim;
-constexpr int64_t kDr = tessera::kMlaRopeDim;
-
-bool device_has_wgmma() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;
-}
-
-/// How the latent cache and the queries are laid out in device memory.
-enum class Storage {
-  kSeparate,  ///< ckv, kpe, q_nope, q_pe each its own contiguous tensor
-  kCombined,  ///< ckv/kpe slices of one [pages, page_size, 576]; q_nope/q_pe of one [total_q, H, 576]; o padded
-};
-
-struct MlaCase {
-  DType dtype;
-  int64_t heads;
-  int64_t qo_len;  // tokens per request (every request); 1 without qo_indptr
-  int64_t page_size;
-  bool causal;
-  std::vector<int64_t> kv_lens;
-  Storage storage = Storage::kSeparate;
-  bool with_indptr = true;
-  int64_t num_kv_splits = 1;
-};
-
-/// Device copy of one case's inputs, and the oracle's result.
-struct MlaRun {
-  DeviceTensor q_nope, q_pe, q_combined, ckv, kpe, kv_combined, o;
-  DeviceBuffer qo_indptr, kv_indptr, kv_indices, kv_last;
-  DeviceBuffer lse, workspace;
-  tessera::PagedLatentCache cache;
-  TensorView q_nope_view, q_pe_view, qo_indptr_view, lse_view;
-  tessera_ref::State ref;
-  int64_t total_q = 0;
-};
-
-std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
-  return s;
-}
-
-/// Interleaves [rows, a] and [rows, b] into [rows, a + b].
-std::vector<double> concat_rows(const std::vector<double>& x, int64_t a, const std::vector<double>& y, int64_t b) {
-  const int64_t rows = static_cast<int64_t>(x.size()) / a;
-  std::vector<double> out(static_cast<size_t>(rows * (a + b)));
-  for (int64_t r = 0; r < rows; ++r) {
-    std::copy(x.begin() + r * a, x.begin() + (r + 1) * a, out.begin() + r * (a + b));
-    std::copy(y.begin() + r * b, y.begin() + (r + 1) * b, out.begin() + r * (a + b) + a);
-  }
-  return out;
-}
-
-MlaRun prepare(const MlaCase& c, std::mt19937_64& rng, double sm_scale) {
-  MlaRun run;
-  const int64_t B = static_cast<int64_t>(c.kv_lens.size());
-  const int64_t H = c.heads;
-  std::vector<int32_t> qo_indptr = {0};
-  std::vector<std::vector<double>> ckv(B), kpe(B);
-  for (int64_t b = 0; b < B; ++b) {
-    ckv[b] = round_to(c.dtype, random_normal(c.kv_lens[b] * kDc, rng));
-    kpe[b] = round_to(c.dtype, random_normal(c.kv_lens[b] * kDr, rng));
-    qo_indptr.push_back(qo_indptr.back() + static_cast<int32_t>(c.qo_len));
-  }
-  run.total_q = qo_indptr.back();
-  const std::vector<double> q_nope = round_to(c.dtype, random_normal(run.total_q * H * kDc, rng));
-  const std::vector<double> q_pe = round_to(c.dtype, random_normal(run.total_q * H * kDr, rng));
-  const tessera_ref::MlaShape shape{H, kDc, kDr};
-  const tessera_ref::MlaPagedCache cache =
-      tessera_ref::build_mla_paged(ckv, kpe, c.kv_lens, shape, c.page_size, test_seed() | 1);
-  run.ref = tessera_ref::mla_attention_paged(q_nope, q_pe, qo_indptr, cache, shape, sm_scale, c.causal);
-
-  const int64_t pages = cache.ckv.num_pages;
-  if (c.storage == Storage::kSeparate) {
-    run.ckv = upload_tensor(c.dtype, cache.ckv.k_pages, {pages, c.page_size, kDc});
-    run.kpe = upload_tensor(c.dtype, cache.kpe.k_pages, {pages, c.page_size, kDr});
-    run.cache.ckv = run.ckv.view;
-    run.cache.kpe = run.kpe.view;
-    run.q_nope = upload_tensor(c.dtype, q_nope, {run.total_q, H, kDc});
-    run.q_pe = upload_tensor(c.dtype, q_pe, {run.total_q, H, kDr});
-    run.q_nope_view = run.q_nope.view;
-    run.q_pe_view = run.q_pe.view;
-    run.o = make_output(c.dtype, {run.total_q, H, kDc});
-  } else {
-    // One [pages, page_size, 576] cache with a padded page stride; ckv and kpe are its slices.
-    const std::vector<int64_t> kv_shape = {pages, c.page_size, kDc + kDr};
-    std::vector<int64_t> kv_strides = row_major(kv_shape);
-    kv_strides[0] += 64;
-    run.kv_combined = upload_tensor(c.dtype, concat_rows(cache.ckv.k_pages, kDc, cache.kpe.k_pages, kDr), kv_shape,
-                                    kv_strides);
-    const size_t elem = tessera::dtype_size(c.dtype);
-    char* base = static_cast<char*>(run.kv_combined.view.data);
-    run.cache.ckv = make_view(base, c.dtype, {pages, c.page_size, kDc}, kv_strides);
-    run.cache.kpe = make_view(base + kDc * elem, c.dtype, {pages, c.page_size, kDr}, kv_strides);
-    const std::vector<int64_t> q_shape = {run.total_q, H, kDc + kDr};
-    std::vector<int64_t> q_strides = row_major(q_shape);
-    q_strides[0] += 8 * 3;
-    run.q_combined = upload_tensor(c.dtype, concat_rows(q_nope, kDc, q_pe, kDr), q_shape, q_strides);
-    char* q_base = static_cast<char*>(run.q_combined.view.data);
-    run.q_nope_view = make_view(q_base, c.dtype, {run.total_q, H, kDc}, q_strides);
-    run.q_pe_view = make_view(q_base + kDc * elem, c.dtype, {run.total_q, H, kDr}, q_strides);
-    run.o = make_output(c.dtype, {run.total_q, H, kDc}, padded_strides({run.total_q, H, kDc}, 8, 16));
-  }
-  run.kv_indptr = upload_i32(cache.ckv.indptr);
-  run.kv_indices = upload_i32(cache.ckv.indices.empty() ? std::vector<int32_t>{0} : cache.ckv.indices);
-  run.kv_last = upload_i32(cache.ckv.last_page_len);
-  run.cache.indptr = i32_view(run.kv_indptr, B + 1);
-  run.cache.indices = i32_view(run.kv_indices, static_cast<int64_t>(cache.ckv.indices.size()));
-  run.cache.last_page_len = i32_view(run.kv_last, B);
-  if (c.with_indptr) {
-    run.qo_indptr = upload_i32(qo_indptr);
-    run.qo_indptr_view = i32_view(run.qo_indptr, B + 1);
-  }
-  run.lse = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(run.total_q * H, 1)) * sizeof(float));
-  run.lse.poison();
-  run.lse_view = make_view(run.lse.get(), DType::kF32, {run.total_q, H}, {H, 1});
-  return run;
-}
-
-std::string describe(const MlaCase& c) {
-  std::string lens;
-  for (int64_t l : c.kv_lens) lens += (lens.empty() ? "" : ",") + std::to_string(l);
-  return std::string(tessera::dtype_name(c.dtype)) + " H" + std::to_string(c.heads) + " q" + std::to_string(c.qo_len) +
-         " page" + std::to_string(c.page_size) + (c.causal ? " causal" : "") + " kv[" + lens + "]" +
-         (c.storage == Storage::kCombined ? " combined" : "") + " splits " + std::to_string(c.num_kv_splits);
-}
+using namespace tessera_test::mla;
 
 tessera::MlaOptions options_for(const MlaCase& c, MlaRun& run, double sm_scale) {
   tessera::MlaOptions options;

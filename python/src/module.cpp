@@ -406,6 +406,14 @@ std::optional<tessera::VariantSpec> flex_spec(const std::string& name, const std
   return spec;
 }
 
+/// The bounds a wrapper class takes, from the RuntimeBounds every Python-side runtime holder
+/// builds (python/tessera/_runtime.py): the same struct, or MLA's, which reads max_batch_size,
+/// max_total_qo_tokens and num_qo_heads (its heads; the shared latent is one KV head).
+inline const tessera::RuntimeBounds& wrapper_bounds(const tessera::RuntimeBounds& b, const void*) { return b; }
+inline tessera::MlaRuntimeBounds wrapper_bounds(const tessera::RuntimeBounds& b, const tessera::BatchMLAPagedWrapper*) {
+  return tessera::MlaRuntimeBounds{b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads};
+}
+
 template <typename W>
 void bind_common(nb::class_<W>& cls) {
   cls.def(
@@ -414,7 +422,7 @@ void bind_common(nb::class_<W>& cls) {
             const tessera::RuntimeOptions& options) {
            const TensorView ws = to_view(workspace, "float_workspace_buffer");
            DeviceGuard guard(ws);
-           checked([&] { new (self) W(ws, bounds, options); });
+           checked([&] { new (self) W(ws, wrapper_bounds(bounds, static_cast<const W*>(nullptr)), options); });
          },
          "workspace"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{},
          "Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) "
@@ -426,7 +434,7 @@ void bind_common(nb::class_<W>& cls) {
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
             int64_t bytes = 0;
-            checked([&] { bytes = W::workspace_size(bounds, options); });
+            checked([&] { bytes = W::workspace_size(wrapper_bounds(bounds, static_cast<const W*>(nullptr)), options); });
             return bytes;
           },
           "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
@@ -1159,4 +1167,44 @@ NB_MODULE(_C, m) {
           },
           "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(),
           "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).");
+
+  nb::class_<tessera::BatchMLAPagedWrapper> mla_runtime(
+      m, "BatchMLAPagedWrapper",
+      "tessera::BatchMLAPagedWrapper (MLA over a paged latent cache through the plan/run runtime; bounds: "
+      "max_batch_size, max_total_qo_tokens and num_qo_heads = its heads).");
+  bind_common(mla_runtime);
+  mla_runtime
+      .def(
+          "plan",
+          [](tessera::BatchMLAPagedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
+             const Array& last_page_len, int64_t page_size, int64_t num_heads, DType dtype, double sm_scale,
+             bool causal, uintptr_t stream, int device) {
+            const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "kv_indptr"),
+                             lp = to_view(last_page_len, "last_page_len");
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            nb::gil_scoped_release release;
+            checked([&] {
+              w.plan(qi, ip, lp, page_size, tessera::MlaPlanShape{num_heads, dtype, sm_scale, causal},
+                     to_stream(stream));
+            });
+          },
+          "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_heads"_a, "dtype"_a, "sm_scale"_a,
+          "causal"_a, "stream"_a, "device"_a,
+          "Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B].")
+      .def(
+          "run",
+          [](tessera::BatchMLAPagedWrapper& w, const Array& q_nope, const Array& q_pe, const Array& ckv,
+             const Array& kpe, const Array& kv_indices, const Array& o, const OptArray& lse, uintptr_t stream) {
+            const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"), tc = to_view(ckv, "ckv_cache"),
+                             tk = to_view(kpe, "kpe_cache"), ti = to_view(kv_indices, "kv_indices"),
+                             to = to_view(o, "out"), tl = to_view(lse, "lse");
+            DeviceGuard guard(qn);
+            nb::gil_scoped_release release;
+            checked([&] { w.run(qn, qp, tc, tk, ti, to, tl, to_stream(stream)); });
+          },
+          "q_nope"_a, "q_pe"_a, "ckv"_a, "kpe"_a, "kv_indices"_a, "o"_a, "lse"_a.none(), "stream"_a,
+          "Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe "
+          "[pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).");
 }

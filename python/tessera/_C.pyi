@@ -441,3 +441,34 @@ class BatchPrefillRaggedWrapper:
         """
         Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).
         """
+
+class BatchMLAPagedWrapper:
+    """
+    tessera::BatchMLAPagedWrapper (MLA over a paged latent cache through the plan/run runtime; bounds: max_batch_size, max_total_qo_tokens and num_qo_heads = its heads).
+    """
+
+    def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    def plan_info(self) -> dict:
+        """
+        What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_heads: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int) -> None:
+        """
+        Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B].
+        """
+
+    def run(self, q_nope: NDArray, q_pe: NDArray, ckv: NDArray, kpe: NDArray, kv_indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+        """
+        Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe [pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).
+        """

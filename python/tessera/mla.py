@@ -4,12 +4,13 @@
 Absorbed form: every query head attends to one paged latent cache, ``ckv`` (width 512) and its
 rotary key part ``kpe`` (width 64). The caller passes ``q_nope`` already multiplied by the key
 up-projection (width 512) and ``q_pe`` (width 64); the logits are ``sm_scale * (q_nope . ckv +
-q_pe . kpe)`` and the output stays in latent space (width 512). Each ``run()`` is the C++
-``batch_mla_paged`` (sm_90 GPUs, wgmma): one CTA per 64 (token x head) rows of a request and KV
-split. ``plan()`` checks the page table, derives what the kernel reads from it and chooses the
-split over the KV length: when the batch's CTAs fill fewer than all SMs, each request's KV is
-cut into as many runs as fill them (at least 256 tokens each), whose states are merged after the
-kernel; the split states live in the float workspace.
+q_pe . kpe)`` and the output stays in latent space (width 512). The wrapper holds the C++
+plan/run runtime's ``BatchMLAPagedWrapper`` (include/tessera/runtime.h; sm_90 GPUs, wgmma):
+``plan()`` checks the page table and plans the batch on the host, balancing its (token, head) tiles
+of 64 rows and chunks of their KV length over one persistent CTA per SM (a long request among short
+ones is split; a batch that fills the GPU is not), and ``run()`` launches the persistent kernel and,
+when the plan split a tile, the merge of its states. The plan and the split states live in the
+float workspace (about 35 MiB on a 132-SM GPU; FlashInfer's examples allocate 128 MiB).
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class BatchMLAPagedAttentionWrapper:
     token i sits at position ``kv_len - qo_len + i`` (the new tokens are the cache's last). The LSE
     is base 2 unless ``return_lse_base_on_e``.
 
-    With ``use_cuda_graph=True`` the index arrays live in the buffers given here and ``plan()``
-    copies into them, so a captured ``run()`` replays later plans; a later plan may not raise the
-    longest query length above the first plan's (the captured grid is sized by it).
+    With ``use_cuda_graph=True`` the page ids live in the ``kv_indices`` buffer given here and
+    ``plan()`` copies into it (the other index arrays go into the workspace with the plan), so a
+    captured ``run()`` replays later plans, split or not; a later plan may not have more requests
+    than the buffers or more query tokens than the first plan (the captured queries' rows), and
+    keeps its heads, dtype, page size, causal and sm_scale.
     """
 
     def __init__(
@@ -54,7 +57,8 @@ class BatchMLAPagedAttentionWrapper:
     ) -> None:
         """Args:
             float_workspace_buffer: 1-D contiguous CUDA tensor, 256-byte aligned (e.g. 128 MiB of
-                uint8): the states of the split over the KV length (plan() splits no more than it holds).
+                uint8): the runtime's plan and split states (plan() names the bytes it needs when
+                it holds fewer).
             use_cuda_graph: keep every device pointer fixed so ``run()`` can be captured; then the
                 four int32 CUDA buffers below are required (sized for the largest batch).
             qo_indptr, kv_indptr: ``[max_batch + 1]``; kv_indices: ``[max_pages]``; kv_len_arr:
@@ -80,10 +84,10 @@ class BatchMLAPagedAttentionWrapper:
                 raise ValueError(
                     f"qo_indptr, kv_indptr and kv_len_arr have {qo_indptr.shape[0]}, {kv_indptr.shape[0]} and "
                     f"{kv_len_arr.shape[0]} entries, expected max_batch + 1, max_batch + 1 and max_batch")
-            torch = U._torch()
+            # FlashInfer's graph buffers: kv_indices holds the page ids a captured run() reads; the
+            # other arrays' values travel with the plan (the workspace), their sizes bound the batch.
             self._buffers = {
                 "qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices, "kv_len_arr": kv_len_arr,
-                "last_page_len": torch.zeros_like(kv_len_arr),
             }
         if not ws.is_contiguous():
             raise ValueError("float_workspace_buffer must be contiguous")
@@ -93,8 +97,8 @@ class BatchMLAPagedAttentionWrapper:
         # torch.compile: the handle of the custom op tessera::mla_run; the workspace and the graph
         # buffers keep their addresses (static for CUDA graphs).
         self._handle = R.enable_compile(self, ws, *(self._buffers.values() if self._buffers else ()))
-        self._graph_max_qo_len: Optional[int] = None
-        self._graph_splits: Optional[int] = None
+        self._runtime = R._RuntimeHolder("BatchMLAPagedWrapper", ws, self._use_cuda_graph)
+        self._graph_total_q: Optional[int] = None
         self._plan: Optional[dict] = None
 
     def plan(
@@ -155,78 +159,47 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(
                 f"kv_len_arr[{b}] = {int(len_host[b])} needs {int(need[b])} pages of {page_size}, but kv_indptr gives "
                 f"request {b} {int(pages[b])}")
-        qo_lens = qo_host[1:] - qo_host[:-1]
-        max_qo_len = max(1, int(qo_lens.max())) if batch > 0 else 1
         last_host = torch.where(len_host > 0, (len_host - 1) % page_size + 1, torch.zeros_like(len_host))
-        max_kv_len = int(len_host.max()) if batch > 0 else 0
         total_q = int(qo_host[-1])
 
         dev = self._device
+        graph_bounds = None
         if self._use_cuda_graph:
             buf = self._buffers
-            if batch + 1 > buf["qo_indptr"].shape[0] or int(kv_host[-1]) > buf["kv_indices"].shape[0]:
+            max_batch = buf["qo_indptr"].shape[0] - 1
+            if batch > max_batch or int(kv_host[-1]) > buf["kv_indices"].shape[0]:
                 raise ValueError(
                     f"a batch of {batch} requests and {int(kv_host[-1])} pages exceeds the CUDA-graph buffers "
-                    f"({buf['qo_indptr'].shape[0] - 1} requests, {buf['kv_indices'].shape[0]} pages)")
-            if self._graph_max_qo_len is None:
-                self._graph_max_qo_len = max_qo_len
-            elif max_qo_len > self._graph_max_qo_len:
-                raise ValueError(
-                    f"max query length {max_qo_len} exceeds the first plan's {self._graph_max_qo_len}, which sizes "
-                    "the captured grid (use_cuda_graph=True)")
-            max_qo_len = self._graph_max_qo_len
-            if self._graph_splits is None:
-                self._graph_splits = self._choose_splits(batch, max_qo_len, num_heads, max_kv_len, total_q, q_dtype)
-            splits = self._graph_splits
-            # Requests past this batch see empty page ranges and no queries.
-            for name, host in (("qo_indptr", qo_host), ("kv_indptr", kv_host)):
-                full = torch.full((buf[name].shape[0],), int(host[-1]), dtype=torch.int32)
-                full[: batch + 1] = host
-                buf[name].copy_(full, non_blocking=False)
+                    f"({max_batch} requests, {buf['kv_indices'].shape[0]} pages)")
+            if self._graph_total_q is None:
+                self._graph_total_q = max(1, total_q)
+            graph_bounds = (max_batch, self._graph_total_q)
+            # The captured run() reads the page ids from this buffer.
             buf["kv_indices"][: int(kv_host[-1])].copy_(kv_indices[: int(kv_host[-1])])
-            lens = torch.zeros((buf["kv_len_arr"].shape[0],), dtype=torch.int32)
-            lens[:batch] = len_host
-            buf["kv_len_arr"].copy_(lens)
-            last = torch.zeros_like(lens)
-            last[:batch] = last_host
-            buf["last_page_len"].copy_(last)
-            arrays = (buf["qo_indptr"], buf["kv_indptr"], buf["kv_indices"], buf["last_page_len"])
-            graph_batch = buf["qo_indptr"].shape[0] - 1
+            page_ids = buf["kv_indices"]
         else:
-            arrays = (qo_host.to(dev), kv_host.to(dev),
-                      kv_indices.to(dev) if kv_indices.device != dev else kv_indices, last_host.to(dev))
-            graph_batch = batch
-            splits = self._choose_splits(batch, max_qo_len, num_heads, max_kv_len, total_q, q_dtype)
+            page_ids = kv_indices.to(dev) if kv_indices.device != dev else kv_indices
+        need = R._Need(batch, total_q, num_heads, 1, _CKV_DIM + _KPE_DIM)
+        cpp = self._runtime.ensure(need, q_dtype, "auto", 0, graph_bounds=graph_bounds)
+        U.call(cpp.plan, self._workspace, qo_host, kv_host, last_host, page_size, num_heads, U.tessera_dtype(q_dtype), float(sm_scale),
+               bool(causal), U.current_stream(dev), U.device_index(self._workspace))
         self._plan = {
-            "batch": graph_batch, "num_heads": num_heads, "page_size": page_size, "causal": bool(causal),
-            "sm_scale": float(sm_scale), "dtype": q_dtype, "max_qo_len": max_qo_len,
-            "total_q": total_q, "arrays": arrays, "num_kv_splits": splits,
-            "page_ids": U.HostPageIds("kv_indices", kv_indices, int(kv_host[-1])),
+            "num_heads": num_heads, "page_size": page_size, "dtype": q_dtype, "total_q": total_q,
+            "kv_indices": page_ids, "page_ids": U.HostPageIds("kv_indices", kv_indices, int(kv_host[-1])),
         }
 
-    def _choose_splits(self, batch: int, max_qo_len: int, heads: int, max_kv_len: int, total_q: int,
-                       dtype: "torch.dtype") -> int:
-        """KV splits per request (``_C.batch_mla_paged_num_kv_splits``: as many as fill the SMs the
-        batch's CTAs leave idle, each at least four 64-token tiles), no more than the workspace
-        holds."""
-        torch = U._torch()
-        sms = torch.cuda.get_device_properties(self._device).multi_processor_count
-        splits = U._C().batch_mla_paged_num_kv_splits(batch, max_qo_len, heads, max_kv_len, sms)
-        tag = U._C().DType.bf16 if dtype == torch.bfloat16 else U._C().DType.f16
-        room = self._workspace.numel() * self._workspace.element_size()
-        while splits > 1 and U._C().batch_mla_paged_workspace_bytes(total_q, heads, splits, tag) > room:
-            splits -= 1
-        return splits
+    def plan_info(self) -> dict:
+        """What the last plan() decided (the C++ PlanInfo as a dict: items, merges, chunk size, the
+        makespan against its lower bound), for tests, benchmarks and logs."""
+        return self._runtime.plan_info()
 
     def _launch(self, q_nope: "torch.Tensor", q_pe: "torch.Tensor", ckv_cache: "torch.Tensor",
                 kpe_cache: "torch.Tensor", out: "torch.Tensor", lse: Optional["torch.Tensor"]) -> None:
-        """One batch_mla_paged over the plan, after run()'s checks (eager, or inside the custom op)."""
+        """The runtime's run() of the plan, after run()'s checks (eager, or inside the custom op)."""
         p = self._plan
         p["page_ids"].check(ckv_cache.shape[0])  # page ids plan() had on the host, against this cache
-        qo_indptr, kv_indptr, kv_indices, last = p["arrays"]
-        U.call(U._C().batch_mla_paged, q_nope, q_nope, q_pe, qo_indptr, p["max_qo_len"], ckv_cache, kpe_cache,
-               kv_indptr, kv_indices, last, out, lse, p["sm_scale"], p["causal"], p["num_kv_splits"],
-               self._workspace if p["num_kv_splits"] > 1 else None, U.current_stream(q_nope.device))
+        U.call(self._runtime.cpp.run, q_nope, q_nope, q_pe, ckv_cache, kpe_cache, p["kv_indices"], out, lse,
+               U.current_stream(q_nope.device))
 
     def run(
         self,

@@ -45,25 +45,36 @@ def test_constructor_needs_a_cuda_workspace():
 
 
 def test_run_is_one_custom_op_under_torch_compile(monkeypatch):
-    """On the CPU, with a stand-in for the kernel: torch.compile(fullgraph=True) of run() is one
-    graph holding tessera::mla_run, whose result equals the eager run()'s."""
+    """On the CPU, with a stand-in for the C++ runtime: torch.compile(fullgraph=True) of run() is
+    one graph holding tessera::mla_run, whose result equals the eager run()'s."""
     if not hasattr(torch.library, "custom_op"):
         pytest.skip("torch.library.custom_op needs torch >= 2.4")
+    from tessera import _runtime as R
     from tessera import _utils as U
 
     calls = []
 
-    def stand_in(q_nope, q_pe, qo_indptr, max_qo_len, ckv, kpe, kv_indptr, kv_indices, last, o, lse, sm_scale,
-                 causal, num_kv_splits, workspace, stream):
-        o.copy_((q_nope.double() * 2 + ckv.double().mean() + float(kv_indices.double().sum())).to(o.dtype))
-        if lse is not None:
-            lse.copy_(q_nope.double().sum(-1) + q_pe.double().sum(-1))
-        calls.append((tuple(q_nope.shape), max_qo_len, num_kv_splits, workspace is not None, stream))
+    class StandIn:
+        def plan(self, qo_indptr, kv_indptr, last_page_len, page_size, num_heads, dtype, sm_scale, causal, stream,
+                 device):
+            calls.append(("plan", qo_indptr.tolist(), kv_indptr.tolist(), last_page_len.tolist(), page_size,
+                          num_heads, causal))
+
+        def run(self, q_nope, q_pe, ckv, kpe, kv_indices, o, lse, stream):
+            o.copy_((q_nope.double() * 2 + ckv.double().mean() + float(kv_indices.double().sum())).to(o.dtype))
+            if lse is not None:
+                lse.copy_(q_nope.double().sum(-1) + q_pe.double().sum(-1))
+            calls.append((tuple(q_nope.shape), stream))
+
+    def ensure(holder, need, dtype, split_kv, fixed_split_size, graph_bounds=None, kv_dtype=None):
+        assert (need.batch, need.total_qo, need.num_qo_heads, split_kv) == (2, 3, 16, "auto")
+        holder.cpp = StandIn()
+        return holder.cpp
 
     monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
     monkeypatch.setattr(U, "current_stream", lambda device: 7)
-    monkeypatch.setattr(W, "_choose_splits", lambda self, *args: 2)
-    monkeypatch.setattr(U._C(), "batch_mla_paged", stand_in)
+    monkeypatch.setattr(U, "device_index", lambda t: 0)
+    monkeypatch.setattr(R._RuntimeHolder, "ensure", ensure)
     gen = torch.Generator().manual_seed(5)
     w = W(torch.zeros(1 << 16, dtype=torch.uint8))
     i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
@@ -87,7 +98,8 @@ def test_run_is_one_custom_op_under_torch_compile(monkeypatch):
         torch._dynamo.reset()
     assert len(graphs) == 1 and [t for t in graphs[0] if "tessera" in t] == ["tessera.mla_run.default"], graphs
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
-    assert calls[0] == calls[-1] == ((3, 16, 512), 2, 2, True, 7)
+    assert calls[0] == ("plan", [0, 2, 3], [0, 2, 3], [4, 5], 16, 16, True)  # last pages of 20 and 5 tokens
+    assert calls[1] == calls[-1] == ((3, 16, 512), 7)
     with pytest.raises(ValueError, match="kv_indices\\[0\\] = 4 is out of range"):
         w.run(args[0], args[1], cache[:3, :, :512], cache[:3, :, 512:])  # the page ids against a smaller cache
 
@@ -163,7 +175,7 @@ def test_mla_wrapper_matches_reference(case):
     gen = torch.Generator().manual_seed(hash(str(case)) % (2**31))
     b = _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev)
     sm_scale = 1.0 / math.sqrt(192.0)
-    w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+    w = W(torch.empty(64 << 20, dtype=torch.uint8, device=dev))
     w.plan(b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], heads, 512, 64, page_size, causal, sm_scale,
            dtype, dtype)
     q, cache = b["q"], b["cache"]
@@ -171,7 +183,7 @@ def test_mla_wrapper_matches_reference(case):
     ref_o, ref_lse = _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale)
     _check(out, lse, ref_o, ref_lse, dtype)
     if case is CASES[0]:
-        assert w._plan["num_kv_splits"] > 1  # 4 short-query requests cannot fill the GPU alone
+        assert w.plan_info()["num_merges"] > 0  # 4 short-query requests cannot fill the GPU alone
     # Base e, into caller buffers.
     out2 = torch.full_like(out, float("nan"))
     lse2 = torch.full_like(lse, float("nan"))
@@ -190,7 +202,7 @@ def test_mla_wrapper_cuda_graph_replays_a_new_plan():
     max_batch, max_pages = 4, 128
     bufs = [torch.zeros(max_batch + 1, dtype=torch.int32, device=dev), torch.zeros(max_batch + 1, dtype=torch.int32, device=dev),
             torch.zeros(max_pages, dtype=torch.int32, device=dev), torch.zeros(max_batch, dtype=torch.int32, device=dev)]
-    w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev), True, *bufs)
+    w = W(torch.empty(64 << 20, dtype=torch.uint8, device=dev), True, *bufs)
     a = _batch([1000, 3, 40], [2, 2, 1], page_size, heads, dtype, gen, dev)  # long enough to split
     bb = _batch([17, 200, 0, 65], [1, 2, 1, 2], page_size, heads, dtype, gen, dev)
     # One cache and one query buffer large enough for both batches.
@@ -205,7 +217,7 @@ def test_mla_wrapper_cuda_graph_replays_a_new_plan():
                True, sm, dtype, dtype)
 
     plan(a, [1000, 3, 40], 0)
-    assert w._plan["num_kv_splits"] > 1
+    assert w.plan_info()["num_merges"] > 0
     n_a = a["q"].shape[0]
     q[:n_a] = a["q"]
     stream = torch.cuda.Stream()
@@ -225,9 +237,9 @@ def test_mla_wrapper_cuda_graph_replays_a_new_plan():
     # A new plan with the same total query rows: the captured graph reads the new page table.
     bb_q = bb["q"]
     assert bb_q.shape[0] > n_a
-    with pytest.raises(ValueError, match="max query length"):
-        w.plan(bb["qo_indptr"].new_tensor([0, 3, 3, 3, 3]), bb["kv_indptr"], bb["kv_indices"], bb["kv_len"], heads,
-               512, 64, page_size, True, sm, dtype, dtype)
+    with pytest.raises(ValueError, match="max_total_qo_tokens=5"):  # more query tokens than the captured run's
+        w.plan(bb["qo_indptr"], bb["kv_indptr"], bb["kv_indices"], bb["kv_len"], heads, 512, 64, page_size, True,
+               sm, dtype, dtype)
     b2_lens, b2_q = [17, 200, 0, 65], [1, 2, 1, 1]
     b2_qo = torch.tensor([0, 1, 3, 4, 5], dtype=torch.int32, device=dev)
     w.plan(b2_qo, bb["kv_indptr"], bb["kv_indices"] + offset, bb["kv_len"], heads, 512, 64, page_size, True, sm,
@@ -246,7 +258,7 @@ def test_mla_wrapper_errors():
     dev = torch.device("cuda:0")
     gen = torch.Generator().manual_seed(3)
     b = _batch([30, 5], [1, 1], 16, 16, torch.bfloat16, gen, dev)
-    w = W(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+    w = W(torch.empty(64 << 20, dtype=torch.uint8, device=dev))
     args = (b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], 16)
     with pytest.raises(RuntimeError, match="before plan"):
         w.run(b["q"][..., :512], b["q"][..., 512:], b["cache"][..., :512], b["cache"][..., 512:])
@@ -279,7 +291,7 @@ def test_gpu_mla_run_compiles_and_matches_eager():
     dev = torch.device("cuda:0")
     gen = torch.Generator().manual_seed(9)
     b = _batch([700, 5, 64], [2, 1, 1], 16, 16, torch.bfloat16, gen, dev)
-    w = W(torch.empty(1 << 24, dtype=torch.uint8, device=dev))
+    w = W(torch.empty(64 << 20, dtype=torch.uint8, device=dev))
     w.plan(b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], 16, 512, 64, 16, True, 0.1,
            torch.bfloat16, torch.bfloat16)
     q, cache = b["q"], b["cache"]

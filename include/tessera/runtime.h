@@ -129,10 +129,15 @@ struct PlanShape {
   /// mma.sync tiles dequantize it with attention.kv_scales, on every GPU).
   std::optional<DType> kv_dtype;
   /// sm_scale, causal and the variant: the built-in softmax variants (window_left,
-  /// num_sink_tokens, logits_soft_cap, alibi_slopes, rope) are supported, JIT-compiled on first
-  /// use; sigmoid, custom masks and user variants are kUnsupported here (split chunks are merged
-  /// by their log-sum-exp) and run through the one-shot entry points of tessera/attention.h. With
-  /// cuda_graph the first plan fixes the variant and its tensors.
+  /// num_sink_tokens, logits_soft_cap, alibi_slopes, rope) and custom masks (tree attention) are
+  /// supported, JIT-compiled on first use; sigmoid and user variants are kUnsupported here (split
+  /// chunks are merged by their log-sum-exp) and run through the one-shot entry points of
+  /// tessera/attention.h. A custom mask's bits (variant.custom_mask, u8 on the device, request b's
+  /// [qo_len_b, kv_len_b] bit matrix from byte custom_mask_indptr[b]) stay where they are, but
+  /// variant.custom_mask_indptr is a HOST i32 [B + 1] array here, as FlashInfer's plan computes
+  /// it: plan() checks it against the lengths and the mask's size and uploads it with the plan.
+  /// Not with BlockSparseWrapper. With cuda_graph the first plan fixes the variant and its tensors
+  /// (keep the mask bits in one buffer and change its contents; the offsets may change per plan).
   AttentionOptions attention;
   /// Of v and o when it differs from head_dim (BatchPrefillPagedWrapper and
   /// BatchPrefillRaggedWrapper; a pair of kSupportedPrefillSplitHeadDims, 16-bit K/V, the default

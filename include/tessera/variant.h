@@ -126,8 +126,9 @@ struct TESSERA_API VariantOptions {
   /// Custom mask (tree attention): u8 packed bits on the device, bit order little (bit k of a byte
   /// is element 8 * byte + k); request b's mask is a row-major [qo_len_b, kv_len_b] bit matrix
   /// starting at byte custom_mask_indptr[b]; 1 = visible. custom_mask_indptr: i32 [batch + 1] on
-  /// the device, byte offsets (FlashInfer's packed_custom_mask / mask_indptr). Prefill and decode
-  /// over ragged or paged KV only. Undefined: off.
+  /// the device, byte offsets (FlashInfer's packed_custom_mask / mask_indptr; in the plan/run
+  /// runtime's PlanShape a HOST array, uploaded by plan()). Prefill and decode over ragged or paged
+  /// KV only. Undefined: off.
   TensorView custom_mask;
   TensorView custom_mask_indptr;
   RopeOptions rope;

@@ -209,6 +209,7 @@ struct WorkspaceLayout {
   int64_t qo_indptr = 0;      // i32 [max_batch + 1]
   int64_t kv_indptr = 0;      // i32 [max_batch + 1]
   int64_t last_page_len = 0;  // i32 [max_batch]
+  int64_t mask_indptr = 0;    // i32 [max_batch + 1]: a custom mask's byte offsets per request
   int64_t merges = 0;         // PlannedMerge [max_merges]
   int64_t items = 0;          // PlannedItem [max_items]
   int64_t plan_end = 0;
@@ -318,7 +319,7 @@ class AttentionRuntime {
     TESSERA_CHECK_ARG(sm_scale != 0.0 && std::isfinite(sm_scale))
         << "shape.attention.sm_scale = " << shape.attention.sm_scale
         << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
-    const ResolvedVariant variant = plan_variant(shape, heads, batch);
+    const ResolvedVariant variant = plan_variant(shape, heads, batch, in);
     check_split_head_dims_variant(head_dim, variant);
     if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
@@ -391,6 +392,9 @@ class AttentionRuntime {
     std::memcpy(host + layout_.kv_indptr, in.kv_indptr.data(), in.kv_indptr.size() * sizeof(int32_t));
     if (!in.last_page_len.empty()) {
       std::memcpy(host + layout_.last_page_len, in.last_page_len.data(), in.last_page_len.size() * sizeof(int32_t));
+    }
+    if (!mask_indptr_host_.empty()) {
+      std::memcpy(host + layout_.mask_indptr, mask_indptr_host_.data(), mask_indptr_host_.size() * sizeof(int32_t));
     }
     std::memcpy(host + layout_.merges, plan.merges.data(), plan.merges.size() * sizeof(runtime::MergeItem));
     std::memcpy(host + layout_.items, plan.items.data(), plan.items.size() * sizeof(runtime::WorkItem));
@@ -570,18 +574,18 @@ class AttentionRuntime {
 
   /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants
   /// without an output transform qualify: the built-in masks and logit transforms and RoPE.
-  ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch) const {
-    const VariantOptions& v = shape.attention.variant;
-    if (v.is_default()) return ResolvedVariant{};  // plan() is a hot path: nothing to resolve
+  ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch, const PlanInput& in) {
+    mask_indptr_host_.clear();
+    const VariantOptions& given = shape.attention.variant;
+    if (given.is_default()) return ResolvedVariant{};  // plan() is a hot path: nothing to resolve
+    VariantOptions v = given;
+    if (v.custom_mask.defined()) v.custom_mask_indptr = plan_custom_mask(given, in);
     TESSERA_CHECK(!v.sigmoid, StatusCode::kUnsupported)
         << "shape.attention.variant.sigmoid: softmax-free attention cannot be merged across split KV chunks; "
            "use the one-shot entry points of tessera/attention.h";
     TESSERA_CHECK(v.user == nullptr, StatusCode::kUnsupported)
         << "shape.attention.variant.user: user variants run through the one-shot entry points of "
            "tessera/attention.h, not the plan/run runtime";
-    TESSERA_CHECK(!v.custom_mask.defined(), StatusCode::kUnsupported)
-        << "shape.attention.variant.custom_mask is not supported by the plan/run runtime yet; use the one-shot "
-           "entry points of tessera/attention.h";
     int device = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&device));
     TensorView on_device;  // stands for the tensors of run(): variant tensors must be on this device
@@ -594,6 +598,31 @@ class AttentionRuntime {
     ctx.sm_scale = resolved_sm_scale(shape.attention, heads.head_dim);
     ctx.block_sparse = format_ == KVFormatKind::kBlockSparse;
     return resolve_variant(v, ctx);
+  }
+
+  /// A custom mask's byte offsets come to plan() on the host, as FlashInfer's plan computes them:
+  /// checked against the mask's size and the plan's lengths, uploaded with the plan, and read by
+  /// the kernels from the workspace (so a captured run() reads every later plan's). Returns the
+  /// device view the variant takes.
+  TensorView plan_custom_mask(const VariantOptions& v, const PlanInput& in) {
+    const char* name = "shape.attention.variant.custom_mask_indptr";
+    TESSERA_CHECK(format_ != KVFormatKind::kBlockSparse, StatusCode::kUnsupported)
+        << "shape.attention.variant.custom_mask is not supported with block-sparse KV (mask with the block set)";
+    TESSERA_CHECK_ARG(v.custom_mask_indptr.defined())
+        << name << " is undefined but variant.custom_mask is set, expected both (host i32 [batch_size + 1])";
+    const int64_t batch = static_cast<int64_t>(in.qo_len.size());
+    mask_indptr_host_ = read_host_array(v.custom_mask_indptr, name, batch + 1);
+    detail::check_view(v.custom_mask, "shape.attention.variant.custom_mask");
+    const int64_t mask_bytes = v.custom_mask.numel();
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t bits = static_cast<int64_t>(in.qo_len[b]) * in.kv_len[b];
+      const int64_t begin = mask_indptr_host_[b];
+      TESSERA_CHECK_ARG(begin >= 0 && begin + (bits + 7) / 8 <= mask_bytes)
+          << name << "[" << b << "] = " << begin << ": request " << b << "'s mask of " << in.qo_len[b] << " x "
+          << in.kv_len[b] << " bits needs bytes [" << begin << ", " << begin + (bits + 7) / 8
+          << "), expected within variant.custom_mask's " << mask_bytes << " bytes";
+    }
+    return TensorView(workspace_ + layout_.mask_indptr, DType::kI32, {batch + 1}, Device::cuda(device_));
   }
 
   void check_options() const {
@@ -760,6 +789,7 @@ class AttentionRuntime {
     l.qo_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.kv_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.last_page_len = section(l.max_batch * sizeof(int32_t));
+    l.mask_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.merges = section(l.max_merges * sizeof(kernels::PlannedMerge));
     l.items = section(l.max_items * sizeof(kernels::PlannedItem));
     l.plan_end = at;
@@ -782,6 +812,7 @@ class AttentionRuntime {
 
   bool planned_ = false;
   std::vector<int32_t> kv_indptr_host_;  // the plan's page (block) ranges, for run()'s id checks
+  std::vector<int32_t> mask_indptr_host_;  // the plan's custom-mask byte offsets (empty: no mask)
   PlanShape shape_;
   DType kv_dtype_ = DType::kBF16;  // K/V's dtype in the last plan (shape_.kv_dtype resolved)
   ResolvedVariant variant_;

@@ -11,6 +11,42 @@
 namespace tessera_test {
 namespace attn {
 
+std::vector<std::vector<uint8_t>> tree_masks(const std::vector<int64_t>& qo_len, const std::vector<int64_t>& kv_len,
+                                             std::mt19937_64& rng) {
+  std::vector<std::vector<uint8_t>> masks(qo_len.size());
+  for (size_t b = 0; b < qo_len.size(); ++b) {
+    const int64_t qo = qo_len[b], kv = kv_len[b], prefix = kv - qo;
+    masks[b].assign(static_cast<size_t>(qo * kv), 0);
+    std::vector<int64_t> parent(qo, -1);
+    for (int64_t i = 1; i < qo; ++i) {
+      parent[i] = std::uniform_int_distribution<int64_t>(std::max<int64_t>(0, i - 4), i - 1)(rng);
+    }
+    for (int64_t i = 0; i < qo; ++i) {
+      for (int64_t j = 0; j < kv; ++j) masks[b][i * kv + j] = j < prefix;
+      for (int64_t a = i; a >= 0; a = parent[a]) {
+        if (prefix + a >= 0 && prefix + a < kv) masks[b][i * kv + prefix + a] = 1;
+      }
+    }
+  }
+  return masks;
+}
+
+PackedMasks pack_masks(const std::vector<std::vector<uint8_t>>& masks, std::mt19937_64& rng) {
+  PackedMasks p;
+  p.byte_indptr = {0};
+  for (const std::vector<uint8_t>& m : masks) {
+    const size_t n = m.size(), start = p.bytes.size(), nbytes = (n + 7) / 8;
+    p.bytes.resize(start + nbytes, 0);
+    for (size_t e = 0; e < nbytes * 8; ++e) {
+      const bool bit = e < n ? m[e] != 0 : (rng() & 1) != 0;
+      if (bit) p.bytes[start + e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+    }
+    p.byte_indptr.push_back(static_cast<int32_t>(p.bytes.size()));
+  }
+  return p;
+}
+
+
 using tessera::DecodeKernel;
 using tessera::Device;
 using tessera::DType;
@@ -862,36 +898,13 @@ void prepare_variant(VariantSetup& vs, const AttentionCase& c, const Lengths& le
       }
     }
   } else if (d.mask == MaskKind::kTree) {
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t qo = len.qo[b], kv = len.kv[b], prefix = kv - qo;
-      std::vector<int64_t> parent(qo, -1);
-      for (int64_t i = 1; i < qo; ++i) {
-        parent[i] = std::uniform_int_distribution<int64_t>(std::max<int64_t>(0, i - 4), i - 1)(rng);
-      }
-      for (int64_t i = 0; i < qo; ++i) {
-        for (int64_t j = 0; j < kv; ++j) masks[b][i * kv + j] = j < prefix;
-        for (int64_t a = i; a >= 0; a = parent[a]) {
-          if (prefix + a >= 0 && prefix + a < kv) masks[b][i * kv + prefix + a] = 1;
-        }
-      }
-    }
+    masks = tree_masks(len.qo, len.kv, rng);
   }
   if (d.mask != MaskKind::kNone) {
-    // Tessera's packed bits: request b from byte custom_mask_indptr[b], little bit order; the
-    // bits past a request's last element are random (a kernel must not read them).
-    std::vector<uint8_t> bytes;
-    std::vector<int32_t> byte_indptr = {0};
-    for (int64_t b = 0; b < B; ++b) {
-      const size_t n = masks[b].size(), start = bytes.size(), nbytes = (n + 7) / 8;
-      bytes.resize(start + nbytes, 0);
-      for (size_t e = 0; e < nbytes * 8; ++e) {
-        const bool bit = e < n ? masks[b][e] != 0 : (rng() & 1) != 0;
-        if (bit) bytes[start + e / 8] |= static_cast<uint8_t>(1u << (e % 8));
-      }
-      byte_indptr.push_back(static_cast<int32_t>(bytes.size()));
-    }
+    const PackedMasks packed = pack_masks(masks, rng);
+    const std::vector<uint8_t>& bytes = packed.bytes;
     vs.mask = upload_pod(bytes);
-    vs.mask_indptr = upload_i32(byte_indptr);
+    vs.mask_indptr = upload_i32(packed.byte_indptr);
     o.custom_mask = device_view_1d(vs.mask, DType::kU8, std::max<int64_t>(1, static_cast<int64_t>(bytes.size())));
     o.custom_mask_indptr = i32_view(vs.mask_indptr, B + 1);
   }

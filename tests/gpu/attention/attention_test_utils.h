@@ -148,6 +148,20 @@ enum class MaskKind {
             ///< the request's last qo_len positions, and itself
 };
 
+/// Tree masks (MaskKind::kTree) of requests with these lengths, one byte per (query, key),
+/// row-major [qo_len_b, kv_len_b]: a query sees the whole prefix, itself and its ancestors in a
+/// random tree (parents at most 4 back) over the request's last qo_len positions.
+std::vector<std::vector<uint8_t>> tree_masks(const std::vector<int64_t>& qo_len, const std::vector<int64_t>& kv_len,
+                                             std::mt19937_64& rng);
+
+/// Tessera's packed custom mask: request b from byte byte_indptr[b], little bit order; the bits
+/// past a request's last element are random (a kernel must not read them).
+struct PackedMasks {
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> byte_indptr;  // [B + 1]
+};
+PackedMasks pack_masks(const std::vector<std::vector<uint8_t>>& masks, std::mt19937_64& rng);
+
 /// User variants defined only as source text (attention_test_utils.cpp holds the snippets).
 enum class UserVariant {
   kNone,

@@ -577,8 +577,8 @@ TEST(VariantErrors, CudaCoreDecodeRejectsVariants) {
   for (double x : read_tensor(f.o_dec)) ASSERT_FALSE(std::isnan(x)) << "o left unwritten (NaN)";
 }
 
-// The plan/run runtime takes the built-in softmax variants; sigmoid, custom masks and user
-// variants are kUnsupported there (tessera/runtime.h, PlanShape::attention).
+// The plan/run runtime takes the built-in softmax variants and custom masks (their offsets on the
+// host); sigmoid and user variants are kUnsupported there (tessera/runtime.h, PlanShape::attention).
 TEST(VariantErrors, RuntimeRejectsUnsupportedVariants) {
   tessera::RuntimeBounds bounds{4, 4, 8, 2, 128};
   DeviceBuffer ws(static_cast<size_t>(tessera::BatchDecodeWrapper::workspace_size(bounds)));
@@ -608,7 +608,20 @@ TEST(VariantErrors, RuntimeRejectsUnsupportedVariants) {
   tessera::PlanShape msk = shape;
   msk.attention.variant.custom_mask = TensorView(mask_bits.get(), DType::kU8, {64}, Device::cuda(0));
   msk.attention.variant.custom_mask_indptr = i32_view(mask_indptr, 3);
-  expect_error_any([&] { w.plan(h_indptr, h_last, 16, msk); }, {"variant.custom_mask"}, StatusCode::kUnsupported);
+  // The runtime takes custom masks with their byte offsets on the host (plan() uploads them).
+  expect_error_any([&] { w.plan(h_indptr, h_last, 16, msk); }, {"variant.custom_mask_indptr is on cuda:0"},
+                   StatusCode::kInvalidArgument);
+  std::vector<int32_t> short_offsets = {0, 2};
+  msk.attention.variant.custom_mask_indptr = TensorView(short_offsets.data(), DType::kI32, {2}, Device::cpu());
+  expect_error_any([&] { w.plan(h_indptr, h_last, 16, msk); }, {"variant.custom_mask_indptr.shape[0] = 2"},
+                   StatusCode::kInvalidArgument);
+  std::vector<int32_t> past_the_end = {0, 63, 65};  // request 1 (16 keys) needs bytes [63, 65) of 64
+  msk.attention.variant.custom_mask_indptr = TensorView(past_the_end.data(), DType::kI32, {3}, Device::cpu());
+  expect_error_any([&] { w.plan(h_indptr, h_last, 16, msk); }, {"variant.custom_mask_indptr[1] = 63"},
+                   StatusCode::kInvalidArgument);
+  std::vector<int32_t> fits = {0, 1, 3};
+  msk.attention.variant.custom_mask_indptr = TensorView(fits.data(), DType::kI32, {3}, Device::cpu());
+  EXPECT_NO_THROW(w.plan(h_indptr, h_last, 16, msk));
   // The default variant still plans after the errors.
   EXPECT_NO_THROW(w.plan(h_indptr, h_last, 16, shape));
   ASSERT_CUDA_OK(cudaDeviceSynchronize());

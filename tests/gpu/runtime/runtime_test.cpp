@@ -74,6 +74,9 @@ struct RuntimeCase {
   /// fp8 K/V: codes N(0, 16^2) rounded to the format, per-tensor host scales kFp8KScale /
   /// kFp8VScale; the oracle sees code x scale.
   Fp8KV fp8 = Fp8KV::kNone;
+  /// Prefill: a random tree mask per request (attn::tree_masks: the prefix, the query's ancestors
+  /// among the new tokens, itself), given to plan() as a custom mask.
+  bool tree_mask = false;
   std::string name;
 
   DType kv_dtype() const { return fp8 == Fp8KV::kE4M3 ? DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? DType::kE5M2 : dtype; }
@@ -109,6 +112,8 @@ struct Prepared {
   DeviceBuffer indices;
   tessera::PagedKVCache cache;
   int64_t rows = 0;
+  DeviceBuffer mask;                 // tree_mask: the packed bits
+  std::vector<int32_t> mask_indptr;  // tree_mask: byte offsets per request (host, as plan() takes them)
 };
 
 Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
@@ -143,6 +148,18 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
     p.indices = upload_i32(bsr.indices.empty() ? std::vector<int32_t>{0} : bsr.indices);
     p.rows = m;
   } else {
+    if (c.tree_mask) {
+      const std::vector<std::vector<uint8_t>> masks = attn::tree_masks(c.qo, c.kv, rng);
+      const attn::PackedMasks packed = attn::pack_masks(masks, rng);
+      p.mask = DeviceBuffer(std::max<size_t>(1, packed.bytes.size()));
+      p.mask.upload(packed.bytes.data(), packed.bytes.size());
+      p.mask_indptr = packed.byte_indptr;
+      opts.custom_mask_indptr = {0};
+      for (const std::vector<uint8_t>& m : masks) {
+        opts.custom_mask.insert(opts.custom_mask.end(), m.begin(), m.end());
+        opts.custom_mask_indptr.push_back(static_cast<int64_t>(opts.custom_mask.size()));
+      }
+    }
     std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch), k_store(batch), v_store(batch);
     for (size_t b = 0; b < batch; ++b) {
       qs[b] = round_to(c.dtype, random_normal(c.qo[b] * hq * d, rng));
@@ -215,6 +232,17 @@ tessera::PlanShape shape_for(const RuntimeCase& c) {
     s.kv_dtype = c.kv_dtype();
     s.attention.kv_scales.k = kFp8KScale;
     s.attention.kv_scales.v = kFp8VScale;
+  }
+  return s;
+}
+
+/// The plan shape of a case with its tree mask (the bits on the device, the offsets on the host).
+tessera::PlanShape shape_for(const RuntimeCase& c, const Prepared& p) {
+  tessera::PlanShape s = shape_for(c);
+  if (c.tree_mask) {
+    s.attention.variant.custom_mask =
+        TensorView(p.mask.get(), DType::kU8, {static_cast<int64_t>(p.mask.bytes())}, tessera::Device::cuda(0));
+    s.attention.variant.custom_mask_indptr = host_i32(p.mask_indptr);
   }
   return s;
 }
@@ -495,6 +523,22 @@ std::vector<RuntimeCase> runtime_cases() {
     bc.block_cols = 64;
     cases.push_back(named(bc, "b16x64"));
   }
+  // Tree masks (speculative verification: a token tree of 1-40 tokens after a long prefix), paged
+  // and ragged, with and without causal, split over the KV (sm_budget 8) and on every tile.
+  for (const QueryTile tile : {QueryTile::kAuto, QueryTile::k16, QueryTile::k128}) {
+    RuntimeCase c;
+    c.wrapper = tile == QueryTile::k16 ? Wrapper::kPrefillRagged : Wrapper::kPrefillPaged;
+    c.tree_mask = true;
+    c.tile = tile;
+    c.qo = {8, 1, 40, 5};
+    c.kv = {3000, 6, 300, 1029};
+    c.causal = tile == QueryTile::k16;
+    cases.push_back(named(c, std::string("tree_") + (tile == QueryTile::kAuto ? "auto" : tile == QueryTile::k16 ? "t16" : "t128") +
+                                 (tile == QueryTile::kAuto ? "_sanitize" : "")));
+    c.sm_budget = 8;
+    c.dtype = DType::kF16;
+    cases.push_back(named(c, std::string("tree_split_") + (tile == QueryTile::kAuto ? "auto" : tile == QueryTile::k16 ? "t16" : "t128")));
+  }
   // Block-sparse, including vector sparsity (Bc = 1).
   {
     RuntimeCase c;
@@ -525,7 +569,7 @@ TEST_P(RuntimeTest, MatchesOracle) {
   const auto options = options_for(c);
   Workspace ws(AnyWrapper::workspace_size(c, bounds, options));
   AnyWrapper w(c, ws.view, bounds, options);
-  w.plan(p, shape_for(c));
+  w.plan(p, shape_for(c, p));
   w.run(p, c.with_lse);
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   check_against_oracle(c, p, c.name);
@@ -729,6 +773,79 @@ TEST(RuntimeCudaGraph, ReplaysCorrectlyAfterReplans) {
 
 /// fp8 K/V under a captured decode: per-KV-head device scales change between replays (and the
 /// cache between re-plans); every replay matches the oracle on the codes times the current scales.
+/// Tree masks under CUDA graphs: the mask bits live in a fixed buffer whose contents change, the
+/// byte offsets come with each plan (host arrays, uploaded into the workspace); re-plans change the
+/// batch size, the trees and the split.
+TEST(RuntimeCudaGraph, TreeMaskReplaysAfterReplans_sanitize) {
+  const int64_t hkv = 2, g = 4, d = 128, page = 16, max_batch = 6, max_rows = 64, max_pages = 1024;
+  const int64_t hq = hkv * g;
+  const DType dtype = DType::kBF16;
+  tessera::RuntimeBounds bounds{max_batch, max_rows, hq, hkv, d};
+  tessera::RuntimeOptions options;
+  options.cuda_graph = true;
+  options.dtype = dtype;
+  Workspace ws(tessera::BatchPrefillPagedWrapper::workspace_size(bounds, options));
+  tessera::BatchPrefillPagedWrapper wrapper(ws.view, bounds, options);
+  DeviceBuffer q_buf(max_rows * hq * d * 2), o_buf(max_rows * hq * d * 2), lse_buf(max_rows * hq * 4);
+  DeviceBuffer k_buf(max_pages * page * hkv * d * 2), v_buf(max_pages * page * hkv * d * 2), idx_buf(max_pages * 4);
+  DeviceBuffer mask_buf(1 << 20);
+  const TensorView q(q_buf.get(), dtype, {max_rows, hq, d}, Device::cuda(0));
+  const TensorView o(o_buf.get(), dtype, {max_rows, hq, d}, Device::cuda(0));
+  const TensorView lse(lse_buf.get(), DType::kF32, {max_rows, hq}, Device::cuda(0));
+  tessera::PagedKVCache cache;
+  cache.k = TensorView(k_buf.get(), dtype, {max_pages, page, hkv, d}, Device::cuda(0));
+  cache.v = TensorView(v_buf.get(), dtype, {max_pages, page, hkv, d}, Device::cuda(0));
+  cache.indices = TensorView(idx_buf.get(), DType::kI32, {max_pages}, Device::cuda(0));
+  Stream stream;
+  std::mt19937_64 rng(test_seed());
+  cudaGraphExec_t exec = nullptr;
+  const std::vector<std::vector<int64_t>> qos = {{8, 3}, {1, 16, 7, 8, 2, 9}, {40}, {5, 5, 5}};
+  const std::vector<std::vector<int64_t>> kvs = {{2000, 40}, {9, 4000, 100, 8, 700, 64}, {5000}, {5, 300, 1200}};
+  for (size_t step = 0; step < qos.size(); ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    RuntimeCase c;
+    c.wrapper = Wrapper::kPrefillPaged;
+    c.tree_mask = true;
+    c.qo = qos[step];
+    c.kv = kvs[step];
+    c.num_kv_heads = hkv;
+    c.group = g;
+    c.head_dim = d;
+    c.page_size = page;
+    Prepared p = prepare(c, rng);
+    ASSERT_LE(p.rows, max_rows);
+    ASSERT_LE(p.paged.k.view.shape[0], max_pages);
+    ASSERT_CUDA_OK(cudaMemcpy(q_buf.get(), p.q.view.data, p.q.view.nbytes(), cudaMemcpyDeviceToDevice));
+    ASSERT_CUDA_OK(cudaMemcpy(k_buf.get(), p.paged.k.view.data, p.paged.k.view.nbytes(), cudaMemcpyDeviceToDevice));
+    ASSERT_CUDA_OK(cudaMemcpy(v_buf.get(), p.paged.v.view.data, p.paged.v.view.nbytes(), cudaMemcpyDeviceToDevice));
+    ASSERT_CUDA_OK(cudaMemcpy(idx_buf.get(), p.cache.indices.data, p.cache.indices.nbytes(), cudaMemcpyDeviceToDevice));
+    ASSERT_CUDA_OK(cudaMemcpy(mask_buf.get(), p.mask.get(), p.mask.bytes(), cudaMemcpyDeviceToDevice));
+    ASSERT_CUDA_OK(cudaMemset(o_buf.get(), 0xFF, o_buf.bytes()));
+    ASSERT_CUDA_OK(cudaMemset(lse_buf.get(), 0xFF, lse_buf.bytes()));
+    tessera::PlanShape shape = shape_for(c);
+    shape.attention.variant.custom_mask =
+        TensorView(mask_buf.get(), DType::kU8, {static_cast<int64_t>(mask_buf.bytes())}, Device::cuda(0));
+    shape.attention.variant.custom_mask_indptr = host_i32(p.mask_indptr);
+    wrapper.plan(host_i32(p.qo_indptr), host_i32(p.kv_indptr), host_i32(p.last_page_len), page, shape, stream.s);
+    if (exec == nullptr) {
+      cudaGraph_t graph;
+      ASSERT_CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+      wrapper.run(q, cache, o, lse, stream.s);
+      ASSERT_CUDA_OK(cudaStreamEndCapture(stream.s, &graph));
+      ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphDestroy(graph);
+    }
+    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream.s));
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream.s));
+    const size_t rows = static_cast<size_t>(p.rows * hq);
+    const std::vector<double> out = download_as(dtype, o_buf.get(), rows * d);
+    const std::vector<double> out_lse = download_as(DType::kF32, lse_buf.get(), rows);
+    expect_matches_oracle(dtype, out, &out_lse, p.ref, "tree mask replay");
+    if (step == 1) EXPECT_GT(wrapper.plan_info().num_merges, 0) << "step 1's long request was not split";
+  }
+  cudaGraphExecDestroy(exec);
+}
+
 TEST(RuntimeCudaGraph, Fp8ReplaysReadTheCurrentDeviceScales) {
   const int64_t hkv = 2, g = 4, d = 128, page = 16, max_batch = 8, max_pages = 4096;
   const DType dtype = DType::kBF16, kv_dtype = DType::kE4M3;

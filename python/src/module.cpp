@@ -311,6 +311,12 @@ tessera::VariantOptions variant_options(const VariantArgs* a, std::optional<tess
   return v;
 }
 
+/// A runtime plan's custom mask: the packed bits on the device, the byte offsets on the host.
+void set_custom_mask(tessera::VariantOptions& v, const OptArray& bits, const OptArray& byte_indptr) {
+  v.custom_mask = to_view(bits, "custom_mask");
+  v.custom_mask_indptr = to_view(byte_indptr, "custom_mask_indptr");
+}
+
 tessera::PlanShape plan_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype,
                               double sm_scale, bool causal, const tessera::VariantOptions& variant,
                               const std::optional<DType>& kv_dtype, const tessera::KVScales& scales,
@@ -1086,12 +1092,14 @@ NB_MODULE(_C, m) {
              const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
              int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
              const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
-             const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo) {
+             const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo,
+             const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
                              lp = to_view(last_page_len, "paged_kv_last_page_len");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             std::optional<tessera::VariantSpec> user;
-            const tessera::VariantOptions variant = variant_options(variant_args, user);
+            tessera::VariantOptions variant = variant_options(variant_args, user);
+            set_custom_mask(variant, custom_mask, custom_mask_indptr);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
@@ -1107,8 +1115,10 @@ NB_MODULE(_C, m) {
           "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
           "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
           "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
+          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(),
           "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as "
-          "for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).")
+          "for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed "
+          "bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.")
       .def(
           "run",
           [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
@@ -1133,11 +1143,12 @@ NB_MODULE(_C, m) {
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
              uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
              double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device,
-             int64_t head_dim_vo) {
+             int64_t head_dim_vo, const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             std::optional<tessera::VariantSpec> user;
-            const tessera::VariantOptions variant = variant_options(variant_args, user);
+            tessera::VariantOptions variant = variant_options(variant_args, user);
+            set_custom_mask(variant, custom_mask, custom_mask_indptr);
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
@@ -1153,8 +1164,10 @@ NB_MODULE(_C, m) {
           "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "variant"_a.none() = nb::none(),
           "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
           "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
+          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(),
           "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for "
-          "BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).")
+          "BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask and "
+          "custom_mask_indptr as for BatchPrefillPagedWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,

@@ -405,9 +405,9 @@ class BatchPrefillPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.
         """
 
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
@@ -432,9 +432,9 @@ class BatchPrefillRaggedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim).
+        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask and custom_mask_indptr as for BatchPrefillPagedWrapper.plan.
         """
 
     def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:

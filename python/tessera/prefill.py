@@ -73,11 +73,55 @@ def _check_prefill_options(
                              **tessera_options)
 
 
-def _check_no_custom_mask(custom_mask: Any, packed_custom_mask: Any) -> None:
-    """The plan/run wrappers: the runtime merges split KV chunks and does not take custom masks."""
-    what = "None (custom masks are not supported by the plan/run wrappers; use single_prefill_with_kv_cache)"
-    U.check_none("custom_mask", custom_mask, what)
-    U.check_none("packed_custom_mask", packed_custom_mask, what)
+def _plan_custom_mask(custom_mask: Any, packed_custom_mask: Any, qo_host: "torch.Tensor", kv_lens: "torch.Tensor",
+                      device: Any, graph_buf: Any, use_cuda_graph: bool) -> Dict[str, Any]:
+    """FlashInfer's batch custom masks for the runtime's plan() (tree attention): request b's
+    ``[qo_len_b, kv_len_b]`` mask, flattened and concatenated over the batch (``custom_mask``, bool,
+    ``sum(qo_len_b * kv_len_b)`` elements) or packed per request with
+    ``segment_packbits(..., bitorder="little")`` (``packed_custom_mask``, uint8, each request from a
+    byte boundary; wins when both are given). Returns plan()'s keywords: the packed bits on the
+    device (with ``use_cuda_graph`` copied into ``custom_mask_buf``, whose address the capture
+    keeps) and their byte offsets on the host; ``{}`` without a mask."""
+    torch = U._torch()
+    if custom_mask is None and packed_custom_mask is None:
+        return {}
+    qo_lens = (qo_host[1:] - qo_host[:-1]).to(torch.int64)
+    bits = qo_lens * kv_lens.to(torch.int64)
+    byte_indptr = torch.zeros(bits.numel() + 1, dtype=torch.int64)
+    byte_indptr[1:] = torch.cumsum((bits + 7) // 8, 0)
+    total_bytes = int(byte_indptr[-1])
+    if packed_custom_mask is not None:
+        U.check_tensor("packed_custom_mask", packed_custom_mask, ndim=1, dtypes=(torch.uint8,),
+                       shape_hint="(segment_packbits of the requests' masks, bitorder 'little')")
+        if packed_custom_mask.shape[0] < total_bytes:
+            raise ValueError(
+                f"packed_custom_mask has {packed_custom_mask.shape[0]} bytes, expected >= {total_bytes} "
+                "(sum over requests of ceil(qo_len * kv_len / 8))")
+        packed = packed_custom_mask.to(device).contiguous()
+    else:
+        U.check_tensor("custom_mask", custom_mask, ndim=1, dtypes=(torch.bool,),
+                       shape_hint="(flattened [qo_len, kv_len] masks of the requests, bool)")
+        total_bits = int(bits.sum())
+        if custom_mask.shape[0] != total_bits:
+            raise ValueError(
+                f"custom_mask has {custom_mask.shape[0]} elements, expected sum(qo_len * kv_len) = {total_bits}")
+        bit_indptr = torch.zeros(bits.numel() + 1, dtype=torch.int64)
+        bit_indptr[1:] = torch.cumsum(bits, 0)
+        from .quantization import segment_packbits
+
+        packed, _ = segment_packbits(custom_mask.to(device), bit_indptr.to(device), bitorder="little")
+    if packed.numel() == 0:  # no (query, key) pair at all: the kernels still want a buffer
+        packed = torch.zeros(1, dtype=torch.uint8, device=device)
+    if use_cuda_graph:
+        if graph_buf is None:
+            raise ValueError("use_cuda_graph=True with a custom mask needs custom_mask_buf (a preallocated uint8 "
+                             "CUDA tensor the captured run() reads the mask from)")
+        if packed.numel() > graph_buf.shape[0]:
+            raise ValueError(f"the packed mask has {packed.numel()} bytes, more than custom_mask_buf's "
+                             f"{graph_buf.shape[0]}")
+        graph_buf[: packed.numel()].copy_(packed, non_blocking=True)
+        packed = graph_buf
+    return {"custom_mask": packed, "custom_mask_indptr": byte_indptr.to(torch.int32)}
 
 
 def _check_custom_mask_args(custom_mask: Any, packed_custom_mask: Any, qo_len: int, kv_len: int) -> None:
@@ -310,9 +354,12 @@ class _PrefillBase:
         U.check_kv_layout(kv_layout)
         U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
         U.check_jit_args(jit_args)
-        what = "None (custom masks are not supported by the plan/run wrappers; use single_prefill_with_kv_cache)"
-        U.check_none("custom_mask_buf", custom_mask_buf, what)
-        U.check_none("mask_indptr_buf", mask_indptr_buf, what)
+        if custom_mask_buf is not None:
+            U.check_tensor("custom_mask_buf", custom_mask_buf, ndim=1, dtypes=(U._torch().uint8,))
+            U.check_cuda("custom_mask_buf", custom_mask_buf)
+        if mask_indptr_buf is not None:  # FlashInfer's device offsets; Tessera's plan uploads its own
+            U.check_index_tensor("mask_indptr_buf", mask_indptr_buf)
+        self._custom_mask_buf = custom_mask_buf
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if not ws.is_contiguous():
             raise ValueError("float_workspace_buffer must be contiguous")
@@ -417,7 +464,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             use_cuda_graph: keep pointers fixed so :meth:`run` can be captured.
             qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf:
                 preallocated int32 CUDA buffers, required with ``use_cuda_graph``.
-            custom_mask_buf, mask_indptr_buf: only ``None``.
+            custom_mask_buf: with ``use_cuda_graph`` and custom masks, a uint8 CUDA buffer large
+                enough for any plan's packed masks (the captured run() reads them there);
+                mask_indptr_buf: accepted (the plan uploads its own offsets).
             backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90). jit_args: only ``None``.
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
@@ -527,8 +576,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 (head dims 64, 128, 256; its scales go to :meth:`run`).
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128; batch-invariant results). disable_split_kv: never split.
-            custom_mask, packed_custom_mask (the plan/run runtime has no custom masks: use
-            :func:`single_prefill_with_kv_cache`), use_fp16_qk_reduction, prefix_len_ptr,
+            custom_mask: bool, the requests' ``[qo_len, kv_len]`` masks flattened and
+                concatenated (``sum(qo_len * kv_len)`` elements, True = key visible: tree attention
+                for speculative verification), packed here; packed_custom_mask: uint8, the same
+                packed per request with ``segment_packbits(..., bitorder="little")`` (wins when both
+                are given). As in FlashInfer, a custom mask replaces ``causal``. With
+                ``use_cuda_graph`` the packed bits are copied into ``custom_mask_buf``.
+            use_fp16_qk_reduction, prefix_len_ptr,
             token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q,
             block_tables, max_token_per_sequence, max_sequence_kv: not supported
             (NotImplementedError unless left at their defaults). non_blocking: accepted.
@@ -549,7 +603,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        _check_no_custom_mask(custom_mask, packed_custom_mask)
         options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                          rope_scale, rope_theta, low_freq_factor=low_freq_factor,
                                          high_freq_factor=high_freq_factor, old_context_len=old_context_len,
@@ -595,6 +648,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 )
         options.check_tensors(q_rope_offset, k_rope_offset, batch, self._float_workspace_buffer.device)
         graph_bounds = self._graph_bounds(batch, total_qo)
+        pages = kv_host[1:] - kv_host[:-1]
+        kv_lens = U._torch().where(pages > 0, (pages - 1) * page_size + last_host, U._torch().zeros_like(pages))
+        mask = _plan_custom_mask(custom_mask, packed_custom_mask, qo_host, kv_lens,
+                                 self._float_workspace_buffer.device, self._custom_mask_buf, self._use_cuda_graph)
+        causal = causal and not mask  # FlashInfer: a custom mask replaces the causal mask
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
@@ -621,7 +679,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                  U.current_stream(device), U.device_index(self._float_workspace_buffer),
                  kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
                  **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
-                 **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv))
+                 **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv), **mask)
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
@@ -634,6 +692,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "kv_dtype": kv_dtype,
             "indices": run_indices,
             "host_indices": U.HostPageIds("paged_kv_indices", paged_kv_indices, num_pages),
+            "custom_mask": mask.get("custom_mask"),  # kept alive: the plan points at it
             "causal": causal,
             "sm_scale": scale,
             "window_left": options.window_left,
@@ -745,7 +804,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             use_cuda_graph: keep pointers fixed so :meth:`run` can be captured.
             qo_indptr_buf, kv_indptr_buf: preallocated int32 CUDA buffers, required with
                 ``use_cuda_graph``.
-            custom_mask_buf, mask_indptr_buf: only ``None``. backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
+            custom_mask_buf: with ``use_cuda_graph`` and custom masks, a uint8 CUDA buffer large
+                enough for any plan's packed masks (the captured run() reads them there);
+                mask_indptr_buf: accepted (the plan uploads its own offsets). backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
             jit_args: only ``None``.
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
@@ -829,8 +890,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 (head dims 64, 128, 256; its scales go to :meth:`run`).
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128). disable_split_kv: never split.
-            custom_mask, packed_custom_mask (the plan/run runtime has no custom masks: use
-            :func:`single_prefill_with_kv_cache`), use_fp16_qk_reduction, prefix_len_ptr,
+            custom_mask: bool, the requests' ``[qo_len, kv_len]`` masks flattened and
+                concatenated (``sum(qo_len * kv_len)`` elements, True = key visible: tree attention
+                for speculative verification), packed here; packed_custom_mask: uint8, the same
+                packed per request with ``segment_packbits(..., bitorder="little")`` (wins when both
+                are given). As in FlashInfer, a custom mask replaces ``causal``. With
+                ``use_cuda_graph`` the packed bits are copied into ``custom_mask_buf``.
+            use_fp16_qk_reduction, prefix_len_ptr,
             token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr: not supported.
             non_blocking: accepted.
 
@@ -841,7 +907,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        _check_no_custom_mask(custom_mask, packed_custom_mask)
         options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                          rope_scale, rope_theta, low_freq_factor=low_freq_factor,
                                          high_freq_factor=high_freq_factor, old_context_len=old_context_len,
@@ -869,6 +934,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         total_qo = int(qo_host[-1])
         options.check_tensors(q_rope_offset, k_rope_offset, batch, self._float_workspace_buffer.device)
         graph_bounds = self._graph_bounds(batch, total_qo)
+        mask = _plan_custom_mask(custom_mask, packed_custom_mask, qo_host, kv_host[1:] - kv_host[:-1],
+                                 self._float_workspace_buffer.device, self._custom_mask_buf, self._use_cuda_graph)
+        causal = causal and not mask  # FlashInfer: a custom mask replaces the causal mask
 
         # GPU work from here on (a failure below leaves the wrapper unplanned).
         self._planned = None
@@ -886,11 +954,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
                  U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
                  **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
-                 **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv))
+                 **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv), **mask)
         self._planned = {
             "batch": batch,
             "total_qo": total_qo,
             "total_kv": int(kv_host[-1]),
+            "custom_mask": mask.get("custom_mask"),  # kept alive: the plan points at it
             "num_qo_heads": hq,
             "num_kv_heads": hkv,
             "head_dim": d,

@@ -255,10 +255,27 @@ def test_constructor_checks(cls):
 
 def test_prefill_constructor_mask_buffers():
     for cls in WRAPPERS[1:]:
-        with pytest.raises(NotImplementedError, match="custom_mask_buf"):
+        with pytest.raises(ValueError, match="custom_mask_buf is on cpu"):
             cls(_ws(), custom_mask_buf=torch.zeros(8, dtype=torch.uint8))
-        with pytest.raises(NotImplementedError, match="mask_indptr_buf"):
-            cls(_ws(), mask_indptr_buf=_i32([0, 1]))
+        with pytest.raises(TypeError, match="custom_mask_buf"):
+            cls(_ws(), custom_mask_buf=torch.zeros(8, dtype=torch.int32))
+        cls(_ws(), mask_indptr_buf=_i32([0, 1]))  # accepted: the plan uploads its own offsets
+
+
+@pytest.mark.parametrize("cls,plan", [(tessera.BatchPrefillWithPagedKVCacheWrapper, "paged"),
+                                      (tessera.BatchPrefillWithRaggedKVCacheWrapper, "ragged")], ids=["paged", "ragged"])
+def test_plan_custom_mask_checks(cls, plan):
+    """The batch custom mask's shape, dtype and size are checked in plan() before any GPU work."""
+    plan_fn = _paged_plan if plan == "paged" else _ragged_plan
+    w = cls(_ws())
+    with pytest.raises(ValueError, match=r"custom_mask has shape \(2, 2\), expected 1 dimension"):
+        plan_fn(w, custom_mask=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(TypeError, match="custom_mask"):
+        plan_fn(w, custom_mask=torch.ones(4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"custom_mask has 4 elements, expected sum\(qo_len \* kv_len\)"):
+        plan_fn(w, custom_mask=torch.ones(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"packed_custom_mask has 1 bytes, expected >= "):
+        plan_fn(w, packed_custom_mask=torch.ones(1, dtype=torch.uint8))
 
 
 def test_cuda_graph_buffer_checks():
@@ -436,14 +453,10 @@ def test_packbits_little():
 @pytest.mark.parametrize(
     "cls,plan,option,value",
     [
-        (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "custom_mask", torch.ones(4, dtype=torch.bool)),
-        (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "packed_custom_mask", torch.ones(4, dtype=torch.uint8)),
         (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "use_fp16_qk_reduction", True),
         (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "head_dim_vo", 64),
         (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "block_tables", _i32([0])),
         (tessera.BatchPrefillWithPagedKVCacheWrapper, _paged_plan, "prefix_len_ptr", _i32([0])),
-        (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "custom_mask", torch.ones(4, dtype=torch.bool)),
-        (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "packed_custom_mask", torch.ones(4, dtype=torch.uint8)),
         (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "head_dim_vo", 64),
         (tessera.BatchPrefillWithRaggedKVCacheWrapper, _ragged_plan, "token_pos_in_items_len", 3),
         (tessera.BatchDecodeWithPagedKVCacheWrapper, _decode_plan, "block_tables", _i32([0])),

@@ -96,12 +96,6 @@ def _segments(indptr):
 # --- BatchDecodeWithPagedKVCacheWrapper ---------------------------------------------------------
 
 
-_NO_WRAPPER_MASKS = pytest.mark.xfail(
-    strict=True, raises=NotImplementedError,
-    reason="custom_mask in the plan/run prefill wrappers is not implemented (issue 25, tree masks in plan/run); "
-           "strict: the test must pass, and this marker go, once it is")
-
-
 @gpu
 def test_batch_decode_paged_documented_example():
     import tessera as flashinfer  # the documented usage with only the import changed
@@ -227,7 +221,6 @@ def test_batch_prefill_paged_documented_example():
 
 
 @gpu
-@_NO_WRAPPER_MASKS
 def test_batch_prefill_paged_documented_example_custom_mask():
     """The example's second half: plan again with a flattened boolean custom_mask (the causal
     mask, built as the docs build it) and require the outputs of the causal plan."""
@@ -332,7 +325,6 @@ def test_batch_prefill_ragged_documented_example():
 
 
 @gpu
-@_NO_WRAPPER_MASKS
 def test_batch_prefill_ragged_documented_example_custom_mask():
     """The example's second half: a custom_mask equal to the causal mask, same outputs."""
     import tessera as flashinfer  # the documented usage with only the import changed

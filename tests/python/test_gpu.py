@@ -1131,22 +1131,30 @@ def test_single_prefill_custom_mask(how):
         assert (out[5].float() == 0).all() and torch.isneginf(lse[5]).all()
 
 
-@pytest.mark.parametrize("option", ("custom_mask", "packed_custom_mask"))
-def test_wrappers_reject_custom_masks(option, workspace):
+@pytest.mark.parametrize("option", ["custom_mask", "packed_custom_mask"])
+def test_wrappers_check_custom_mask_sizes(option, workspace):
+    """The batch wrappers take FlashInfer's flattened custom masks (tests/python/test_tree_mask.py
+    checks the results); a per-request [qo_len, kv_len] shape or a short packed mask is an error."""
     value = (torch.ones(8, 40, dtype=torch.bool, device=DEV) if option == "custom_mask"
-             else torch.full((40,), 255, dtype=torch.uint8, device=DEV))
+             else torch.full((39,), 255, dtype=torch.uint8, device=DEV))
     qo_indptr = torch.tensor([0, 8], dtype=torch.int32)
     w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace)
-    with pytest.raises(NotImplementedError, match=option):
+    with pytest.raises(ValueError, match=option):
         w.plan(qo_indptr, torch.tensor([0, 40], dtype=torch.int32), 8, 2, 128, q_data_type=torch.float16,
                **{option: value})
     p = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace)
-    with pytest.raises(NotImplementedError, match=option):
+    with pytest.raises(ValueError, match=option):
         p.plan(qo_indptr, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV),
                torch.tensor([8], dtype=torch.int32), 8, 2, 128, 16, q_data_type=torch.float16, **{option: value})
-    with pytest.raises(NotImplementedError, match="custom_mask_buf"):
-        tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, custom_mask_buf=torch.zeros(64, dtype=torch.uint8,
-                                                                                           device=DEV))
+    g = tessera.BatchPrefillWithPagedKVCacheWrapper(
+        workspace, use_cuda_graph=True, qo_indptr_buf=torch.zeros(2, dtype=torch.int32, device=DEV),
+        paged_kv_indptr_buf=torch.zeros(2, dtype=torch.int32, device=DEV),
+        paged_kv_indices_buf=torch.zeros(3, dtype=torch.int32, device=DEV),
+        paged_kv_last_page_len_buf=torch.zeros(1, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="custom_mask_buf"):
+        g.plan(qo_indptr, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV),
+               torch.tensor([8], dtype=torch.int32), 8, 2, 128, 16, q_data_type=torch.float16,
+               custom_mask=torch.ones(8 * 40, dtype=torch.bool, device=DEV))
 
 
 # --- examples ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include <functional>
 #include <iterator>
 #include <numeric>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -565,6 +566,96 @@ void run_w8_prefill(BenchContext& ctx) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// W5: incremental prefill and speculative verification through the runtime's paged prefill
+// wrapper: B=32 requests of KV length 4096 (the new tokens the cache's last), query lengths 2 / 4 /
+// 8 with and without a tree mask (the tokens a random tree: a query sees the prefix, its ancestors
+// and itself), 128 and 512 (chunked prefill); Hq=32, Hkv=8, D=128, page 16, causal, pages a random
+// permutation. q <= 8: GB/s = K and V read (B x 4096 x Hkv x D x 2 bytes x 2), against W1's
+// decode of the same KV (cell w5_decode_q1, the same run); 128 / 512: TFLOP/s = 4 x D x Hq x
+// visible pairs. Anchors (FlashInfer 0.3.1 paged prefill, causal, no tree): 869 / 888 / 883 GB/s,
+// 419 / 475 TFLOP/s. Targets: q <= 8 at >= 0.85 of W1's GB/s, with and without the tree; 512 at
+// >= 550 TFLOP/s.
+
+constexpr int64_t kW5Batch = 32, kW5KvLen = 4096;
+
+/// Random token trees over each request's last qo positions, packed as plan() takes them (little
+/// bit order, request b from byte offsets[b]): fan-out 1-4, like a speculative draft's tree.
+struct PackedTrees {
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> offsets;
+};
+PackedTrees random_trees(int64_t batch, int64_t qo, int64_t kv, uint64_t seed) {
+  PackedTrees t;
+  std::mt19937_64 rng(seed);
+  const int64_t prefix = kv - qo, row_bits = kv;
+  const int64_t bytes_per_request = (qo * row_bits + 7) / 8;
+  t.bytes.assign(static_cast<size_t>(batch * bytes_per_request), 0);
+  for (int64_t b = 0; b <= batch; ++b) t.offsets.push_back(static_cast<int32_t>(b * bytes_per_request));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int64_t> parent(qo, -1);
+    for (int64_t i = 1; i < qo; ++i) {
+      parent[i] = std::uniform_int_distribution<int64_t>(std::max<int64_t>(0, (i - 1) / 4), i - 1)(rng);
+    }
+    uint8_t* m = t.bytes.data() + b * bytes_per_request;
+    auto set = [&](int64_t i, int64_t j) { m[(i * row_bits + j) / 8] |= static_cast<uint8_t>(1u << ((i * row_bits + j) % 8)); };
+    for (int64_t i = 0; i < qo; ++i) {
+      for (int64_t j = 0; j < prefix; ++j) set(i, j);
+      for (int64_t a = i; a >= 0; a = parent[a]) set(i, prefix + a);
+    }
+  }
+  return t;
+}
+
+void run_w5(BenchContext& ctx, const std::string& name, int64_t qo, bool tree,
+            tessera::QueryTile tile = tessera::QueryTile::kAuto) {
+  const std::vector<int64_t> kv_lens(kW5Batch, kW5KvLen), qo_lens(kW5Batch, qo);
+  const int64_t rows = kW5Batch * qo;
+  const double kv_bytes = 2.0 * kW5Batch * kW5KvLen * kKvHeads * kHeadDim * kElemBytes;
+  double flops = 0;
+  for (int64_t b = 0; b < kW5Batch; ++b) flops += 4.0 * kHeadDim * kQoHeads * visible_pairs(qo, kW5KvLen, true);
+  PagedCache cache = make_paged_cache(ctx, kv_lens, kDecodePageSize, kKvHeads, kHeadDim);
+  DeviceTensor q = ctx.random_tensor(kDType, {rows, kQoHeads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(kDType, {rows, kQoHeads, kHeadDim});
+  const tessera::RuntimeBounds bounds{kW5Batch, rows, kQoHeads, kKvHeads, kHeadDim};
+  tessera::RuntimeOptions options;
+  options.q_tile = tile;
+  DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds, options));
+  tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds, options);
+  tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, true);
+  PackedTrees trees;
+  DeviceTensor mask;
+  if (tree) {
+    trees = random_trees(kW5Batch, qo, kW5KvLen, kPermutationSeed + static_cast<uint64_t>(qo));
+    mask = ctx.empty_tensor(DType::kU8, {static_cast<int64_t>(trees.bytes.size())});
+    BENCH_CUDA(cudaMemcpy(mask.view.data, trees.bytes.data(), trees.bytes.size(), cudaMemcpyHostToDevice));
+    shape.attention.variant.custom_mask = mask.view;
+    shape.attention.variant.custom_mask_indptr = host_i32(trees.offsets);
+  }
+  const HostPages pages = host_pages(kv_lens, kDecodePageSize);
+  wrapper.plan(host_i32(indptr_of(qo_lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
+               shape, ctx.stream());
+  tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
+  });
+  Params params = {{"B", kW5Batch}, {"L", kW5KvLen}, {"qo_len", qo}, {"Hq", kQoHeads}, {"Hkv", kKvHeads},
+                   {"D", kHeadDim}, {"page_size", kDecodePageSize}, {"mask", tree ? "causal+tree" : "causal"},
+                   {"dtype", "bf16"}};
+  add_plan_info(params, wrapper.plan_info());
+  if (qo <= 8) {
+    params.emplace_back("bytes", "K+V read");
+    add_anchor(params, "anchor_flashinfer_paged_prefill_gbps", qo == 2 ? 869 : qo == 4 ? 888 : 883);
+    params.emplace_back("target", "0.85 of w5_decode_q1 (W1's decode of the same KV) of the same run");
+    ctx.report_gbps(t, kv_bytes, std::move(params), "tessera-runtime");
+  } else {
+    params.emplace_back("flops", "4*D*Hq*visible_pairs");
+    add_anchor(params, "anchor_flashinfer_paged_prefill_tflops", qo == 128 ? 419 : 475);
+    if (qo == 512) params.emplace_back("target_tflops", 550.0);
+    ctx.report_tflops(t, flops, std::move(params), "tessera-runtime");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // The cells, each registered as its own workload.
 
 struct Cell {
@@ -676,6 +767,30 @@ const std::vector<Cell>& cells() {
                          w4_sets()[si].name + " lengths",
                      suites_for("fp8", si == 0), [si](BenchContext& ctx, const std::string& name) {
                        run_w4(ctx, name, w4_sets()[si], 16, DType::kE4M3);
+                     }});
+    }
+    // W5.
+    out.push_back({"w5_decode_q1", "W5 baseline: W1 paged decode of W5's KV, B=32 L=4096 Hq=32 Hkv=8 D=128 page 16",
+                   suites_for("w5", false), [](BenchContext& ctx, const std::string& name) {
+                     run_decode(ctx, name, std::vector<int64_t>(kW5Batch, kW5KvLen),
+                                decode_params(kW5Batch, kW5KvLen, "auto"), {});
+                   }});
+    for (int64_t qo : {2, 4, 8, 128, 512}) {
+      for (bool tree : {false, true}) {
+        if (tree && qo > 8) continue;
+        out.push_back({"w5_q" + std::to_string(qo) + (tree ? "_tree" : ""),
+                       "W5 paged prefill through the runtime, B=32 L=4096 qo=" + std::to_string(qo) +
+                           (tree ? ", causal + random tree mask" : ", causal"),
+                       suites_for("w5", false),
+                       [qo, tree](BenchContext& ctx, const std::string& name) { run_w5(ctx, name, qo, tree); }});
+      }
+    }
+    // q = 8 on the 16-row tile (the auto choice is the 64-row tile): what the tree mask costs per tile.
+    for (bool tree : {false, true}) {
+      out.push_back({std::string("w5_q8") + (tree ? "_tree" : "") + "_t16",
+                     std::string("W5 qo=8") + (tree ? " + tree mask" : "") + " on the 16-row query tile",
+                     suites_for("w5", false), [tree](BenchContext& ctx, const std::string& name) {
+                       run_w5(ctx, name, 8, tree, tessera::QueryTile::k16);
                      }});
     }
     // W8.

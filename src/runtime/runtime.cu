@@ -340,6 +340,14 @@ class AttentionRuntime {
           // KV tile width and the accumulation order) must not depend on the batch's size.
           q_tile = choose_q_tile(head_dim, avg_rows * group, kv);
         }
+        // A custom mask is read from global memory for every (row, key) of a tile, valid row or
+        // not: a 64-row tile over requests of <= 32 packed rows pays for the padding rows too
+        // (W5, 8 tree tokens x GQA 4: 1674 GB/s on the 64-row tile, 2031 on the 16-row one;
+        // bench/results/LOG.md, session 30).
+        if ((variant.features & kernels::feature::kCustomMask) != 0 && q_tile == QTile::k64 &&
+            avg_rows * group <= 32) {
+          q_tile = QTile::k16;
+        }
       }
     }
     const GridShape grid = options_.cuda_graph ? graph_grid_

@@ -539,6 +539,15 @@ std::vector<RuntimeCase> runtime_cases() {
     c.dtype = DType::kF16;
     cases.push_back(named(c, std::string("tree_split_") + (tile == QueryTile::kAuto ? "auto" : tile == QueryTile::k16 ? "t16" : "t128")));
   }
+  // Short trees (<= 32 packed rows a request): the auto tile is then the 16-row one.
+  {
+    RuntimeCase c;
+    c.wrapper = Wrapper::kPrefillPaged;
+    c.tree_mask = true;
+    c.qo = {2, 8, 4, 1, 8};
+    c.kv = {4000, 70, 1500, 3, 2200};
+    cases.push_back(named(c, "tree_short"));
+  }
   // Block-sparse, including vector sparsity (Bc = 1).
   {
     RuntimeCase c;

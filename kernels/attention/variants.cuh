@@ -25,7 +25,11 @@
 //   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of
 //                                the rows may see, so whole tiles outside it are never loaded
 //   tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin, kv_last) -> bool: every pair of the tile
-//                                passes logits_mask, so its evaluation is skipped
+//                                passes logits_mask (a custom mask aside), so its evaluation is
+//                                skipped
+//   custom_mask_shows_all(vp, e, batch, qo_pos, kv_begin, count) -> bool: the custom mask (if any)
+//                                shows the row every key of [kv_begin, kv_begin + count), read as
+//                                the mask's packed bytes (a kernel tests whole tiles with it)
 //
 // `e` is the request's extent (qo_len, kv_len: a custom mask needs the row width). Every variant
 // kernel takes one VariantParams block by value: the built-in variants' fields and the slots of a
@@ -210,8 +214,26 @@ struct BuiltinVariant {
 
   static TESSERA_DEVICE bool tile_unmasked(const VariantParams& vp, int /*q_pos_first*/, int q_pos_last,
                                            int kv_begin, int /*kv_last*/) {
-    if constexpr (kCustomMask) return false;
     if constexpr (kWindow) return kv_begin >= q_pos_last - vp.window_left;
+    return true;
+  }
+
+  static TESSERA_DEVICE bool custom_mask_shows_all(const VariantParams& vp, const RequestExtent& e, int batch,
+                                                   int qo_pos, int kv_begin, int count) {
+    if constexpr (kCustomMask) {
+      // Bits [first, first + count) of the request's row-major [qo_len, kv_len] matrix, a byte
+      // (or its covered part) at a time.
+      const uint8_t* bits = vp.custom_mask + vp.custom_mask_indptr[batch];
+      const int64_t first = static_cast<int64_t>(qo_pos - e.q_pos_offset) * e.kv_len + kv_begin;
+      const int64_t end = first + count;
+      for (int64_t b = first; b < end; b = (b | 7) + 1) {
+        const int lo = static_cast<int>(b & 7);
+        const int64_t left = end - (b & ~int64_t{7});  // bits from this byte's start to the range's end
+        const int hi = left < 8 ? static_cast<int>(left) : 8;
+        const uint32_t want = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+        if ((static_cast<uint32_t>(__ldg(bits + (b >> 3))) & want) != want) return false;
+      }
+    }
     return true;
   }
 };

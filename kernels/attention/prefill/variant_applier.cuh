@@ -158,12 +158,31 @@ struct VariantApplier {
   }
 
   /// Whether some pair of the KV tile [kv_begin, kv_begin + CTA_TILE_KV) may be masked: rows past
-  /// the tile's segment end, causal pairs, the variant's own mask, or (block-sparse) a block that
-  /// is not flagged full.
+  /// the tile's segment end, causal pairs, the variant's own mask, a custom mask's zero bits (per
+  /// warp: its rows over its columns), or (block-sparse) a block that is not flagged full.
   TESSERA_DEVICE bool tile_needs_mask(int kv_begin, int kv_tile_end) const {
     bool needs = kv_begin + Traits::CTA_TILE_KV > kv_tile_end ||
                  (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > q_pos_first) ||
                  !Variant::tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin, kv_begin + Traits::CTA_TILE_KV - 1);
+    if constexpr (Variant::kCustomMask) {
+      // Most tiles of a tree mask lie in the prefix every row sees: testing the mask's bytes once
+      // per tile spares the per-logit bit loads there. A quad's four lanes share rows and split
+      // the warp's columns; the warp votes, so its lanes take one branch (`needs` is uniform).
+      if (!needs) {
+        constexpr int kLaneCols = kN8KV * 8 / 4;
+        bool shown = true;
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
+            const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
+            shown = shown && Variant::custom_mask_shows_all(vp, w.e, batch, qo_pos,
+                                                            kv_begin + c.warp_col0 + c.t * kLaneCols, kLaneCols);
+          }
+        needs = !__all_sync(0xffffffffu, shown);
+      }
+    }
     if constexpr (kFormat == KVFormatKind::kBlockSparse) {
       // Listed blocks flagged full need no mask (the flags cover every mask in effect) as long as
       // every column exists: an out-of-range block id or the padded last block keeps its mask,

@@ -198,7 +198,8 @@ TEST(VariantJit, BuiltinVariantsCompile) {
 TEST(VariantJit, PersistentAndDecodeTilesCompile) {
   ResolvedVariant v;
   v.is_default = false;
-  v.features = feature::kWindow | feature::kSinks | feature::kSoftCap | feature::kAlibi | feature::kRope;
+  v.features = feature::kWindow | feature::kSinks | feature::kSoftCap | feature::kAlibi | feature::kRope |
+               feature::kCustomMask;
   VariantKernelRequest persistent = prefill_request("__half", "kPaged");
   persistent.args_after = "tessera::kernels::PlannedScheduler, " + detail::params_type_name<__half>();
   VariantKernelRequest decode = prefill_request("__nv_bfloat16", "kPaged");

@@ -323,33 +323,7 @@ class AttentionRuntime {
     check_split_head_dims_variant(head_dim, variant);
     if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
-    // Query tile and grid.
-    QTile q_tile = graph_tile_;
-    if (!options_.cuda_graph) {
-      if (options_.q_tile != QueryTile::kAuto) {
-        q_tile = to_qtile(options_.q_tile, head_dim, kv);
-      } else {
-        const double avg_rows = batch > 0 ? static_cast<double>(total_qo) / static_cast<double>(batch) : 1.0;
-        if (options_.split_kv == SplitKV::kAuto) {
-          int64_t pairs_at_16 = 0;
-          for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
-          q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * heads.num_kv_heads,
-                                          sm_budget(options_), kv);
-        } else {
-          // kFixed / kNone promise a request the same bits in any batch: the tile (hence the
-          // KV tile width and the accumulation order) must not depend on the batch's size.
-          q_tile = choose_q_tile(head_dim, avg_rows * group, kv);
-        }
-        // A custom mask is read from global memory for every (row, key) of a tile, valid row or
-        // not: a 64-row tile over requests of <= 32 packed rows pays for the padding rows too
-        // (W5, 8 tree tokens x GQA 4: 1674 GB/s on the 64-row tile, 2031 on the 16-row one;
-        // bench/results/LOG.md, session 30).
-        if ((variant.features & kernels::feature::kCustomMask) != 0 && q_tile == QTile::k64 &&
-            avg_rows * group <= 32) {
-          q_tile = QTile::k16;
-        }
-      }
-    }
+    const QTile q_tile = plan_q_tile(in, head_dim, kv, group, heads.num_kv_heads, variant);
     const GridShape grid = options_.cuda_graph ? graph_grid_
                                                : grid_shape(ctas_per_sm(shape.dtype, kv_dtype, head_dim, format_, q_tile),
                                                             static_cast<int>(heads.num_kv_heads), q_tile);
@@ -578,6 +552,34 @@ class AttentionRuntime {
         fail_no_prefill_config(kDims, q_tile_, cuda_type_name<KVT>());  // plan() checks first
       }
     });
+  }
+
+  /// The plan's query tile: the construction's with cuda_graph, options.q_tile when set, else
+  /// chosen from the plan's rows.
+  QTile plan_q_tile(const PlanInput& in, PrefillHeadDims head_dim, KVStorage kv, int group, int64_t num_kv_heads,
+                    const ResolvedVariant& variant) const {
+    if (options_.cuda_graph) return graph_tile_;
+    if (options_.q_tile != QueryTile::kAuto) return to_qtile(options_.q_tile, head_dim, kv);
+    const int64_t batch = static_cast<int64_t>(in.qo_len.size());
+    const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
+    const double avg_rows = batch > 0 ? static_cast<double>(total_qo) / static_cast<double>(batch) : 1.0;
+    QTile q_tile;
+    if (options_.split_kv == SplitKV::kAuto) {
+      int64_t pairs_at_16 = 0;
+      for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
+      q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * num_kv_heads, sm_budget(options_), kv);
+    } else {
+      // kFixed / kNone promise a request the same bits in any batch: the tile (hence the KV tile
+      // width and the accumulation order) must not depend on the batch's size.
+      q_tile = choose_q_tile(head_dim, avg_rows * group, kv);
+    }
+    // A custom mask is read for every (row, key) of a tile whose bytes are not all set, valid row
+    // or not: a 64-row tile over requests of <= 32 packed rows pays for its padding rows too
+    // (W5's 8-token trees, bench/results/LOG.md, session 30).
+    if ((variant.features & kernels::feature::kCustomMask) != 0 && q_tile == QTile::k64 && avg_rows * group <= 32) {
+      q_tile = QTile::k16;
+    }
+    return q_tile;
   }
 
   /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants

@@ -260,6 +260,59 @@ class _RuntimeHolder:
         return dict(self.cpp.plan_info())
 
 
+class _RuntimeWrapper:
+    """The base of the FlashInfer-style plan/run wrappers (decode, paged and ragged prefill): the
+    caller's float workspace, the lazily built C++ runtime (``_cpp_class``, through
+    :class:`_RuntimeHolder`), the last plan, and the members FlashInfer's wrappers share."""
+
+    _cpp_class = ""
+
+    def _init_runtime(self, float_workspace_buffer: Any, kv_layout: str, use_cuda_graph: bool, backend: str,
+                      jit_args: Any) -> Any:
+        """The constructor's common checks and state; returns the workspace tensor."""
+        U.check_kv_layout(kv_layout)
+        U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
+        U.check_jit_args(jit_args)
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._float_workspace_buffer = ws
+        self._holder = _RuntimeHolder(self._cpp_class, ws, self._use_cuda_graph)
+        self._planned: Optional[Dict[str, Any]] = None
+        return ws
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        """True when built with ``use_cuda_graph=True``."""
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer: Any, int_workspace_buffer: Any = None) -> None:
+        """Replaces the workspace (the next ``plan()`` rebuilds the runtime over it).
+
+        ``int_workspace_buffer`` is accepted for compatibility and unused (Tessera keeps its plan in
+        the float workspace). Not allowed with ``use_cuda_graph``.
+        """
+        if self._use_cuda_graph:
+            raise ValueError("reset_workspace_buffer: not allowed with use_cuda_graph=True (captured pointers)")
+        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
+        if not ws.is_contiguous():
+            raise ValueError("float_workspace_buffer must be contiguous")
+        self._float_workspace_buffer = ws
+        self._holder = _RuntimeHolder(self._cpp_class, ws, False)
+        self._planned = None
+        if load_ops() is not None:
+            mark_static_address(ws)
+
+    def end_forward(self) -> None:
+        """Kept for compatibility with older FlashInfer code; does nothing."""
+
+    def plan_info(self) -> Dict[str, Any]:
+        """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
+        return self._holder.plan_info()
+
+
 def split_options(fixed_split_size: Any, disable_split_kv: Any, unit: int, name: str = "fixed_split_size") -> Tuple[str, int]:
     """FlashInfer's split options -> (split_kv mode, fixed split size in KV tokens)."""
     if disable_split_kv:

@@ -269,7 +269,7 @@ def batch_decode_with_ragged_kv_cache(
     return (out, lse) if return_lse else out
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
     """Batch decode over a paged KV cache (one new token per request), FlashInfer-compatible.
 
     Per generation step call :meth:`plan` once with the page table, then :meth:`run` once per layer
@@ -284,6 +284,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
     stays valid after any later ``plan()`` within those sizes. q / out / lse must then be fixed
     buffers of ``max_batch`` rows.
     """
+
+    _cpp_class = "BatchDecodeWrapper"  # q_len_per_req > 1 plans switch to "BatchPrefillPagedWrapper"
 
     def __init__(
         self,
@@ -313,17 +315,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 kernels for the device; ``"fa3"`` needs an sm_90 GPU).
             jit_args: not supported (must be ``None``).
         """
-        U.check_kv_layout(kv_layout)
-        U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
-        U.check_jit_args(jit_args)
-        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
-        if not ws.is_contiguous():
-            raise ValueError("float_workspace_buffer must be contiguous")
-        self._kv_layout = kv_layout
+        ws = self._init_runtime(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         self._use_tensor_cores = bool(use_tensor_cores)
-        self._use_cuda_graph = bool(use_cuda_graph)
-        self._float_workspace_buffer = ws
-        self._holder = _RuntimeHolder("BatchDecodeWrapper", ws, self._use_cuda_graph)
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
@@ -346,7 +339,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     f"paged_kv_indptr_buffer has {paged_kv_indptr_buffer.shape[0]} entries, expected "
                     f"{self._fixed_batch_size + 1} (len(paged_kv_last_page_len_buffer) + 1)"
                 )
-        self._planned: Optional[Dict[str, Any]] = None
         self._alibi_slopes: Optional["torch.Tensor"] = None
         self._kv_scales = _KVScaleBuffer()
         self._rope_offsets = _RopeOffsets(self._use_cuda_graph, self._fixed_batch_size)
@@ -360,28 +352,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def use_tensor_cores(self) -> bool:
         """The value given at construction (Tessera chooses the kernel family itself)."""
         return self._use_tensor_cores
-
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        """True when built with ``use_cuda_graph=True``."""
-        return self._use_cuda_graph
-
-    def reset_workspace_buffer(self, float_workspace_buffer: "torch.Tensor", int_workspace_buffer: Optional["torch.Tensor"] = None) -> None:
-        """Replaces the workspace (the next :meth:`plan` rebuilds the runtime over it).
-
-        ``int_workspace_buffer`` is accepted for compatibility and unused (Tessera keeps its
-        plan in the float workspace). Not allowed with ``use_cuda_graph``.
-        """
-        if self._use_cuda_graph:
-            raise ValueError("reset_workspace_buffer: not allowed with use_cuda_graph=True (captured pointers)")
-        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
-        if not ws.is_contiguous():
-            raise ValueError("float_workspace_buffer must be contiguous")
-        self._float_workspace_buffer = ws
-        self._holder = _RuntimeHolder("BatchDecodeWrapper", ws, False)
-        self._planned = None
-        if R.load_ops() is not None:
-            R.mark_static_address(ws)
 
     def plan(
         self,
@@ -669,12 +639,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         kwargs["return_lse"] = True
         return self.run(q, paged_kv_cache, *args, **kwargs)  # type: ignore[return-value]
 
-    def end_forward(self) -> None:
-        """Kept for compatibility with older FlashInfer code; does nothing."""
-
-    def plan_info(self) -> Dict[str, Any]:
-        """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
-        return self._holder.plan_info()
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

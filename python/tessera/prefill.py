@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from . import _runtime as R
 from . import _utils as U
-from ._runtime import _KVScaleBuffer, _Need, _RopeOffsets, _RuntimeHolder, split_options
+from ._runtime import _KVScaleBuffer, _Need, _RopeOffsets, split_options
 from .decode import (
     PagedKVCache,
     _check_run_queries,
@@ -335,10 +335,8 @@ def single_prefill_with_kv_cache_return_lse(
     return single_prefill_with_kv_cache(q, k, v, *args, **kwargs)  # type: ignore[return-value]
 
 
-class _PrefillBase:
+class _PrefillBase(R._RuntimeWrapper):
     """Constructor checks and plan bookkeeping shared by the two prefill wrappers."""
-
-    _cpp_class = ""
 
     def _init_base(
         self,
@@ -351,26 +349,16 @@ class _PrefillBase:
         backend: str,
         jit_args: Any,
     ) -> None:
-        U.check_kv_layout(kv_layout)
-        U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
-        U.check_jit_args(jit_args)
+        self._init_runtime(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         if custom_mask_buf is not None:
             U.check_tensor("custom_mask_buf", custom_mask_buf, ndim=1, dtypes=(U._torch().uint8,))
             U.check_cuda("custom_mask_buf", custom_mask_buf)
         if mask_indptr_buf is not None:  # FlashInfer's device offsets; Tessera's plan uploads its own
             U.check_index_tensor("mask_indptr_buf", mask_indptr_buf)
         self._custom_mask_buf = custom_mask_buf
-        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
-        if not ws.is_contiguous():
-            raise ValueError("float_workspace_buffer must be contiguous")
-        self._kv_layout = kv_layout
-        self._use_cuda_graph = bool(use_cuda_graph)
-        self._float_workspace_buffer = ws
-        self._holder = _RuntimeHolder(self._cpp_class, ws, self._use_cuda_graph)
         self._qo_indptr_buf = qo_indptr_buf
         self._max_batch_size: Optional[int] = None
         self._max_total_num_rows: Optional[int] = None
-        self._planned: Optional[Dict[str, Any]] = None
         self._alibi_slopes: Optional["torch.Tensor"] = None  # kept while a plan uses its device pointer
         self._kv_scales = _KVScaleBuffer()  # an fp8 cache's scales, filled by run()
         if self._use_cuda_graph:
@@ -381,34 +369,6 @@ class _PrefillBase:
                 raise ValueError("qo_indptr_buf has fewer than 2 entries, expected [max_batch_size + 1]")
             self._max_batch_size = int(qo_indptr_buf.shape[0]) - 1
         self._rope_offsets = _RopeOffsets(self._use_cuda_graph, self._max_batch_size)
-
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        """True when built with ``use_cuda_graph=True``."""
-        return self._use_cuda_graph
-
-    def reset_workspace_buffer(self, float_workspace_buffer: "torch.Tensor", int_workspace_buffer: Optional["torch.Tensor"] = None) -> None:
-        """Replaces the workspace (the next ``plan()`` rebuilds the runtime over it); not with CUDA graphs.
-
-        ``int_workspace_buffer`` is accepted for compatibility and unused.
-        """
-        if self._use_cuda_graph:
-            raise ValueError("reset_workspace_buffer: not allowed with use_cuda_graph=True (captured pointers)")
-        ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
-        if not ws.is_contiguous():
-            raise ValueError("float_workspace_buffer must be contiguous")
-        self._float_workspace_buffer = ws
-        self._holder = _RuntimeHolder(self._cpp_class, ws, False)
-        self._planned = None
-        if R.load_ops() is not None:
-            R.mark_static_address(ws)
-
-    def plan_info(self) -> Dict[str, Any]:
-        """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
-        return self._holder.plan_info()
-
-    def end_forward(self) -> None:
-        """Kept for compatibility with older FlashInfer code; does nothing."""
 
     def _graph_bounds(self, batch: int, total_qo: int) -> Optional[Tuple[int, int]]:
         """With CUDA graphs: (max batch from qo_indptr_buf, max rows fixed by the first plan)."""

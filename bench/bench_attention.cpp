@@ -656,6 +656,124 @@ void run_w5(BenchContext& ctx, const std::string& name, int64_t qo, bool tree,
 }
 
 // ------------------------------------------------------------------------------------------------
+// W6: shared prefix. B decodes (Hq=32, Hkv=8, D=128, page 16) share a prefix of P tokens and own a
+// suffix of 128; prefix and suffix pages a random permutation of one pool. Three ways, one run:
+// the runtime's decode over one page table per request (prefix pages, then its own: the single
+// format, impl "tessera-runtime"), the one-shot decode over the same table ("tessera"), and the
+// cascade wrapper (level 0: the prefix, one group of all B rows; level 1: each request's suffix;
+// impl "tessera-cascade"; each level alone through the paged prefill wrapper as ablations, impls
+// "tessera-prefix-level" and "tessera-suffix-level"). Reported as the median time of one run() in
+// microseconds (plan once).
+// Anchors (FlashInfer 0.3.1, microseconds): two-level cascade 216 / 250 / 626 (B=16, P=1k / 8k /
+// 32k), 159 / 281 / 649 (B=64); single format, tensor-core decode 47 / 104 / 288, 79 / 280 / 997.
+// Target: the cascade never slower than the single format; B=64 P=32k <= 330.
+
+constexpr int64_t kW6Suffix = 128;
+constexpr int64_t kW6Prefixes[] = {1024, 8192, 32768};
+constexpr double kW6FlashInferCascadeUs[2][3] = {{216, 250, 626}, {159, 281, 649}};
+constexpr double kW6FlashInferSingleUs[2][3] = {{47, 104, 288}, {79, 280, 997}};
+
+void run_w6(BenchContext& ctx, int64_t batch, size_t prefix_index) {
+  const int64_t prefix = kW6Prefixes[prefix_index], page = kDecodePageSize;
+  const int64_t prefix_pages = prefix / page, suffix_pages = kW6Suffix / page;
+  const int64_t num_pages = prefix_pages + batch * suffix_pages;
+  // Pool page i of the logical order: the prefix's pages first, then request b's suffix pages.
+  const std::vector<int32_t> pool = random_permutation(num_pages, kPermutationSeed + static_cast<uint64_t>(prefix));
+  std::vector<int32_t> single_indices;
+  for (int64_t b = 0; b < batch; ++b) {
+    single_indices.insert(single_indices.end(), pool.begin(), pool.begin() + prefix_pages);
+    const auto own = pool.begin() + prefix_pages + b * suffix_pages;
+    single_indices.insert(single_indices.end(), own, own + suffix_pages);
+  }
+  const std::vector<int32_t> prefix_indices(pool.begin(), pool.begin() + prefix_pages);
+  const std::vector<int32_t> suffix_indices(pool.begin() + prefix_pages, pool.end());
+  DeviceTensor k = ctx.random_tensor(kDType, {num_pages, page, kKvHeads, kHeadDim});
+  DeviceTensor v = ctx.random_tensor(kDType, {num_pages, page, kKvHeads, kHeadDim});
+  DeviceTensor single_dev = ctx.upload_i32(single_indices), prefix_dev = ctx.upload_i32(prefix_indices),
+               suffix_dev = ctx.upload_i32(suffix_indices);
+  DeviceTensor q = ctx.random_tensor(kDType, {batch, kQoHeads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(kDType, {batch, kQoHeads, kHeadDim});
+
+  const std::vector<int64_t> single_lens(static_cast<size_t>(batch), prefix + kW6Suffix);
+  const HostPages single = host_pages(single_lens, page);
+  const double kv_bytes = 2.0 * static_cast<double>(prefix + batch * kW6Suffix) * kKvHeads * kHeadDim * kElemBytes;
+  Params params = {{"B", batch}, {"prefix", prefix}, {"suffix", kW6Suffix}, {"Hq", kQoHeads}, {"Hkv", kKvHeads},
+                   {"D", kHeadDim}, {"page_size", page}, {"dtype", "bf16"},
+                   {"unique_kv_bytes", kv_bytes}};
+  const size_t bi = batch == 16 ? 0 : 1;
+  add_anchor(params, "anchor_flashinfer_cascade_us", kW6FlashInferCascadeUs[bi][prefix_index]);
+  add_anchor(params, "anchor_flashinfer_single_tc_us", kW6FlashInferSingleUs[bi][prefix_index]);
+
+  // The single format: one-shot and runtime decode over the per-request tables.
+  {
+    DeviceTensor indptr = ctx.upload_i32(single.indptr), last = ctx.upload_i32(single.last_page_len);
+    tessera::PagedKV kv{k.view, v.view, tessera::Layout::kNHD, indptr.view, single_dev.view, last.view};
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      tessera::batch_decode_paged(q.view, kv, o.view, tessera::TensorView(), {}, stream);
+    });
+    ctx.report_time(t, kMicroseconds, params, "tessera");
+  }
+  {
+    const tessera::RuntimeBounds bounds{batch, batch, kQoHeads, kKvHeads, kHeadDim};
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchDecodeWrapper::workspace_size(bounds));
+    tessera::BatchDecodeWrapper wrapper(workspace.view, bounds);
+    wrapper.plan(host_i32(single.indptr), host_i32(single.last_page_len), page,
+                 runtime_shape(kQoHeads, kKvHeads, kHeadDim, false), ctx.stream());
+    tessera::PagedKVCache paged{k.view, v.view, tessera::Layout::kNHD, single_dev.view};
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
+    });
+    Params p = params;
+    add_plan_info(p, wrapper.plan_info());
+    ctx.report_time(t, kMicroseconds, std::move(p), "tessera-runtime");
+  }
+  // The cascade's levels: the prefix as one group of all B rows, then each request's suffix.
+  std::vector<int32_t> rows(static_cast<size_t>(batch) + 1);
+  for (int64_t b = 0; b <= batch; ++b) rows[b] = static_cast<int32_t>(b);
+  const std::vector<int32_t> shared_rows{0, static_cast<int32_t>(batch)};
+  const std::vector<int32_t> shared_pages{0, static_cast<int32_t>(prefix_pages)}, shared_last{static_cast<int32_t>(page)};
+  const HostPages own = host_pages(std::vector<int64_t>(static_cast<size_t>(batch), kW6Suffix), page);
+  const std::vector<tessera::CascadeLevel> level_plans = {
+      {host_i32(shared_rows), host_i32(shared_pages), host_i32(shared_last)},
+      {host_i32(rows), host_i32(own.indptr), host_i32(own.last_page_len)}};
+  const std::vector<tessera::PagedKVCache> levels = {
+      {k.view, v.view, tessera::Layout::kNHD, prefix_dev.view}, {k.view, v.view, tessera::Layout::kNHD, suffix_dev.view}};
+  const tessera::RuntimeBounds bounds{batch, batch, kQoHeads, kKvHeads, kHeadDim};
+  const tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, false);
+  // The cascade.
+  {
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchCascadePagedWrapper::workspace_size(2, bounds));
+    tessera::BatchCascadePagedWrapper cascade(workspace.view, 2, bounds);
+    cascade.plan(level_plans, page, shape, ctx.stream());
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      cascade.run(q.view, levels, o.view, tessera::TensorView(), stream);
+    });
+    Params p = params;
+    p.emplace_back("workspace_bytes", static_cast<double>(workspace.view.nbytes()));
+    p.emplace_back("shared_q_tile", static_cast<int64_t>(cascade.plan_info(0).q_tile_rows));
+    p.emplace_back("shared_partials", static_cast<int64_t>(cascade.plan_info(0).num_partials));
+    p.emplace_back("shared_grid_cols", static_cast<int64_t>(cascade.plan_info(0).grid_cols));
+    p.emplace_back("own_partials", static_cast<int64_t>(cascade.plan_info(1).num_partials));
+    p.emplace_back("target", batch == 64 && prefix == 32768 ? "<= 330 us and <= the single format"
+                                                            : "<= the single format (tessera-runtime, tessera)");
+    ctx.report_time(t, kMicroseconds, std::move(p), "tessera-cascade");
+  }
+  // Each level alone through the paged prefill wrapper (what the cascade's run() composes).
+  for (int level = 0; level < 2; ++level) {
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds));
+    tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds);
+    const tessera::CascadeLevel& l = level_plans[level];
+    wrapper.plan(l.qo_indptr, l.kv_indptr, l.last_page_len, page, shape, ctx.stream());
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      wrapper.run(q.view, levels[level], o.view, tessera::TensorView(), stream);
+    });
+    Params p = params;
+    add_plan_info(p, wrapper.plan_info());
+    ctx.report_time(t, kMicroseconds, std::move(p), level == 0 ? "tessera-prefix-level" : "tessera-suffix-level");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // The cells, each registered as its own workload.
 
 struct Cell {
@@ -768,6 +886,16 @@ const std::vector<Cell>& cells() {
                      suites_for("fp8", si == 0), [si](BenchContext& ctx, const std::string& name) {
                        run_w4(ctx, name, w4_sets()[si], 16, DType::kE4M3);
                      }});
+    }
+    // W6.
+    for (int64_t batch : {16, 64}) {
+      for (size_t pi = 0; pi < std::size(kW6Prefixes); ++pi) {
+        out.push_back({"w6_b" + std::to_string(batch) + "_p" + std::to_string(kW6Prefixes[pi]),
+                       "W6 shared prefix P=" + std::to_string(kW6Prefixes[pi]) + " + 128 own, B=" +
+                           std::to_string(batch) + " decode: cascade vs single format",
+                       suites_for("w6", batch == 64 && kW6Prefixes[pi] == 32768),
+                       [batch, pi](BenchContext& ctx, const std::string&) { run_w6(ctx, batch, pi); }});
+      }
     }
     // W5.
     out.push_back({"w5_decode_q1", "W5 baseline: W1 paged decode of W5's KV, B=32 L=4096 Hq=32 Hkv=8 D=128 page 16",

@@ -9,6 +9,7 @@
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/check.h"
+#include "src/merge_launch.h"
 #include "src/tensor_checks.h"
 #include "tessera/merge.h"
 #include "tessera/validate.h"
@@ -51,8 +52,11 @@ void check_rows_fit_int32(int64_t rows, const char* name) {
 
 }  // namespace
 
-void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
-                 const TensorView& v_out, const TensorView& s_out, StreamHandle stream) {
+namespace detail {
+
+void merge_state_rows_on_device(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
+                                const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
+                                const int32_t* rows_on_device, StreamHandle stream) {
   check_value_tensor(v_a, "v_a", 3);
   check_value_tensor(v_b, "v_b", 3);
   check_value_tensor(v_out, "v_out", 3);
@@ -97,6 +101,7 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
     p.out_s_row_stride = want_lse ? s_out.strides[0] : 0;
     p.out_s_head_stride = want_lse ? s_out.strides[1] : 0;
     p.rows = static_cast<int32_t>(v_a.shape[0]);
+    p.rows_on_device = rows_on_device;
     p.num_heads = static_cast<int32_t>(v_a.shape[1]);
     p.head_dim = static_cast<int32_t>(v_a.shape[2]);
     constexpr int kThreads = kernels::MergeTraits<T>::kThreadsPerBlock;
@@ -105,6 +110,13 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
         <<<detail::grid_stride_blocks(threads, kThreads), kThreads, 0, stream>>>(p);
     TESSERA_CHECK_LAUNCH();
   });
+}
+
+}  // namespace detail
+
+void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
+                 const TensorView& v_out, const TensorView& s_out, StreamHandle stream) {
+  detail::merge_state_rows_on_device(v_a, s_a, v_b, s_b, v_out, s_out, nullptr, stream);
 }
 
 namespace {

@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "tessera/export.h"
 #include "tessera/attention.h"
@@ -228,6 +229,14 @@ class TESSERA_API BatchPrefillPagedWrapper {
   const PlanInfo& plan_info() const;
 
  private:
+  // BatchCascadePagedWrapper's levels: each keeps its plan in plan_workspace (plan_workspace_size
+  // bytes) and all share one region of split states (workspace_size - plan_workspace_size bytes),
+  // as their runs follow one another on one stream.
+  friend class BatchCascadePagedWrapper;
+  BatchPrefillPagedWrapper(const TensorView& plan_workspace, char* shared_partials, const RuntimeBounds& bounds,
+                           const RuntimeOptions& options);
+  static int64_t plan_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options);
+
   std::unique_ptr<detail::AttentionRuntime> impl_;
 };
 
@@ -277,6 +286,73 @@ class TESSERA_API BlockSparseWrapper {
 
  private:
   std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
+/// One level of a cascade plan (BatchCascadePagedWrapper::plan): the level cuts the batch's query
+/// rows into groups and gives each group one page range. HOST i32 arrays.
+struct CascadeLevel {
+  TensorView qo_indptr;      ///< [groups + 1]: group g owns query rows qo_indptr[g] .. qo_indptr[g+1]-1;
+                             ///< starts at 0, ends at the batch's row count (the same at every level)
+  TensorView kv_indptr;      ///< [groups + 1]: group g's pages are that level's page-table entries
+                             ///< kv_indptr[g] .. kv_indptr[g+1]-1
+  TensorView last_page_len;  ///< [groups]: used slots of each group's last page, in [1, page_size]
+                             ///< (ignored for a group without pages)
+};
+
+/// Shared-prefix (cascade) attention over a paged KV cache: one logical KV per query row, stored
+/// as an ordered list of levels (tessera/formats.h Composable). Typically level 0 holds a prefix
+/// shared by many requests as one group of all their query rows, and the last level each
+/// request's own pages, one group per request. Each level is planned by the load-balancing
+/// planner with its groups as requests, so a shared level's KV is read once for all the rows of
+/// its group, packed into the same query tiles (for decode with a GQA group of 4 and 64 requests,
+/// 256 rows per KV head: compute-bound tiles instead of 64 reads of the prefix). run() computes
+/// the levels one after the other and merges their states in level order with the state merge
+/// (tessera/merge.h), all in this wrapper's workspace, so it is deterministic and capturable in a
+/// CUDA Graph (options.cuda_graph: the rules of the header comment, with q and o of
+/// bounds.max_total_qo_tokens rows).
+///
+/// Semantics (FlashInfer's MultiLevelCascadeAttentionWrapper): causal masking (shape.attention)
+/// applies to the last level only, with the offset kv_len - qo_len of the row's group there; the
+/// other levels are fully visible. Supported variants: sm_scale, logits_soft_cap and fp8 KV with
+/// its scales; position-dependent ones (window, sinks, ALiBi, RoPE, custom masks) and sigmoid or
+/// user variants are kUnsupported: a level's KV positions are not the sequence's. The output of
+/// each level after the first and the running LSE live in the workspace (16-bit and f32), so the
+/// result carries one 16-bit rounding per level, as merging FlashInfer's level outputs does.
+/// bounds: max_batch_size bounds the groups of any level, max_total_qo_tokens the rows.
+/// options: as for BatchPrefillPagedWrapper, applied to every level; with cuda_graph and
+/// QueryTile::kAuto, the shared levels take the 128-row tile (64 rows for head dims above 128),
+/// the last level the tile its bounds resolve to.
+class TESSERA_API BatchCascadePagedWrapper {
+ public:
+  /// num_levels >= 1 (1: plain paged prefill through one level).
+  BatchCascadePagedWrapper(const TensorView& workspace, int64_t num_levels, const RuntimeBounds& bounds,
+                           const RuntimeOptions& options = {});
+  ~BatchCascadePagedWrapper();
+  BatchCascadePagedWrapper(BatchCascadePagedWrapper&&) noexcept;
+  BatchCascadePagedWrapper& operator=(BatchCascadePagedWrapper&&) noexcept;
+  static int64_t workspace_size(int64_t num_levels, const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// levels: num_levels entries, outermost (shared) first; page_size >= 1, the same for every
+  /// level. Errors inside a level's plan name the level (e.g. "levels[1]: ...").
+  void plan(const std::vector<CascadeLevel>& levels, int64_t page_size, const PlanShape& shape,
+            StreamHandle stream = nullptr);
+  /// q: [>= rows, Hq, D]; kv: num_levels caches, level i's page table in kv[i].indices (the page
+  /// pools may be one tensor or several); o like q; lse [rows of q, Hq] (base 2) or undefined.
+  /// Without cuda_graph, rows of q and o beyond the plan's are left alone.
+  void run(const TensorView& q, const std::vector<PagedKVCache>& kv, const TensorView& o, const TensorView& lse = {},
+           StreamHandle stream = nullptr);
+  int64_t num_levels() const;
+  /// What the last plan decided for level `level` (0 <= level < num_levels).
+  const PlanInfo& plan_info(int64_t level) const;
+
+ private:
+  struct Impl;
+  // The levels' wrappers, over their plan sections and the shared split states.
+  static int64_t level_plan_size(const RuntimeBounds& bounds, const RuntimeOptions& options);
+  static std::unique_ptr<BatchPrefillPagedWrapper> make_level(const TensorView& plan_workspace, char* shared_partials,
+                                                              const RuntimeBounds& bounds,
+                                                              const RuntimeOptions& options);
+  std::unique_ptr<Impl> impl_;
 };
 
 /// Upper bounds of a BatchMLAPagedWrapper; they size its workspace.

@@ -142,6 +142,9 @@ struct MergeStatePairParams {
   int64_t s_a_row_stride, s_a_head_stride, s_b_row_stride, s_b_head_stride;
   int64_t out_v_row_stride, out_v_head_stride, out_s_row_stride, out_s_head_stride;
   int32_t rows;
+  // nullptr, or a device scalar that lowers `rows` when the kernel runs: a launch captured in a
+  // CUDA Graph for the largest batch then merges each replay's rows only (the cascade runtime).
+  const int32_t* rows_on_device;
   int32_t num_heads;
   int32_t head_dim;
 };
@@ -151,7 +154,8 @@ __global__ void __launch_bounds__(MergeTraits<T>::kThreadsPerBlock)
 merge_state_pair_kernel(const MergeStatePairParams<T> p) {
   constexpr int N = MergeTraits<T>::kVecElems;
   const int vecs_per_head = p.head_dim / N;
-  const int64_t total = static_cast<int64_t>(p.rows) * p.num_heads * vecs_per_head;
+  const int32_t rows = p.rows_on_device == nullptr ? p.rows : min(max(*p.rows_on_device, 0), p.rows);
+  const int64_t total = static_cast<int64_t>(rows) * p.num_heads * vecs_per_head;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const auto [row, head, vec] = row_head_vec(t, p.num_heads, vecs_per_head);

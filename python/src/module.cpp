@@ -22,11 +22,13 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tessera/dlpack.h"
@@ -370,6 +372,13 @@ tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const Op
   c.indices = indices;
   return c;
 }
+
+/// One level's paged cache as BatchCascadePagedWrapper.run() takes it from Python: (k, v, kv,
+/// layout, indices), k and v or kv as for the other paged bindings' run().
+using CascadeCacheArgs = std::tuple<OptArray, OptArray, OptArray, Layout, Array>;
+
+/// `name`[`i`], the name of a list entry in conversion errors.
+std::string entry_name(const char* name, size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
 
 /// A user variant's parameters from Python: (name, value) pairs, value an int (i32), a float (f32)
 /// or a device array (a tensor parameter, typed by its dtype).
@@ -1220,4 +1229,108 @@ NB_MODULE(_C, m) {
           "q_nope"_a, "q_pe"_a, "ckv"_a, "kpe"_a, "kv_indices"_a, "o"_a, "lse"_a.none(), "stream"_a,
           "Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe "
           "[pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).");
+
+  // Its constructor and workspace_size take num_levels before the bounds, so bind_common does not fit.
+  using Cascade = tessera::BatchCascadePagedWrapper;
+  nb::class_<Cascade> cascade(
+      m, "BatchCascadePagedWrapper",
+      "tessera::BatchCascadePagedWrapper (shared-prefix attention over a paged KV cache in num_levels levels, one "
+      "workspace, levels merged in level order; bounds.max_batch_size bounds the groups of any level).");
+  cascade
+      .def(
+          "__init__",
+          [](Cascade* self, const Array& workspace, int64_t num_levels, const tessera::RuntimeBounds& bounds,
+             const tessera::RuntimeOptions& options) {
+            const TensorView ws = to_view(workspace, "float_workspace_buffer");
+            DeviceGuard guard(ws);
+            checked([&] { new (self) Cascade(ws, num_levels, bounds, options); });
+          },
+          "workspace"_a, "num_levels"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{},
+          "Builds the wrapper over a caller-owned device workspace of at least workspace_size(num_levels, bounds, "
+          "options) bytes (needs a GPU).")
+      .def_static(
+          "workspace_size",
+          [](int64_t num_levels, const tessera::RuntimeBounds& bounds, const tessera::RuntimeOptions& options,
+             int device) {
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            int64_t bytes = 0;
+            checked([&] { bytes = Cascade::workspace_size(num_levels, bounds, options); });
+            return bytes;
+          },
+          "num_levels"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
+          "Bytes of device workspace a wrapper with these levels and bounds needs on GPU `device`.")
+      .def("num_levels", &Cascade::num_levels, "The number of levels the wrapper was built for.")
+      .def(
+          "plan_info",
+          [](const Cascade& w, int64_t level) {
+            const tessera::PlanInfo* info = nullptr;
+            checked([&] { info = &w.plan_info(level); });
+            return plan_info_dict(*info);
+          },
+          "level"_a, "What the last plan() decided for level `level` (0 <= level < num_levels), as a dict.")
+      .def(
+          "plan",
+          [](Cascade& w, const std::vector<Array>& qo_indptr, const std::vector<Array>& kv_indptr,
+             const std::vector<Array>& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
+             int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
+             const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
+             const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo) {
+            // The three lists are zipped into levels here; the library checks their count against num_levels.
+            if (kv_indptr.size() != qo_indptr.size() || last_page_len.size() != qo_indptr.size()) {
+              throw tessera::Error(StatusCode::kInvalidArgument,
+                                   "qo_indptr has " + std::to_string(qo_indptr.size()) + " entries, kv_indptr " +
+                                       std::to_string(kv_indptr.size()) + ", last_page_len " +
+                                       std::to_string(last_page_len.size()) + ": expected one entry per level in each");
+            }
+            std::vector<tessera::CascadeLevel> levels(qo_indptr.size());
+            for (size_t i = 0; i < levels.size(); ++i) {
+              levels[i].qo_indptr = to_view(qo_indptr[i], entry_name("qo_indptr", i).c_str());
+              levels[i].kv_indptr = to_view(kv_indptr[i], entry_name("kv_indptr", i).c_str());
+              levels[i].last_page_len = to_view(last_page_len[i], entry_name("last_page_len", i).c_str());
+            }
+            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+            std::optional<tessera::VariantSpec> user;
+            const tessera::VariantOptions variant = variant_options(variant_args, user);
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            nb::gil_scoped_release release;
+            checked([&] {
+              w.plan(levels, page_size,
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
+                                head_dim_vo),
+                     to_stream(stream));
+            });
+          },
+          "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
+          "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
+          "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
+          "Plans a step from one entry per level (outermost first) of HOST int32 qo_indptr [groups + 1] (every "
+          "level ending at the batch's rows), kv_indptr [groups + 1] (pages) and last_page_len [groups]. causal "
+          "applies to the last level only. Keyword options as for BatchPrefillPagedWrapper.plan, of which the "
+          "variant may set logits_soft_cap only (anything position-dependent is NotImplementedError).")
+      .def(
+          "run",
+          [](Cascade& w, const Array& q, const std::vector<CascadeCacheArgs>& kv, const Array& o, const OptArray& lse,
+             uintptr_t stream, const std::optional<DType>& kv_dtype) {
+            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+            std::vector<tessera::PagedKVCache> caches;
+            caches.reserve(kv.size());
+            for (size_t i = 0; i < kv.size(); ++i) {
+              const auto& [k, v, combined, layout, indices] = kv[i];
+              caches.push_back(
+                  paged_cache(k, v, combined, layout, to_view(indices, (entry_name("kv", i) + ".indices").c_str()),
+                              kv_dtype));
+            }
+            DeviceGuard guard(tq);
+            nb::gil_scoped_release release;
+            checked([&] { w.run(tq, caches, to, tl, to_stream(stream)); });
+          },
+          "q"_a, "kv"_a, "o"_a, "lse"_a.none(), "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(),
+          "Runs the planned step: q [rows, Hq, D] over one paged cache per level, each a tuple (k, v, kv, layout, "
+          "indices) with (k, v) or kv given as for BatchPrefillPagedWrapper.run and indices that level's page ids "
+          "-> o [rows, Hq, D], lse [rows, Hq] (base 2).");
 }

@@ -472,3 +472,37 @@ class BatchMLAPagedWrapper:
         """
         Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe [pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).
         """
+
+class BatchCascadePagedWrapper:
+    """
+    tessera::BatchCascadePagedWrapper (shared-prefix attention over a paged KV cache in num_levels levels, one workspace, levels merged in level order; bounds.max_batch_size bounds the groups of any level).
+    """
+
+    def __init__(self, workspace: NDArray, num_levels: int, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least workspace_size(num_levels, bounds, options) bytes (needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(num_levels: int, bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these levels and bounds needs on GPU `device`.
+        """
+
+    def num_levels(self) -> int:
+        """The number of levels the wrapper was built for."""
+
+    def plan_info(self, level: int) -> dict:
+        """
+        What the last plan() decided for level `level` (0 <= level < num_levels), as a dict.
+        """
+
+    def plan(self, qo_indptr: Sequence[NDArray], kv_indptr: Sequence[NDArray], last_page_len: Sequence[NDArray], page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0) -> None:
+        """
+        Plans a step from one entry per level (outermost first) of HOST int32 qo_indptr [groups + 1] (every level ending at the batch's rows), kv_indptr [groups + 1] (pages) and last_page_len [groups]. causal applies to the last level only. Keyword options as for BatchPrefillPagedWrapper.plan, of which the variant may set logits_soft_cap only (anything position-dependent is NotImplementedError).
+        """
+
+    def run(self, q: NDArray, kv: Sequence[tuple[NDArray | None, NDArray | None, NDArray | None, Layout, NDArray]], o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
+        """
+        Runs the planned step: q [rows, Hq, D] over one paged cache per level, each a tuple (k, v, kv, layout, indices) with (k, v) or kv given as for BatchPrefillPagedWrapper.run and indices that level's page ids -> o [rows, Hq, D], lse [rows, Hq] (base 2).
+        """

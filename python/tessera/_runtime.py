@@ -1,9 +1,10 @@
-"""The part the three FlashInfer-style wrappers share: the lazily built C++ plan/run runtime.
+"""The part the FlashInfer-style wrappers share: the lazily built C++ plan/run runtime.
 
-A wrapper holds one C++ runtime object (tessera::BatchDecodeWrapper, BatchPrefillPagedWrapper or
-BatchPrefillRaggedWrapper, include/tessera/runtime.h). It is built in the first plan() with
-RuntimeBounds derived from that plan, reused while later plans fit, and rebuilt with larger bounds
-(rounded up to powers of two, so a growing batch does not rebuild at every step) when one does not.
+A wrapper holds one C++ runtime object (tessera::BatchDecodeWrapper, BatchPrefillPagedWrapper,
+BatchPrefillRaggedWrapper or BatchCascadePagedWrapper, include/tessera/runtime.h). It is built in
+the first plan() with RuntimeBounds derived from that plan, reused while later plans fit, and
+rebuilt with larger bounds (rounded up to powers of two, so a growing batch does not rebuild at
+every step) when one does not.
 Every build checks that the caller's float_workspace_buffer holds workspace_size(bounds) bytes.
 
 With use_cuda_graph=True the bounds come from the preallocated index buffers and the first plan,
@@ -150,10 +151,14 @@ def _describe_bounds(b: Any) -> str:
 class _RuntimeHolder:
     """Builds, grows and keeps the C++ runtime object of one Python wrapper."""
 
-    def __init__(self, cpp_class_name: str, workspace: Any, use_cuda_graph: bool) -> None:
+    def __init__(self, cpp_class_name: str, workspace: Any, use_cuda_graph: bool,
+                 cpp_args: Tuple[Any, ...] = ()) -> None:
         self.cpp_class_name = cpp_class_name
         self.workspace = workspace
         self.use_cuda_graph = use_cuda_graph
+        # Arguments the C++ class's constructor and workspace_size take before the bounds (the
+        # cascade runtime's num_levels): fixed for the holder's life, so every rebuild repeats them.
+        self.cpp_args = tuple(cpp_args)
         self.cpp: Optional[Any] = None
         self.bounds: Optional[Any] = None
         self.options_key: Optional[Tuple[Any, ...]] = None
@@ -238,13 +243,14 @@ class _RuntimeHolder:
         have = self.workspace_bytes()
         needed = None
         for b in candidates:
-            needed = int(cls.workspace_size(b, options, device))
+            needed = int(cls.workspace_size(*self.cpp_args, b, options, device))
             if needed <= have:
                 # Drop the old runtime first: its destructor waits for its last plan upload.
                 self.cpp = None
                 # The workspace as bytes: FlashInfer's examples allocate int8, engines uint8, and
                 # DLPack has no int8 counterpart in Tessera's dtypes.
-                self.cpp = U.call(cls, self.workspace, self.workspace.view(U._torch().uint8), b, options)
+                self.cpp = U.call(cls, self.workspace, self.workspace.view(U._torch().uint8), *self.cpp_args, b,
+                                  options)
                 self.bounds = b
                 self.options_key = key
                 self.builds += 1
@@ -261,11 +267,17 @@ class _RuntimeHolder:
 
 
 class _RuntimeWrapper:
-    """The base of the FlashInfer-style plan/run wrappers (decode, paged and ragged prefill): the
-    caller's float workspace, the lazily built C++ runtime (``_cpp_class``, through
-    :class:`_RuntimeHolder`), the last plan, and the members FlashInfer's wrappers share."""
+    """The base of the FlashInfer-style plan/run wrappers (decode, paged and ragged prefill,
+    multi-level cascade): the caller's float workspace, the lazily built C++ runtime
+    (``_cpp_class``, through :class:`_RuntimeHolder`), the last plan, and the members FlashInfer's
+    wrappers share."""
 
     _cpp_class = ""
+
+    def _cpp_args(self) -> Tuple[Any, ...]:
+        """What ``_cpp_class`` takes before the bounds in its constructor and workspace_size (the
+        cascade runtime: its number of levels); none for the others."""
+        return ()
 
     def _init_runtime(self, float_workspace_buffer: Any, kv_layout: str, use_cuda_graph: bool, backend: str,
                       jit_args: Any) -> Any:
@@ -279,7 +291,7 @@ class _RuntimeWrapper:
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._float_workspace_buffer = ws
-        self._holder = _RuntimeHolder(self._cpp_class, ws, self._use_cuda_graph)
+        self._holder = _RuntimeHolder(self._cpp_class, ws, self._use_cuda_graph, self._cpp_args())
         self._planned: Optional[Dict[str, Any]] = None
         return ws
 
@@ -300,7 +312,7 @@ class _RuntimeWrapper:
         if not ws.is_contiguous():
             raise ValueError("float_workspace_buffer must be contiguous")
         self._float_workspace_buffer = ws
-        self._holder = _RuntimeHolder(self._cpp_class, ws, False)
+        self._holder = _RuntimeHolder(self._cpp_class, ws, False, self._cpp_args())
         self._planned = None
         if load_ops() is not None:
             mark_static_address(ws)

@@ -247,8 +247,11 @@ class AttentionRuntime {
     int64_t block_rows = 0, num_rows = 0, num_cols = 0;  // BSR
   };
 
+  /// shared_partials: null, or where the split states live instead of the workspace's end
+  /// (partial_bytes() of the same bounds and options), a region that wrappers whose runs never
+  /// overlap may share (BatchCascadePagedWrapper's levels); the workspace then needs plan_bytes().
   AttentionRuntime(KVFormatKind format, bool decode, const TensorView& workspace, const RuntimeBounds& bounds,
-                   const RuntimeOptions& options)
+                   const RuntimeOptions& options, char* shared_partials = nullptr)
       : format_(format), decode_(decode), bounds_(bounds), options_(options) {
     check_options();
     TESSERA_CHECK(!bounds_dims().split() || (!decode_ && format_ != KVFormatKind::kBlockSparse),
@@ -259,8 +262,9 @@ class AttentionRuntime {
     check_ndim(workspace, "workspace", 1);
     check_on_cuda(workspace, "workspace");
     check_contiguous(workspace, "workspace");
-    TESSERA_CHECK_ARG(workspace.nbytes() >= layout_.total)
-        << "workspace has " << workspace.nbytes() << " bytes, expected >= " << layout_.total
+    const int64_t needed = shared_partials != nullptr ? layout_.plan_end : layout_.total;
+    TESSERA_CHECK_ARG(workspace.nbytes() >= needed)
+        << "workspace has " << workspace.nbytes() << " bytes, expected >= " << needed
         << " (workspace_size of these bounds)";
     TESSERA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace.data) % kAlign == 0)
         << "workspace.data is not 256-byte aligned";
@@ -270,6 +274,7 @@ class AttentionRuntime {
         << "workspace is on cuda:" << workspace.device.id << " but the current device is cuda:" << device;
     device_ = device;
     workspace_ = static_cast<char*>(workspace.data);
+    partials_ = shared_partials != nullptr ? shared_partials : workspace_ + layout_.plan_end;
     channel_ = std::make_unique<PlanChannel>(workspace_, layout_.plan_end);
     if (options_.cuda_graph) {
       graph_tile_ = resolve_graph_tile();
@@ -287,6 +292,11 @@ class AttentionRuntime {
   static int64_t workspace_size(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
                                 const RuntimeOptions& options) {
     return compute_layout(format, decode, bounds, options).total;
+  }
+  /// The plan's part of workspace_size (the split states follow it).
+  static int64_t plan_bytes(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
+                            const RuntimeOptions& options) {
+    return compute_layout(format, decode, bounds, options).plan_end;
   }
 
   void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream) {
@@ -534,8 +544,8 @@ class AttentionRuntime {
     launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
     launch.work.num_merges = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_merges);
     launch.work.merges = reinterpret_cast<const kernels::PlannedMerge*>(workspace_ + layout_.merges);
-    launch.work.partial_o = reinterpret_cast<float*>(workspace_ + layout_.partial_o);
-    launch.work.partial_lse = reinterpret_cast<float*>(workspace_ + layout_.partial_lse);
+    launch.work.partial_o = reinterpret_cast<float*>(partials_ + (layout_.partial_o - layout_.plan_end));
+    launch.work.partial_lse = reinterpret_cast<float*>(partials_ + (layout_.partial_lse - layout_.plan_end));
     launch.work.heads_per_cta = info_.heads_per_cta;
     launch.grid_cols = info_.grid_cols;
     // A captured launch must also contract for later plans that split.
@@ -815,6 +825,7 @@ class AttentionRuntime {
   RuntimeOptions options_;
   WorkspaceLayout layout_;
   char* workspace_ = nullptr;
+  char* partials_ = nullptr;  // the split states: the workspace's end, or a shared region
   std::unique_ptr<PlanChannel> channel_;  // plan uploads and the ordering of runs
   int device_ = 0;
   QTile graph_tile_ = QTile::k16;
@@ -986,6 +997,15 @@ BatchPrefillPagedWrapper& BatchPrefillPagedWrapper::operator=(BatchPrefillPagedW
 
 int64_t BatchPrefillPagedWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
   return AttentionRuntime::workspace_size(KVFormatKind::kPaged, false, bounds, options);
+}
+
+BatchPrefillPagedWrapper::BatchPrefillPagedWrapper(const TensorView& plan_workspace, char* shared_partials,
+                                                   const RuntimeBounds& bounds, const RuntimeOptions& options)
+    : impl_(std::make_unique<AttentionRuntime>(KVFormatKind::kPaged, false, plan_workspace, bounds, options,
+                                               shared_partials)) {}
+
+int64_t BatchPrefillPagedWrapper::plan_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::plan_bytes(KVFormatKind::kPaged, false, bounds, options);
 }
 
 void BatchPrefillPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& kv_indptr,

@@ -72,8 +72,10 @@ VariantKernelRequest oneshot_variant_request() {
 }
 template <typename Traits, kernels::KVFormatKind kFormat>
 VariantKernelRequest persistent_variant_request() {
-  return prefill_variant_request<Traits, kFormat>("tessera::kernels::PlannedScheduler", "persistent",
-                                                  Traits::kSmemBytes);
+  VariantKernelRequest r = prefill_variant_request<Traits, kFormat>("tessera::kernels::PlannedScheduler",
+                                                                    "persistent", Traits::kSmemBytes);
+  r.merged_by_lse = true;
+  return r;
 }
 
 /// The one-shot kernel's grid (OneShotScheduler reads it back). Several query tiles per

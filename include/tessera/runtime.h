@@ -131,9 +131,12 @@ struct PlanShape {
   std::optional<DType> kv_dtype;
   /// sm_scale, causal and the variant: the built-in softmax variants (window_left,
   /// num_sink_tokens, logits_soft_cap, alibi_slopes, rope) and custom masks (tree attention) are
-  /// supported, JIT-compiled on first use; sigmoid and user variants are kUnsupported here (split
-  /// chunks are merged by their log-sum-exp) and run through the one-shot entry points of
-  /// tessera/attention.h. A custom mask's bits (variant.custom_mask, u8 on the device, request b's
+  /// supported, JIT-compiled on first use, and so are user variants (variant.user, e.g. a
+  /// FlexAttention mod traced by the Python front end) whose hooks transform q, k, v or the
+  /// logits or mask them. Split chunks are merged by their log-sum-exp, so sigmoid attention and
+  /// user variants with use_softmax = false are kUnsupported here, and a user output_transform
+  /// fails the variant's JIT compile (at the first run()) with a message naming it; they run
+  /// through the one-shot entry points of tessera/attention.h. A custom mask's bits (variant.custom_mask, u8 on the device, request b's
   /// [qo_len_b, kv_len_b] bit matrix from byte custom_mask_indptr[b]) stay where they are, but
   /// variant.custom_mask_indptr is a HOST i32 [B + 1] array here, as FlashInfer's plan computes
   /// it: plan() checks it against the lengths and the mask's size and uploads it with the plan.

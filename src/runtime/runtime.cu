@@ -593,7 +593,9 @@ class AttentionRuntime {
   }
 
   /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants
-  /// without an output transform qualify: the built-in masks and logit transforms and RoPE.
+  /// without an output transform qualify: the built-in masks and logit transforms, RoPE, custom
+  /// masks, and user variants whose hooks transform q, k, v or the logits or mask them (one that
+  /// defines output_transform fails its JIT compile with a message naming the hook).
   ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch, const PlanInput& in) {
     mask_indptr_host_.clear();
     const VariantOptions& given = shape.attention.variant;
@@ -603,9 +605,10 @@ class AttentionRuntime {
     TESSERA_CHECK(!v.sigmoid, StatusCode::kUnsupported)
         << "shape.attention.variant.sigmoid: softmax-free attention cannot be merged across split KV chunks; "
            "use the one-shot entry points of tessera/attention.h";
-    TESSERA_CHECK(v.user == nullptr, StatusCode::kUnsupported)
-        << "shape.attention.variant.user: user variants run through the one-shot entry points of "
-           "tessera/attention.h, not the plan/run runtime";
+    TESSERA_CHECK(v.user == nullptr || v.user->use_softmax, StatusCode::kUnsupported)
+        << "shape.attention.variant.user: variant '" << v.user->name
+        << "' has use_softmax = false: softmax-free attention cannot be merged across split KV chunks; use "
+           "the one-shot entry points of tessera/attention.h";
     int device = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&device));
     TensorView on_device;  // stands for the tensors of run(): variant tensors must be on this device

@@ -106,7 +106,7 @@ std::string user_epilogue() {
   return s.str();
 }
 
-std::string adapter(const ResolvedVariant& v) {
+std::string adapter(const ResolvedVariant& v, const VariantKernelRequest& request) {
   std::ostringstream s;
   // A user's logits hook (whether the source defines one is known only when it compiles) chains
   // after the built-in transform and takes its result in natural units: no folded scales.
@@ -125,6 +125,11 @@ std::string adapter(const ResolvedVariant& v) {
   for (const HookDesc& h : kHooks) {
     s << "  static constexpr bool " << h.trait << " = Base::" << h.trait << " || tessera_user::k_has_" << h.name
       << ";\n";
+  }
+  if (request.merged_by_lse) {
+    s << "  static_assert(!tessera_user::k_has_output_transform, \"variant '" << v.user->name
+      << "' defines output_transform, which the plan/run runtime cannot apply: it merges split KV chunks by "
+         "their log-sum-exp before the row's output is whole (use the one-shot entry points)\");\n";
   }
   s << "  static __device__ __forceinline__ const tessera_user::Params& user(const VP& vp) {\n"
     << "    return *reinterpret_cast<const tessera_user::Params*>(vp.extra);\n  }\n";
@@ -192,7 +197,7 @@ std::string user_params_prologue(const std::vector<VariantParam>& params) {
 VariantSource variant_source(const ResolvedVariant& v, const VariantKernelRequest& request) {
   VariantSource out;
   const std::string include = "#include \"" + request.header + "\"\n";
-  const std::string tail = adapter(v);
+  const std::string tail = adapter(v, request);
   jit::GeneratedSource gen;
   if (v.user != nullptr) {
     gen = jit::generate_source(include + user_params_prologue(v.user->params), v.user->source, user_epilogue() + tail);

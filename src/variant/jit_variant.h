@@ -46,6 +46,10 @@ struct VariantKernelRequest {
   std::string args_after;     ///< template arguments after the variant
   int dynamic_smem_bytes = 0; ///< opted in on the function once loaded
   std::string description;    ///< for the log line and errors, e.g. "prefill D128 Q128 ragged bf16"
+  /// The kernel writes split KV chunks whose states a contraction merges by their log-sum-exp (the
+  /// runtime's persistent kernels): a user variant with an output_transform, which must see the
+  /// whole row's output, fails to compile with a message that names the hook.
+  bool merged_by_lse = false;
 };
 
 /// The generated translation unit (without the kernel header's contents) and the name expression

@@ -577,8 +577,9 @@ TEST(VariantErrors, CudaCoreDecodeRejectsVariants) {
   for (double x : read_tensor(f.o_dec)) ASSERT_FALSE(std::isnan(x)) << "o left unwritten (NaN)";
 }
 
-// The plan/run runtime takes the built-in softmax variants and custom masks (their offsets on the
-// host); sigmoid and user variants are kUnsupported there (tessera/runtime.h, PlanShape::attention).
+// The plan/run runtime takes the built-in softmax variants, custom masks (their offsets on the
+// host) and softmax user variants; sigmoid, use_softmax = false and a user output_transform are
+// errors there (tessera/runtime.h, PlanShape::attention).
 TEST(VariantErrors, RuntimeRejectsUnsupportedVariants) {
   tessera::RuntimeBounds bounds{4, 4, 8, 2, 128};
   DeviceBuffer ws(static_cast<size_t>(tessera::BatchDecodeWrapper::workspace_size(bounds)));
@@ -602,7 +603,29 @@ TEST(VariantErrors, RuntimeRejectsUnsupportedVariants) {
                 "                       int qo_head, int kv_head) { return logits; }\n";
   tessera::PlanShape usr = shape;
   usr.attention.variant.user = &spec;
-  expect_error_any([&] { w.plan(h_indptr, h_last, 16, usr); }, {"variant.user"}, StatusCode::kUnsupported);
+  EXPECT_NO_THROW(w.plan(h_indptr, h_last, 16, usr));
+  tessera::VariantSpec no_softmax = spec;
+  no_softmax.name = "test_runtime_no_softmax";
+  no_softmax.use_softmax = false;
+  usr.attention.variant.user = &no_softmax;
+  expect_error_any([&] { w.plan(h_indptr, h_last, 16, usr); }, {"use_softmax = false"}, StatusCode::kUnsupported);
+  // An output_transform needs the whole row's output: its persistent kernel does not compile.
+  tessera::VariantSpec out_transform;
+  out_transform.name = "test_runtime_output_transform";
+  out_transform.source = "float output_transform(const Params& params, float value, int batch, int qo_idx,\n"
+                         "                       int qo_head, int dim) { return 2.f * value; }\n";
+  usr.attention.variant.user = &out_transform;
+  w.plan(h_indptr, h_last, 16, usr);
+  {
+    std::mt19937_64 rng(test_seed());
+    DeviceTensor q = upload_tensor(DType::kF16, round_to(DType::kF16, random_normal(2 * 8 * 128, rng)), {2, 8, 128});
+    DeviceTensor kv = upload_tensor(DType::kF16, round_to(DType::kF16, random_normal(2 * 16 * 2 * 128, rng)),
+                                    {2, 16, 2, 128});
+    DeviceTensor o = make_output(DType::kF16, {2, 8, 128});
+    DeviceBuffer pages = upload_i32({1, 0});
+    tessera::PagedKVCache cache{kv.view, kv.view, Layout::kNHD, i32_view(pages, 2)};
+    expect_error_any([&] { w.run(q.view, cache, o.view); }, {"defines output_transform"});
+  }
   DeviceBuffer mask_bits(64);
   DeviceBuffer mask_indptr = upload_i32({0, 2, 4});
   tessera::PlanShape msk = shape;

@@ -598,6 +598,118 @@ INSTANTIATE_TEST_SUITE_P(Grid, RuntimeTest, ::testing::ValuesIn(runtime_cases())
                          [](const ::testing::TestParamInfo<RuntimeCase>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------
+// User variants (a FlexAttention-style mask_mod and score_mod, as the Python front end traces them)
+// through the runtime: a document mask from a captured tensor and an ALiBi bias from a captured
+// slope table, against the oracle's custom mask and ALiBi; paged prefill with every split mode, and
+// decode.
+
+constexpr const char* kRuntimeDocMaskSource = R"(// runtime user variant: mask_mod (runtime tests)
+bool same_doc(const Params& params, int b, int h, int q_idx, int kv_idx) {
+  const int32_t* docs = params.docs + params.doc_offset[b];
+  return docs[q_idx] == docs[kv_idx];
+}
+)";
+constexpr const char* kRuntimeAlibiSource = R"(// runtime user variant: score_mod (runtime tests)
+float alibi_bias(const Params& params, float score, int b, int h, int q_idx, int kv_idx) {
+  return score + params.slopes[h] * static_cast<float>(kv_idx - q_idx);
+}
+)";
+
+void run_user_variant_case(bool decode, SplitKV split, std::mt19937_64& rng) {
+  const int64_t hkv = 2, g = 4, hq = hkv * g, d = 128, page = 16;
+  const DType dtype = DType::kBF16;
+  const std::vector<int64_t> kv = decode ? std::vector<int64_t>{300, 4100, 64, 1000}
+                                         : std::vector<int64_t>{300, 1000, 4100, 64};
+  const std::vector<int64_t> qo = decode ? std::vector<int64_t>{1, 1, 1, 1} : std::vector<int64_t>{1, 7, 40, 3};
+  const size_t batch = kv.size();
+  // Documents: runs of 1-400 positions per request.
+  std::vector<int32_t> docs, doc_offset;
+  for (size_t b = 0; b < batch; ++b) {
+    doc_offset.push_back(static_cast<int32_t>(docs.size()));
+    int32_t doc = 0;
+    for (int64_t j = 0; j < kv[b];) {
+      const int64_t run = 1 + static_cast<int64_t>(rng() % 400);
+      for (int64_t t = 0; t < run && j < kv[b]; ++t, ++j) docs.push_back(doc);
+      ++doc;
+    }
+  }
+  const std::vector<float> slopes = tessera::alibi_slopes(hq);
+  tessera_ref::Options opts;
+  opts.causal = true;
+  opts.alibi_slopes.assign(slopes.begin(), slopes.end());
+  opts.custom_mask_indptr = {0};
+  for (size_t b = 0; b < batch; ++b) {
+    const int32_t* doc = docs.data() + doc_offset[b];
+    for (int64_t i = 0; i < qo[b]; ++i) {
+      const int64_t pos = kv[b] - qo[b] + i;
+      for (int64_t j = 0; j < kv[b]; ++j) opts.custom_mask.push_back(doc[pos] == doc[j] ? 1 : 0);
+    }
+    opts.custom_mask_indptr.push_back(static_cast<int64_t>(opts.custom_mask.size()));
+  }
+  std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch);
+  for (size_t b = 0; b < batch; ++b) {
+    qs[b] = round_to(dtype, random_normal(qo[b] * hq * d, rng));
+    ks[b] = round_to(dtype, random_normal(kv[b] * hkv * d, rng));
+    vs[b] = round_to(dtype, random_normal(kv[b] * hkv * d, rng));
+  }
+  const Packed q = pack_rows(qs, hq * d);
+  const auto cache = tessera_ref::build_paged(ks, vs, kv, hkv, d, page, tessera_ref::Layout::NHD, rng() | 1, 2, 0.0);
+  const tessera_ref::State ref = tessera_ref::attention_paged(q.values, q.indptr, cache, {hq, hkv, d}, opts);
+  const int64_t rows = q.indptr.back();
+  DeviceTensor dq = upload_tensor(dtype, q.values, {rows, hq, d});
+  DeviceTensor o = make_output(dtype, {rows, hq, d}), lse = make_output(DType::kF32, {rows, hq});
+  DevicePaged paged = upload_paged(dtype, cache, Layout::kNHD, /*combined=*/false);
+  DeviceBuffer d_docs = upload_i32(docs), d_offset = upload_i32(doc_offset);
+  DeviceBuffer d_slopes(slopes.size() * sizeof(float));
+  d_slopes.upload(slopes.data(), slopes.size() * sizeof(float));
+
+  const tessera::MaskMod mask{kRuntimeDocMaskSource, "same_doc"};
+  const tessera::ScoreMod score{kRuntimeAlibiSource, "alibi_bias"};
+  const tessera::VariantSpec spec = tessera::flex_variant(
+      "test_runtime_doc_alibi", &mask, &score,
+      {tessera::VariantParam::device_tensor("docs", i32_view(d_docs, static_cast<int64_t>(docs.size()))),
+       tessera::VariantParam::device_tensor("doc_offset", i32_view(d_offset, static_cast<int64_t>(batch))),
+       tessera::VariantParam::device_tensor(
+           "slopes", TensorView(d_slopes.get(), DType::kF32, {hq}, Device::cuda(0)))});
+  tessera::PlanShape shape{hq, hkv, d, dtype, {}};
+  shape.attention.causal = true;
+  shape.attention.variant.user = &spec;
+  const tessera::RuntimeBounds bounds{static_cast<int64_t>(batch), rows, hq, hkv, d};
+  tessera::RuntimeOptions options;
+  options.split_kv = split;
+  options.fixed_split_size = split == SplitKV::kFixed ? 256 : 0;
+  const tessera::PagedKVCache kvc{paged.view.k, paged.view.v, Layout::kNHD, paged.view.indices};
+  tessera::PlanInfo info;
+  if (decode) {
+    Workspace ws(tessera::BatchDecodeWrapper::workspace_size(bounds, options));
+    tessera::BatchDecodeWrapper w(ws.view, bounds, options);
+    w.plan(host_i32(cache.indptr), host_i32(cache.last_page_len), page, shape);
+    w.run(dq.view, kvc, o.view, lse.view);
+    info = w.plan_info();
+  } else {
+    Workspace ws(tessera::BatchPrefillPagedWrapper::workspace_size(bounds, options));
+    tessera::BatchPrefillPagedWrapper w(ws.view, bounds, options);
+    w.plan(host_i32(q.indptr), host_i32(cache.indptr), host_i32(cache.last_page_len), page, shape);
+    w.run(dq.view, kvc, o.view, lse.view);
+    info = w.plan_info();
+  }
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  SCOPED_TRACE(std::string(decode ? "decode" : "prefill") + ", split chunks " + std::to_string(info.num_partials));
+  if (split == SplitKV::kFixed) EXPECT_GT(info.num_partials, 0) << "the case must split a tile";
+  const std::vector<double> o_host = read_tensor(o), lse_host = read_tensor(lse);
+  expect_matches_oracle(dtype, o_host, &lse_host, ref, "runtime user variant");
+}
+
+TEST(RuntimeUserVariant, FlexMaskAndScoreModMatchOracle_sanitize) {
+  std::mt19937_64 rng(test_seed());
+  for (const SplitKV split : {SplitKV::kAuto, SplitKV::kFixed, SplitKV::kNone}) {
+    SCOPED_TRACE("split_kv " + std::to_string(static_cast<int>(split)));
+    run_user_variant_case(false, split, rng);
+  }
+  run_user_variant_case(true, SplitKV::kAuto, rng);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Determinism, agreement with the one-shot kernels, batch invariance.
 
 std::vector<unsigned char> run_bytes(AnyWrapper& w, Prepared& p, bool lse) {

@@ -3,6 +3,10 @@
 //   W1v the same with variable lengths at B=64;
 //   W2  dense prefill over ragged KV (B=16, S 512 .. 16384, three head shapes, causal and not);
 //   W4  variable-length prefill, ragged and paged KV (page 16 and page 1), three length sets;
+//   W5  incremental prefill and speculative verification (tree masks) through the runtime;
+//   W6  a shared prefix: the cascade wrapper against the single paged format;
+//   W7  Quest-style page selection: one decode over a budget of selected pages;
+//   W11 a prefill chunk and 64 decodes: alone, one after the other, one plan;
 //   W8  plan() CPU time of the runtime.
 // W1, W1v and W4 cells also run the plan/run runtime (tessera/runtime.h) as impl
 // "tessera-runtime" (load balancing on: split-KV, persistent grid); "tessera" is the one-shot grid
@@ -178,6 +182,7 @@ tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t hea
 // What the plan decided, for the result's params.
 void add_plan_info(Params& params, const tessera::PlanInfo& info) {
   params.emplace_back("q_tile", static_cast<int64_t>(info.q_tile_rows));
+  params.emplace_back("kv_tile", static_cast<int64_t>(info.kv_tile_rows));
   params.emplace_back("grid_cols", static_cast<int64_t>(info.grid_cols));
   params.emplace_back("heads_per_cta", static_cast<int64_t>(info.heads_per_cta));
   params.emplace_back("items", static_cast<int64_t>(info.num_items));
@@ -774,6 +779,153 @@ void run_w6(BenchContext& ctx, int64_t batch, size_t prefix_index) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// W7: Quest-style page selection. One decode (B=1, Hq=Hkv=32, D=128, page 16) over a sequence of S
+// tokens whose pages are a random permutation of the pool, reading only a budget of selected
+// pages: a random subset of the sequence's pages in increasing order, the same for every head. The
+// selection is the page table (its last page full), so this is the paged decode over a short table,
+// through the one-shot kernels ("tessera") and the runtime ("tessera-runtime"), in microseconds
+// (and GB/s of the selected K/V). Anchors at S=32768 (microseconds): FlashInfer paper 22 / 29 / 45 /
+// 68 for budgets 64 / 128 / 256 / 512; FlashInfer 0.3.1 decode measured 59 / 59 / 65 / 89.
+// Target: <= 18 / 23 / 36 / 55 at S=32768.
+
+constexpr int64_t kW7Heads = 32;
+constexpr int64_t kW7Budgets[] = {64, 128, 256, 512};
+constexpr int64_t kW7Lengths[] = {4096, 32768};
+constexpr double kW7PaperUs[] = {22, 29, 45, 68};
+constexpr double kW7FlashInferUs[] = {59, 59, 65, 89};
+constexpr double kW7TargetUs[] = {18, 23, 36, 55};
+
+void run_w7(BenchContext& ctx, int64_t seq, size_t budget_index) {
+  const int64_t budget = kW7Budgets[budget_index], page = kDecodePageSize;
+  const int64_t seq_pages = seq / page;
+  const std::vector<int32_t> pool = random_permutation(seq_pages, kPermutationSeed + static_cast<uint64_t>(seq));
+  // The selection: `budget` of the sequence's logical pages, in increasing order.
+  std::vector<int32_t> logical(static_cast<size_t>(seq_pages));
+  std::iota(logical.begin(), logical.end(), 0);
+  std::mt19937_64 rng(kPermutationSeed + static_cast<uint64_t>(budget));
+  std::shuffle(logical.begin(), logical.end(), rng);
+  logical.resize(static_cast<size_t>(budget));
+  std::sort(logical.begin(), logical.end());
+  std::vector<int32_t> selected;
+  for (const int32_t l : logical) selected.push_back(pool[l]);
+  const std::vector<int32_t> indptr{0, static_cast<int32_t>(budget)}, last{static_cast<int32_t>(page)};
+  DeviceTensor k = ctx.random_tensor(kDType, {seq_pages, page, kW7Heads, kHeadDim});
+  DeviceTensor v = ctx.random_tensor(kDType, {seq_pages, page, kW7Heads, kHeadDim});
+  DeviceTensor indices = ctx.upload_i32(selected), indptr_dev = ctx.upload_i32(indptr), last_dev = ctx.upload_i32(last);
+  DeviceTensor q = ctx.random_tensor(kDType, {1, kW7Heads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(kDType, {1, kW7Heads, kHeadDim});
+  const double bytes = 2.0 * static_cast<double>(budget * page) * kW7Heads * kHeadDim * kElemBytes;
+  Params params = {{"B", int64_t{1}}, {"S", seq}, {"budget_pages", budget}, {"Hq", kW7Heads}, {"Hkv", kW7Heads},
+                   {"D", kHeadDim}, {"page_size", page}, {"dtype", "bf16"}, {"selected_kv_bytes", bytes}};
+  if (seq == 32768) {
+    add_anchor(params, "anchor_flashinfer_paper_us", kW7PaperUs[budget_index]);
+    add_anchor(params, "anchor_flashinfer_measured_us", kW7FlashInferUs[budget_index]);
+    add_anchor(params, "target_us", kW7TargetUs[budget_index]);
+  }
+  {
+    const tessera::PagedKV kv{k.view, v.view, tessera::Layout::kNHD, indptr_dev.view, indices.view, last_dev.view};
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      tessera::batch_decode_paged(q.view, kv, o.view, tessera::TensorView(), {}, stream);
+    });
+    ctx.report_time(t, kMicroseconds, params, "tessera");
+  }
+  // The runtime with its automatic tile (the wide 16-row tile when few tiles would leave SMs
+  // idle), and with the 4-warp 16-row tile as an ablation (two CTAs an SM: twice the columns).
+  for (const tessera::QueryTile tile : {tessera::QueryTile::kAuto, tessera::QueryTile::k16}) {
+    const tessera::RuntimeBounds bounds{1, 1, kW7Heads, kW7Heads, kHeadDim};
+    tessera::RuntimeOptions options;
+    options.q_tile = tile;
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchDecodeWrapper::workspace_size(bounds, options));
+    tessera::BatchDecodeWrapper wrapper(workspace.view, bounds, options);
+    wrapper.plan(host_i32(indptr), host_i32(last), page, runtime_shape(kW7Heads, kW7Heads, kHeadDim, false),
+                 ctx.stream());
+    const tessera::PagedKVCache paged{k.view, v.view, tessera::Layout::kNHD, indices.view};
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
+    });
+    Params p = params;
+    add_plan_info(p, wrapper.plan_info());
+    ctx.report_time(t, kMicroseconds, std::move(p),
+                    tile == tessera::QueryTile::kAuto ? "tessera-runtime" : "tessera-runtime-t16");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// W11: prefill and decode in one batch. One request's 4096-token prefill chunk (KV 4096, causal)
+// and 64 decodes of KV 4096; Hq 32, Hkv 8, D 128, page 16, bf16, pages a random permutation. Impls,
+// each the median time of one run() in microseconds (plan once): the prefill alone
+// ("tessera-prefill-alone", paged prefill wrapper) and the decodes alone ("tessera-decode-alone",
+// decode wrapper); the two one after the other on one stream ("tessera-sequential"); the whole
+// batch as one paged prefill plan ("tessera-one-plan": one launch, one query tile for all).
+// Target (issue 25): one launch >= 1.25x faster than sequential and within 1.15x of the slower alone.
+
+constexpr int64_t kW11Decodes = 64, kW11KvLen = 4096, kW11Chunk = 4096;
+
+void run_w11(BenchContext& ctx) {
+  const int64_t page = kDecodePageSize, batch = kW11Decodes + 1;
+  // Request 0 is the prefill chunk, requests 1..64 the decodes; one pool for all.
+  const std::vector<int64_t> kv_lens(static_cast<size_t>(batch), kW11KvLen);
+  PagedCache cache = make_paged_cache(ctx, kv_lens, page, kKvHeads, kHeadDim);
+  const HostPages pages = host_pages(kv_lens, page);
+  std::vector<int64_t> qo_lens(static_cast<size_t>(batch), 1);
+  qo_lens[0] = kW11Chunk;
+  const int64_t rows = kW11Chunk + kW11Decodes;
+  DeviceTensor q = ctx.random_tensor(kDType, {rows, kQoHeads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(kDType, {rows, kQoHeads, kHeadDim});
+  const tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+  Params params = {{"prefill_chunk", kW11Chunk}, {"decodes", kW11Decodes}, {"kv_len", kW11KvLen},
+                   {"Hq", kQoHeads}, {"Hkv", kKvHeads}, {"D", kHeadDim}, {"page_size", page}, {"dtype", "bf16"}};
+
+  // The prefill request alone: its page range is the first of the pool's table.
+  const std::vector<int32_t> prefill_qo{0, static_cast<int32_t>(kW11Chunk)};
+  const std::vector<int32_t> prefill_kv{0, pages.indptr[1]}, prefill_last{pages.last_page_len[0]};
+  const tessera::RuntimeBounds prefill_bounds{1, kW11Chunk, kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor prefill_ws = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(prefill_bounds));
+  tessera::BatchPrefillPagedWrapper prefill(prefill_ws.view, prefill_bounds);
+  prefill.plan(host_i32(prefill_qo), host_i32(prefill_kv), host_i32(prefill_last), page,
+               runtime_shape(kQoHeads, kKvHeads, kHeadDim, true), ctx.stream());
+  // The decodes alone: the table's entries after the prefill's, rebased.
+  std::vector<int32_t> decode_kv(pages.indptr.begin() + 1, pages.indptr.end());
+  for (int32_t& x : decode_kv) x -= pages.indptr[1];
+  const std::vector<int32_t> decode_last(pages.last_page_len.begin() + 1, pages.last_page_len.end());
+  const tessera::TensorView decode_indices(static_cast<int32_t*>(cache.kv.indices.data) + pages.indptr[1],
+                                           DType::kI32, {pages.indptr.back() - pages.indptr[1]},
+                                           cache.kv.indices.device);
+  const tessera::PagedKVCache decode_paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, decode_indices};
+  const tessera::RuntimeBounds decode_bounds{kW11Decodes, kW11Decodes, kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor decode_ws = make_workspace(ctx, tessera::BatchDecodeWrapper::workspace_size(decode_bounds));
+  tessera::BatchDecodeWrapper decode(decode_ws.view, decode_bounds);
+  decode.plan(host_i32(decode_kv), host_i32(decode_last), page, runtime_shape(kQoHeads, kKvHeads, kHeadDim, false),
+              ctx.stream());
+  const tessera::TensorView q_decode(static_cast<char*>(q.view.data) + kW11Chunk * kQoHeads * kHeadDim * 2, kDType,
+                                     {kW11Decodes, kQoHeads, kHeadDim}, q.view.device);
+  const tessera::TensorView o_decode(static_cast<char*>(o.view.data) + kW11Chunk * kQoHeads * kHeadDim * 2, kDType,
+                                     {kW11Decodes, kQoHeads, kHeadDim}, o.view.device);
+  const tessera::TensorView q_prefill(q.view.data, kDType, {kW11Chunk, kQoHeads, kHeadDim}, q.view.device);
+  const tessera::TensorView o_prefill(o.view.data, kDType, {kW11Chunk, kQoHeads, kHeadDim}, o.view.device);
+  auto run_prefill = [&](cudaStream_t s) { prefill.run(q_prefill, paged, o_prefill, tessera::TensorView(), s); };
+  auto run_decode = [&](cudaStream_t s) { decode.run(q_decode, decode_paged, o_decode, tessera::TensorView(), s); };
+  ctx.report_time(ctx.measure(run_prefill), kMicroseconds, params, "tessera-prefill-alone");
+  ctx.report_time(ctx.measure(run_decode), kMicroseconds, params, "tessera-decode-alone");
+  ctx.report_time(ctx.measure([&](cudaStream_t s) {
+                    run_prefill(s);
+                    run_decode(s);
+                  }),
+                  kMicroseconds, params, "tessera-sequential");
+  // The whole batch as one paged prefill plan.
+  const tessera::RuntimeBounds mixed_bounds{batch, rows, kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor mixed_ws = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(mixed_bounds));
+  tessera::BatchPrefillPagedWrapper mixed(mixed_ws.view, mixed_bounds);
+  mixed.plan(host_i32(indptr_of(qo_lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), page,
+             runtime_shape(kQoHeads, kKvHeads, kHeadDim, true), ctx.stream());
+  Params p = params;
+  add_plan_info(p, mixed.plan_info());
+  p.emplace_back("target", ">= 1.25x faster than tessera-sequential, <= 1.15x the slower alone");
+  ctx.report_time(ctx.measure([&](cudaStream_t s) { mixed.run(q.view, paged, o.view, tessera::TensorView(), s); }),
+                  kMicroseconds, std::move(p), "tessera-one-plan");
+}
+
+// ------------------------------------------------------------------------------------------------
 // The cells, each registered as its own workload.
 
 struct Cell {
@@ -887,6 +1039,20 @@ const std::vector<Cell>& cells() {
                        run_w4(ctx, name, w4_sets()[si], 16, DType::kE4M3);
                      }});
     }
+    // W7.
+    for (int64_t seq : kW7Lengths) {
+      for (size_t bi = 0; bi < std::size(kW7Budgets); ++bi) {
+        if (kW7Budgets[bi] * kDecodePageSize > seq) continue;  // more pages than the sequence has
+        out.push_back({"w7_s" + std::to_string(seq) + "_budget" + std::to_string(kW7Budgets[bi]),
+                       "W7 page selection: B=1 Hq=Hkv=32 D=128 page 16, S=" + std::to_string(seq) + ", " +
+                           std::to_string(kW7Budgets[bi]) + " selected pages",
+                       suites_for("w7", seq == 32768 && kW7Budgets[bi] == 128),
+                       [seq, bi](BenchContext& ctx, const std::string&) { run_w7(ctx, seq, bi); }});
+      }
+    }
+    // W11.
+    out.push_back({"w11_pod", "W11 one 4096-token prefill chunk + 64 decodes, KV 4096, Hq 32 Hkv 8 D 128 page 16",
+                   suites_for("w11", false), [](BenchContext& ctx, const std::string&) { run_w11(ctx); }});
     // W6.
     for (int64_t batch : {16, 64}) {
       for (size_t pi = 0; pi < std::size(kW6Prefixes); ++pi) {

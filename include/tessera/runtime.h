@@ -136,7 +136,8 @@ struct PlanShape {
   /// logits or mask them. Split chunks are merged by their log-sum-exp, so sigmoid attention and
   /// user variants with use_softmax = false are kUnsupported here, and a user output_transform
   /// fails the variant's JIT compile (at the first run()) with a message naming it; they run
-  /// through the one-shot entry points of tessera/attention.h. A custom mask's bits (variant.custom_mask, u8 on the device, request b's
+  /// through the one-shot entry points of tessera/attention.h. plan() keeps a copy of the user
+  /// variant's spec (its tensor parameters stay the caller's). A custom mask's bits (variant.custom_mask, u8 on the device, request b's
   /// [qo_len_b, kv_len_b] bit matrix from byte custom_mask_indptr[b]) stay where they are, but
   /// variant.custom_mask_indptr is a HOST i32 [B + 1] array here, as FlashInfer's plan computes
   /// it: plan() checks it against the lengths and the mask's size and uploads it with the plan.

@@ -398,6 +398,15 @@ class AttentionRuntime {
     shape_ = shape;
     kv_dtype_ = kv_dtype;
     variant_ = variant;
+    // The runs of this plan compile and launch the user variant's kernel: keep its spec (the
+    // caller's may be a temporary, e.g. the Python binding's), not a pointer to it.
+    if (variant_.user != nullptr) {
+      user_variant_ = std::make_shared<const VariantSpec>(*variant_.user);
+      variant_.user = user_variant_.get();
+    } else {
+      user_variant_.reset();
+    }
+    shape_.attention.variant.user = variant_.user;
     q_tile_ = q_tile;
     batch_ = batch;
     total_qo_ = total_qo;
@@ -753,10 +762,14 @@ class AttentionRuntime {
            "shape, which a captured run() has baked in (first plan: num_qo_heads = "
         << shape_.num_qo_heads << ", causal = " << shape_.attention.causal << ", page_size = " << page_size_
         << "; this plan: " << shape.num_qo_heads << ", " << shape.attention.causal << ", " << in.page_size << ")";
-    TESSERA_CHECK_ARG(variant.features == variant_.features &&
+    const bool same_user = variant.user == nullptr
+                               ? variant_.user == nullptr
+                               : variant_.user != nullptr && variant.user->source == variant_.user->source &&
+                                     variant.user->name == variant_.user->name;
+    TESSERA_CHECK_ARG(variant.features == variant_.features && same_user &&
                       std::memcmp(&variant.params, &variant_.params, sizeof(variant.params)) == 0)
         << "cuda_graph: this plan changes shape.attention.variant (features " << variant.features << ", first plan "
-        << variant_.features << " or one of its values), which a captured run() has baked in";
+        << variant_.features << ", its user variant or one of its values), which a captured run() has baked in";
     const KVScales& a = shape.attention.kv_scales;
     const KVScales& b = shape_.attention.kv_scales;
     TESSERA_CHECK_ARG(a.k == b.k && a.v == b.v && a.k_device.data == b.k_device.data &&
@@ -840,6 +853,7 @@ class AttentionRuntime {
   PlanShape shape_;
   DType kv_dtype_ = DType::kBF16;  // K/V's dtype in the last plan (shape_.kv_dtype resolved)
   ResolvedVariant variant_;
+  std::shared_ptr<const VariantSpec> user_variant_;  // the last plan's user variant, owned
   QTile q_tile_ = QTile::k16;
   int64_t batch_ = 0, total_qo_ = 0, total_kv_units_ = 0;
   int64_t page_size_ = 0, block_rows_ = 0, num_rows_ = 0, num_cols_ = 0;

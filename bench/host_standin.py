@@ -11,11 +11,17 @@ Python code on host tensors, with stand-ins for what needs a GPU:
 - the device checks (tessera._utils.check_cuda) pass host tensors;
 - torch's CUDA stream and device queries return 0 (their cost on a GPU host is not in these figures).
 
-So a figure here is the Python wrapper code + the binding's conversions on this CPU; the C++
-planner, the kernel launches and torch's stream query are not in it. Use it to compare two trees
-(before / after a change) on the same machine.
+- the CUDA-graph wrapper's page-table buffers are host tensors: its plan()'s copies into them go
+  through tessera._C._copy_index_arrays when the build has it (the argument conversion and a host
+  memcpy, where a GPU would take the pinned staging and the asynchronous copies), else torch's
+  host copies.
 
-  PYTHONPATH=build/python python3 bench/host_standin.py [--iters 2000] [--profile run|plan|prefill]
+So a figure here is the Python wrapper code + the binding's conversions on this CPU; the C++
+planner, the kernel launches, CUDA's copy and allocation calls and torch's stream query are not in
+it (graph-mode plan() least of all: its GPU copies cost more than the host memcpy standing in for
+them). Use it to compare two trees (before / after a change) on the same machine.
+
+  PYTHONPATH=build/python python3 bench/host_standin.py [--iters 2000] [--profile plan|run|graph-plan|graph-run|prefill-run|ragged-run]
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 // tessera._C: nanobind bindings of the C++ API for the Python package (python/tessera).
 //
 // This layer is deliberately thin: it converts DLPack tensors (PyTorch tensors through
-// torch._C._to_dlpack, other arrays through __dlpack__; no copies) into tessera::TensorView, makes
+// torch._C._to_dlpack, or in the runtime wrappers' per-call bindings through PyTorch's DLPack C
+// exchange API where it has one (RunArray); other arrays through __dlpack__; no copies) into
+// tessera::TensorView, makes
 // the tensors' GPU current for the call,
 // passes the caller's CUDA stream through as a StreamHandle, and maps tessera::Error onto Python
 // exceptions. Argument checking that names FlashInfer's argument names lives in the Python layer;
@@ -26,6 +28,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -54,6 +58,101 @@ struct TorchArray : nb::ndarray<> {
 
 using Array = TorchArray;
 using OptArray = std::optional<TorchArray>;
+
+/// An array argument of the runtime wrappers' per-call bindings (plan(), run(), the graph-mode
+/// page-table copies): a torch.Tensor (exactly that type) is read through PyTorch's DLPack C
+/// exchange API when this PyTorch has one (torch_dltensor below: its DLTensor filled in place by
+/// a C function, no capsule, no allocation, no Python call); anything else, or a tensor that API
+/// refuses, is converted as a TorchArray. The direct form copies the DLTensor's fields (shape and
+/// strides included), so it holds no pointer into the tensor's metadata; its data pointer is the
+/// tensor's, valid while the argument is, i.e. for the call (nanobind holds the arguments): a
+/// RunArray is never kept beyond the call.
+struct RunArray {
+  bool direct = false;
+  // The direct form: a DLTensor's fields.
+  void* data = nullptr;
+  int32_t device_type = 0, device_id = 0, ndim = 0;
+  DLDataType dtype{};
+  bool has_strides = false;
+  uint64_t byte_offset = 0;
+  int64_t shape[TensorView::kMaxDims] = {};
+  int64_t strides[TensorView::kMaxDims] = {};
+  // Otherwise.
+  TorchArray array;
+};
+
+using OptRunArray = std::optional<RunArray>;
+
+/// The part of DLPack's DLPackExchangeAPI (dlpack.h >= 1.3, which this build's DLPack header may
+/// predate) that is read here: the header and the function table's order. Only
+/// dltensor_from_py_object_no_sync is called.
+struct DLPackExchangeApiHeaderV1 {
+  uint32_t major, minor;
+  DLPackExchangeApiHeaderV1* prev_api;
+};
+struct DLPackExchangeApiV1 {
+  DLPackExchangeApiHeaderV1 header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);
+  void* current_work_stream;
+};
+
+/// Fills `out` (the direct form) from `o` when `o` is a torch.Tensor (exactly that type) and this
+/// PyTorch exports it through torch.Tensor.__dlpack_c_exchange_api__ (DLPack major version 1,
+/// with dltensor_from_py_object_no_sync): the non-owning export PyTorch itself offers for calls
+/// like this one (DLPack's "N0" use: the data is used during the call, on the current stream).
+/// False otherwise, with no Python error left set (the caller then converts `o` as a TorchArray:
+/// sparse tensors, more than TensorView::kMaxDims dims, older PyTorch releases). torch is looked
+/// up in sys.modules (never imported here) until it is there; the table is kept for the process.
+bool torch_dltensor(PyObject* o, RunArray& out) {
+  static PyTypeObject* tensor_type = nullptr;
+  static int (*from_py)(void*, DLTensor*) = nullptr;
+  static bool resolved = false;
+  if (!resolved) {
+    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+    if (torch == nullptr) return false;
+    resolved = true;
+    PyObject* tensor = PyObject_GetAttrString(torch, "Tensor");
+    PyObject* api = tensor != nullptr ? PyObject_GetAttrString(tensor, "__dlpack_c_exchange_api__") : nullptr;
+    if (tensor != nullptr && PyType_Check(tensor) && api != nullptr && PyCapsule_IsValid(api, "dlpack_exchange_api")) {
+      // The table lives for the process (DLPack's rule); a newer major version may chain older ones.
+      auto* header = static_cast<DLPackExchangeApiHeaderV1*>(PyCapsule_GetPointer(api, "dlpack_exchange_api"));
+      while (header != nullptr && header->major != 1) header = header->prev_api;
+      if (header != nullptr) {
+        from_py = reinterpret_cast<DLPackExchangeApiV1*>(header)->dltensor_from_py_object_no_sync;
+        if (from_py != nullptr) {
+          tensor_type = reinterpret_cast<PyTypeObject*>(tensor);  // kept for the life of the process
+          tensor = nullptr;
+        }
+      }
+    }
+    Py_XDECREF(tensor);
+    Py_XDECREF(api);
+    PyErr_Clear();
+  }
+  if (tensor_type == nullptr || Py_TYPE(o) != tensor_type) return false;
+  DLTensor t{};
+  if (from_py(o, &t) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  if (t.ndim < 0 || t.ndim > TensorView::kMaxDims || (t.ndim > 0 && t.shape == nullptr)) return false;
+  out.direct = true;
+  out.data = t.data;
+  out.device_type = static_cast<int32_t>(t.device.device_type);
+  out.device_id = t.device.device_id;
+  out.ndim = t.ndim;
+  out.dtype = t.dtype;
+  out.byte_offset = t.byte_offset;
+  out.has_strides = t.strides != nullptr;
+  for (int d = 0; d < t.ndim; ++d) {
+    out.shape[d] = t.shape[d];
+    out.strides[d] = out.has_strides ? t.strides[d] : 0;
+  }
+  return true;
+}
 
 /// A DLPack capsule of `o` when it is a torch.Tensor (exactly that type), from
 /// torch._C._to_dlpack, the function Tensor.__dlpack__() ends in; null otherwise, or when the export
@@ -121,6 +220,27 @@ struct type_caster<TorchArray> {
     return Base::from_cpp(a, policy, cleanup);
   }
 };
+
+/// RunArray from Python: torch_dltensor, else as TorchArray. Arguments only (never returned).
+template <>
+struct type_caster<RunArray> {
+  NB_TYPE_CASTER(RunArray, make_caster<nb::ndarray<>>::Name)
+
+  template <typename Flags>
+  bool from_python(handle src, Flags flags, cleanup_list* cleanup) noexcept {
+    if (torch_dltensor(src.ptr(), value)) return true;
+    make_caster<TorchArray> base;
+    if (!base.from_python(src, flags, cleanup)) return false;
+    value.direct = false;
+    value.array = std::move(base.value);
+    return true;
+  }
+
+  static handle from_cpp(const RunArray&, rv_policy, cleanup_list*) noexcept {
+    PyErr_SetString(PyExc_TypeError, "tessera._C: an array argument cannot be returned");
+    return handle();
+  }
+};
 NAMESPACE_END(detail)
 NAMESPACE_END(NB_NAMESPACE)
 
@@ -176,6 +296,26 @@ TensorView to_view(const nb::ndarray<>& a, const char* name) {
 }
 
 TensorView to_view(const OptArray& a, const char* name) { return a ? to_view(*a, name) : TensorView{}; }
+
+/// A view of a runtime binding's array argument (no copy): the same view, and the same errors, as
+/// to_view of the array converted through DLPack's capsule.
+TensorView to_view(const RunArray& a, const char* name) {
+  if (!a.direct) return to_view(a.array, name);
+  DLTensor t{};
+  t.data = a.data;
+  t.device.device_type = static_cast<DLDeviceType>(a.device_type);
+  t.device.device_id = a.device_id;
+  t.ndim = a.ndim;
+  t.dtype = a.dtype;
+  t.shape = const_cast<int64_t*>(a.shape);
+  t.strides = a.has_strides ? const_cast<int64_t*>(a.strides) : nullptr;
+  t.byte_offset = a.byte_offset;
+  TensorView view;
+  checked([&] { view = tessera::from_dlpack(t); }, name);
+  return view;
+}
+
+TensorView to_view(const OptRunArray& a, const char* name) { return a ? to_view(*a, name) : TensorView{}; }
 
 /// fp8 K/V arrive as uint8 views (torch.Tensor.view(torch.uint8)) with their dtype named in
 /// `kv_dtype`: not every PyTorch release exports fp8 through DLPack.
@@ -356,7 +496,8 @@ nb::dict plan_info_dict(const tessera::PlanInfo& i) {
 }
 
 /// The paged cache of run(): separate K and V, or one combined tensor (exactly one of the two).
-tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const OptArray& kv, Layout layout,
+template <typename Opt>
+tessera::PagedKVCache paged_cache(const Opt& k, const Opt& v, const Opt& kv, Layout layout,
                                   const TensorView& indices, const std::optional<DType>& kv_dtype) {
   if (kv) {
     const TensorView combined = as_kv(to_view(*kv, "paged_kv_cache"), kv_dtype);
@@ -375,7 +516,7 @@ tessera::PagedKVCache paged_cache(const OptArray& k, const OptArray& v, const Op
 
 /// One level's paged cache as BatchCascadePagedWrapper.run() takes it from Python: (k, v, kv,
 /// layout, indices), k and v or kv as for the other paged bindings' run().
-using CascadeCacheArgs = std::tuple<OptArray, OptArray, OptArray, Layout, Array>;
+using CascadeCacheArgs = std::tuple<OptRunArray, OptRunArray, OptRunArray, Layout, RunArray>;
 
 /// `name`[`i`], the name of a list entry in conversion errors.
 std::string entry_name(const char* name, size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
@@ -457,6 +598,172 @@ void bind_common(nb::class_<W>& cls) {
       .def(
           "plan_info", [](const W& w) { return plan_info_dict(w.plan_info()); },
           "What the last plan() decided, as a dict (for tests, benchmarks and logs).");
+}
+
+/// A view's fields, for tests: (data, device type, device id, dtype, shape, strides).
+nb::tuple view_info(const TensorView& v) {
+  nb::list shape, strides;
+  for (int d = 0; d < v.ndim; ++d) {
+    shape.append(v.shape[d]);
+    strides.append(v.strides[d]);
+  }
+  return nb::make_tuple(reinterpret_cast<uintptr_t>(v.data), static_cast<int>(v.device.type), v.device.id,
+                        static_cast<int>(v.dtype), nb::tuple(shape), nb::tuple(strides));
+}
+
+/// Pinned host memory and events of one GPU's index-array copies (copy_index_arrays): host
+/// sources are copied into a slot here, then to the GPU asynchronously from it; a slot is written
+/// again only once the copies out of it have completed (its event), so callers may modify or free
+/// their host arrays as soon as the call returns, as after a copy from pageable memory. Made on a
+/// GPU's first use and kept for the process (freeing pinned memory at exit could come after the
+/// CUDA driver has shut down); `broken` when that failed (the copies then go through PyTorch).
+struct HostStaging {
+  static constexpr int kSlots = 16;                  // plans in flight before a slot must wait
+  static constexpr size_t kSlotBytes = size_t{32} << 10;  // indptr + last_page_len up to 4095 requests
+  char* host = nullptr;
+  cudaEvent_t done[kSlots] = {};
+  bool recorded[kSlots] = {};
+  int next = 0;
+  bool broken = false;
+};
+
+/// The staging of GPU `device` (the device current), made on first use; null when it cannot be made.
+HostStaging* host_staging(int device) {
+  static std::vector<HostStaging*> per_device;  // never freed (see HostStaging)
+  if (device < 0 || device > 1 << 16) return nullptr;
+  if (per_device.size() <= static_cast<size_t>(device)) per_device.resize(static_cast<size_t>(device) + 1, nullptr);
+  HostStaging*& st = per_device[static_cast<size_t>(device)];
+  if (st == nullptr) {
+    st = new HostStaging;
+    void* host = nullptr;
+    if (cudaHostAlloc(&host, HostStaging::kSlotBytes * HostStaging::kSlots, cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      st->broken = true;
+    } else {
+      st->host = static_cast<char*>(host);
+      for (auto& e : st->done) {
+        if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+          cudaGetLastError();
+          e = nullptr;
+          st->broken = true;
+        }
+      }
+    }
+  }
+  return st->broken ? nullptr : st;
+}
+
+/// Throws the CUDA error `err` of `what` (clearing it).
+void throw_cuda(cudaError_t err, const char* what) {
+  cudaGetLastError();
+  throw tessera::Error(StatusCode::kCudaError, std::string("_copy_index_arrays: ") + what + " failed: " +
+                                                   cudaGetErrorString(err));
+}
+
+/// One copy of copy_index_arrays: the first n entries of src into dst.
+struct IndexCopy {
+  TensorView dst, src;
+  int64_t n = 0;
+};
+
+/// copy_index_arrays' conditions for one pair, else false: 1-D int32, n entries in each, stored
+/// contiguously, dst on GPU `device` or in host memory, src in host memory or on GPU `device` (a
+/// host dst takes a host src), the two ranges the same or disjoint.
+bool copyable(const IndexCopy& c, int device) {
+  for (const TensorView* t : {&c.dst, &c.src}) {
+    if (t->ndim != 1 || t->dtype != DType::kI32 || t->shape[0] < c.n) return false;
+    if (c.n > 1 && t->strides[0] != 1) return false;
+    if (c.n > 0 && t->data == nullptr) return false;
+    if (t->device.type == tessera::DeviceType::kCUDA && t->device.id != device) return false;
+  }
+  if (c.dst.device.is_host() && !c.src.device.is_host()) return false;
+  const auto* d = static_cast<const char*>(c.dst.data);
+  const auto* s = static_cast<const char*>(c.src.data);
+  const int64_t bytes = c.n * 4;
+  return d == s || d + bytes <= s || s + bytes <= d;
+}
+
+/// The graph-mode page-table copies of a plan (python/tessera/decode.py, prefill.py): up to four
+/// (dst, src, n) copies on `stream` of GPU `device`, in one call instead of a torch copy_ each. Host sources
+/// go through pinned staging (HostStaging), device sources device to device, host destinations by
+/// memcpy. All or nothing: false, with nothing copied, when a pair does not meet `copyable`, the
+/// host sources do not fit a staging slot, the staging cannot be made, or the stream is capturing
+/// (a captured copy would read the staging slot at every replay); the caller then copies with
+/// PyTorch. n must be >= 0 (ValueError).
+bool copy_index_arrays(uintptr_t stream, int device, const std::vector<IndexCopy>& copies) {
+  bool to_device = false;
+  size_t staged = 0;
+  for (const IndexCopy& c : copies) {
+    if (c.n < 0 || c.n >= INT32_MAX) {
+      throw tessera::Error(StatusCode::kInvalidArgument, "_copy_index_arrays: n = " + std::to_string(c.n) +
+                                                             ", expected 0 <= n < 2^31");
+    }
+    if (!copyable(c, device)) return false;
+    if (c.dst.device.is_host() || c.n == 0 || c.dst.data == c.src.data) continue;
+    to_device = true;
+    if (c.src.device.is_host()) staged += (static_cast<size_t>(c.n) * 4 + 15) / 16 * 16;
+  }
+  if (staged > HostStaging::kSlotBytes) return false;
+  // Everything that can still refuse comes before the first copy.
+  static std::mutex mutex;  // the staging slots (the GIL is held, but free-threaded builds have none)
+  std::unique_lock<std::mutex> lock(mutex, std::defer_lock);
+  std::optional<DeviceGuard> guard;
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  HostStaging* st = nullptr;
+  int slot = 0;
+  if (to_device) {
+    TensorView probe;
+    probe.device = tessera::Device::cuda(device);
+    guard.emplace(probe);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (const cudaError_t err = cudaStreamIsCapturing(s, &capture); err != cudaSuccess) {
+      throw_cuda(err, "cudaStreamIsCapturing");
+    }
+    if (capture != cudaStreamCaptureStatusNone) return false;
+    if (staged > 0) {
+      lock.lock();
+      st = host_staging(device);
+      if (st == nullptr) return false;
+      slot = st->next;
+      if (st->recorded[slot]) {
+        if (const cudaError_t err = cudaEventSynchronize(st->done[slot]); err != cudaSuccess) {
+          throw_cuda(err, "cudaEventSynchronize");
+        }
+      }
+    }
+  }
+  for (const IndexCopy& c : copies) {
+    if (c.dst.device.is_host() && c.n > 0 && c.dst.data != c.src.data) {
+      std::memmove(c.dst.data, c.src.data, static_cast<size_t>(c.n) * 4);
+    }
+  }
+  if (!to_device) return true;
+  size_t offset = 0;
+  cudaError_t failed = cudaSuccess;
+  for (const IndexCopy& c : copies) {
+    if (c.dst.device.is_host() || c.n == 0 || c.dst.data == c.src.data) continue;
+    const size_t bytes = static_cast<size_t>(c.n) * 4;
+    const void* from = c.src.data;
+    cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+    if (c.src.device.is_host()) {
+      char* at = st->host + static_cast<size_t>(slot) * HostStaging::kSlotBytes + offset;
+      std::memcpy(at, c.src.data, bytes);
+      offset += (bytes + 15) / 16 * 16;
+      from = at;
+      kind = cudaMemcpyHostToDevice;
+    }
+    failed = cudaMemcpyAsync(c.dst.data, from, bytes, kind, s);
+    if (failed != cudaSuccess) break;
+  }
+  if (st != nullptr) {
+    // Recorded after a failed copy too: copies enqueued before it may still read the slot.
+    const cudaError_t err = cudaEventRecord(st->done[slot], s);
+    st->recorded[slot] = err == cudaSuccess;
+    st->next = (slot + 1) % HostStaging::kSlots;
+    if (failed == cudaSuccess && err != cudaSuccess) failed = err;
+  }
+  if (failed != cudaSuccess) throw_cuda(failed, "an asynchronous copy");
+  return true;
 }
 
 nb::dict device_properties(int device) {
@@ -652,8 +959,8 @@ NB_MODULE(_C, m) {
   // Private (bench/host_standin.py): the host cost of the bindings themselves, without a GPU.
   m.def(
       "_run_arguments_probe",
-      [](const Array& q, const OptArray& k, const OptArray& v, const OptArray& kv, Layout layout,
-         const OptArray& indices, const Array& o, const OptArray& lse, uintptr_t stream,
+      [](const RunArray& q, const OptRunArray& k, const OptRunArray& v, const OptRunArray& kv, Layout layout,
+         const OptRunArray& indices, const RunArray& o, const OptRunArray& lse, uintptr_t stream,
          const std::optional<DType>& kv_dtype) {
         const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
         const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
@@ -666,6 +973,50 @@ NB_MODULE(_C, m) {
       "Private: what a runtime wrapper's run() binding does before its C++ call (argument conversion, the DLPack "
       "import of every array, the views, the device guard, the GIL release), without the call; host arrays are "
       "accepted. For measuring the bindings' per-call cost without a GPU (bench/host_standin.py).");
+  // Private (tests/python/test_host_path.py): the view the runtime bindings make of an array
+  // (RunArray) and the one through DLPack's capsule (TorchArray), which must agree, and whether
+  // the first took PyTorch's direct export.
+  m.def(
+      "_run_array_view",
+      [](const RunArray& a) { return nb::make_tuple(a.direct, view_info(to_view(a, "a"))); }, "a"_a,
+      "Private: (direct export taken, (data, device type, device id, dtype, shape, strides)) of a runtime "
+      "binding's view of `a`.");
+  m.def(
+      "_capsule_array_view", [](const Array& a) { return view_info(to_view(a, "a")); }, "a"_a,
+      "Private: (data, device type, device id, dtype, shape, strides) of the view of `a` through DLPack's capsule.");
+  // Private (python/tessera/decode.py): a graph-mode plan()'s page-table copies in one call.
+  m.def(
+      "_copy_index_arrays",
+      [](uintptr_t stream, int device, const OptRunArray& dst0, const OptRunArray& src0, int64_t n0,
+         const OptRunArray& dst1, const OptRunArray& src1, int64_t n1, const OptRunArray& dst2,
+         const OptRunArray& src2, int64_t n2, const OptRunArray& dst3, const OptRunArray& src3, int64_t n3) {
+        std::vector<IndexCopy> copies;
+        copies.reserve(4);
+        const OptRunArray* dsts[4] = {&dst0, &dst1, &dst2, &dst3};
+        const OptRunArray* srcs[4] = {&src0, &src1, &src2, &src3};
+        const int64_t ns[4] = {n0, n1, n2, n3};
+        for (int i = 0; i < 4; ++i) {
+          if (!*dsts[i] && !*srcs[i]) continue;
+          if (!*dsts[i] || !*srcs[i]) {
+            throw tessera::Error(StatusCode::kInvalidArgument, "_copy_index_arrays: dst" + std::to_string(i) +
+                                                                   " and src" + std::to_string(i) +
+                                                                   " must be given together");
+          }
+          IndexCopy c;
+          c.dst = to_view(**dsts[i], "dst");
+          c.src = to_view(**srcs[i], "src");
+          c.n = ns[i];
+          copies.push_back(c);
+        }
+        return copy_index_arrays(stream, device, copies);
+      },
+      "stream"_a, "device"_a, "dst0"_a.none(), "src0"_a.none(), "n0"_a, "dst1"_a.none() = nb::none(),
+      "src1"_a.none() = nb::none(), "n1"_a = 0, "dst2"_a.none() = nb::none(), "src2"_a.none() = nb::none(),
+      "n2"_a = 0, "dst3"_a.none() = nb::none(), "src3"_a.none() = nb::none(), "n3"_a = 0,
+      "Private: copies the first n_i entries of each int32 1-D contiguous src_i into dst_i (pairs given as None "
+      "skipped) on `stream` of GPU `device`: dst on that GPU or in host memory, src in host memory (staged "
+      "through pinned memory, so it may be reused at once) or on that GPU. All or nothing: returns False with "
+      "nothing copied when a pair does not fit these rules or the stream is capturing (copy with PyTorch then).");
   m.def(
       "alibi_slopes",
       [](int64_t num_heads) {
@@ -1052,7 +1403,7 @@ NB_MODULE(_C, m) {
   decode
       .def(
           "plan",
-          [](tessera::BatchDecodeWrapper& w, const Array& kv_indptr, const Array& last_page_len, int64_t page_size,
+          [](tessera::BatchDecodeWrapper& w, const RunArray& kv_indptr, const RunArray& last_page_len, int64_t page_size,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale,
              uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
              double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
@@ -1079,8 +1430,8 @@ NB_MODULE(_C, m) {
           "used).")
       .def(
           "run",
-          [](tessera::BatchDecodeWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
-             const OptArray& kv, Layout layout, const Array& indices, const Array& o, const OptArray& lse,
+          [](tessera::BatchDecodeWrapper& w, const RunArray& q, const OptRunArray& k, const OptRunArray& v,
+             const OptRunArray& kv, Layout layout, const RunArray& indices, const RunArray& o, const OptRunArray& lse,
              uintptr_t stream, const std::optional<DType>& kv_dtype) {
             const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
             const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
@@ -1097,8 +1448,8 @@ NB_MODULE(_C, m) {
   prefill_paged
       .def(
           "plan",
-          [](tessera::BatchPrefillPagedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
-             const Array& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
+          [](tessera::BatchPrefillPagedWrapper& w, const RunArray& qo_indptr, const RunArray& kv_indptr,
+             const RunArray& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
              int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
              const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
              const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo,
@@ -1130,8 +1481,8 @@ NB_MODULE(_C, m) {
           "bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.")
       .def(
           "run",
-          [](tessera::BatchPrefillPagedWrapper& w, const Array& q, const OptArray& k, const OptArray& v,
-             const OptArray& kv, Layout layout, const Array& indices, const Array& o, const OptArray& lse,
+          [](tessera::BatchPrefillPagedWrapper& w, const RunArray& q, const OptRunArray& k, const OptRunArray& v,
+             const OptRunArray& kv, Layout layout, const RunArray& indices, const RunArray& o, const OptRunArray& lse,
              uintptr_t stream, const std::optional<DType>& kv_dtype) {
             const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
             const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
@@ -1148,7 +1499,7 @@ NB_MODULE(_C, m) {
   prefill_ragged
       .def(
           "plan",
-          [](tessera::BatchPrefillRaggedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
+          [](tessera::BatchPrefillRaggedWrapper& w, const RunArray& qo_indptr, const RunArray& kv_indptr,
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
              uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
              double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device,
@@ -1179,8 +1530,8 @@ NB_MODULE(_C, m) {
           "custom_mask_indptr as for BatchPrefillPagedWrapper.plan.")
       .def(
           "run",
-          [](tessera::BatchPrefillRaggedWrapper& w, const Array& q, const Array& k, const Array& v, const Array& o,
-             const OptArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype) {
+          [](tessera::BatchPrefillRaggedWrapper& w, const RunArray& q, const RunArray& k, const RunArray& v,
+             const RunArray& o, const OptRunArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype) {
             const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
                              tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
             DeviceGuard guard(tq);
@@ -1198,8 +1549,8 @@ NB_MODULE(_C, m) {
   mla_runtime
       .def(
           "plan",
-          [](tessera::BatchMLAPagedWrapper& w, const Array& qo_indptr, const Array& kv_indptr,
-             const Array& last_page_len, int64_t page_size, int64_t num_heads, DType dtype, double sm_scale,
+          [](tessera::BatchMLAPagedWrapper& w, const RunArray& qo_indptr, const RunArray& kv_indptr,
+             const RunArray& last_page_len, int64_t page_size, int64_t num_heads, DType dtype, double sm_scale,
              bool causal, uintptr_t stream, int device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "kv_indptr"),
                              lp = to_view(last_page_len, "last_page_len");
@@ -1217,8 +1568,9 @@ NB_MODULE(_C, m) {
           "Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B].")
       .def(
           "run",
-          [](tessera::BatchMLAPagedWrapper& w, const Array& q_nope, const Array& q_pe, const Array& ckv,
-             const Array& kpe, const Array& kv_indices, const Array& o, const OptArray& lse, uintptr_t stream) {
+          [](tessera::BatchMLAPagedWrapper& w, const RunArray& q_nope, const RunArray& q_pe, const RunArray& ckv,
+             const RunArray& kpe, const RunArray& kv_indices, const RunArray& o, const OptRunArray& lse,
+             uintptr_t stream) {
             const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"), tc = to_view(ckv, "ckv_cache"),
                              tk = to_view(kpe, "kpe_cache"), ti = to_view(kv_indices, "kv_indices"),
                              to = to_view(o, "out"), tl = to_view(lse, "lse");
@@ -1314,8 +1666,8 @@ NB_MODULE(_C, m) {
           "variant may set logits_soft_cap only (anything position-dependent is NotImplementedError).")
       .def(
           "run",
-          [](Cascade& w, const Array& q, const std::vector<CascadeCacheArgs>& kv, const Array& o, const OptArray& lse,
-             uintptr_t stream, const std::optional<DType>& kv_dtype) {
+          [](Cascade& w, const RunArray& q, const std::vector<CascadeCacheArgs>& kv, const RunArray& o,
+             const OptRunArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype) {
             const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
             std::vector<tessera::PagedKVCache> caches;
             caches.reserve(kv.size());

@@ -45,7 +45,8 @@ from .decode import (
     fast_decode_plan,
     single_decode_with_kv_cache,
 )
-from .flex import BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
+from .flex import (BlockMask, ModTraceError, and_masks, create_block_mask, create_mask, flex_attention, flex_variant,
+                   noop_mask, or_masks)
 from .mla import BatchMLAPagedAttentionWrapper
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .quantization import packbits, segment_packbits
@@ -107,6 +108,7 @@ __all__ = [
     "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
     "flex_attention",
+    "flex_variant",
     "create_block_mask",
     "create_mask",
     "and_masks",

@@ -790,13 +790,18 @@ def _check_arity(fn: Any, n: int, what: str) -> None:
 
 
 def trace_function(fn: Any, is_score: bool, function: str, captures: List[Capture], max_captures: int,
-                   extents: Optional[Tuple[int, int, int, int]] = None) -> TracedFunction:
+                   extents: Optional[Tuple[int, int, int, int]] = None,
+                   hook_indices: bool = False) -> TracedFunction:
     """Traces one mod into the device function `function`; its captured tensors are appended to
     `captures` (shared by the functions of one variant). `extents`: (B, H, Q_LEN, KV_LEN) when
     known, so that b, h, q_idx, kv_idx carry ranges (the generated code depends on them only
     through which conversions it may shorten). The kernels also evaluate mods where the result is
     discarded (rows and columns past the end of a block or tile, missing keys as -1), so the
-    ranges reach below 0 and a tile past the lengths."""
+    ranges reach below 0 and a tile past the lengths.
+
+    `hook_indices`: b and q_idx are the hooks' own `batch` and `qo_idx` (the request and the
+    query's position in its sequence, as the plan/run wrappers run a batch in one launch) instead
+    of the variant parameters BATCH_PARAM and Q_OFFSET_PARAM that flex_attention sets per call."""
     what = "score_mod" if is_score else "mask_mod"
     _check_arity(fn, 5 if is_score else 4, what)
     t = _Trace(captures, max_captures)
@@ -824,9 +829,9 @@ def trace_function(fn: Any, is_score: bool, function: str, captures: List[Captur
         _HELPERS
         + f"__device__ __forceinline__ {ret_type} {function}(const Params& params, {sig}int batch, int h, "
         "int qo_idx, int kv_idx) {\n"
-        f"  const int b = params.{BATCH_PARAM};\n"
-        f"  const int q_idx = qo_idx - params.{Q_OFFSET_PARAM};\n"
-        "  (void)batch; (void)b; (void)h; (void)q_idx; (void)kv_idx;\n"
+        + ("  const int b = batch;\n  const int q_idx = qo_idx;\n" if hook_indices else
+           f"  const int b = params.{BATCH_PARAM};\n  const int q_idx = qo_idx - params.{Q_OFFSET_PARAM};\n")
+        + "  (void)batch; (void)b; (void)h; (void)q_idx; (void)kv_idx;\n"
         + (body + "\n" if body else "")
         + f"  return {ret};\n}}\n"
     )

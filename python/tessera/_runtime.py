@@ -121,6 +121,12 @@ class _Need:
             and self.head_dim_vo == bounds.head_dim_vo
         )
 
+    def fits_key(self, b: Tuple[int, int, int, int, int, int]) -> bool:
+        """fits() against bounds as _bounds_key gives them (plain ints: no reads from the C++ object)."""
+        same_dims = (self.head_dim == b[4] if self.head_dim_vo else self.head_dim <= b[4])
+        return (self.batch <= b[0] and self.total_qo <= b[1] and self.num_qo_heads <= b[2]
+                and self.num_kv_heads <= b[3] and same_dims and self.head_dim_vo == b[5])
+
     def describe(self) -> str:
         vo = f", head_dim_vo={self.head_dim_vo}" if self.head_dim_vo else ""
         return (
@@ -138,6 +144,11 @@ def _bounds(C: Any, batch: int, total_qo: int, hq: int, hkv: int, d: int, d_vo: 
     b.head_dim = int(d)
     b.head_dim_vo = int(d_vo)
     return b
+
+
+def _bounds_key(b: Any) -> Tuple[int, int, int, int, int, int]:
+    """The fields of a RuntimeBounds that _Need.fits reads, as plain ints."""
+    return (b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads, b.num_kv_heads, b.head_dim, b.head_dim_vo)
 
 
 def _describe_bounds(b: Any) -> str:
@@ -163,6 +174,9 @@ class _RuntimeHolder:
         self.bounds: Optional[Any] = None
         self.options_key: Optional[Tuple[Any, ...]] = None
         self.builds = 0  # how many times the C++ object was (re)built, for tests
+        # (bounds, _bounds_key(bounds)): the bounds' fields read once per bounds object (each read
+        # of the C++ object's fields is a call into the bindings, at every plan).
+        self._fit: Tuple[Any, Any] = (None, None)
 
     def workspace_bytes(self) -> int:
         ws = self.workspace
@@ -186,21 +200,25 @@ class _RuntimeHolder:
         key = (split_kv, int(fixed_split_size), (dtype, kv_dtype) if self.use_cuda_graph else None)
 
         # The runtime of the last plan, when it serves this one too (every step of a serving loop).
-        if self.cpp is not None and self.bounds is not None:
+        bounds = self.bounds
+        if self.cpp is not None and bounds is not None:
+            fit = self._fit
+            if fit[0] is not bounds:
+                fit = self._fit = (bounds, _bounds_key(bounds))
             if self.use_cuda_graph:
                 if key != self.options_key:
                     raise ValueError(
                         "use_cuda_graph: this plan changes the dtype or the split options "
                         f"({key}) the wrapper was built for ({self.options_key}); build a new wrapper"
                     )
-                if not need.fits(self.bounds):
+                if not need.fits_key(fit[1]):
                     raise ValueError(
                         f"use_cuda_graph: this plan ({need.describe()}) exceeds the bounds the wrapper was "
                         f"built for ({_describe_bounds(self.bounds)}); the preallocated buffers and the first "
                         "plan fix them"
                     )
                 return self.cpp
-            if key == self.options_key and need.fits(self.bounds):
+            if key == self.options_key and need.fits_key(fit[1]):
                 return self.cpp
 
         C = U._C()

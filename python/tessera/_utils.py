@@ -165,19 +165,19 @@ class Variant:
                              "(pass return_lse=False)")
 
     def check_runtime(self) -> None:
-        """The plan/run runtime merges split KV chunks by their log-sum-exp and compiles only the
-        built-in softmax variants: sigmoid attention and user variants are NotImplementedError in
-        the wrappers' plan() (the C++ runtime raises kUnsupported for them too)."""
+        """The plan/run runtime merges split KV chunks by their log-sum-exp: sigmoid attention and
+        user variants with use_softmax=False are NotImplementedError in the wrappers' plan() (the
+        C++ runtime raises kUnsupported for them too). Softmax user variants run (a user
+        output_transform fails its kernel's compile at the first run(), naming the hook)."""
         single = "use single_decode_with_kv_cache / single_prefill_with_kv_cache (one request per call)"
         if self.sigmoid:
             raise NotImplementedError(
                 "use_sigmoid=True is not supported by the plan/run wrappers: sigmoid attention has no log-sum-exp by "
                 f"which the runtime merges split KV chunks (supported: use_sigmoid=False); {single}")
-        if self.user is not None:
+        if self.user is not None and not self.user.use_softmax:
             raise NotImplementedError(
-                f"variant={self.user!r} is not supported by the plan/run wrappers: the runtime compiles only the "
-                f"built-in variants (supported: variant=None); {single}, or tessera.flex_attention for masks and "
-                "score mods")
+                f"variant={self.user!r} has use_softmax=False, which the plan/run wrappers do not support: the "
+                f"runtime merges split KV chunks by their log-sum-exp (supported: softmax variants); {single}")
 
     def check_tensors(self, q_rope_offset: Any, k_rope_offset: Any, batch: int, device: Any) -> None:
         """The RoPE offsets (check_rope_offset) and a user variant's tensor parameters, against a
@@ -908,6 +908,34 @@ def current_stream(device: "torch.device") -> int:
     stream = int(torch.cuda.current_stream(device).cuda_stream)
     _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return stream
+
+
+_COPY_INDEX_ARRAYS: Any = None  # tessera._C._copy_index_arrays, or False when this build has none
+
+
+def copy_index_arrays(stream: int, device: "torch.device", *copies: Any) -> bool:
+    """Copies of int32 index arrays into preallocated buffers (a graph-mode plan()'s page table):
+    ``copies`` = (dst, src, n, ...), up to four triples, the first n entries of src into dst, on
+    `stream` of `device`, in one call of tessera._C._copy_index_arrays (its host sources staged
+    through pinned memory, so they may be reused at once, as after PyTorch's copy from pageable
+    memory). True when done; False, with nothing copied, when the binding does not take them (a
+    non-contiguous or wrong-typed array, another device, a capturing stream, host sources beyond
+    its staging, a build without it, an array it cannot convert): the caller copies with torch
+    then. Only for non_blocking copies (torch's blocking ones also wait for the stream).
+    Tensor arguments are read through the runtime bindings' direct export (module.cpp, RunArray)."""
+    global _COPY_INDEX_ARRAYS
+    fn = _COPY_INDEX_ARRAYS
+    if fn is None:
+        fn = _COPY_INDEX_ARRAYS = getattr(_C(), "_copy_index_arrays", False)
+    if fn is False:
+        return False
+    # A plan's device is the workspace's, a GPU; a host one only under the CPU stand-ins of tests and
+    # bench/host_standin.py, where the binding copies host arrays with memcpy (device -1: no GPU).
+    index = device.index if device.type == "cuda" else -1
+    try:
+        return fn(stream, index if index is not None else _torch().cuda.current_device(), *copies)
+    except (TypeError, ValueError):  # an array the binding does not convert (raised before any copy)
+        return False
 
 
 def call(fn: Any, device_tensor: "torch.Tensor", *args: Any, **kwargs: Any) -> Any:

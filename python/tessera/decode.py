@@ -438,9 +438,14 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
                 k_rope_offset[b]``. The wrapper keeps them (with ``use_cuda_graph`` copied into a
                 buffer of its own) for the runs of the plan.
             num_sink_tokens: attention sinks with the sliding window (``window_left >= 0``).
-            use_sigmoid, sigmoid_bias, variant: NotImplementedError unless left at their defaults
-                (the runtime merges split KV chunks by their log-sum-exp and compiles only the
-                built-in variants; :func:`single_decode_with_kv_cache` runs them).
+            variant: a softmax :class:`tessera.VariantSpec` (CUDA C++ hooks, or
+                :func:`tessera.flex_variant` of a score_mod / mask_mod, whose ``b`` is the request
+                and ``q_idx`` the query's position in its sequence); compiled at the first run.
+                One with ``use_softmax=False`` is NotImplementedError, and one that defines
+                ``output_transform`` fails its compile (the runtime merges split KV chunks by their
+                log-sum-exp); :func:`single_decode_with_kv_cache` runs them.
+            use_sigmoid, sigmoid_bias: NotImplementedError unless left at their defaults (no
+                log-sum-exp to merge by; :func:`single_decode_with_kv_cache` runs them).
 
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
@@ -537,13 +542,21 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
             assert self._paged_kv_indices_buf is not None
             assert self._paged_kv_indptr_buf is not None and self._paged_kv_last_page_len_buf is not None
             self._graph_q_len = q_len
-            views = self._graph_views
-            if indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
-                src = indices if indices.shape[0] == num_pages else indices[:num_pages]
-                views.get(self._paged_kv_indices_buf, num_pages).copy_(src, non_blocking=True)
-            if fill_graph_page_table:
-                views.get(self._paged_kv_indptr_buf, batch + 1).copy_(indptr_host, non_blocking=non_blocking)
-                views.get(self._paged_kv_last_page_len_buf, batch).copy_(last_page_len_host, non_blocking=non_blocking)
+            # The page ids into their buffer (run() reads it) and, unless fast_decode_plan, indptr and
+            # last_page_len into theirs: in one call of the bindings (U.copy_index_arrays) when it can,
+            # else with a torch copy each.
+            if not (non_blocking and U.copy_index_arrays(
+                    stream, device, self._paged_kv_indices_buf, indices, num_pages,
+                    *((self._paged_kv_indptr_buf, indptr_host, batch + 1, self._paged_kv_last_page_len_buf,
+                       last_page_len_host, batch) if fill_graph_page_table else ()))):
+                views = self._graph_views
+                if indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                    src = indices if indices.shape[0] == num_pages else indices[:num_pages]
+                    views.get(self._paged_kv_indices_buf, num_pages).copy_(src, non_blocking=True)
+                if fill_graph_page_table:
+                    views.get(self._paged_kv_indptr_buf, batch + 1).copy_(indptr_host, non_blocking=non_blocking)
+                    views.get(self._paged_kv_last_page_len_buf, batch).copy_(last_page_len_host,
+                                                                            non_blocking=non_blocking)
             run_indices = self._paged_kv_indices_buf
         else:
             run_indices = indices if indices.device == device else indices.to(device, non_blocking=True)
@@ -552,16 +565,20 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         q_offset, k_offset = self._rope_offsets.plan_tensors(
             U.rope_offset_tensor(q_rope_offset, device), U.rope_offset_tensor(k_rope_offset, device), batch, device)
         fp8 = U.is_fp8(kv_dtype)
-        plan_kwargs = dict(kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
-                           **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
-                           **options.kwargs(self._alibi_slopes, q_offset, k_offset))
+        if fp8 or not options.is_default():
+            plan_kwargs = dict(kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
+                               **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
+                               **options.kwargs(self._alibi_slopes, q_offset, k_offset))
+        else:
+            plan_kwargs = _DEFAULT_PLAN_KWARGS  # what the lines above give then
+        device_index = device.index if device.index is not None else U.device_index(self._float_workspace_buffer)
         if q_len == 1:
             cpp.plan(indptr_host, last_page_len_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
-                     U.device_index(self._float_workspace_buffer), **plan_kwargs)
+                     device_index, **plan_kwargs)
         else:
             qo_indptr_host = U._torch().arange(batch + 1, dtype=U._torch().int32) * q_len
             cpp.plan(qo_indptr_host, indptr_host, last_page_len_host, page_size, hq, hkv, d, U.tessera_dtype(dtype),
-                     scale, True, stream, U.device_index(self._float_workspace_buffer), **plan_kwargs)
+                     scale, True, stream, device_index, **plan_kwargs)
         self._planned = {
             "batch": batch,
             "q_len_per_req": q_len,
@@ -577,8 +594,9 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
             "sm_scale": scale,
             "window_left": options.window_left,
             **_run_fields(device, self._kv_layout, hkv, d, d, page_size, kv_dtype,
-                          q_rows=(graph_rows if graph_rows is not None else batch * q_len) if q_len > 1 else None),
+                          (graph_rows if graph_rows is not None else batch * q_len) if q_len > 1 else None, dtype, hq),
         }
+        self._planned["run_fast"] = _paged_run_constants(self._planned, cpp)
 
     def run(
         self,
@@ -618,11 +636,21 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         Returns:
             ``out`` or ``(out, lse)``.
         """
+        p = self._planned
+        # The common call (q, the cache, perhaps out; nothing else) on a plan with a 16-bit cache:
+        # _paged_run_fast, or None when anything differs from what the plan expects (the path below
+        # then checks and names it).
+        if (p is not None and not args and q_scale is None and k_scale is None and v_scale is None and not return_lse
+                and window_left is None and (R._OPS is None or not R._IS_COMPILING())):
+            fast = p.get("run_fast")
+            if fast is not None:
+                result = _paged_run_fast(fast, q, paged_kv_cache, out)
+                if result is not None:
+                    return result
         if args:
             U.check_no_extra_args(args)
         if q_scale is not None:
             U.check_scale("q_scale", q_scale)
-        p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this step's page table first")
         if window_left is not None:
@@ -662,13 +690,20 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
                          paged_kv_last_page_len_buffer=last_page_len_buffer)
 
 
+# The plan keywords of a 16-bit cache and the default variant (never modified: passed as **kwargs).
+_DEFAULT_PLAN_KWARGS: Dict[str, Any] = {"kv_dtype": None}
+
+
 @functools.lru_cache(maxsize=64)
 def _run_fields(device: Any, kv_layout: str, num_kv_heads: int, head_dim: int, head_dim_vo: int,
-                page_size: Optional[int], kv_dtype: Any, q_rows: Optional[int] = None) -> Dict[str, Any]:
+                page_size: Optional[int], kv_dtype: Any, q_rows: Optional[int] = None, dtype: Any = None,
+                num_qo_heads: Optional[int] = None) -> Dict[str, Any]:
     """What run() compares and passes on its fast path, computed once per plan (entries of the
     plan dict): the workspace's device (q, the cache and out must be on it), v's / o's head dim, the
     exact query rows when the plan fixes them (q_len_per_req > 1) or None, a page's K and V shape
-    in the layout (paged wrappers), the layout and K/V dtype as the bindings take them. Memoised
+    in the layout (paged wrappers), the layout and K/V dtype as the bindings take them; with q's
+    dtype and num_qo_heads given, a paged plan's run_static: the part of _paged_run_fast's
+    constants (_paged_run_constants) that depends on these alone, None for an fp8 cache. Memoised
     (plans repeat their shapes): the caller copies the entries, never modifies the dict."""
     fp8 = U.is_fp8(kv_dtype)
     if page_size is None:
@@ -677,7 +712,14 @@ def _run_fields(device: Any, kv_layout: str, num_kv_heads: int, head_dim: int, h
         k_page, v_page = (page_size, num_kv_heads, head_dim), (page_size, num_kv_heads, head_dim_vo)
     else:
         k_page, v_page = (num_kv_heads, page_size, head_dim), (num_kv_heads, page_size, head_dim_vo)
+    run_static = None
+    if k_page is not None and dtype is not None and num_qo_heads is not None and not fp8:
+        torch = U._torch()
+        run_static = (torch.Tensor, device, dtype, num_qo_heads, head_dim, head_dim_vo, q_rows, k_page, v_page,
+                      k_page == v_page, kv_dtype, U.check_kv_layout(kv_layout), torch.empty_like,
+                      torch.contiguous_format)
     return {
+        "run_static": run_static,
         "device": device,
         "head_dim_vo": head_dim_vo,
         "q_rows": q_rows,
@@ -816,6 +858,73 @@ def _paged_run(
     return (out, lse) if return_lse else out
 
 
+def _paged_run_constants(p: Dict[str, Any], cpp: Any) -> Optional[Tuple[Any, ...]]:
+    """What _paged_run_fast compares and passes, once per plan (decode or paged prefill): the
+    plan's run_static (_run_fields) and its page ids, host page-id check and C++ runtime's bound
+    run method; None when the plan has no run_static (an fp8 cache, whose run() fills the scale
+    buffer). The bound method is safe to keep: a wrapper replaces its runtime only in plan(), which
+    makes a new plan (and these) or leaves none."""
+    static = p["run_static"]
+    if static is None:
+        return None
+    return static + (p["indices"], p["host_indices"], cpp.run)
+
+
+def _paged_run_fast(f: Tuple[Any, ...], q: Any, paged_kv_cache: Any, out: Any) -> Any:
+    """run(q, paged_kv_cache[, out=out]) of a paged wrapper in its common case, in as few operations
+    as it takes: q, out and the cache of exactly torch.Tensor (subclasses take the full path), of
+    the plan's dtypes, shapes (a page's shape in the layout; q's rows when the plan fixes them) and
+    device. Returns out, or None with nothing done when anything differs (then the full path, which
+    names what is wrong, runs; the page-id check below raises its own error, as the full path's).
+    The conditions are those of _check_run_queries' and _paged_cache_fast's fast paths, for one
+    cache of 16-bit K/V (f from _paged_run_constants) and no lse."""
+    (tensor, device, dtype, hq, d, dv, q_rows, k_page, v_page, one_tensor_ok, kv_dtype, layout_arg, empty_like,
+     contiguous, indices, host_ids, run) = f
+    if type(q) is not tensor or q.dtype != dtype or q.device != device:
+        return None
+    s = q.shape
+    if len(s) != 3 or s[1] != hq or s[2] != d or (q_rows is not None and s[0] != q_rows):
+        return None
+    if out is not None:
+        if type(out) is not tensor or out.dtype != dtype or out.device != device:
+            return None
+        os = out.shape
+        if len(os) != 3 or os[0] != s[0] or os[1] != hq or os[2] != dv:
+            return None
+    if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
+        k, v = paged_kv_cache
+        if type(k) is not tensor or type(v) is not tensor:
+            return None
+        ks, vs = k.shape, v.shape
+        if not (len(ks) == 4 and len(vs) == 4 and ks[1] == k_page[0] and ks[2] == k_page[1] and ks[3] == k_page[2]
+                and vs[0] == ks[0] and vs[1] == v_page[0] and vs[2] == v_page[1] and vs[3] == v_page[2]
+                and k.dtype == kv_dtype and v.dtype == kv_dtype and k.device == device and v.device == device):
+            return None
+        kv = None
+        num_pages = ks[0]
+    elif type(paged_kv_cache) is tensor and one_tensor_ok:
+        kv = paged_kv_cache
+        cs = kv.shape
+        if not (len(cs) == 5 and cs[1] == 2 and cs[2] == k_page[0] and cs[3] == k_page[1] and cs[4] == k_page[2]
+                and kv.dtype == kv_dtype and kv.device == device):
+            return None
+        k = v = None
+        num_pages = cs[0]
+    else:
+        return None
+    host_ids.check(num_pages)  # page ids plan() had on the host, against this cache
+    if out is None:
+        # q's shape, dtype and device, contiguous: torch.empty((rows, hq, d), dtype, device) in fewer steps.
+        out = (empty_like(q, memory_format=contiguous) if dv == d
+               else U._torch().empty((s[0], hq, dv), dtype=dtype, device=device))
+    stream = U.current_stream(device)
+    try:
+        run(q, k, v, kv, layout_arg, indices, out, None, stream, kv_dtype=None)
+    except TypeError:  # the binding refused an argument: as U.launch
+        U.call(run, q, q, k, v, kv, layout_arg, indices, out, None, stream, kv_dtype=None)
+    return out
+
+
 def _detached(t: Any) -> Any:
     return None if t is None else t.detach()
 
@@ -892,10 +1001,12 @@ def _check_run_queries(
         if (len(s) == 3 and s[1] == hq and s[2] == d and q.dtype == dtype and q.device == device
                 and (q_rows is None or s[0] == q_rows)):
             rows = s[0]
-            out_shape = (rows, hq, p["head_dim_vo"])
+            dv = p["head_dim_vo"]
+            out_shape = (rows, hq, dv)
             if out is None:
-                if allocate:
-                    out = torch.empty(out_shape, dtype=dtype, device=device)
+                if allocate:  # q's shape, dtype and device when dv == d: empty_like parses less
+                    out = (torch.empty_like(q, memory_format=torch.contiguous_format) if dv == d
+                           else torch.empty(out_shape, dtype=dtype, device=device))
             elif not (isinstance(out, torch.Tensor) and out.shape == out_shape and out.dtype == dtype
                       and out.device == device):
                 out = _check_run_out(q, out, p)

@@ -40,6 +40,7 @@ __all__ = [
     "noop_mask",
     "BlockMask",
     "ModTraceError",
+    "flex_variant",
 ]
 
 _DEFAULT_SPARSE_BLOCK_SIZE = 128
@@ -556,6 +557,59 @@ def _aux_output(lse: Any) -> Any:
         from collections import namedtuple
 
         return namedtuple("AuxOutput", ["lse", "max_scores"])(lse, None)
+
+
+# --- mods as a variant of the other entry points ------------------------------------------------
+
+# Every parameter slot is free for captures here: b and q_idx come from the hooks' own arguments.
+_MAX_VARIANT_CAPTURES = 16
+
+
+def flex_variant(score_mod: Optional[Callable[..., Any]] = None, mask_mod: Optional[Callable[..., Any]] = None,
+                 name: Optional[str] = None) -> Any:
+    """A :class:`tessera.VariantSpec` from FlexAttention-style mods, for ``variant=`` of the
+    plan/run wrappers (paged and ragged prefill, decode; FlashInfer's custom-variant role) and of
+    the single-request functions.
+
+    The mods are traced once here, as :func:`flex_attention` traces them, into the variant's
+    ``logits_mask`` and ``logits_transform`` hooks; their captured tensors become its parameters
+    (keep them alive and unchanged, or changed in place on purpose, while a plan uses the variant).
+    Indices as a batch call sees them: ``b`` is the request, ``h`` the query head, ``q_idx`` the
+    query's position in its sequence (``kv_len - qo_len + i``, the position the wrappers' causal
+    mask uses) and ``kv_idx`` the key's. (:func:`flex_attention`, one sequence of ``L`` queries,
+    counts ``q_idx`` from 0 instead; the two agree when the queries are the whole sequence.)
+
+    Args:
+        score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` or None.
+        mask_mod: ``(b, h, q_idx, kv_idx) -> bool`` or None (``noop_mask`` counts as None).
+        name: the variant's name (default ``"flex:<mod names>"``).
+
+    Raises:
+        ValueError: neither mod given; ModTraceError (a NotImplementedError): a construct the
+        tracer cannot follow, naming the operation and the line of the mod.
+    """
+    from .variant import VariantSpec
+
+    if mask_mod is not None and _is_noop(mask_mod):
+        mask_mod = None
+    if score_mod is None and mask_mod is None:
+        raise ValueError("flex_variant: score_mod and mask_mod are both None (or noop_mask), expected at least one mod")
+    captures: List[Capture] = []
+    mask_fn = (trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_VARIANT_CAPTURES, None,
+                              hook_indices=True) if mask_mod is not None else None)
+    score_fn = (trace_function(score_mod, True, "tessera_score_mod", captures, _MAX_VARIANT_CAPTURES, None,
+                               hook_indices=True) if score_mod is not None else None)
+    source = ""
+    if mask_fn is not None:
+        source += (mask_fn.source + "bool logits_mask(const Params& params, int batch, int qo_idx, int kv_idx, "
+                   "int qo_head, int kv_head) {\n  return tessera_mask_mod(params, batch, qo_head, qo_idx, kv_idx);\n}\n")
+    if score_fn is not None:
+        source += (score_fn.source + "float logits_transform(const Params& params, float logits, int batch, "
+                   "int qo_idx, int kv_idx, int qo_head, int kv_head) {\n"
+                   "  return tessera_score_mod(params, logits, batch, qo_head, qo_idx, kv_idx);\n}\n")
+    if name is None:
+        name = _variant_name(mask_mod, score_mod)
+    return VariantSpec._traced(name, source, {c.name: c.byte_view() for c in captures})
 
 
 def _variant_name(mask_mod: Any, score_mod: Any) -> str:

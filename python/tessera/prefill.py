@@ -42,6 +42,8 @@ from .decode import (
     _op_results,
     _paged_run,
     _paged_run_compiled,
+    _paged_run_constants,
+    _paged_run_fast,
     _run_fields,
     _run_kv_scales,
 )
@@ -556,9 +558,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 ``j + k_rope_offset[b]``; kept by the wrapper for the runs of the plan (with
                 ``use_cuda_graph`` copied into a buffer of its own).
             num_sink_tokens: attention sinks with the sliding window (``window_left >= 0``).
-            use_sigmoid, sigmoid_bias, variant: NotImplementedError unless left at their defaults
-                (the runtime merges split KV chunks by their log-sum-exp and compiles only the
-                built-in variants; :func:`single_prefill_with_kv_cache` runs them).
+            variant: a softmax :class:`tessera.VariantSpec` (CUDA C++ hooks, or
+                :func:`tessera.flex_variant` of a score_mod / mask_mod, whose ``b`` is the request
+                and ``q_idx`` the query's position in its sequence); compiled at the first run.
+                One with ``use_softmax=False`` is NotImplementedError, and one that defines
+                ``output_transform`` fails its compile (the runtime merges split KV chunks by their
+                log-sum-exp); :func:`single_prefill_with_kv_cache` runs them.
+            use_sigmoid, sigmoid_bias: NotImplementedError unless left at their defaults (no
+                log-sum-exp to merge by; :func:`single_prefill_with_kv_cache` runs them).
 
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
@@ -622,11 +629,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         if self._use_cuda_graph:
             assert self._paged_kv_indices_buf is not None and self._qo_indptr_buf is not None
             assert self._paged_kv_indptr_buf is not None and self._paged_kv_last_page_len_buf is not None
-            if paged_kv_indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
-                self._paged_kv_indices_buf[:num_pages].copy_(paged_kv_indices[:num_pages], non_blocking=True)
-            self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
-            self._paged_kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
-            self._paged_kv_last_page_len_buf[:batch].copy_(last_host, non_blocking=non_blocking)
+            # In one call of the bindings when it can (U.copy_index_arrays), else a torch copy each.
+            if not (non_blocking and U.copy_index_arrays(
+                    U.current_stream(device), device, self._paged_kv_indices_buf, paged_kv_indices, num_pages,
+                    self._qo_indptr_buf, qo_host, batch + 1, self._paged_kv_indptr_buf, kv_host, batch + 1,
+                    self._paged_kv_last_page_len_buf, last_host, batch)):
+                if paged_kv_indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                    self._paged_kv_indices_buf[:num_pages].copy_(paged_kv_indices[:num_pages], non_blocking=True)
+                self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
+                self._paged_kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
+                self._paged_kv_last_page_len_buf[:batch].copy_(last_host, non_blocking=non_blocking)
             run_indices = self._paged_kv_indices_buf
         else:
             run_indices = (paged_kv_indices if paged_kv_indices.device == device
@@ -656,8 +668,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "causal": causal,
             "sm_scale": scale,
             "window_left": options.window_left,
-            **_run_fields(device, self._kv_layout, hkv, d, dv, page_size, kv_dtype),
+            **_run_fields(device, self._kv_layout, hkv, d, dv, page_size, kv_dtype, None, dtype, hq),
         }
+        self._planned["run_fast"] = _paged_run_constants(self._planned, cpp)
 
     begin_forward = plan
 
@@ -691,11 +704,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         Returns:
             ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
         """
+        p = self._planned
+        # The common call, as in BatchDecodeWithPagedKVCacheWrapper.run.
+        if (p is not None and not args and q_scale is None and k_scale is None and v_scale is None and not return_lse
+                and window_left is None and (R._OPS is None or not R._IS_COMPILING())):
+            fast = p.get("run_fast")
+            if fast is not None:
+                result = _paged_run_fast(fast, q, paged_kv_cache, out)
+                if result is not None:
+                    return result
         if args:
             U.check_no_extra_args(args)
         if q_scale is not None:
             U.check_scale("q_scale", q_scale)
-        p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
         if window_left is not None:
@@ -905,8 +926,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         device = self._float_workspace_buffer.device
         if self._use_cuda_graph:
             assert self._qo_indptr_buf is not None and self._kv_indptr_buf is not None
-            self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
-            self._kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
+            if not (non_blocking and U.copy_index_arrays(U.current_stream(device), device, self._qo_indptr_buf,
+                                                         qo_host, batch + 1, self._kv_indptr_buf, kv_host,
+                                                         batch + 1)):
+                self._qo_indptr_buf[: batch + 1].copy_(qo_host, non_blocking=non_blocking)
+                self._kv_indptr_buf[: batch + 1].copy_(kv_host, non_blocking=non_blocking)
         self._alibi_slopes = U.alibi_slopes(hq, device) if options.alibi else None
         q_offset, k_offset = self._rope_offsets.plan_tensors(
             U.rope_offset_tensor(q_rope_offset, device), U.rope_offset_tensor(k_rope_offset, device), batch, device)

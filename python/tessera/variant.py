@@ -8,9 +8,10 @@ through a softmax. Pass it as ``variant=`` to :func:`tessera.single_decode_with_
 describe FlashInfer's own JIT modules, whose semantics differ). Its source is compiled with NVRTC
 for the current GPU on first use and cached in memory and on disk (docs/jit-cache.md), the path
 the FlexAttention front end's traced mods take (tessera.flex: the extension builds the same C++
-``VariantSpec`` from the name, source and parameter list). The plan/run wrappers do not run user
-variants (the C++ runtime compiles only the built-in variants): their ``plan(variant=...)`` raises
-``NotImplementedError``.
+``VariantSpec`` from the name, source and parameter list). The plan/run wrappers take softmax
+user variants as ``plan(variant=...)`` (the runtime merges split KV chunks by their log-sum-exp:
+``use_softmax=False`` raises ``NotImplementedError`` there and an ``output_transform`` fails its
+kernel's compile); :func:`tessera.flex_variant` builds one from FlexAttention-style mods.
 
 The hooks (every index an ``int``; ``Params`` is the struct generated from ``params``):
 
@@ -140,6 +141,22 @@ class VariantSpec:
             if isinstance(value, torch.Tensor) and value.device != device:
                 raise ValueError(f"VariantSpec {self._name!r}: params[{key!r}] is on {value.device}, expected {device} "
                                  "(the device of q)")
+
+    @classmethod
+    def _traced(cls, name: str, source: str, params: Dict[str, Any]) -> "VariantSpec":
+        """A variant of traced mods (tessera.flex_variant): its tensor parameters are the
+        captures' byte views, which the generated code indexes at the captured strides, so they
+        need not be contiguous (the other checks hold)."""
+        spec = cls(name, source)
+        checked: Dict[str, ParamValue] = {}
+        for key, value in params.items():
+            if _is_tensor(value) and not value.is_contiguous():
+                _check_param(key, value.as_strided((1,), (1,)))  # dtype, device: the view's own
+                checked[key] = value
+            else:
+                checked[key] = _check_param(key, value)
+        spec._params = checked
+        return spec
 
     def _variant_args(self) -> Dict[str, Any]:
         """The user_* keywords of tessera._C.VariantArgs (the extension builds the C++ VariantSpec,

@@ -5,9 +5,13 @@ run() of the paged and ragged wrappers first compares q, out, lse and the KV cac
 the plan computed once (its device, dtypes, head counts, a page's shape); whatever differs goes
 through the full checks, which name the argument. Here every input of a table of good and bad
 ones gets the same outcome (the same exception type and message, or the same arguments handed to
-the runtime) with the fast path and with the full checks alone (the plan without its "device"
-entry, which the fast paths need). The runtime classes are stand-ins that record their calls, as in
-test_wrapper_options.py; no GPU is needed.
+the runtime) with the fast paths and with the full checks alone (the plan without its "device"
+and "run_fast" entries, which the fast paths need). The runtime classes are stand-ins that record
+their calls, as in test_wrapper_options.py; no GPU is needed.
+
+The last part checks what the fast paths keep between calls (each plan's constants, the
+runtime's bounds as ints) and the bindings they use: the direct export of torch tensors (the same
+views as DLPack's capsule) and the graph-mode plan's page-table copies (tessera._C._copy_index_arrays).
 """
 
 import pytest
@@ -75,7 +79,7 @@ def _both_ways(w, call):
     """The outcome of call() with the plan as made (fast paths on) and with the full checks alone,
     each with what the stand-in runtime received."""
     planned = w._planned
-    slow = {k: v for k, v in planned.items() if k != "device"}
+    slow = {k: v for k, v in planned.items() if k not in ("device", "run_fast")}
     results = []
     for p in (planned, slow):
         w._planned = p
@@ -355,3 +359,277 @@ def test_good_calls_take_the_fast_path(stand_ins, monkeypatch, wrapper):
     out, lse = w.run(*args, return_lse=True)
     assert out.shape == (args[0].shape[0], 8, 128) and lse.shape == (args[0].shape[0], 8)
     assert len(w._holder.cpp.runs) == 2
+
+
+# --- what the fast paths keep, and the bindings they call (W12) ---------------------------------
+
+
+def test_run_fast_path_follows_each_plan(stand_ins):
+    # The fast path's constants are the plan's: a new plan (other page ids, another dtype) replaces
+    # them, and a run() against the old plan's expectations fails with the full path's error.
+    w = D(_ws())
+    _decode_plan(w)
+    k, v = _pages(n=4)
+    w.run(_q(), (k, v))
+    first = w._holder.cpp.runs[-1][0][5]
+    assert first.tolist() == [0, 1, 2]
+    _decode_plan(w, indices=_i32([3, 2, 1]))
+    w.run(_q(), (k, v))
+    assert w._holder.cpp.runs[-1][0][5].tolist() == [3, 2, 1]
+    assert w._planned["run_fast"] is not None
+    _decode_plan(w, q_data_type=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"q.dtype = torch.float16, but the plan was made for q_data_type = torch.bfloat16"):
+        w.run(_q(), (k, v))
+    bf = _pages(n=4, dtype=torch.bfloat16)
+    assert w.run(_q(dtype=torch.bfloat16), bf).dtype == torch.bfloat16
+    # A page id beyond a smaller cache is still caught (the host ids' check, once per page count).
+    _decode_plan(w, indices=_i32([0, 1, 3]))
+    with pytest.raises(ValueError, match=r"indices\[2\] = 3 is out of range \[0, 3\)"):
+        w.run(_q(), _pages(n=3))
+
+
+def test_run_queries_the_stream_at_every_call(stand_ins, monkeypatch):
+    # PyTorch's current stream can change between calls: it is never kept.
+    streams = iter(range(100, 200))
+    monkeypatch.setattr(U, "current_stream", lambda device: next(streams))
+    for wrapper in (D(_ws()), G(_ws(), _i32([0] * 3), _i32([0] * 4), _i32([0] * 2))):
+        _decode_plan(wrapper)
+        k, v = _pages()
+        wrapper.run(_q(), (k, v))
+        wrapper.run(_q(), (k, v), out=torch.zeros(2, 8, 128, dtype=F16))
+        a, b = (args[8] for args, _ in wrapper._holder.cpp.runs[-2:])
+        assert a != b
+
+
+def test_fast_path_out_is_what_the_full_path_allocates(stand_ins):
+    # out is allocated contiguous, whatever q's strides (as torch.empty of its shape).
+    w = D(_ws())
+    _decode_plan(w)
+    cache = _pages()
+    odd = torch.zeros(4096, dtype=F16).as_strided((2, 8, 128), (1024, 128, 1))  # contiguous
+    odd1 = torch.zeros(4096, dtype=F16).as_strided((1, 8, 128), (3000, 128, 1))  # contiguous, odd size-1 stride
+    strided = torch.zeros(2, 8, 256, dtype=F16)[:, :, :128]  # not contiguous
+    _decode_plan(w)
+    for q in (odd, strided):
+        fast, slow = _both_ways(w, lambda: w.run(q, cache).stride())
+        assert fast == slow == (("ok", (1024, 128, 1)), fast[1]), (fast, slow)
+    _decode_plan(w, indptr=_i32([0, 3]), last_page_len=_i32([5]))
+    fast, slow = _both_ways(w, lambda: w.run(odd1, cache).stride())
+    assert fast == slow and fast[0] == ("ok", (1024, 128, 1))
+
+
+def test_fast_path_only_for_the_common_call(stand_ins):
+    # Anything beyond (q, cache, out) takes the full path, which behaves as before.
+    w = D(_ws())
+    _decode_plan(w)
+    k, v = _pages()
+    sub = type("Sub", (torch.Tensor,), {})
+    out, lse = w.run(_q().as_subclass(sub), (k, v), return_lse=True)
+    assert out.shape == (2, 8, 128) and lse.shape == (2, 8)
+    assert w.run(_q(), [k, v]).shape == (2, 8, 128)  # a list: the full path accepts it
+    with pytest.raises(NotImplementedError, match=r"k_scale"):
+        w.run(_q(), (k, v), k_scale=2.0)
+    # An fp8 cache's plan has no fast path (run() fills the scale buffer).
+    _decode_plan(w, kv_data_type=torch.float8_e4m3fn)
+    assert w._planned["run_fast"] is None
+
+
+def test_fast_path_retries_through_call_when_the_binding_refuses(stand_ins):
+    # As U.launch: a TypeError of the binding (an argument it does not convert) is retried through
+    # U.call, which detaches tensors that require grad.
+    w = D(_ws())
+    _decode_plan(w)
+    seen = []
+
+    def run(*args, **kwargs):
+        seen.append(args)
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            raise TypeError("incompatible function arguments")
+
+    w._planned["run_fast"] = w._planned["run_fast"][:-1] + (run,)
+    w.run(_q().requires_grad_(), _pages())
+    assert len(seen) == 2 and not seen[1][0].requires_grad
+
+
+def test_bounds_key_says_what_fits_says():
+    from tessera import _runtime as R
+
+    class Bounds:
+        def __init__(self, *v):
+            (self.max_batch_size, self.max_total_qo_tokens, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+             self.head_dim_vo) = v
+
+    needs = [R._Need(4, 8, 32, 8, 128), R._Need(8, 8, 32, 8, 128), R._Need(4, 16, 32, 8, 128),
+             R._Need(4, 8, 64, 8, 128), R._Need(4, 8, 32, 16, 128), R._Need(4, 8, 32, 8, 64),
+             R._Need(4, 8, 32, 8, 256), R._Need(4, 8, 32, 8, 192, 128), R._Need(1, 1, 1, 1, 64)]
+    bounds = [Bounds(4, 8, 32, 8, 128, 0), Bounds(8, 16, 64, 16, 256, 0), Bounds(4, 8, 32, 8, 192, 128),
+              Bounds(2, 2, 32, 8, 128, 0)]
+    for need in needs:
+        for b in bounds:
+            assert need.fits_key(R._bounds_key(b)) == need.fits(b)
+
+
+def test_a_replaced_bounds_object_is_noticed(stand_ins):
+    w = D(_ws())
+    _decode_plan(w)
+    holder = w._holder
+    assert holder.builds == 1
+    _decode_plan(w)
+    assert holder.builds == 1  # the same runtime serves the same plan
+    small = _C.RuntimeBounds()
+    small.max_batch_size = small.max_total_qo_tokens = 1
+    small.num_qo_heads, small.num_kv_heads, small.head_dim = 8, 2, 128
+    holder.bounds = small  # not what was cached: read again, and the plan does not fit it
+    _decode_plan(w)
+    assert holder.builds == 2
+
+
+# The graph-mode plan's page-table copies: one call of tessera._C._copy_index_arrays (host arrays
+# are copied with memcpy there, which is what the CPU stand-ins use), else a torch copy each.
+
+
+def _graph_wrapper(max_batch=3, max_pages=6):
+    return G(_ws(), torch.full((max_batch + 1,), -1, dtype=torch.int32), torch.full((max_pages,), -1, dtype=torch.int32),
+             torch.full((max_batch,), -1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("binding", [True, False])
+def test_graph_plan_fills_the_page_table_buffers(stand_ins, monkeypatch, binding):
+    if not hasattr(_C, "_copy_index_arrays"):
+        pytest.skip("this build of tessera._C has no _copy_index_arrays")
+    calls = []
+    real = _C._copy_index_arrays
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args) if binding else False
+
+    monkeypatch.setattr(U, "_COPY_INDEX_ARRAYS", spy)
+    w = _graph_wrapper()
+    _decode_plan(w, indices=_i32([4, 2, 0, 5]))
+    assert w._paged_kv_indptr_buf.tolist() == [0, 2, 3, -1]
+    assert w._paged_kv_last_page_len_buf.tolist() == [5, 16, -1]
+    assert w._paged_kv_indices_buf.tolist() == [4, 2, 0, -1, -1, -1]  # indptr[-1] = 3 ids
+    assert len(calls) == 1
+    # fast_decode_plan: the page ids only; indptr / last_page_len are the caller's to keep.
+    w._paged_kv_indptr_buf.fill_(-1)
+    w._paged_kv_last_page_len_buf.fill_(-1)
+    tessera.fast_decode_plan(w, _i32([0, 1, 2]), _i32([1, 3]), _i32([7, 7]), 8, 2, 128, 16)
+    assert w._paged_kv_indices_buf.tolist() == [1, 3, 0, -1, -1, -1]
+    assert w._paged_kv_indptr_buf.tolist() == [-1] * 4 and w._paged_kv_last_page_len_buf.tolist() == [-1] * 3
+    assert len(calls) == 2 and len(calls[1]) == 5
+    # The buffer itself as the page ids: nothing to copy, and the run reads it.
+    _decode_plan(w, indptr=_i32([0, 2]), last_page_len=_i32([4]), indices=w._paged_kv_indices_buf)
+    assert w._paged_kv_indices_buf.tolist() == [1, 3, 0, -1, -1, -1]
+    assert w._paged_kv_indptr_buf.tolist()[:2] == [0, 2] and w._paged_kv_last_page_len_buf.tolist()[0] == 4
+    # non_blocking=False: torch's copies (which wait for the stream), not the binding's.
+    _decode_plan(w, indices=_i32([5, 4, 3]), non_blocking=False)
+    assert len(calls) == 3 and w._paged_kv_indices_buf.tolist()[:3] == [5, 4, 3]
+
+
+@pytest.mark.parametrize("binding", [True, False])
+def test_graph_prefill_plans_fill_their_buffers(stand_ins, monkeypatch, binding):
+    if not hasattr(_C, "_copy_index_arrays"):
+        pytest.skip("this build of tessera._C has no _copy_index_arrays")
+    real = _C._copy_index_arrays
+    monkeypatch.setattr(U, "_COPY_INDEX_ARRAYS", (lambda *a: real(*a)) if binding else (lambda *a: False))
+
+    def buf(n):
+        return torch.full((n,), -1, dtype=torch.int32)
+
+    w = P(_ws(), "NHD", use_cuda_graph=True, qo_indptr_buf=buf(4), paged_kv_indptr_buf=buf(4),
+          paged_kv_indices_buf=buf(6), paged_kv_last_page_len_buf=buf(3))
+    _paged_plan(w, paged_kv_indices=_i32([4, 2, 0, 5]))
+    assert w._qo_indptr_buf.tolist() == [0, 3, 4, -1]
+    assert w._paged_kv_indptr_buf.tolist() == [0, 2, 3, -1]
+    assert w._paged_kv_indices_buf.tolist() == [4, 2, 0, -1, -1, -1]
+    assert w._paged_kv_last_page_len_buf.tolist() == [5, 16, -1]
+    r = R(_ws(), "NHD", use_cuda_graph=True, qo_indptr_buf=buf(4), kv_indptr_buf=buf(4))
+    _ragged_plan(r)
+    assert r._qo_indptr_buf.tolist() == [0, 3, 4, -1] and r._kv_indptr_buf.tolist() == [0, 20, 37, -1]
+
+
+def test_graph_plan_copies_strided_page_ids_through_torch(stand_ins):
+    # A non-contiguous page-id tensor is refused by the binding (nothing copied) and copied by torch.
+    w = _graph_wrapper()
+    ids = _i32([2, 9, 1, 9, 0, 9])[::2]
+    _decode_plan(w, indices=ids)
+    assert w._paged_kv_indices_buf.tolist()[:3] == [2, 1, 0]
+    assert w._paged_kv_indptr_buf.tolist() == [0, 2, 3, -1]
+
+
+def test_copy_index_arrays_binding():
+    fn = getattr(_C, "_copy_index_arrays", None)
+    if fn is None:
+        pytest.skip("this build of tessera._C has no _copy_index_arrays")
+    src, dst = torch.arange(10, dtype=torch.int32), torch.full((10,), -1, dtype=torch.int32)
+    assert fn(0, -1, dst, src, 4) is True and dst.tolist() == [0, 1, 2, 3] + [-1] * 6
+    other = torch.full((3,), -1, dtype=torch.int32)
+    assert fn(0, -1, dst, src, 0, other, src[5:], 3) is True and other.tolist() == [5, 6, 7]
+    # All or nothing: the first pair is not copied when a later one is refused.
+    dst.fill_(-1)
+    refusals = [
+        (other, src, 4),  # more entries than dst has
+        (other, src[::2], 3),  # not contiguous
+        (other, src.to(torch.int64), 3),  # not int32
+        (other.view(1, 3), src, 3),  # not 1-D
+        (dst[1:], dst, 3),  # overlapping ranges
+    ]
+    for d, s, n in refusals:
+        assert fn(0, -1, dst, src, 4, d, s, n) is False
+        assert dst.tolist() == [-1] * 10
+    assert fn(0, -1, dst, dst, 10) is True  # the same range: nothing to do
+    with pytest.raises(ValueError, match=r"n = -1, expected 0 <= n < 2\^31"):
+        fn(0, -1, dst, src, -1)
+    with pytest.raises(ValueError, match=r"dst1 and src1 must be given together"):
+        fn(0, -1, dst, src, 1, dst, None, 1)
+    # What the Python side does with what the binding cannot convert: it says False (torch copies).
+    meta = torch.zeros(3, dtype=torch.int32, device="meta")
+    assert U.copy_index_arrays(0, torch.device("cpu"), meta, src, 3) is False
+
+
+def _views_to_compare():
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float16).reshape(2, 3, 4, 5)
+    return {
+        "contiguous": base,
+        "bf16": base.to(torch.bfloat16),
+        "int32": torch.arange(7, dtype=torch.int32),
+        "uint8": torch.zeros(5, dtype=torch.uint8),
+        "float32": torch.zeros(3, 2),
+        "offset view": base[1],
+        "strided": base[:, :, :, 1:4],
+        "transposed": base.transpose(1, 2),
+        "expanded": torch.zeros(1, 4, dtype=torch.float16).expand(3, 4),
+        "0-dim": torch.tensor(1.0, dtype=torch.float16),
+        "empty": torch.zeros(0, 8, dtype=torch.float16),
+        "6 dims": torch.zeros((1, 2, 1, 2, 1, 2), dtype=torch.float16),
+        "requires grad": torch.zeros(3, requires_grad=True),
+        "subclass": base.as_subclass(type("Sub", (torch.Tensor,), {})),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_views_to_compare()))
+def test_runtime_bindings_view_tensors_as_dlpack_does(name):
+    # The runtime bindings read torch tensors through PyTorch's DLPack C exchange API where it has
+    # one; the views are those of DLPack's capsule (the other bindings' path).
+    if not hasattr(_C, "_run_array_view"):
+        pytest.skip("this build of tessera._C has no _run_array_view")
+    t = _views_to_compare()[name]
+    direct, view = _C._run_array_view(t)
+    assert view == _C._capsule_array_view(t)
+    assert view[0] == t.data_ptr() and view[4] == tuple(t.shape) and view[5] == tuple(t.stride())
+    has_api = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    assert direct == (has_api and type(t) is torch.Tensor)
+
+
+def test_runtime_bindings_refuse_what_dlpack_refuses():
+    if not hasattr(_C, "_run_array_view"):
+        pytest.skip("this build of tessera._C has no _run_array_view")
+    seven = torch.zeros((1,) * 7)
+    with pytest.raises(ValueError, match=r"a: DLTensor.ndim = 7 is out of range"):
+        _C._run_array_view(seven)
+    with pytest.raises(ValueError, match=r"a: DLTensor.ndim = 7 is out of range"):
+        _C._capsule_array_view(seven)
+    for bad in (torch.ones(2, 2).to_sparse(), [1.0], None):
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            _C._run_array_view(bad)

@@ -240,15 +240,19 @@ def test_option_errors(entry, opts, error, message):
 
 
 @pytest.mark.parametrize("entry", WRAPPERS, ids=[e[0] for e in WRAPPERS])
-def test_wrappers_refuse_sigmoid_and_user_variants(entry):
-    # The runtime merges split KV chunks by their LSE and compiles only the built-in variants.
+def test_wrappers_refuse_attention_without_softmax(entry):
+    # The runtime merges split KV chunks by their LSE: no sigmoid attention, no user variant without
+    # softmax; a softmax user variant gets as far as the first GPU step.
+    _, call, first_gpu_step = entry
     with pytest.raises(NotImplementedError, match=r"^use_sigmoid=True is not supported by the plan/run wrappers.*"
                        r"single_decode_with_kv_cache / single_prefill_with_kv_cache"):
-        entry[1](use_sigmoid=True, sigmoid_bias=1.0)
-    spec = tessera.VariantSpec("mine", "")
-    with pytest.raises(NotImplementedError, match=r"^variant=VariantSpec\('mine'.* is not supported by the plan/run "
-                       r"wrappers.*tessera.flex_attention"):
-        entry[1](variant=spec)
+        call(use_sigmoid=True, sigmoid_bias=1.0)
+    weights = tessera.VariantSpec("weights", "", use_softmax=False)
+    with pytest.raises(NotImplementedError, match=r"^variant=VariantSpec\('weights'.* has use_softmax=False, which "
+                       r"the plan/run wrappers do not support"):
+        call(variant=weights)
+    with pytest.raises(ValueError, match=first_gpu_step):
+        call(variant=tessera.VariantSpec("mine", ""))
 
 
 @pytest.mark.parametrize("entry", SINGLE, ids=[e[0] for e in SINGLE])

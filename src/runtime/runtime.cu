@@ -397,16 +397,7 @@ class AttentionRuntime {
     kv_indptr_host_ = in.kv_indptr;
     shape_ = shape;
     kv_dtype_ = kv_dtype;
-    variant_ = variant;
-    // The runs of this plan compile and launch the user variant's kernel: keep its spec (the
-    // caller's may be a temporary, e.g. the Python binding's), not a pointer to it.
-    if (variant_.user != nullptr) {
-      user_variant_ = std::make_shared<const VariantSpec>(*variant_.user);
-      variant_.user = user_variant_.get();
-    } else {
-      user_variant_.reset();
-    }
-    shape_.attention.variant.user = variant_.user;
+    keep_variant(variant);
     q_tile_ = q_tile;
     batch_ = batch;
     total_qo_ = total_qo;
@@ -429,6 +420,20 @@ class AttentionRuntime {
     info_.lower_bound = plan.lower_bound;
     info_.plan_bytes = plan_bytes;
     info_.grouped_by_request = plan.grouped_by_request;
+  }
+
+  /// The plan's variant for its runs, which compile and launch a user variant's kernel from its
+  /// spec: a copy of it (the caller's may be a temporary, e.g. the Python binding's), not a
+  /// pointer to the caller's.
+  void keep_variant(const ResolvedVariant& variant) {
+    variant_ = variant;
+    if (variant_.user != nullptr) {
+      user_variant_ = std::make_shared<const VariantSpec>(*variant_.user);
+      variant_.user = user_variant_.get();
+    } else {
+      user_variant_.reset();
+    }
+    shape_.attention.variant.user = variant_.user;
   }
 
   /// Checks run()'s common arguments against the plan: q [rows, Hq, D], o like q, lse.

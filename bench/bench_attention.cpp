@@ -923,6 +923,28 @@ void run_w11(BenchContext& ctx) {
   p.emplace_back("target", ">= 1.25x faster than tessera-sequential, <= 1.15x the slower alone");
   ctx.report_time(ctx.measure([&](cudaStream_t s) { mixed.run(q.view, paged, o.view, tessera::TensorView(), s); }),
                   kMicroseconds, std::move(p), "tessera-one-plan");
+
+  // The whole batch through the POD wrapper: one launch, each side with its tile. decode_sms 0 is
+  // the wrapper's own division; the others are the sweep its model was fitted to.
+  const tessera::RuntimeBounds pod_bounds = mixed_bounds;
+  for (const int64_t decode_sms : {0, 32, 40, 48, 56, 64}) {
+    tessera::PodOptions pod_options;
+    pod_options.decode_sms = decode_sms;
+    DeviceTensor pod_ws = make_workspace(ctx, tessera::BatchPODPagedWrapper::workspace_size(pod_bounds, pod_options));
+    tessera::BatchPODPagedWrapper pod(pod_ws.view, pod_bounds, pod_options);
+    pod.plan(host_i32(indptr_of(qo_lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), page,
+             runtime_shape(kQoHeads, kKvHeads, kHeadDim, true), ctx.stream());
+    const tessera::PodPlanInfo& info = pod.plan_info();
+    Params pp = params;
+    pp.emplace_back("decode_sms", decode_sms);
+    pp.emplace_back("prefill_ctas", static_cast<int64_t>(info.prefill_ctas));
+    pp.emplace_back("decode_ctas", static_cast<int64_t>(info.decode_ctas));
+    pp.emplace_back("prefill_partials", static_cast<int64_t>(info.prefill.num_partials));
+    pp.emplace_back("decode_partials", static_cast<int64_t>(info.decode.num_partials));
+    if (decode_sms == 0) pp.emplace_back("target", ">= 1.25x faster than tessera-sequential, <= 1.15x the slower alone");
+    ctx.report_time(ctx.measure([&](cudaStream_t s) { pod.run(q.view, paged, o.view, tessera::TensorView(), s); }),
+                    kMicroseconds, std::move(pp), decode_sms == 0 ? "tessera-pod" : "tessera-pod-fixed-split");
+  }
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ Writes, under OUT_DIR (files whose content is unchanged are not rewritten, so no
   include/tessera/head_dims.h         kSupportedHeadDims (public)
   src/config/<family>_d<D>_<dtype>.cu one instantiation file per (kernel family, head dim, dtype)
                                       (split head dims: d<D>x<DV>)
-  src/config/<family>_d<D>_<dtype>_<kv>.cu  ... and per fp8 KV storage
+  src/config/<family>_d<D>_<dtype>_<kv>.cu  ... and per fp8 KV storage (families decode, prefill;
+                                      pod: the POD kernel's pairs, equal head dims, 16-bit K/V)
 and prints the .cu paths, one per line, for CMake. A malformed table is an error naming the line.
 """
 
@@ -353,6 +354,13 @@ def instantiation(family, d, dtype, table_name, kv="same", dv=None):
             "    kernels::KVFormatKind, QTile, const PersistentLaunch&, cudaStream_t);",
             f"template int persistent_ctas_per_sm<{t}, {kvt}, {d}, {dv}>(kernels::KVFormatKind, QTile);",
         ]
+    elif family == "pod":
+        params = f"kernels::AttentionParams<{t}, {kvt}>"
+        lines += [
+            f"template void launch_pod_head_dim<{t}, {kvt}, {d}, {dv}>(const {params}&, const ResolvedVariant&, PodTiles,",
+            "    const PodLaunch&, cudaStream_t);",
+            f"template int pod_ctas_per_sm<{t}, {kvt}, {d}, {dv}>(PodTiles);",
+        ]
     else:
         lines += [
             f"template void launch_decode_head_dim<{t}, {kvt}, {d}>(const kernels::AttentionParams<{t}, {kvt}>&,",
@@ -399,6 +407,14 @@ def main(argv):
                     path = os.path.join(out_dir, f"src/config/{family}_d{pair_name(d, dv)}_{dt}{suffix}.cu")
                     write_if_changed(path, instantiation(family, d, dt, table_name, kv, dv))
                     sources.append(path)
+    # The POD kernel (prefill_config.h is_pod_pair): the prefill rows' equal head dims, 16-bit K/V.
+    for d, dv in head_dim_pairs(prefill):
+        if d != dv:
+            continue
+        for dt in [dt for dt in DTYPES if any(dt in r["dtypes"] for r in prefill if dims_key(r) == (d, dv))]:
+            path = os.path.join(out_dir, f"src/config/pod_d{pair_name(d, dv)}_{dt}.cu")
+            write_if_changed(path, instantiation("pod", d, dt, table_name))
+            sources.append(path)
     print("\n".join(sources))
     return 0
 

@@ -308,6 +308,12 @@ QTile q_tile_128(PrefillHeadDims head_dim, KVStorage kv) {
   return has_prefill_config(head_dim, QTile::k128, kv) ? QTile::k128 : QTile::k64;
 }
 
+PodTiles pod_tiles(PrefillHeadDims head_dim) {
+  const QTile prefill = q_tile_128(head_dim);
+  const bool wide = prefill == QTile::k128Wgmma && has_prefill_config(head_dim, QTile::k16Wide, KVStorage::kSame);
+  return PodTiles{prefill, wide ? QTile::k16Wide : QTile::k16};
+}
+
 QTile choose_q_tile_for_grid(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
                              KVStorage kv) {
   QTile forced;

@@ -73,5 +73,42 @@ void launch_persistent_head_dim(const kernels::AttentionParams<T, KVT>& p, const
 template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
 int persistent_ctas_per_sm(kernels::KVFormatKind format, QTile q_tile);
 
+/// The POD kernel's pair of tiles (kernels/attention/pod.cuh): the prefill requests' and the
+/// decode requests' (those whose packed rows fit 16).
+struct PodTiles {
+  QTile prefill;
+  QTile decode;
+};
+
+/// The pairs the POD kernel is built for (one place: the launcher instantiates exactly these): the
+/// prefill side's 128-row tile as q_tile_128 picks it (k128Wgmma; k128 or k64 with mma.sync) and a
+/// 16-row decode tile, the wide one (k16Wide) beside the wgmma tile, which gives the decode CTA one
+/// SM's worth of threads and shared memory: 8 warps streaming 128-row K/V tiles keep more bytes in
+/// flight than 4 (choose_q_tile_for_grid says why that matters when a CTA has an SM to itself).
+constexpr bool is_pod_pair(QTile prefill, QTile decode) {
+  return (prefill == QTile::k128Wgmma && (decode == QTile::k16Wide || decode == QTile::k16)) ||
+         ((prefill == QTile::k128 || prefill == QTile::k64) && decode == QTile::k16);
+}
+
+/// The pair for head_dim on the current device (16-bit K/V): q_tile_128's prefill tile, k16Wide
+/// beside a wgmma tile where the table has it, else k16.
+PodTiles pod_tiles(PrefillHeadDims head_dim);
+
+/// Launches the POD kernel of one tile pair over paged KV with the default variant (then the
+/// contraction of each side's split tiles): a grid of launch.prefill's CTAs (grid_cols x H_kv /
+/// heads_per_cta) followed by launch.decode's (grid_cols x H_kv). Defined in pod_launch.cuh,
+/// instantiated per head dim and dtype in the generated <build>/src/config/pod_d*_*.cu.
+struct PodLaunch {
+  PersistentLaunch prefill;
+  PersistentLaunch decode;
+};
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
+void launch_pod_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant, PodTiles tiles,
+                         const PodLaunch& launch, cudaStream_t stream);
+
+/// How many CTAs of that POD kernel one SM of the current device holds.
+template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
+int pod_ctas_per_sm(PodTiles tiles);
+
 }  // namespace detail
 }  // namespace tessera

@@ -127,6 +127,29 @@ void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int6
   launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
 }
 
+/// Launches the contraction of a persistent launch's split tiles (none when contraction_blocks is
+/// 0): the plan's tiles of q_tile_rows rows, head_dim_vo columns.
+template <typename Params, kernels::KVFormatKind kFormat>
+void launch_contraction(const Params& p, const PersistentLaunch& launch, int q_tile_rows, int head_dim_vo,
+                        bool dependent, cudaStream_t stream) {
+  if (launch.contraction_blocks == 0) return;
+  // dependent: a programmatic dependent of the persistent kernel (sm_90+): it starts on the SMs
+  // that kernel leaves free, reads the plan, then waits for the partial states (W1 B=1 L=32k: the
+  // contraction ran 7.6 us after the persistent kernel, mostly dependent plan loads).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(launch.contraction_blocks));
+  config.blockDim = dim3(kernels::ContractionTraits::kThreadsPerBlock);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = dependent && current_device_has_dependent_launch() ? 1 : 0;
+  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<Params, kFormat>, p, launch.work,
+                                        q_tile_rows, head_dim_vo))
+      << " (contraction of the plan/run runtime)";
+}
+
 /// Launches the persistent kernel of one configuration and format (and its contraction).
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 void launch_persistent_config(const Params& p, const ResolvedVariant& variant, const PersistentLaunch& launch,
@@ -153,24 +176,7 @@ void launch_persistent_config(const Params& p, const ResolvedVariant& variant, c
     void* args[] = {&params, &vp, &work};
     launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
   }
-  if (launch.contraction_blocks > 0) {
-    // A programmatic dependent of the persistent kernel (sm_90+): it starts on the SMs that
-    // kernel leaves free, reads the plan, then waits for the partial states (W1 B=1 L=32k:
-    // the contraction ran 7.6 us after the persistent kernel, mostly dependent plan loads).
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(launch.contraction_blocks));
-    config.blockDim = dim3(kernels::ContractionTraits::kThreadsPerBlock);
-    config.stream = stream;
-    cudaLaunchAttribute dependent;
-    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    dependent.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &dependent;
-    config.numAttrs = current_device_has_dependent_launch() ? 1 : 0;
-    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernels::merge_planned_kernel<Params, kFormat>,
-                                          p, launch.work, static_cast<int>(Traits::CTA_TILE_Q),
-                                          static_cast<int>(Traits::HEAD_DIM_VO)))
-        << " (contraction of the plan/run runtime)";
-  }
+  launch_contraction<Params, kFormat>(p, launch, Traits::CTA_TILE_Q, Traits::HEAD_DIM_VO, /*dependent=*/true, stream);
 }
 
 /// Calls f(ConfigTag<Traits>{}, FormatTag<format>{}) with the traits of the table's configuration

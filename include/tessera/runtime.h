@@ -292,6 +292,68 @@ class TESSERA_API BlockSparseWrapper {
   std::unique_ptr<detail::AttentionRuntime> impl_;
 };
 
+/// Options of a BatchPODPagedWrapper.
+struct PodOptions {
+  /// As RuntimeOptions::cuda_graph (the header comment's rules): the grid and both tiles are fixed
+  /// at construction, and so is the division of the SMs (decode_sms, or a third of them for the
+  /// decode side when 0, rounded to whole columns of KV heads).
+  bool cuda_graph = false;
+  DType dtype = DType::kBF16;  ///< with cuda_graph: the dtype of q, o, k and v (fixed)
+  /// SMs whose CTAs run the decode requests (the rest run the prefill requests); 0: chosen per
+  /// plan from the two sides' estimated times (docs/design.md §6.10). Rounded down to a multiple of
+  /// the plan's KV heads (a decode CTA runs one KV head) and kept below the device's SM count.
+  int64_t decode_sms = 0;
+  SplitKV split_kv = SplitKV::kAuto;  ///< as RuntimeOptions (kFixed: fixed_split_size)
+  int64_t fixed_split_size = 0;
+};
+
+/// What the last BatchPODPagedWrapper::plan decided.
+struct PodPlanInfo {
+  int64_t num_prefill_requests = 0;  ///< requests with more than 16 packed rows (qo_len x group)
+  int64_t num_decode_requests = 0;   ///< requests with 1 to 16 packed rows
+  int32_t prefill_ctas = 0;          ///< CTAs of the launch that run the prefill plan
+  int32_t decode_ctas = 0;           ///< CTAs that run the decode plan (a multiple of num_kv_heads)
+  PlanInfo prefill;                  ///< the prefill side's plan (grid_cols 0: no prefill CTAs)
+  PlanInfo decode;                   ///< the decode side's plan (grid_cols 0: no decode CTAs)
+};
+
+/// Prefill and decode in one launch (POD) over a paged KV cache: a batch that mixes prefill
+/// chunks and decode requests, as chunked-prefill schedulers build it, planned as two plans with
+/// the query tile that suits each (the 128-row tile for requests with more than 16 packed rows,
+/// a 16-row tile for the others) and run by one persistent launch whose CTAs are divided between
+/// them, so the decode requests' memory-bound K/V streaming runs on some SMs while the prefill's
+/// compute-bound tiles run on the others (docs/design.md §6.10). The same plan through
+/// BatchPrefillPagedWrapper puts every request into one tile size: decode rows then pad 128-row
+/// tiles, or prefill rows run in 16-row ones.
+///
+/// plan() and run() take BatchPrefillPagedWrapper's arguments and semantics (one batch, request b
+/// classified by its packed rows qo_len_b x group_size). Supported: f16 / bf16 q, k, v and o,
+/// equal head dims (tessera/head_dims.h), NHD / HND, any page size, causal or not, sm_scale; fp8
+/// K/V, other variants and split head dims are kUnsupported (they run through
+/// BatchPrefillPagedWrapper). The workspace holds both plans and their split states.
+class TESSERA_API BatchPODPagedWrapper {
+ public:
+  BatchPODPagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds, const PodOptions& options = {});
+  ~BatchPODPagedWrapper();
+  BatchPODPagedWrapper(BatchPODPagedWrapper&&) noexcept;
+  BatchPODPagedWrapper& operator=(BatchPODPagedWrapper&&) noexcept;
+  static int64_t workspace_size(const RuntimeBounds& bounds, const PodOptions& options = {});
+
+  /// As BatchPrefillPagedWrapper::plan: qo_indptr, kv_indptr host i32 [B + 1], last_page_len host
+  /// i32 [B], page_size >= 1.
+  void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const TensorView& last_page_len,
+            int64_t page_size, const PlanShape& shape, StreamHandle stream = nullptr);
+  /// As BatchPrefillPagedWrapper::run: q [>= qo_indptr[B], Hq, D], kv's page table in
+  /// kv.indices, o like q, lse [rows of q, Hq] (base 2) or undefined.
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse = {},
+           StreamHandle stream = nullptr);
+  const PodPlanInfo& plan_info() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 /// One level of a cascade plan (BatchCascadePagedWrapper::plan): the level cuts the batch's query
 /// rows into groups and gives each group one page range. HOST i32 arrays.
 struct CascadeLevel {

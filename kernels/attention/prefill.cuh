@@ -166,23 +166,11 @@ inline constexpr int kPrefillMinCtasPerSm = Traits::kConvertFragments && kSameTy
                                                 ? Traits::kFragmentMinCtasPerSm
                                                 : Traits::kMinCtasPerSm;
 
-/// The prefill kernel: Scheduler<Traits> (tile_scheduler.cuh) says which work tiles the CTA runs,
-/// and every tile is the same composition. Grid and arguments per scheduler: OneShotScheduler
-/// takes the query tiles per request (grid: see one_shot_grid on the host), PlannedScheduler the
-/// runtime's plan (grid: columns x KV head groups). Params: an AttentionParams, passed by value
-/// (the JIT-compiled instances take the host's struct as it is: src/prefill_launch.cuh).
-template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename Params>
-__global__ void __launch_bounds__(Traits::kThreads, (kPrefillMinCtasPerSm<Traits, Variant>))
-attention_prefill_kernel(const Params p, const VariantParams vp, const typename Scheduler<Traits>::Arguments args) {
-  // One element type in the tiles: Q K^T multiplies Q and K as the tiles hold them, q as it is in
-  // memory and k/v as stored or (fp8) dequantized on the way (Traits::KVStorage).
-  static_assert(kSameType<typename Params::QType, typename Traits::DType> &&
-                    kSameType<typename Params::KVType, typename Traits::KVStorage>,
-                "the prefill kernel needs q of the tile's element type and k/v of its storage type");
-  static_assert(kInt32Indices<Params>, "the prefill kernel takes int32 index arrays (int32 KV positions)");
-  extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of the tiles
-  Scheduler<Traits>::on_launch();
-  const Scheduler<Traits> scheduler(args);
+/// The work tiles `scheduler` gives this CTA, each the same composition: the body of the prefill
+/// kernel, and of each side of the POD kernel (pod.cuh).
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Scheduler, typename Params>
+TESSERA_DEVICE void run_work_tiles(const Params& p, const VariantParams& vp, const Scheduler& scheduler,
+                                   char* smem_raw) {
   const auto first = scheduler.template initial_work<kFormat, Variant>(p, vp);
   if (!scheduler.valid(first)) return;  // CTA-uniform, before any barrier
   with_warp_role<Traits, kFormat>(smem_raw, [&](auto role) {
@@ -193,10 +181,32 @@ attention_prefill_kernel(const Params p, const VariantParams vp, const typename 
       if (!scheduler.template work<kFormat, Variant>(p, vp, cursor, w)) continue;
       // The previous tile's last shared-memory reads are done (the warp-specialised ring orders
       // tiles through its mbarriers instead, so the producer starts the next tile early).
-      if constexpr (Scheduler<Traits>::kPersistent && kRole == WarpRole::kAll) __syncthreads();
+      if constexpr (Scheduler::kPersistent && kRole == WarpRole::kAll) tile_sync<Traits>();
       attention_tile<Traits, kFormat, Variant, kRole>(p, vp, w, smem_raw, ring);
     }
   });
+}
+
+/// One element type in the tiles: Q K^T multiplies Q and K as the tiles hold them, q as it is in
+/// memory and k/v as stored or (fp8) dequantized on the way (Traits::KVStorage).
+template <typename Traits, typename Params>
+inline constexpr bool kParamsFitTraits = kSameType<typename Params::QType, typename Traits::DType> &&
+                                         kSameType<typename Params::KVType, typename Traits::KVStorage>;
+
+/// The prefill kernel: Scheduler<Traits> (tile_scheduler.cuh) says which work tiles the CTA runs,
+/// and every tile is the same composition. Grid and arguments per scheduler: OneShotScheduler
+/// takes the query tiles per request (grid: see one_shot_grid on the host), PlannedScheduler the
+/// runtime's plan (grid: columns x KV head groups). Params: an AttentionParams, passed by value
+/// (the JIT-compiled instances take the host's struct as it is: src/prefill_launch.cuh).
+template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename Params>
+__global__ void __launch_bounds__(Traits::kThreads, (kPrefillMinCtasPerSm<Traits, Variant>))
+attention_prefill_kernel(const Params p, const VariantParams vp, const typename Scheduler<Traits>::Arguments args) {
+  static_assert(kParamsFitTraits<Traits, Params>,
+                "the prefill kernel needs q of the tile's element type and k/v of its storage type");
+  static_assert(kInt32Indices<Params>, "the prefill kernel takes int32 index arrays (int32 KV positions)");
+  extern __shared__ __align__(1024) char smem_raw[];  // 1024: the XOR addressing of the tiles
+  Scheduler<Traits>::on_launch();
+  run_work_tiles<Traits, kFormat, Variant>(p, vp, Scheduler<Traits>(args), smem_raw);
 }
 
 }  // namespace kernels

@@ -62,6 +62,12 @@ TESSERA_DEVICE void named_barrier_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+/// Synchronises the CTA's first `count` threads (whole warps) at barrier 0, __syncthreads's: for
+/// code that runs in CTAs launched with more threads than it uses, whose extra warps have exited
+/// (the POD kernel's decode CTAs, kernels/attention/pod.cuh). Launched with exactly `count`
+/// threads it is __syncthreads.
+TESSERA_DEVICE void cta_sync(uint32_t count) { asm volatile("bar.sync 0, %0;\n" ::"r"(count) : "memory"); }
+
 /// Arrives at named barrier `id` without waiting: the barrier completes when `count` threads have
 /// arrived or synced there (producer/consumer hand-offs between warp groups).
 TESSERA_DEVICE void named_barrier_arrive(uint32_t id, uint32_t count) {

@@ -299,7 +299,15 @@ class AttentionRuntime {
     return compute_layout(format, decode, bounds, options).plan_end;
   }
 
-  void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream) {
+  /// A plan for one side of a POD launch (BatchPODPagedWrapper): the query tile and the CTA
+  /// slots of the grid are the POD wrapper's, not this runtime's choice.
+  struct PlanSide {
+    QTile q_tile;
+    int ctas;  // CTA slots of the side (0: a side without requests, no CTAs)
+  };
+
+  /// side: null, or the POD side this plan is for.
+  void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream, const PlanSide* side = nullptr) {
     raise_device_error(device_);
     const int64_t batch = static_cast<int64_t>(in.qo_len.size());
     const PrefillHeadDims head_dim = check_plan_head_dims(shape);
@@ -333,17 +341,19 @@ class AttentionRuntime {
     check_split_head_dims_variant(head_dim, variant);
     if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
-    const QTile q_tile = plan_q_tile(in, head_dim, kv, group, heads.num_kv_heads, variant);
-    const GridShape grid = options_.cuda_graph ? graph_grid_
-                                               : grid_shape(ctas_per_sm(shape.dtype, kv_dtype, head_dim, format_, q_tile),
-                                                            static_cast<int>(heads.num_kv_heads), q_tile);
+    const QTile q_tile = side != nullptr ? side->q_tile : plan_q_tile(in, head_dim, kv, group, heads.num_kv_heads, variant);
+    const GridShape grid =
+        side != nullptr        ? grid_for_slots(side->ctas, static_cast<int>(heads.num_kv_heads), q_tile)
+        : options_.cuda_graph ? graph_grid_
+                              : grid_shape(ctas_per_sm(shape.dtype, kv_dtype, head_dim, format_, q_tile),
+                                           static_cast<int>(heads.num_kv_heads), q_tile);
     const int cols = grid.cols;
 
     runtime::PlannerConfig config;
     config.group_size = group;
     config.q_tile_rows = q_tile_rows(head_dim, q_tile);
     config.kv_tile_rows = kv_tile_rows(head_dim, q_tile);
-    config.num_ctas = cols;
+    config.num_ctas = std::max(1, cols);  // a POD side without CTAs has no requests either
     config.causal = shape.attention.causal && format_ != KVFormatKind::kBlockSparse;
     config.split_mode = options_.split_kv == SplitKV::kAuto    ? runtime::SplitMode::kAuto
                         : options_.split_kv == SplitKV::kFixed ? runtime::SplitMode::kFixed
@@ -356,7 +366,9 @@ class AttentionRuntime {
       tile_pairs += (static_cast<int64_t>(qo) * group + config.q_tile_rows - 1) / config.q_tile_rows;
     }
     tile_pairs *= heads.num_kv_heads;
-    if (2 * tile_pairs >= sm_budget(options_)) config.min_chunk_rows = kMinChunkWhenBusy;
+    if (2 * tile_pairs >= (side != nullptr ? side->ctas : sm_budget(options_))) {
+      config.min_chunk_rows = kMinChunkWhenBusy;
+    }
     config.beta = kCostBeta;
     const int64_t slot_floats = heads.num_kv_heads * config.q_tile_rows * static_cast<int64_t>(head_dim.vo);
     const int64_t slot_capacity =
@@ -499,14 +511,43 @@ class AttentionRuntime {
   /// (check_run_ids_on_host, enqueue_run_ids_check).
   template <typename T, typename KVT>
   void launch(const kernels::AttentionParams<T, KVT>& p, const RunIds* ids, StreamHandle stream) {
+    launch_ordered(ids, stream, [&](cudaStream_t s) { launch_kernels(p, s); });
+  }
+
+  /// Enqueues enqueue(stream) as this runtime's run: after the checks of `ids` (see launch), the
+  /// last plan upload and the last run, and recorded as the last run. The POD wrapper nests two
+  /// runtimes' calls around its one launch.
+  template <typename F>
+  void launch_ordered(const RunIds* ids, StreamHandle stream, F&& enqueue) {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const bool capturing = PlanChannel::capturing(s);
     if (ids != nullptr && !capturing) check_run_ids_on_host(*ids);
     channel_->order_run(s, capturing);
     if (capturing && ids != nullptr) enqueue_run_ids_check(*ids, stream);
-    launch_kernels(p, s);
+    enqueue(s);
     channel_->record_run(s, capturing);
   }
+
+  /// The last plan's persistent launch: its work in the workspace, its grid and its contraction.
+  PersistentLaunch persistent_launch() const {
+    PersistentLaunch launch;
+    launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
+    launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
+    launch.work.num_merges = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_merges);
+    launch.work.merges = reinterpret_cast<const kernels::PlannedMerge*>(workspace_ + layout_.merges);
+    launch.work.partial_o = reinterpret_cast<float*>(partials_ + (layout_.partial_o - layout_.plan_end));
+    launch.work.partial_lse = reinterpret_cast<float*>(partials_ + (layout_.partial_lse - layout_.plan_end));
+    launch.work.heads_per_cta = info_.heads_per_cta;
+    launch.grid_cols = info_.grid_cols;
+    // A captured launch must also contract for later plans that split.
+    const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
+                                  shape_.num_kv_heads * info_.q_tile_rows * (plan_dims().vo / 8);
+    launch.contraction_blocks =
+        merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
+    return launch;
+  }
+  QTile q_tile() const { return q_tile_; }
+  const ResolvedVariant& variant() const { return variant_; }
 
   /// The device address a kernel reads `ids` through: the data pointer for device memory, the
   /// mapped address for pinned host memory.
@@ -553,20 +594,7 @@ class AttentionRuntime {
 
   template <typename T, typename KVT>
   void launch_kernels(const kernels::AttentionParams<T, KVT>& p, cudaStream_t s) {
-    PersistentLaunch launch;
-    launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
-    launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
-    launch.work.num_merges = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_merges);
-    launch.work.merges = reinterpret_cast<const kernels::PlannedMerge*>(workspace_ + layout_.merges);
-    launch.work.partial_o = reinterpret_cast<float*>(partials_ + (layout_.partial_o - layout_.plan_end));
-    launch.work.partial_lse = reinterpret_cast<float*>(partials_ + (layout_.partial_lse - layout_.plan_end));
-    launch.work.heads_per_cta = info_.heads_per_cta;
-    launch.grid_cols = info_.grid_cols;
-    // A captured launch must also contract for later plans that split.
-    const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
-                                  shape_.num_kv_heads * info_.q_tile_rows * (plan_dims().vo / 8);
-    launch.contraction_blocks =
-        merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
+    const PersistentLaunch launch = persistent_launch();
     with_prefill_head_dim(plan_dims(), [&](auto head_dims_tag) {
       constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
       constexpr PrefillHeadDims kDims(kHeadDim, kHeadDimVo);
@@ -707,8 +735,12 @@ class AttentionRuntime {
     int heads_per_cta;
   };
   GridShape grid_shape(int per_sm, int num_kv_heads, QTile t) const {
-    const int slots = per_sm * sm_budget(options_);
+    return grid_for_slots(per_sm * sm_budget(options_), num_kv_heads, t);
+  }
+  /// The grid of `slots` CTAs at most (0 slots: no columns).
+  static GridShape grid_for_slots(int slots, int num_kv_heads, QTile t) {
     const int heads = std::max(1, num_kv_heads);
+    if (slots == 0) return GridShape{0, 1};
     GridShape best{std::max(1, slots / heads), 1};
     if (t != QTile::k128Wgmma || !plan_head_groups()) return best;
     int best_used = (slots / heads) * heads;
@@ -1168,5 +1200,260 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
 }
 
 const PlanInfo& BlockSparseWrapper::plan_info() const { return impl_->info(); }
+
+// --- BatchPODPagedWrapper --------------------------------------------------------------------
+// Two runtimes over halves of one workspace, each planning one side of the batch (the other
+// side's requests given qo_len 0, so every item keeps the batch's request index and both plans
+// read the same query and KV extents), and one launch of the POD kernel over both plans
+// (docs/design.md §6.10).
+
+namespace detail {
+namespace {
+
+/// Packed rows up to which a request is a decode request (one 16-row tile).
+constexpr int64_t kPodDecodeRows = 16;
+
+/// The split model's one constant: the FLOP/s a prefill CTA (128-row tile, an SM to itself)
+/// sustains over the K/V bytes/s a decode CTA (the wide 16-row tile, an SM to itself) streams, so
+/// that prefill FLOPs and decode bytes compare in one unit of CTA time. On the H100 (W11,
+/// bench/results/LOG.md, session 32): 4.25 TFLOP/s per prefill CTA (the prefill alone on 132),
+/// 49 GB/s per decode CTA (the decode-bound end of the decode_sms sweep, 40 CTAs).
+constexpr double kPodFlopsPerDecodeByte = 87.0;
+
+/// Decode CTA slots (a multiple of kv_heads) for a batch of `prefill_flops` and `decode_bytes`:
+/// the division of `slots` that minimises the slower side's time under the model above. The
+/// prefill side keeps at least `min_prefill` slots.
+int pod_decode_slots(double prefill_flops, double decode_bytes, int slots, int kv_heads, int min_prefill) {
+  const int most = (slots - min_prefill) / kv_heads * kv_heads;
+  if (decode_bytes <= 0 || most < kv_heads) return 0;
+  if (prefill_flops <= 0) return slots / kv_heads * kv_heads;
+  const double decode_cost = decode_bytes * kPodFlopsPerDecodeByte;
+  int best = kv_heads;
+  double best_time = 0;
+  for (int n = kv_heads; n <= most; n += kv_heads) {
+    const double t = std::max(prefill_flops / (slots - n), decode_cost / n);
+    if (n == kv_heads || t < best_time) {
+      best = n;
+      best_time = t;
+    }
+  }
+  return best;
+}
+
+/// The POD kernel's CTA slots on this device (CTAs per SM x SMs).
+int pod_slots(DType dtype, PrefillHeadDims dims, PodTiles tiles) {
+  int per_sm = 0;
+  TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
+    with_prefill_head_dim(dims, [&](auto head_dims_tag) {
+      constexpr int kQk = decltype(head_dims_tag)::kQk, kVo = decltype(head_dims_tag)::kVo;
+      if constexpr (kQk == kVo) {
+        per_sm = pod_ctas_per_sm<T, T, kQk, kVo>(tiles);
+      } else {
+        TESSERA_FAIL(StatusCode::kUnsupported) << "the POD kernel takes equal head dims";
+      }
+    });
+  });
+  TESSERA_CHECK(per_sm >= 1, StatusCode::kInternal) << "the POD kernel does not fit an SM";
+  return per_sm * detail::current_device_sm_count();
+}
+
+}  // namespace
+}  // namespace detail
+
+struct BatchPODPagedWrapper::Impl {
+  RuntimeBounds bounds;
+  PodOptions options;
+  std::unique_ptr<AttentionRuntime> prefill, decode;
+  bool planned = false;
+  detail::PodTiles tiles{};
+  int graph_decode_slots = 0;  // with cuda_graph: the fixed division
+  int graph_slots = 0;
+  PodPlanInfo info;
+
+  static RuntimeOptions side_options(const PodOptions& o) {
+    RuntimeOptions r;
+    r.cuda_graph = o.cuda_graph;
+    r.split_kv = o.split_kv;
+    r.fixed_split_size = o.fixed_split_size;
+    r.dtype = o.dtype;
+    return r;
+  }
+  static int64_t prefill_bytes(const RuntimeBounds& b, const PodOptions& o) {
+    return (AttentionRuntime::workspace_size(KVFormatKind::kPaged, false, b, side_options(o)) + 255) / 256 * 256;
+  }
+  static int64_t decode_bytes(const RuntimeBounds& b, const PodOptions& o) {
+    return AttentionRuntime::workspace_size(KVFormatKind::kPaged, true, b, side_options(o));
+  }
+};
+
+BatchPODPagedWrapper::BatchPODPagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                                           const PodOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  TESSERA_CHECK_ARG(options.decode_sms >= 0) << "options.decode_sms = " << options.decode_sms << ", expected >= 0";
+  TESSERA_CHECK_ARG(bounds.head_dim_vo == 0 || bounds.head_dim_vo == bounds.head_dim)
+      << "bounds.head_dim_vo = " << bounds.head_dim_vo << " != head_dim " << bounds.head_dim
+      << ": the POD kernel takes equal head dims (split head dims run through BatchPrefillPagedWrapper)";
+  impl_->bounds = bounds;
+  impl_->options = options;
+  const int64_t needed = workspace_size(bounds, options);
+  check_ndim(workspace, "workspace", 1);
+  TESSERA_CHECK_ARG(workspace.nbytes() >= needed)
+      << "workspace has " << workspace.nbytes() << " bytes, expected >= " << needed << " (workspace_size of these bounds)";
+  const int64_t split = Impl::prefill_bytes(bounds, options);
+  char* base = static_cast<char*>(workspace.data);
+  const RuntimeOptions side = Impl::side_options(options);
+  impl_->prefill = std::make_unique<AttentionRuntime>(
+      KVFormatKind::kPaged, false, TensorView(base, DType::kU8, {split}, workspace.device), bounds, side);
+  impl_->decode = std::make_unique<AttentionRuntime>(
+      KVFormatKind::kPaged, true, TensorView(base + split, DType::kU8, {needed - split}, workspace.device), bounds, side);
+  if (options.cuda_graph) {
+    // The grid a captured run() bakes in: the tiles of the bounds' head dim and a fixed division.
+    impl_->tiles = detail::pod_tiles(detail::head_dims_of(bounds.head_dim, bounds.head_dim));
+    impl_->graph_slots = detail::pod_slots(options.dtype, detail::head_dims_of(bounds.head_dim, bounds.head_dim),
+                                           impl_->tiles);
+    const int heads = static_cast<int>(bounds.num_kv_heads);
+    const int per_sm = impl_->graph_slots / detail::current_device_sm_count();
+    const int64_t wanted = options.decode_sms > 0 ? options.decode_sms * per_sm : impl_->graph_slots / 3;
+    impl_->graph_decode_slots = static_cast<int>(std::min<int64_t>(wanted, impl_->graph_slots - heads)) / heads * heads;
+    TESSERA_CHECK_ARG(impl_->graph_decode_slots >= heads)
+        << "options.decode_sms = " << options.decode_sms << " leaves the decode side fewer CTA slots than "
+        << "bounds.num_kv_heads = " << heads << " (a decode CTA runs one KV head)";
+  }
+}
+BatchPODPagedWrapper::~BatchPODPagedWrapper() = default;
+BatchPODPagedWrapper::BatchPODPagedWrapper(BatchPODPagedWrapper&&) noexcept = default;
+BatchPODPagedWrapper& BatchPODPagedWrapper::operator=(BatchPODPagedWrapper&&) noexcept = default;
+
+int64_t BatchPODPagedWrapper::workspace_size(const RuntimeBounds& bounds, const PodOptions& options) {
+  return Impl::prefill_bytes(bounds, options) + Impl::decode_bytes(bounds, options);
+}
+
+void BatchPODPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& kv_indptr,
+                                const TensorView& last_page_len, int64_t page_size, const PlanShape& shape,
+                                StreamHandle stream) {
+  Impl& m = *impl_;
+  TESSERA_CHECK(!shape.kv_dtype.has_value() || *shape.kv_dtype == shape.dtype, StatusCode::kUnsupported)
+      << "shape.kv_dtype = " << *shape.kv_dtype << ": the POD kernel reads K/V of q's dtype " << shape.dtype
+      << " (fp8 caches run through BatchPrefillPagedWrapper)";
+  TESSERA_CHECK(shape.head_dim_vo == 0 || shape.head_dim_vo == shape.head_dim, StatusCode::kUnsupported)
+      << "shape.head_dim_vo = " << shape.head_dim_vo << " != head_dim " << shape.head_dim
+      << ": the POD kernel takes equal head dims";
+  TESSERA_CHECK(shape.attention.variant.is_default(), StatusCode::kUnsupported)
+      << "shape.attention.variant is set: the POD kernel runs the default variant (causal masking and sm_scale); "
+         "other variants run through BatchPrefillPagedWrapper";
+  detail::check_prefill_heads(shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, shape.head_dim,
+                              "shape.head_dim_vo");
+  AttentionRuntime::PlanInput in;
+  in.qo_indptr = detail::read_host_indptr(qo_indptr, "qo_indptr");
+  const int64_t batch = static_cast<int64_t>(in.qo_indptr.size()) - 1;
+  detail::fill_lengths(in.qo_indptr, in.qo_len);
+  detail::paged_lengths(in, kv_indptr, last_page_len, page_size, batch);
+
+  // Each side plans the whole batch with the other side's requests given no query rows.
+  const int64_t group = shape.num_qo_heads / shape.num_kv_heads;
+  AttentionRuntime::PlanInput prefill_in = in, decode_in = in;
+  double prefill_flops = 0, decode_bytes = 0;
+  PodPlanInfo info;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t qo = in.qo_len[b], kv = in.kv_len[b];
+    if (qo * group <= detail::kPodDecodeRows) {
+      prefill_in.qo_len[b] = 0;
+      info.num_decode_requests += qo > 0 ? 1 : 0;
+      decode_bytes += static_cast<double>(kv) * shape.num_kv_heads * shape.head_dim * 2 * 2;
+    } else {
+      decode_in.qo_len[b] = 0;
+      ++info.num_prefill_requests;
+      // Visible (query, key) pairs: causal rows see keys up to kv - qo + row.
+      double pairs = static_cast<double>(qo) * kv;
+      if (shape.attention.causal) {
+        const double hidden_rows = static_cast<double>(std::min(qo, kv));
+        pairs -= hidden_rows * (hidden_rows - 1) / 2 + (qo > kv ? static_cast<double>(qo - kv) * kv : 0.0);
+      }
+      prefill_flops += 4.0 * pairs * shape.num_qo_heads * shape.head_dim;
+    }
+  }
+
+  const detail::PrefillHeadDims dims = detail::head_dims_of(shape.head_dim, shape.head_dim);
+  int slots = 0, decode_slots = 0;
+  detail::PodTiles tiles;
+  if (m.options.cuda_graph) {
+    TESSERA_CHECK_ARG(shape.dtype == m.options.dtype && shape.head_dim == m.bounds.head_dim &&
+                      shape.num_kv_heads == m.bounds.num_kv_heads)
+        << "cuda_graph: shape has dtype " << shape.dtype << ", head_dim " << shape.head_dim << ", num_kv_heads "
+        << shape.num_kv_heads << ", expected options.dtype = " << m.options.dtype << " and the bounds' "
+        << m.bounds.head_dim << " and " << m.bounds.num_kv_heads << " (the captured grid is fixed)";
+    tiles = m.tiles;
+    slots = m.graph_slots;
+    decode_slots = m.graph_decode_slots;
+  } else {
+    tiles = detail::pod_tiles(dims);
+    slots = detail::pod_slots(shape.dtype, dims, tiles);
+    const int heads = static_cast<int>(shape.num_kv_heads);
+    const int min_prefill = tiles.prefill == detail::QTile::k128Wgmma ? 1 : heads;
+    if (m.options.decode_sms > 0 && info.num_decode_requests > 0) {
+      const int64_t per_sm = slots / detail::current_device_sm_count();
+      const int64_t most = (slots - (info.num_prefill_requests > 0 ? min_prefill : 0)) / heads * heads;
+      decode_slots = static_cast<int>(std::min<int64_t>(m.options.decode_sms * per_sm / heads * heads, most));
+      decode_slots = std::max(decode_slots, heads);
+    } else if (info.num_prefill_requests == 0) {
+      decode_slots = info.num_decode_requests > 0 ? slots / heads * heads : 0;
+    } else {
+      decode_slots = info.num_decode_requests > 0
+                         ? detail::pod_decode_slots(prefill_flops, decode_bytes, slots, heads, min_prefill)
+                         : 0;
+    }
+  }
+  const int prefill_slots = m.options.cuda_graph || info.num_prefill_requests > 0 ? slots - decode_slots : 0;
+  const AttentionRuntime::PlanSide prefill_side{tiles.prefill, prefill_slots};
+  const AttentionRuntime::PlanSide decode_side{tiles.decode, decode_slots};
+  m.planned = false;
+  m.prefill->plan(prefill_in, shape, stream, &prefill_side);
+  m.decode->plan(decode_in, shape, stream, &decode_side);
+  m.tiles = tiles;
+  info.prefill = m.prefill->info();
+  info.decode = m.decode->info();
+  info.prefill_ctas = info.prefill.grid_cols * static_cast<int32_t>(shape.num_kv_heads / info.prefill.heads_per_cta);
+  info.decode_ctas = info.decode.grid_cols * static_cast<int32_t>(shape.num_kv_heads);
+  m.info = info;
+  m.planned = true;
+}
+
+void BatchPODPagedWrapper::run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse,
+                               StreamHandle stream) {
+  Impl& m = *impl_;
+  AttentionRuntime& prefill = *m.prefill;
+  AttentionRuntime& decode = *m.decode;
+  prefill.check_run_queries(q, o, lse);
+  TESSERA_CHECK_ARG(m.planned) << "run() before plan(): call plan() with this batch's index arrays first";
+  detail::check_paged_cache(prefill, q, kv);
+  detail::RunIds ids;
+  ids.view = &kv.indices;
+  ids.name = "kv.indices";
+  ids.device_data = prefill.device_ids(kv.indices, ids.name);
+  ids.bound = kv.k.shape[0];
+  const detail::PrefillHeadDims dims = prefill.plan_dims();
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    kernels::AttentionParams<T, T> p = prefill.query_part<T, T>(q, o, lse);
+    detail::paged_cache_params(p, kv);
+    p.paged.indices = ids.device_data;
+    const detail::PodLaunch launch{prefill.persistent_launch(), decode.persistent_launch()};
+    // The decode side's run is ordered inside the prefill side's: one launch waits for both plans'
+    // uploads and both sides' last runs, and is recorded as the last run of each.
+    prefill.launch_ordered(&ids, stream, [&](cudaStream_t s) {
+      decode.launch_ordered(nullptr, stream, [&](cudaStream_t) {
+        detail::with_prefill_head_dim(dims, [&](auto head_dims_tag) {
+          constexpr int kQk = decltype(head_dims_tag)::kQk, kVo = decltype(head_dims_tag)::kVo;
+          if constexpr (kQk == kVo) {
+            detail::launch_pod_head_dim<T, T, kQk, kVo>(p, prefill.variant(), m.tiles, launch, s);
+          } else {
+            TESSERA_FAIL(StatusCode::kInternal) << "the POD kernel takes equal head dims";  // plan() checks first
+          }
+        });
+      });
+    });
+  });
+}
+
+const PodPlanInfo& BatchPODPagedWrapper::plan_info() const { return impl_->info; }
 
 }  // namespace tessera

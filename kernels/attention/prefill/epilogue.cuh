@@ -88,7 +88,7 @@ struct PrefillEpilogue {
   TESSERA_DEVICE void merge_warps_and_store(const float (&o)[kMmaQ][kN8D][4], const Softmax& softmax,
                                             const PrefillSmem<Traits>& smem) const {
     constexpr int kRows = Traits::kWarpRowsQ;
-    __syncthreads();
+    tile_sync<Traits>();
     constexpr int D = Traits::HEAD_DIM_VO;
     float* merge_o = smem.merge;                             // [kNumWarps][kRows][D]
     float* merge_md = merge_o + Traits::kNumWarps * kRows * D;  // [kNumWarps][kRows][2]
@@ -108,7 +108,7 @@ struct PrefillEpilogue {
           merge_md[(c.warp * kRows + row) * 2 + 1] = softmax.row[mq][h].d;
         }
       }
-    __syncthreads();
+    tile_sync<Traits>();
     // All threads now combine: thread -> (row, 8-element column group).
     constexpr int kGroups = kRows * D / 8;
     for (int i = threadIdx.x; i < kGroups; i += Traits::kComputeThreads) {

@@ -102,7 +102,7 @@ struct Sm80Mainloop {
 #pragma unroll
     for (int s = 0; s + 1 < Traits::kStages; ++s) {
       kv.resolve(s);
-      __syncthreads();
+      tile_sync<Traits>();
       copy(s);
     }
     kv.resolve(Traits::kStages - 1);
@@ -115,7 +115,7 @@ struct Sm80Mainloop {
     cp_async_wait<Traits::kStages - 2>();  // the group of `tile` (and Q) has landed
     // After this barrier: every thread finished computing tile - 1 (its stage and row table are
     // free) and resolved tile + kStages - 1.
-    __syncthreads();
+    tile_sync<Traits>();
     current = tile;
     if constexpr (!Traits::kLoadsBehindMma) {
       copy(tile + Traits::kStages - 1);
@@ -129,7 +129,7 @@ struct Sm80Mainloop {
     } else if constexpr (Traits::kDequantizeKV) {
       kv.template dequantize<false, Traits::CTA_TILE_KV, Traits::kThreads>(read.stage, k_tile(), v_tile(), 0,
                                                                             static_cast<int>(threadIdx.x));
-      __syncthreads();  // the T tiles are complete before any warp reads them
+      tile_sync<Traits>();  // the T tiles are complete before any warp reads them
     }
   }
 
@@ -337,7 +337,7 @@ struct Sm80Mainloop {
       const int k = max_bits == 0 ? 0 : max(exponent - 14, -126);  // <= 113
       q_scale = __int_as_float((127 - k) << 23);
       q_factor = __int_as_float((127 + k) << 23);
-      __syncthreads();
+      tile_sync<Traits>();
     }
     for (int i = tid; i < kPairs; i += Traits::kThreads) {
       const int row = i / kPairsPerRow, pair = i % kPairsPerRow;
@@ -355,7 +355,7 @@ struct Sm80Mainloop {
       *reinterpret_cast<uint4*>(lo_chunk) = make_uint4(w[0], w[2], w[4], w[6]);
       *reinterpret_cast<uint4*>(hi_chunk) = make_uint4(w[1], w[3], w[5], w[7]);
     }
-    __syncthreads();  // the rewritten tile before any warp's ldmatrix
+    tile_sync<Traits>();  // the rewritten tile before any warp's ldmatrix
   }
 
   /// kConvertFragments: moves O from the converted V fragments' layout (lane t holds elements

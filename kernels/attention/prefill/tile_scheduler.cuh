@@ -82,7 +82,7 @@ struct OneShotScheduler {
   }
 };
 
-/// Persistent grid of the plan/run runtime: blockIdx = (column, KV head group). The plan is one
+/// Persistent grid of the plan/run runtime: CTAs at (column, KV head group). The plan is one
 /// head's; a group of heads_per_cta heads lets the grid fill every SM when H_kv does not divide the
 /// CTA slots (132 SMs, 8 KV heads: 33 columns of 2 heads instead of 16 of 1). Only warp-specialised
 /// tiles take groups: a head loop around the mma.sync tiles, which use every register, made them
@@ -96,10 +96,19 @@ struct PlannedScheduler {
   };
   static constexpr bool kPersistent = true;
   const Arguments args;
-  const int first, last;  // the CTA column's items
+  const int column, head_group;  // the CTA's place in the plan's grid
+  const int first, last;         // the column's items
 
+  /// The CTA at (column, head_group) of the plan's grid: blockIdx for the persistent kernel, a
+  /// share of a larger grid for the POD kernel (kernels/attention/pod.cuh).
+  TESSERA_DEVICE PlannedScheduler(const Arguments& a, int cta_column, int cta_head_group)
+      : args(a),
+        column(cta_column),
+        head_group(cta_head_group),
+        first(a.cta_indptr[cta_column]),
+        last(a.cta_indptr[cta_column + 1]) {}
   TESSERA_DEVICE explicit PlannedScheduler(const Arguments& a)
-      : args(a), first(a.cta_indptr[blockIdx.x]), last(a.cta_indptr[blockIdx.x + 1]) {}
+      : PlannedScheduler(a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)) {}
 
   /// The contraction may launch now: its CTAs read the plan's merge descriptors and request
   /// extents while this grid runs, then wait for it before touching the partial states.
@@ -119,7 +128,7 @@ struct PlannedScheduler {
     // The mma.sync tiles hold 128 registers per thread; keeping `last` live across their item
     // loop spilled it, so they reload it per item (an L1 hit).
     return Traits::kWarpSpecialized ? c.head < args.heads_per_cta && c.item < last
-                                    : c.item < __ldg(args.cta_indptr + blockIdx.x + 1);
+                                    : c.item < __ldg(args.cta_indptr + column + 1);
   }
 
   /// The planned item at the cursor; false for an item the planner never produces (a request out
@@ -129,8 +138,7 @@ struct PlannedScheduler {
     const PlannedItem item = args.items[c.item];
     if (item.request < 0 || item.request >= p.batch_size) return false;
     w.request = item.request;
-    w.kv_head = Traits::kWarpSpecialized ? static_cast<int>(blockIdx.y) * args.heads_per_cta + c.head
-                                         : static_cast<int>(blockIdx.y);
+    w.kv_head = Traits::kWarpSpecialized ? head_group * args.heads_per_cta + c.head : head_group;
     w.e = KVFormat<kFormat>::request_extent(p, item.request);
     w.packed_begin = item.packed_begin;
     w.out = TileOutput{nullptr, nullptr};

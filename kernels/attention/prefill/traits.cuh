@@ -353,14 +353,23 @@ TESSERA_DEVICE int loader_thread() {
                                   : static_cast<int>(threadIdx.x);
 }
 
+/// Synchronises the threads of a tile that is not warp-specialised: barrier 0 over the tile's
+/// kThreads, which is the whole CTA except in the POD kernel's decode CTAs (more threads launched,
+/// the rest exited).
+template <typename Traits>
+TESSERA_DEVICE void tile_sync() {
+  static_assert(!Traits::kWarpSpecialized, "warp-specialised tiles synchronise roles at named barriers");
+  cta_sync(Traits::kThreads);
+}
+
 /// Synchronises the threads of one role: warp-specialised, the role's warps at its named barrier;
-/// otherwise every warp has every role, so the whole CTA.
+/// otherwise every warp has every role, so the whole tile.
 template <typename Traits, uint32_t kBarrier, int kRoleThreads>
 TESSERA_DEVICE void role_sync() {
   if constexpr (Traits::kWarpSpecialized) {
     named_barrier_sync(kBarrier, kRoleThreads);
   } else {
-    __syncthreads();
+    tile_sync<Traits>();
   }
 }
 /// Synchronises the threads that load tiles.

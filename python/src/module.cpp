@@ -816,6 +816,59 @@ tessera::ApplyLlama31RopeOptions llama31_rope_options(int64_t rotary_dim, bool i
 }  // namespace
 
 
+/// plan() and run() of the paged prefill wrappers, which take the same arguments
+/// (BatchPrefillPagedWrapper; BatchPODPagedWrapper, whose C++ plan() refuses what it cannot run).
+template <typename W>
+void bind_paged_prefill_plan_run(nb::class_<W>& cls) {
+  cls
+      .def(
+          "plan",
+          [](W& w, const RunArray& qo_indptr, const RunArray& kv_indptr,
+             const RunArray& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
+             int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
+             const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
+             const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo,
+             const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
+            const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
+                             lp = to_view(last_page_len, "paged_kv_last_page_len");
+            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+            std::optional<tessera::VariantSpec> user;
+            tessera::VariantOptions variant = variant_options(variant_args, user);
+            set_custom_mask(variant, custom_mask, custom_mask_indptr);
+            TensorView probe;
+            probe.device = tessera::Device::cuda(device);
+            DeviceGuard guard(probe);
+            nb::gil_scoped_release release;
+            checked([&] {
+              w.plan(qi, ip, lp, page_size,
+                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
+                                head_dim_vo),
+                     to_stream(stream));
+            });
+          },
+          "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
+          "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
+          "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
+          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(),
+          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as "
+          "for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed "
+          "bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.")
+      .def(
+          "run",
+          [](W& w, const RunArray& q, const OptRunArray& k, const OptRunArray& v,
+             const OptRunArray& kv, Layout layout, const RunArray& indices, const RunArray& o, const OptRunArray& lse,
+             uintptr_t stream, const std::optional<DType>& kv_dtype) {
+            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
+            DeviceGuard guard(tq);
+            nb::gil_scoped_release release;
+            checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
+          },
+          "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
+          "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
+}
+
 NB_MODULE(_C, m) {
   m.doc() = "Tessera's C++ API (low level; use the functions and classes of the `tessera` package).";
   nb::register_exception_translator(translate_error);
@@ -918,6 +971,25 @@ NB_MODULE(_C, m) {
       .def_rw("q_tile", &tessera::RuntimeOptions::q_tile)
       .def_rw("dtype", &tessera::RuntimeOptions::dtype)
       .def_rw("kv_dtype", &tessera::RuntimeOptions::kv_dtype);
+  nb::class_<tessera::PodOptions>(m, "PodOptions",
+                                  "Options of a BatchPODPagedWrapper, fixed at construction (decode_sms 0: chosen "
+                                  "per plan).")
+      .def(nb::init<>())
+      .def_rw("cuda_graph", &tessera::PodOptions::cuda_graph)
+      .def_rw("dtype", &tessera::PodOptions::dtype)
+      .def_rw("decode_sms", &tessera::PodOptions::decode_sms)
+      .def_rw("split_kv", &tessera::PodOptions::split_kv)
+      .def_rw("fixed_split_size", &tessera::PodOptions::fixed_split_size);
+  nb::class_<tessera::PodPlanInfo>(m, "PodPlanInfo",
+                                   "What the last BatchPODPagedWrapper.plan() decided (read-only): the requests and "
+                                   "CTAs of each side, and each side's plan as the dict the other wrappers' "
+                                   "plan_info() returns (grid_cols 0: no CTAs on that side).")
+      .def_ro("num_prefill_requests", &tessera::PodPlanInfo::num_prefill_requests)
+      .def_ro("num_decode_requests", &tessera::PodPlanInfo::num_decode_requests)
+      .def_ro("prefill_ctas", &tessera::PodPlanInfo::prefill_ctas)
+      .def_ro("decode_ctas", &tessera::PodPlanInfo::decode_ctas)
+      .def_prop_ro("prefill", [](const tessera::PodPlanInfo& i) { return plan_info_dict(i.prefill); })
+      .def_prop_ro("decode", [](const tessera::PodPlanInfo& i) { return plan_info_dict(i.decode); });
 
   // --- build and device information -------------------------------------------------------------
   m.def("version", [] { return std::string(tessera::version_string()); },
@@ -1445,53 +1517,40 @@ NB_MODULE(_C, m) {
   nb::class_<tessera::BatchPrefillPagedWrapper> prefill_paged(
       m, "BatchPrefillPagedWrapper", "tessera::BatchPrefillPagedWrapper (paged KV, any query length).");
   bind_common(prefill_paged);
-  prefill_paged
-      .def(
-          "plan",
-          [](tessera::BatchPrefillPagedWrapper& w, const RunArray& qo_indptr, const RunArray& kv_indptr,
-             const RunArray& last_page_len, int64_t page_size, int64_t num_qo_heads, int64_t num_kv_heads,
-             int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
-             const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
-             const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo,
-             const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
-            const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
-                             lp = to_view(last_page_len, "paged_kv_last_page_len");
-            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
-            std::optional<tessera::VariantSpec> user;
-            tessera::VariantOptions variant = variant_options(variant_args, user);
-            set_custom_mask(variant, custom_mask, custom_mask_indptr);
+  bind_paged_prefill_plan_run(prefill_paged);
+
+  // Its options are a PodOptions and its plan_info() a PodPlanInfo, so bind_common does not fit.
+  using Pod = tessera::BatchPODPagedWrapper;
+  nb::class_<Pod> pod(
+      m, "BatchPODPagedWrapper",
+      "tessera::BatchPODPagedWrapper (paged KV, a batch mixing prefill chunks and decode requests in one launch whose "
+      "CTAs are divided between the two; the default variant, 16-bit K/V of q's dtype, equal head dims).");
+  pod.def(
+         "__init__",
+         [](Pod* self, const Array& workspace, const tessera::RuntimeBounds& bounds, const tessera::PodOptions& options) {
+           const TensorView ws = to_view(workspace, "float_workspace_buffer");
+           DeviceGuard guard(ws);
+           checked([&] { new (self) Pod(ws, bounds, options); });
+         },
+         "workspace"_a, "bounds"_a, "options"_a = tessera::PodOptions{},
+         "Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) "
+         "bytes (needs a GPU).")
+      .def_static(
+          "workspace_size",
+          [](const tessera::RuntimeBounds& bounds, const tessera::PodOptions& options, int device) {
             TensorView probe;
             probe.device = tessera::Device::cuda(device);
             DeviceGuard guard(probe);
-            nb::gil_scoped_release release;
-            checked([&] {
-              w.plan(qi, ip, lp, page_size,
-                     plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
-                                head_dim_vo),
-                     to_stream(stream));
-            });
+            int64_t bytes = 0;
+            checked([&] { bytes = Pod::workspace_size(bounds, options); });
+            return bytes;
           },
-          "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a,
-          "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
-          "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
-          "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
-          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(),
-          "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as "
-          "for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed "
-          "bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.")
+          "bounds"_a, "options"_a = tessera::PodOptions{}, "device"_a = 0,
+          "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.")
       .def(
-          "run",
-          [](tessera::BatchPrefillPagedWrapper& w, const RunArray& q, const OptRunArray& k, const OptRunArray& v,
-             const OptRunArray& kv, Layout layout, const RunArray& indices, const RunArray& o, const OptRunArray& lse,
-             uintptr_t stream, const std::optional<DType>& kv_dtype) {
-            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
-            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
-            DeviceGuard guard(tq);
-            nb::gil_scoped_release release;
-            checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
-          },
-          "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
-          "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
+          "plan_info", [](const Pod& w) { return w.plan_info(); },
+          "What the last plan() decided, as a PodPlanInfo (a copy; for tests, benchmarks and logs).");
+  bind_paged_prefill_plan_run(pod);
 
   nb::class_<tessera::BatchPrefillRaggedWrapper> prefill_ragged(
       m, "BatchPrefillRaggedWrapper", "tessera::BatchPrefillRaggedWrapper (ragged KV, any query length).");

@@ -231,6 +231,66 @@ class RuntimeOptions:
     @kv_dtype.setter
     def kv_dtype(self, arg: DType | None, /) -> None: ...
 
+class PodOptions:
+    """
+    Options of a BatchPODPagedWrapper, fixed at construction (decode_sms 0: chosen per plan).
+    """
+
+    def __init__(self) -> None: ...
+
+    @property
+    def cuda_graph(self) -> bool: ...
+
+    @cuda_graph.setter
+    def cuda_graph(self, arg: bool, /) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def decode_sms(self) -> int: ...
+
+    @decode_sms.setter
+    def decode_sms(self, arg: int, /) -> None: ...
+
+    @property
+    def split_kv(self) -> SplitKV: ...
+
+    @split_kv.setter
+    def split_kv(self, arg: SplitKV, /) -> None: ...
+
+    @property
+    def fixed_split_size(self) -> int: ...
+
+    @fixed_split_size.setter
+    def fixed_split_size(self, arg: int, /) -> None: ...
+
+class PodPlanInfo:
+    """
+    What the last BatchPODPagedWrapper.plan() decided (read-only): the requests and CTAs of each side, and each side's plan as the dict the other wrappers' plan_info() returns (grid_cols 0: no CTAs on that side).
+    """
+
+    @property
+    def num_prefill_requests(self) -> int: ...
+
+    @property
+    def num_decode_requests(self) -> int: ...
+
+    @property
+    def prefill_ctas(self) -> int: ...
+
+    @property
+    def decode_ctas(self) -> int: ...
+
+    @property
+    def prefill(self) -> dict: ...
+
+    @property
+    def decode(self) -> dict: ...
+
 def version() -> str:
     """Version of the linked libtessera (MAJOR.MINOR.PATCH)."""
 
@@ -403,6 +463,35 @@ class BatchPrefillPagedWrapper:
     def plan_info(self) -> dict:
         """
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
+        """
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.
+        """
+
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
+        """Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2)."""
+
+class BatchPODPagedWrapper:
+    """
+    tessera::BatchPODPagedWrapper (paged KV, a batch mixing prefill chunks and decode requests in one launch whose CTAs are divided between the two; the default variant, 16-bit K/V of q's dtype, equal head dims).
+    """
+
+    def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: PodOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(bounds: RuntimeBounds, options: PodOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    def plan_info(self) -> PodPlanInfo:
+        """
+        What the last plan() decided, as a PodPlanInfo (a copy; for tests, benchmarks and logs).
         """
 
     def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:

@@ -49,6 +49,7 @@ from .flex import (BlockMask, ModTraceError, and_masks, create_block_mask, creat
                    noop_mask, or_masks)
 from .mla import BatchMLAPagedAttentionWrapper
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
+from .pod import PODWithPagedKVCacheWrapper
 from .quantization import packbits, segment_packbits
 from .rope import (
     apply_llama31_rope,
@@ -91,6 +92,7 @@ __all__ = [
     "merge_states",
     "merge_states_ragged",
     "MultiLevelCascadeAttentionWrapper",
+    "PODWithPagedKVCacheWrapper",
     "append_paged_kv_cache",
     "append_paged_mla_kv_cache",
     "get_batch_indices_positions",
@@ -205,4 +207,4 @@ def build_info() -> Dict[str, Any]:
     }
 
 
-from . import cascade, decode, page, prefill, quantization, rope  # noqa: E402,F401  (FlashInfer-style submodules)
+from . import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E402,F401  (FlashInfer-style submodules)

@@ -182,6 +182,22 @@ class _RuntimeHolder:
         ws = self.workspace
         return int(ws.numel()) * int(ws.element_size())
 
+    def _options(self, C: Any, dtype: Any, kv_dtype: Any, split_kv: str, fixed_split_size: int) -> Any:
+        """The C++ options the runtime is built with (tessera._C.RuntimeOptions; a subclass may
+        build its runtime's own options type)."""
+        options = C.RuntimeOptions()
+        options.cuda_graph = self.use_cuda_graph
+        options.split_kv = {"auto": C.SplitKV.auto, "fixed": C.SplitKV.fixed, "none": C.SplitKV.none}[split_kv]
+        options.fixed_split_size = int(fixed_split_size)
+        options.dtype = U.tessera_dtype(dtype)
+        if kv_dtype is not None and kv_dtype != dtype:
+            options.kv_dtype = U.tessera_dtype(kv_dtype)
+        return options
+
+    def _extra_key(self) -> Tuple[Any, ...]:
+        """Options beyond the split and dtypes that the runtime is kept for (a subclass's)."""
+        return ()
+
     def ensure(
         self,
         need: _Need,
@@ -197,7 +213,7 @@ class _RuntimeHolder:
         preallocated buffers. kv_dtype: K/V's torch dtype when it is not q's (an fp8 cache).
         """
         U.check_cuda("float_workspace_buffer", self.workspace)
-        key = (split_kv, int(fixed_split_size), (dtype, kv_dtype) if self.use_cuda_graph else None)
+        key = (split_kv, int(fixed_split_size), (dtype, kv_dtype) if self.use_cuda_graph else None) + self._extra_key()
 
         # The runtime of the last plan, when it serves this one too (every step of a serving loop).
         bounds = self.bounds
@@ -208,7 +224,8 @@ class _RuntimeHolder:
             if self.use_cuda_graph:
                 if key != self.options_key:
                     raise ValueError(
-                        "use_cuda_graph: this plan changes the dtype or the split options "
+                        "use_cuda_graph: this plan changes the dtype or the split options (or a wrapper's own "
+                        "options) "
                         f"({key}) the wrapper was built for ({self.options_key}); build a new wrapper"
                     )
                 if not need.fits_key(fit[1]):
@@ -223,13 +240,7 @@ class _RuntimeHolder:
 
         C = U._C()
         cls = getattr(C, self.cpp_class_name)
-        options = C.RuntimeOptions()
-        options.cuda_graph = self.use_cuda_graph
-        options.split_kv = {"auto": C.SplitKV.auto, "fixed": C.SplitKV.fixed, "none": C.SplitKV.none}[split_kv]
-        options.fixed_split_size = int(fixed_split_size)
-        options.dtype = U.tessera_dtype(dtype)
-        if kv_dtype is not None and kv_dtype != dtype:
-            options.kv_dtype = U.tessera_dtype(kv_dtype)
+        options = self._options(C, dtype, kv_dtype, split_kv, fixed_split_size)
         device = U.device_index(self.workspace)
         if self.use_cuda_graph:
             assert graph_bounds is not None

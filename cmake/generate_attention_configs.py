@@ -359,7 +359,7 @@ def instantiation(family, d, dtype, table_name, kv="same", dv=None):
         lines += [
             f"template void launch_pod_head_dim<{t}, {kvt}, {d}, {dv}>(const {params}&, const ResolvedVariant&, PodTiles,",
             "    const PodLaunch&, cudaStream_t);",
-            f"template int pod_ctas_per_sm<{t}, {kvt}, {d}, {dv}>(PodTiles);",
+            f"template PodOccupancy pod_occupancy<{t}, {kvt}, {d}, {dv}>(PodTiles);",
         ]
     else:
         lines += [

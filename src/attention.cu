@@ -309,9 +309,16 @@ QTile q_tile_128(PrefillHeadDims head_dim, KVStorage kv) {
 }
 
 PodTiles pod_tiles(PrefillHeadDims head_dim) {
+  static const bool wide = env_choice("TESSERA_POD_DECODE_TILE", {"16", "16w"}) == "16w";
   const QTile prefill = q_tile_128(head_dim);
-  const bool wide = prefill == QTile::k128Wgmma && has_prefill_config(head_dim, QTile::k16Wide, KVStorage::kSame);
-  return PodTiles{prefill, wide ? QTile::k16Wide : QTile::k16};
+  if (wide) {
+    TESSERA_CHECK(prefill == QTile::k128Wgmma && has_prefill_config(head_dim, QTile::k16Wide, KVStorage::kSame),
+                  StatusCode::kInvalidArgument)
+        << "TESSERA_POD_DECODE_TILE=16w: no wide 16-row tile beside the " << q_tile_name(prefill)
+        << " prefill tile at head_dim " << head_dim.qk;
+    return PodTiles{prefill, QTile::k16Wide};
+  }
+  return PodTiles{prefill, QTile::k16};
 }
 
 QTile choose_q_tile_for_grid(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,

@@ -77,7 +77,8 @@ void launch_pod_head_dim(const kernels::AttentionParams<T, KVT>& p, const Resolv
     work.prefill_cols = launch.prefill.grid_cols;
     work.prefill_ctas = launch.prefill.grid_cols * (p.num_kv_heads / prefill.heads_per_cta);
     work.decode_cols = launch.decode.grid_cols;
-    const int64_t ctas = static_cast<int64_t>(work.prefill_ctas) + static_cast<int64_t>(work.decode_cols) * p.num_kv_heads;
+    const int64_t decode_slots = static_cast<int64_t>(work.decode_cols) * p.num_kv_heads;
+    const int64_t ctas = work.prefill_ctas + (decode_slots + Pod::kDecodeCopies - 1) / Pod::kDecodeCopies;
     if (ctas == 0) return;
     auto kernel = pod_kernel<PrefillT, DecodeT, Params>();
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Pod::kSmemBytes);
@@ -95,18 +96,20 @@ void launch_pod_head_dim(const kernels::AttentionParams<T, KVT>& p, const Resolv
 }
 
 template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO>
-int pod_ctas_per_sm(PodTiles tiles) {
-  int ctas = 0;
+PodOccupancy pod_occupancy(PodTiles tiles) {
+  PodOccupancy occupancy{0, 0};
   with_pod_config<T, KVT, HEAD_DIM, HEAD_DIM_VO>(tiles, [&](auto prefill_tag, auto decode_tag) {
     using PrefillT = typename decltype(prefill_tag)::type;
     using DecodeT = typename decltype(decode_tag)::type;
     using Pod = kernels::PodTraits<PrefillT, DecodeT, kernels::DefaultVariant>;
     auto kernel = pod_kernel<PrefillT, DecodeT, kernels::AttentionParams<T, KVT>>();
     ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Pod::kSmemBytes);
-    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Pod::kThreads, Pod::kSmemBytes))
+    TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy.ctas_per_sm, kernel, Pod::kThreads,
+                                                                     Pod::kSmemBytes))
         << " (occupancy of the POD kernel)";
+    occupancy.decode_copies = Pod::kDecodeCopies;
   });
-  return ctas;
+  return occupancy;
 }
 
 }  // namespace detail

@@ -82,16 +82,16 @@ struct PodTiles {
 
 /// The pairs the POD kernel is built for (one place: the launcher instantiates exactly these): the
 /// prefill side's 128-row tile as q_tile_128 picks it (k128Wgmma; k128 or k64 with mma.sync) and a
-/// 16-row decode tile, the wide one (k16Wide) beside the wgmma tile, which gives the decode CTA one
-/// SM's worth of threads and shared memory: 8 warps streaming 128-row K/V tiles keep more bytes in
-/// flight than 4 (choose_q_tile_for_grid says why that matters when a CTA has an SM to itself).
+/// 16-row decode tile: k16 (a decode CTA runs as many copies of it as fit, PodTraits), or beside
+/// the wgmma tile also the wide k16Wide (one copy: 8 warps over 128-row K/V tiles).
 constexpr bool is_pod_pair(QTile prefill, QTile decode) {
   return (prefill == QTile::k128Wgmma && (decode == QTile::k16Wide || decode == QTile::k16)) ||
          ((prefill == QTile::k128 || prefill == QTile::k64) && decode == QTile::k16);
 }
 
-/// The pair for head_dim on the current device (16-bit K/V): q_tile_128's prefill tile, k16Wide
-/// beside a wgmma tile where the table has it, else k16.
+/// The pair for head_dim on the current device (16-bit K/V): q_tile_128's prefill tile and k16.
+/// TESSERA_POD_DECODE_TILE=16w takes k16Wide beside a wgmma tile instead (a tuning aid for
+/// benchmarks, like TESSERA_PREFILL_QTILE; an error where the table has no k16Wide).
 PodTiles pod_tiles(PrefillHeadDims head_dim);
 
 /// Launches the POD kernel of one tile pair over paged KV with the default variant (then the
@@ -106,9 +106,14 @@ template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
 void launch_pod_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant, PodTiles tiles,
                          const PodLaunch& launch, cudaStream_t stream);
 
-/// How many CTAs of that POD kernel one SM of the current device holds.
+/// How many CTAs of that POD kernel one SM of the current device holds, and how many copies of
+/// the decode tile each decode CTA runs (kernels::PodTraits::kDecodeCopies).
+struct PodOccupancy {
+  int ctas_per_sm;
+  int decode_copies;
+};
 template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO = HEAD_DIM>
-int pod_ctas_per_sm(PodTiles tiles);
+PodOccupancy pod_occupancy(PodTiles tiles);
 
 }  // namespace detail
 }  // namespace tessera

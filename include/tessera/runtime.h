@@ -300,8 +300,9 @@ struct PodOptions {
   bool cuda_graph = false;
   DType dtype = DType::kBF16;  ///< with cuda_graph: the dtype of q, o, k and v (fixed)
   /// SMs whose CTAs run the decode requests (the rest run the prefill requests); 0: chosen per
-  /// plan from the two sides' estimated times (docs/design.md §6.10). Rounded down to a multiple of
-  /// the plan's KV heads (a decode CTA runs one KV head) and kept below the device's SM count.
+  /// plan from the two sides' estimated times (docs/design.md §6.10). Kept below the device's SM
+  /// count; a decode CTA runs several 16-row tiles, each over one KV head, and only whole columns
+  /// of KV heads are used.
   int64_t decode_sms = 0;
   SplitKV split_kv = SplitKV::kAuto;  ///< as RuntimeOptions (kFixed: fixed_split_size)
   int64_t fixed_split_size = 0;
@@ -312,7 +313,8 @@ struct PodPlanInfo {
   int64_t num_prefill_requests = 0;  ///< requests with more than 16 packed rows (qo_len x group)
   int64_t num_decode_requests = 0;   ///< requests with 1 to 16 packed rows
   int32_t prefill_ctas = 0;          ///< CTAs of the launch that run the prefill plan
-  int32_t decode_ctas = 0;           ///< CTAs that run the decode plan (a multiple of num_kv_heads)
+  int32_t decode_ctas = 0;           ///< CTAs that run the decode plan, decode_copies tiles each
+  int32_t decode_copies = 0;         ///< copies of the 16-row tile a decode CTA runs side by side
   PlanInfo prefill;                  ///< the prefill side's plan (grid_cols 0: no prefill CTAs)
   PlanInfo decode;                   ///< the decode side's plan (grid_cols 0: no decode CTAs)
 };

@@ -8,9 +8,10 @@
 // instead of after it.
 //
 // Grid: PodWork::prefill_ctas CTAs of the prefill plan (column b % prefill_cols, head group
-// b / prefill_cols), then the decode plan's CTAs likewise. The launch has the larger tile's
-// threads and shared memory; a CTA of the smaller tile lets its extra warps exit at once (its
-// barriers count its own threads: tile_sync in prefill/traits.cuh).
+// b / prefill_cols), then the decode plan's CTA slots, PodTraits::kDecodeCopies to a CTA: the
+// launch has the larger tile's threads and shared memory, and a decode CTA runs as many copies of
+// the 16-row tile side by side as they hold, each on its own threads, shared memory and barrier
+// (tile_thread, tile_sync in prefill/traits.cuh); threads beyond the copies exit at once.
 #pragma once
 
 #include "kernels/attention/prefill.cuh"
@@ -24,18 +25,29 @@ struct PodWork {
   PlannedWork decode;    // the 16-row tile's plan
   int32_t prefill_cols;  // columns of the prefill plan
   int32_t prefill_ctas;  // prefill_cols x its head groups: blockIdx.x below this runs the prefill plan
-  int32_t decode_cols;   // columns of the decode plan (one KV head per CTA: mma.sync tiles)
+  int32_t decode_cols;   // columns of the decode plan (one KV head per slot: mma.sync tiles), whose
+                         // cols x H_kv slots run PodTraits::kDecodeCopies to a CTA
 };
 
-/// The launch shape of a (prefill tile, decode tile) pair: threads and shared memory of the
-/// larger, the occupancy both allow.
+/// The launch shape of a (prefill tile, decode tile) pair: threads of the larger, the occupancy
+/// both allow, and how many copies of the decode tile a decode CTA runs side by side (as many as
+/// its threads and the shared memory hold: each copy is one more independent stream of K/V
+/// copies, and a lone 16-row tile on an SM is bound by its per-tile chain, not by bandwidth).
 template <typename PrefillTraits, typename DecodeTraits, typename Variant>
 struct PodTraits {
   static constexpr int kThreads =
       PrefillTraits::kThreads > DecodeTraits::kThreads ? PrefillTraits::kThreads : DecodeTraits::kThreads;
-  static constexpr int kSmemBytes = PrefillTraits::kDefaultSmemBytes > DecodeTraits::kDefaultSmemBytes
-                                        ? PrefillTraits::kDefaultSmemBytes
-                                        : DecodeTraits::kDefaultSmemBytes;
+  // A decode copy's shared memory, rounded up so every copy keeps the 1024-byte alignment of the
+  // tiles' XOR addressing.
+  static constexpr int kDecodeSmemStride = (DecodeTraits::kDefaultSmemBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemLimit = 227 * 1024;  // sm_80 / sm_90 opt-in maximum per CTA
+  static constexpr int kDecodeCopiesByThreads = kThreads / DecodeTraits::kThreads;
+  static constexpr int kDecodeCopiesBySmem = kSmemLimit / kDecodeSmemStride;
+  static constexpr int kDecodeCopies =
+      kDecodeCopiesByThreads < kDecodeCopiesBySmem ? kDecodeCopiesByThreads : kDecodeCopiesBySmem;
+  static constexpr int kDecodeSmemBytes = kDecodeCopies * kDecodeSmemStride;
+  static constexpr int kSmemBytes =
+      PrefillTraits::kDefaultSmemBytes > kDecodeSmemBytes ? PrefillTraits::kDefaultSmemBytes : kDecodeSmemBytes;
   static constexpr int kPrefillMin = kPrefillMinCtasPerSm<PrefillTraits, Variant>;
   static constexpr int kDecodeMin = kPrefillMinCtasPerSm<DecodeTraits, Variant>;
   static constexpr int kMinCtasPerSm = kPrefillMin < kDecodeMin ? kPrefillMin : kDecodeMin;
@@ -47,11 +59,13 @@ struct PodTraits {
                 "the two tiles of a POD launch read the same q, K/V and o");
   // A warp-specialised tile meets all of the CTA's threads at its set-up barrier and splits them
   // into roles by thread index, so only it may set the launch's thread count; the decode tile's
-  // barriers count its own threads (tile_sync) and need no more.
+  // copies each synchronise their own threads at their own barrier (tile_sync).
   static_assert(!DecodeTraits::kWarpSpecialized, "the decode side is an mma.sync tile");
   static_assert(!PrefillTraits::kWarpSpecialized || PrefillTraits::kThreads == kThreads,
                 "a warp-specialised prefill tile takes the whole CTA");
   static_assert(DecodeTraits::CTA_TILE_Q < PrefillTraits::CTA_TILE_Q, "the decode tile is the smaller one");
+  static_assert(kDecodeCopies >= 1 && kDecodeCopies <= 16, "one barrier per decode copy (16 per CTA)");
+  static_assert(kSmemBytes <= kSmemLimit, "the launch's shared memory fits an SM");
 };
 
 template <typename PrefillTraits, typename DecodeTraits, KVFormatKind kFormat, typename Variant, typename Params>
@@ -69,10 +83,14 @@ attention_pod_kernel(const Params p, const VariantParams vp, const PodWork work)
     const PlannedScheduler<PrefillTraits> scheduler(work.prefill, cta % work.prefill_cols, cta / work.prefill_cols);
     run_work_tiles<PrefillTraits, kFormat, Variant>(p, vp, scheduler, smem_raw);
   } else {
-    if (static_cast<int>(threadIdx.x) >= DecodeTraits::kThreads) return;
-    const int d = cta - work.prefill_ctas;
-    const PlannedScheduler<DecodeTraits> scheduler(work.decode, d % work.decode_cols, d / work.decode_cols);
-    run_work_tiles<DecodeTraits, kFormat, Variant>(p, vp, scheduler, smem_raw);
+    // Copy `copy` of the decode tile is the decode plan's CTA slot d * kDecodeCopies + copy, at
+    // (slot % cols, slot / cols); a slot past the plan's grid (the last CTA's spare copies) exits.
+    using Pod = PodTraits<PrefillTraits, DecodeTraits, Variant>;
+    const int copy = static_cast<int>(threadIdx.x) / DecodeTraits::kThreads;
+    const int slot = (cta - work.prefill_ctas) * Pod::kDecodeCopies + copy;
+    if (copy >= Pod::kDecodeCopies || slot >= work.decode_cols * p.num_kv_heads) return;
+    const PlannedScheduler<DecodeTraits> scheduler(work.decode, slot % work.decode_cols, slot / work.decode_cols);
+    run_work_tiles<DecodeTraits, kFormat, Variant>(p, vp, scheduler, smem_raw + copy * Pod::kDecodeSmemStride);
   }
 }
 

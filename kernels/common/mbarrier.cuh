@@ -56,17 +56,12 @@ TESSERA_DEVICE void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
-/// Synchronises the `count` threads (whole warps) that use named barrier `id` (1-15; 0 is
-/// __syncthreads's).
+/// Synchronises the `count` threads (whole warps) that use named barrier `id` (0-15; 0 is
+/// __syncthreads's, which with a count synchronises only that many threads: the tiles that share
+/// a CTA in the POD kernel, kernels/attention/pod.cuh).
 TESSERA_DEVICE void named_barrier_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-
-/// Synchronises the CTA's first `count` threads (whole warps) at barrier 0, __syncthreads's: for
-/// code that runs in CTAs launched with more threads than it uses, whose extra warps have exited
-/// (the POD kernel's decode CTAs, kernels/attention/pod.cuh). Launched with exactly `count`
-/// threads it is __syncthreads.
-TESSERA_DEVICE void cta_sync(uint32_t count) { asm volatile("bar.sync 0, %0;\n" ::"r"(count) : "memory"); }
 
 /// Arrives at named barrier `id` without waiting: the barrier completes when `count` threads have
 /// arrived or synced there (producer/consumer hand-offs between warp groups).

@@ -988,6 +988,7 @@ NB_MODULE(_C, m) {
       .def_ro("num_decode_requests", &tessera::PodPlanInfo::num_decode_requests)
       .def_ro("prefill_ctas", &tessera::PodPlanInfo::prefill_ctas)
       .def_ro("decode_ctas", &tessera::PodPlanInfo::decode_ctas)
+      .def_ro("decode_copies", &tessera::PodPlanInfo::decode_copies)
       .def_prop_ro("prefill", [](const tessera::PodPlanInfo& i) { return plan_info_dict(i.prefill); })
       .def_prop_ro("decode", [](const tessera::PodPlanInfo& i) { return plan_info_dict(i.decode); });
 

@@ -286,6 +286,9 @@ class PodPlanInfo:
     def decode_ctas(self) -> int: ...
 
     @property
+    def decode_copies(self) -> int: ...
+
+    @property
     def prefill(self) -> dict: ...
 
     @property

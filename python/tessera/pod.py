@@ -90,6 +90,7 @@ class _PodHolder(R._RuntimeHolder):
             "num_decode_requests": int(info.num_decode_requests),
             "prefill_ctas": int(info.prefill_ctas),
             "decode_ctas": int(info.decode_ctas),
+            "decode_copies": int(info.decode_copies),
             "prefill": dict(info.prefill),
             "decode": dict(info.decode),
         }
@@ -230,8 +231,9 @@ class PODWithPagedKVCacheWrapper(BatchPrefillWithPagedKVCacheWrapper):
 
     def plan_info(self) -> Dict[str, Any]:
         """What the last plan decided: ``num_prefill_requests``, ``num_decode_requests``,
-        ``prefill_ctas``, ``decode_ctas`` (the launch's CTAs of each side; the decode side's a
-        multiple of num_kv_heads) and ``prefill`` / ``decode``, each side's plan as the dict
+        ``prefill_ctas``, ``decode_ctas`` (the launch's CTAs of each side), ``decode_copies`` (the
+        16-row tiles each decode CTA runs side by side, one KV head each) and ``prefill`` /
+        ``decode``, each side's plan as the dict
         :meth:`BatchPrefillWithPagedKVCacheWrapper.plan_info` returns (``grid_cols`` 0: no CTAs on
         that side)."""
         return self._holder.plan_info()

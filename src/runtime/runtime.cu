@@ -1214,47 +1214,64 @@ namespace {
 constexpr int64_t kPodDecodeRows = 16;
 
 /// The split model's one constant: the FLOP/s a prefill CTA (128-row tile, an SM to itself)
-/// sustains over the K/V bytes/s a decode CTA (the wide 16-row tile, an SM to itself) streams, so
-/// that prefill FLOPs and decode bytes compare in one unit of CTA time. On the H100 (W11,
+/// sustains over the K/V bytes/s a decode CTA (its copies of the 16-row tile together) streams,
+/// so that prefill FLOPs and decode bytes compare in one unit of CTA time. On the H100 (W11,
 /// bench/results/LOG.md, session 32): 4.25 TFLOP/s per prefill CTA (the prefill alone on 132),
-/// 49 GB/s per decode CTA (the decode-bound end of the decode_sms sweep, 40 CTAs).
+/// 49-56 GB/s per decode CTA (the decode-bound end of the decode_sms sweep, 32-40 CTAs); with it
+/// the model picks 52 decode CTAs, the fastest division measured.
 constexpr double kPodFlopsPerDecodeByte = 87.0;
 
-/// Decode CTA slots (a multiple of kv_heads) for a batch of `prefill_flops` and `decode_bytes`:
-/// the division of `slots` that minimises the slower side's time under the model above. The
-/// prefill side keeps at least `min_prefill` slots.
-int pod_decode_slots(double prefill_flops, double decode_bytes, int slots, int kv_heads, int min_prefill) {
-  const int most = (slots - min_prefill) / kv_heads * kv_heads;
-  if (decode_bytes <= 0 || most < kv_heads) return 0;
-  if (prefill_flops <= 0) return slots / kv_heads * kv_heads;
-  const double decode_cost = decode_bytes * kPodFlopsPerDecodeByte;
-  int best = kv_heads;
-  double best_time = 0;
-  for (int n = kv_heads; n <= most; n += kv_heads) {
-    const double t = std::max(prefill_flops / (slots - n), decode_cost / n);
-    if (n == kv_heads || t < best_time) {
-      best = n;
-      best_time = t;
-    }
-  }
-  return best;
-}
+/// The POD launch's shape on this device for a tile pair: CTA slots (CTAs per SM x SMs), decode
+/// tile copies per CTA, CTAs per SM.
+struct PodGrid {
+  int slots;
+  int copies;
+  int per_sm;
 
-/// The POD kernel's CTA slots on this device (CTAs per SM x SMs).
-int pod_slots(DType dtype, PrefillHeadDims dims, PodTiles tiles) {
-  int per_sm = 0;
+  /// The decode plan's CTA slots (one KV head each: a multiple of kv_heads) that `ctas` decode
+  /// CTAs run, and the CTAs those slots take.
+  int plan_slots(int ctas, int kv_heads) const { return ctas * copies / kv_heads * kv_heads; }
+  int ctas_of(int plan_slots) const { return (plan_slots + copies - 1) / copies; }
+  /// The fewest decode CTAs that run one slot per KV head.
+  int min_decode_ctas(int kv_heads) const { return (kv_heads + copies - 1) / copies; }
+};
+
+PodGrid pod_grid(DType dtype, PrefillHeadDims dims, PodTiles tiles) {
+  PodOccupancy occupancy{0, 0};
   TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
     with_prefill_head_dim(dims, [&](auto head_dims_tag) {
       constexpr int kQk = decltype(head_dims_tag)::kQk, kVo = decltype(head_dims_tag)::kVo;
       if constexpr (kQk == kVo) {
-        per_sm = pod_ctas_per_sm<T, T, kQk, kVo>(tiles);
+        occupancy = pod_occupancy<T, T, kQk, kVo>(tiles);
       } else {
         TESSERA_FAIL(StatusCode::kUnsupported) << "the POD kernel takes equal head dims";
       }
     });
   });
-  TESSERA_CHECK(per_sm >= 1, StatusCode::kInternal) << "the POD kernel does not fit an SM";
-  return per_sm * detail::current_device_sm_count();
+  TESSERA_CHECK(occupancy.ctas_per_sm >= 1 && occupancy.decode_copies >= 1, StatusCode::kInternal)
+      << "the POD kernel does not fit an SM";
+  return PodGrid{occupancy.ctas_per_sm * current_device_sm_count(), occupancy.decode_copies, occupancy.ctas_per_sm};
+}
+
+/// Decode CTAs for a batch of `prefill_flops` and `decode_bytes`: the division of the grid's
+/// slots that minimises the slower side's time under the model above, the prefill side keeping at
+/// least `min_prefill` slots.
+int pod_decode_ctas(double prefill_flops, double decode_bytes, const PodGrid& g, int kv_heads, int min_prefill) {
+  const int least = g.min_decode_ctas(kv_heads), most = g.slots - min_prefill;
+  if (decode_bytes <= 0 || most <= least) return least;  // requests without keys still write o = 0
+  const double decode_cost = decode_bytes * kPodFlopsPerDecodeByte;
+  int best = least;
+  double best_time = -1;
+  for (int n = least; n <= most; ++n) {
+    const int used = g.plan_slots(n, kv_heads);  // slots the plan can use: whole columns of heads
+    const double decode_time = decode_cost * g.copies / used;
+    const double t = std::max(prefill_flops / (g.slots - g.ctas_of(used)), decode_time);
+    if (best_time < 0 || t < best_time) {
+      best = n;
+      best_time = t;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -1266,8 +1283,8 @@ struct BatchPODPagedWrapper::Impl {
   std::unique_ptr<AttentionRuntime> prefill, decode;
   bool planned = false;
   detail::PodTiles tiles{};
-  int graph_decode_slots = 0;  // with cuda_graph: the fixed division
-  int graph_slots = 0;
+  detail::PodGrid graph_grid{0, 1, 0};  // with cuda_graph: the grid and its fixed division
+  int graph_decode_ctas = 0;
   PodPlanInfo info;
 
   static RuntimeOptions side_options(const PodOptions& o) {
@@ -1309,15 +1326,15 @@ BatchPODPagedWrapper::BatchPODPagedWrapper(const TensorView& workspace, const Ru
   if (options.cuda_graph) {
     // The grid a captured run() bakes in: the tiles of the bounds' head dim and a fixed division.
     impl_->tiles = detail::pod_tiles(detail::head_dims_of(bounds.head_dim, bounds.head_dim));
-    impl_->graph_slots = detail::pod_slots(options.dtype, detail::head_dims_of(bounds.head_dim, bounds.head_dim),
-                                           impl_->tiles);
+    const detail::PodGrid g =
+        detail::pod_grid(options.dtype, detail::head_dims_of(bounds.head_dim, bounds.head_dim), impl_->tiles);
     const int heads = static_cast<int>(bounds.num_kv_heads);
-    const int per_sm = impl_->graph_slots / detail::current_device_sm_count();
-    const int64_t wanted = options.decode_sms > 0 ? options.decode_sms * per_sm : impl_->graph_slots / 3;
-    impl_->graph_decode_slots = static_cast<int>(std::min<int64_t>(wanted, impl_->graph_slots - heads)) / heads * heads;
-    TESSERA_CHECK_ARG(impl_->graph_decode_slots >= heads)
-        << "options.decode_sms = " << options.decode_sms << " leaves the decode side fewer CTA slots than "
-        << "bounds.num_kv_heads = " << heads << " (a decode CTA runs one KV head)";
+    const int64_t wanted = options.decode_sms > 0 ? options.decode_sms * g.per_sm : g.slots / 3;
+    impl_->graph_grid = g;
+    impl_->graph_decode_ctas = static_cast<int>(std::min<int64_t>(wanted, g.slots - 1));
+    TESSERA_CHECK_ARG(g.plan_slots(impl_->graph_decode_ctas, heads) >= heads)
+        << "options.decode_sms = " << options.decode_sms << " gives the decode side fewer tile slots than "
+        << "bounds.num_kv_heads = " << heads << " (a decode tile runs one KV head)";
   }
 }
 BatchPODPagedWrapper::~BatchPODPagedWrapper() = default;
@@ -1374,7 +1391,8 @@ void BatchPODPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& k
   }
 
   const detail::PrefillHeadDims dims = detail::head_dims_of(shape.head_dim, shape.head_dim);
-  int slots = 0, decode_slots = 0;
+  detail::PodGrid grid{0, 1, 0};
+  int decode_ctas = 0;
   detail::PodTiles tiles;
   if (m.options.cuda_graph) {
     TESSERA_CHECK_ARG(shape.dtype == m.options.dtype && shape.head_dim == m.bounds.head_dim &&
@@ -1383,27 +1401,35 @@ void BatchPODPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& k
         << shape.num_kv_heads << ", expected options.dtype = " << m.options.dtype << " and the bounds' "
         << m.bounds.head_dim << " and " << m.bounds.num_kv_heads << " (the captured grid is fixed)";
     tiles = m.tiles;
-    slots = m.graph_slots;
-    decode_slots = m.graph_decode_slots;
+    grid = m.graph_grid;
+    decode_ctas = m.graph_decode_ctas;
   } else {
     tiles = detail::pod_tiles(dims);
-    slots = detail::pod_slots(shape.dtype, dims, tiles);
+    grid = detail::pod_grid(shape.dtype, dims, tiles);
     const int heads = static_cast<int>(shape.num_kv_heads);
-    const int min_prefill = tiles.prefill == detail::QTile::k128Wgmma ? 1 : heads;
-    if (m.options.decode_sms > 0 && info.num_decode_requests > 0) {
-      const int64_t per_sm = slots / detail::current_device_sm_count();
-      const int64_t most = (slots - (info.num_prefill_requests > 0 ? min_prefill : 0)) / heads * heads;
-      decode_slots = static_cast<int>(std::min<int64_t>(m.options.decode_sms * per_sm / heads * heads, most));
-      decode_slots = std::max(decode_slots, heads);
-    } else if (info.num_prefill_requests == 0) {
-      decode_slots = info.num_decode_requests > 0 ? slots / heads * heads : 0;
+    const int min_prefill = info.num_prefill_requests == 0                   ? 0
+                            : tiles.prefill == detail::QTile::k128Wgmma ? 1
+                                                                         : heads;
+    if (info.num_decode_requests == 0) {
+      decode_ctas = 0;
+    } else if (m.options.decode_sms > 0 || info.num_prefill_requests == 0) {
+      const int64_t wanted = info.num_prefill_requests == 0 ? grid.slots : m.options.decode_sms * grid.per_sm;
+      decode_ctas = static_cast<int>(std::max<int64_t>(std::min<int64_t>(wanted, grid.slots - min_prefill),
+                                                       grid.min_decode_ctas(heads)));
     } else {
-      decode_slots = info.num_decode_requests > 0
-                         ? detail::pod_decode_slots(prefill_flops, decode_bytes, slots, heads, min_prefill)
-                         : 0;
+      decode_ctas = detail::pod_decode_ctas(prefill_flops, decode_bytes, grid, heads, min_prefill);
     }
   }
-  const int prefill_slots = m.options.cuda_graph || info.num_prefill_requests > 0 ? slots - decode_slots : 0;
+  const int decode_slots = grid.plan_slots(decode_ctas, static_cast<int>(shape.num_kv_heads));
+  const int prefill_slots =
+      m.options.cuda_graph || info.num_prefill_requests > 0 ? grid.slots - grid.ctas_of(decode_slots) : 0;
+  // A side with requests and no CTAs would leave its rows unwritten.
+  TESSERA_CHECK_ARG((info.num_prefill_requests == 0 || prefill_slots >= 1) &&
+                    (info.num_decode_requests == 0 || decode_slots >= shape.num_kv_heads))
+      << "options.decode_sms = " << m.options.decode_sms << " leaves " << prefill_slots << " CTA slots for "
+      << info.num_prefill_requests << " prefill requests and " << decode_slots << " tile slots for "
+      << info.num_decode_requests << " decode requests over " << shape.num_kv_heads << " KV heads (of "
+      << grid.slots << " slots): expected at least one for the prefill and one per KV head for the decodes";
   const AttentionRuntime::PlanSide prefill_side{tiles.prefill, prefill_slots};
   const AttentionRuntime::PlanSide decode_side{tiles.decode, decode_slots};
   m.planned = false;
@@ -1413,7 +1439,8 @@ void BatchPODPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& k
   info.prefill = m.prefill->info();
   info.decode = m.decode->info();
   info.prefill_ctas = info.prefill.grid_cols * static_cast<int32_t>(shape.num_kv_heads / info.prefill.heads_per_cta);
-  info.decode_ctas = info.decode.grid_cols * static_cast<int32_t>(shape.num_kv_heads);
+  info.decode_copies = grid.copies;
+  info.decode_ctas = grid.ctas_of(info.decode.grid_cols * static_cast<int32_t>(shape.num_kv_heads));
   m.info = info;
   m.planned = true;
 }

@@ -111,7 +111,7 @@ struct PrefillEpilogue {
     tile_sync<Traits>();
     // All threads now combine: thread -> (row, 8-element column group).
     constexpr int kGroups = kRows * D / 8;
-    for (int i = threadIdx.x; i < kGroups; i += Traits::kComputeThreads) {
+    for (int i = tile_thread<Traits>(); i < kGroups; i += Traits::kComputeThreads) {
       const int row = i / (D / 8), c0 = (i % (D / 8)) * 8;
       PartialStateSum<8> sum;  // the warps' states, in warp order
 #pragma unroll

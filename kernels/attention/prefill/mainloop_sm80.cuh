@@ -128,7 +128,7 @@ struct Sm80Mainloop {
       __syncwarp();  // the warp's rows are complete before its lanes read them
     } else if constexpr (Traits::kDequantizeKV) {
       kv.template dequantize<false, Traits::CTA_TILE_KV, Traits::kThreads>(read.stage, k_tile(), v_tile(), 0,
-                                                                            static_cast<int>(threadIdx.x));
+                                                                            tile_thread<Traits>());
       tile_sync<Traits>();  // the T tiles are complete before any warp reads them
     }
   }
@@ -319,7 +319,7 @@ struct Sm80Mainloop {
     constexpr int kPairsPerRow = Traits::HEAD_DIM / 16;  // 16-element chunk pairs of a row
     constexpr int kPairs = Traits::CTA_TILE_Q * kPairsPerRow;
     constexpr bool kRescale = !kSameType<T, __half>;
-    const int tid = static_cast<int>(threadIdx.x);
+    const int tid = tile_thread<Traits>();
     float q_scale = 1.f;
     if constexpr (kRescale) {
       // Every warp reads the whole tile (a few 16-byte loads per lane), so no warp's maximum

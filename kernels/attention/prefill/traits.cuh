@@ -315,6 +315,14 @@ struct PrefillSmem {
   TESSERA_DEVICE MbarrierPipeline<Traits::kQStages> q_pipeline() const { return {q_full, q_empty}; }
 };
 
+/// This thread's index among its tile's threads: threadIdx.x, except in the POD kernel's decode
+/// CTAs, which run copies of a small tile side by side (copy i on threads i * kThreads ..
+/// (i + 1) * kThreads - 1, kernels/attention/pod.cuh). Warp-specialised tiles take whole CTAs.
+template <typename Traits>
+TESSERA_DEVICE int tile_thread() {
+  return Traits::kWarpSpecialized ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x % Traits::kThreads);
+}
+
 /// Where this thread sits in the tile's MMA fragments: warp (warp_q, warp_kv) of the
 /// NUM_WARPS_Q x NUM_WARPS_KV layout, and lane (g, t) of the m16n8 fragment layout (rows g and
 /// g + 8, columns 2t and 2t + 1 of each 16 x 8 block).
@@ -324,8 +332,8 @@ struct FragmentCoords {
   int warp_col0;  // first KV column of the warp's share of a KV tile
 
   TESSERA_DEVICE FragmentCoords() {
-    lane = threadIdx.x % kWarpSize;
-    warp = threadIdx.x / kWarpSize;
+    lane = tile_thread<Traits>() % kWarpSize;
+    warp = tile_thread<Traits>() / kWarpSize;
     warp_q = warp / Traits::NUM_WARPS_KV;
     warp_kv = warp % Traits::NUM_WARPS_KV;
     g = lane / 4;
@@ -349,17 +357,17 @@ constexpr uint32_t kFirstTurnBarrier = 3;
 /// warp-specialised, else the whole CTA).
 template <typename Traits>
 TESSERA_DEVICE int loader_thread() {
-  return Traits::kWarpSpecialized ? static_cast<int>(threadIdx.x) - Traits::kComputeThreads
-                                  : static_cast<int>(threadIdx.x);
+  return Traits::kWarpSpecialized ? static_cast<int>(threadIdx.x) - Traits::kComputeThreads : tile_thread<Traits>();
 }
 
-/// Synchronises the threads of a tile that is not warp-specialised: barrier 0 over the tile's
-/// kThreads, which is the whole CTA except in the POD kernel's decode CTAs (more threads launched,
-/// the rest exited).
+/// Synchronises the threads of a tile that is not warp-specialised: its kThreads at barrier
+/// threadIdx.x / kThreads, i.e. the whole CTA at barrier 0, except in the POD kernel's decode
+/// CTAs, where copy i of the tile syncs its own threads at barrier i (the CTA's other threads run
+/// other copies or have exited).
 template <typename Traits>
 TESSERA_DEVICE void tile_sync() {
   static_assert(!Traits::kWarpSpecialized, "warp-specialised tiles synchronise roles at named barriers");
-  cta_sync(Traits::kThreads);
+  named_barrier_sync(threadIdx.x / Traits::kThreads, Traits::kThreads);
 }
 
 /// Synchronises the threads of one role: warp-specialised, the role's warps at its named barrier;

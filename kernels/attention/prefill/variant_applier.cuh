@@ -23,7 +23,7 @@ namespace kernels {
 template <typename Traits, typename Tile, int ROWS, int ROW_CHUNKS, typename T, typename F>
 TESSERA_DEVICE void transform_tile_pairs(T* tile, F&& f) {
   constexpr int kHalf = ROW_CHUNKS / 2;
-  for (int i = threadIdx.x; i < ROWS * kHalf; i += Traits::kComputeThreads) {
+  for (int i = tile_thread<Traits>(); i < ROWS * kHalf; i += Traits::kComputeThreads) {
     const int row = i / kHalf, c = i % kHalf;
     uint4* lo_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c) * 8);
     uint4* hi_ptr = reinterpret_cast<uint4*>(tile + Tile::chunk_offset(row, c + kHalf) * 8);

@@ -1274,6 +1274,54 @@ int pod_decode_ctas(double prefill_flops, double decode_bytes, const PodGrid& g,
   return best;
 }
 
+/// A POD batch as its two sides: each side's plan input (the whole batch, the other side's requests
+/// given qo_len 0, so every item keeps its batch request index), the requests of each and the
+/// work the division weighs (prefill FLOPs, causal-aware; decode K/V bytes).
+struct PodBatch {
+  AttentionRuntime::PlanInput prefill, decode;
+  int64_t num_prefill = 0, num_decode = 0;
+  double prefill_flops = 0, decode_bytes = 0;
+};
+
+PodBatch split_pod_batch(const AttentionRuntime::PlanInput& in, const PlanShape& shape) {
+  PodBatch pod;
+  pod.prefill = in;
+  pod.decode = in;
+  const int64_t group = shape.num_qo_heads / shape.num_kv_heads;
+  for (size_t b = 0; b < in.qo_len.size(); ++b) {
+    const int64_t qo = in.qo_len[b], kv = in.kv_len[b];
+    if (qo * group <= kPodDecodeRows) {
+      pod.prefill.qo_len[b] = 0;
+      pod.num_decode += qo > 0 ? 1 : 0;
+      pod.decode_bytes += static_cast<double>(kv) * shape.num_kv_heads * shape.head_dim * 2 * 2;
+    } else {
+      pod.decode.qo_len[b] = 0;
+      ++pod.num_prefill;
+      // Visible (query, key) pairs: causal rows see keys up to kv - qo + row.
+      double pairs = static_cast<double>(qo) * kv;
+      if (shape.attention.causal) {
+        const double hidden_rows = static_cast<double>(std::min(qo, kv));
+        pairs -= hidden_rows * (hidden_rows - 1) / 2 + (qo > kv ? static_cast<double>(qo - kv) * kv : 0.0);
+      }
+      pod.prefill_flops += 4.0 * pairs * shape.num_qo_heads * shape.head_dim;
+    }
+  }
+  return pod;
+}
+
+/// Decode CTAs of a plan without cuda_graph: none without decode requests, all but the prefill's
+/// minimum with decode_sms set or without prefill requests, else the model's division.
+int pod_decode_ctas_for(const PodBatch& pod, const PodGrid& grid, PodTiles tiles, int kv_heads, int64_t decode_sms) {
+  const int min_prefill = pod.num_prefill == 0 ? 0 : tiles.prefill == QTile::k128Wgmma ? 1 : kv_heads;
+  if (pod.num_decode == 0) return 0;
+  if (decode_sms > 0 || pod.num_prefill == 0) {
+    const int64_t wanted = pod.num_prefill == 0 ? grid.slots : decode_sms * grid.per_sm;
+    return static_cast<int>(
+        std::max<int64_t>(std::min<int64_t>(wanted, grid.slots - min_prefill), grid.min_decode_ctas(kv_heads)));
+  }
+  return pod_decode_ctas(pod.prefill_flops, pod.decode_bytes, grid, kv_heads, min_prefill);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -1366,59 +1414,25 @@ void BatchPODPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& k
   detail::fill_lengths(in.qo_indptr, in.qo_len);
   detail::paged_lengths(in, kv_indptr, last_page_len, page_size, batch);
 
-  // Each side plans the whole batch with the other side's requests given no query rows.
-  const int64_t group = shape.num_qo_heads / shape.num_kv_heads;
-  AttentionRuntime::PlanInput prefill_in = in, decode_in = in;
-  double prefill_flops = 0, decode_bytes = 0;
+  const detail::PodBatch pod = detail::split_pod_batch(in, shape);
   PodPlanInfo info;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t qo = in.qo_len[b], kv = in.kv_len[b];
-    if (qo * group <= detail::kPodDecodeRows) {
-      prefill_in.qo_len[b] = 0;
-      info.num_decode_requests += qo > 0 ? 1 : 0;
-      decode_bytes += static_cast<double>(kv) * shape.num_kv_heads * shape.head_dim * 2 * 2;
-    } else {
-      decode_in.qo_len[b] = 0;
-      ++info.num_prefill_requests;
-      // Visible (query, key) pairs: causal rows see keys up to kv - qo + row.
-      double pairs = static_cast<double>(qo) * kv;
-      if (shape.attention.causal) {
-        const double hidden_rows = static_cast<double>(std::min(qo, kv));
-        pairs -= hidden_rows * (hidden_rows - 1) / 2 + (qo > kv ? static_cast<double>(qo - kv) * kv : 0.0);
-      }
-      prefill_flops += 4.0 * pairs * shape.num_qo_heads * shape.head_dim;
-    }
-  }
-
+  info.num_prefill_requests = pod.num_prefill;
+  info.num_decode_requests = pod.num_decode;
   const detail::PrefillHeadDims dims = detail::head_dims_of(shape.head_dim, shape.head_dim);
-  detail::PodGrid grid{0, 1, 0};
-  int decode_ctas = 0;
-  detail::PodTiles tiles;
+  detail::PodGrid grid = m.graph_grid;
+  int decode_ctas = m.graph_decode_ctas;
+  detail::PodTiles tiles = m.tiles;
   if (m.options.cuda_graph) {
     TESSERA_CHECK_ARG(shape.dtype == m.options.dtype && shape.head_dim == m.bounds.head_dim &&
                       shape.num_kv_heads == m.bounds.num_kv_heads)
         << "cuda_graph: shape has dtype " << shape.dtype << ", head_dim " << shape.head_dim << ", num_kv_heads "
         << shape.num_kv_heads << ", expected options.dtype = " << m.options.dtype << " and the bounds' "
         << m.bounds.head_dim << " and " << m.bounds.num_kv_heads << " (the captured grid is fixed)";
-    tiles = m.tiles;
-    grid = m.graph_grid;
-    decode_ctas = m.graph_decode_ctas;
   } else {
     tiles = detail::pod_tiles(dims);
     grid = detail::pod_grid(shape.dtype, dims, tiles);
-    const int heads = static_cast<int>(shape.num_kv_heads);
-    const int min_prefill = info.num_prefill_requests == 0                   ? 0
-                            : tiles.prefill == detail::QTile::k128Wgmma ? 1
-                                                                         : heads;
-    if (info.num_decode_requests == 0) {
-      decode_ctas = 0;
-    } else if (m.options.decode_sms > 0 || info.num_prefill_requests == 0) {
-      const int64_t wanted = info.num_prefill_requests == 0 ? grid.slots : m.options.decode_sms * grid.per_sm;
-      decode_ctas = static_cast<int>(std::max<int64_t>(std::min<int64_t>(wanted, grid.slots - min_prefill),
-                                                       grid.min_decode_ctas(heads)));
-    } else {
-      decode_ctas = detail::pod_decode_ctas(prefill_flops, decode_bytes, grid, heads, min_prefill);
-    }
+    decode_ctas =
+        detail::pod_decode_ctas_for(pod, grid, tiles, static_cast<int>(shape.num_kv_heads), m.options.decode_sms);
   }
   const int decode_slots = grid.plan_slots(decode_ctas, static_cast<int>(shape.num_kv_heads));
   const int prefill_slots =
@@ -1433,8 +1447,8 @@ void BatchPODPagedWrapper::plan(const TensorView& qo_indptr, const TensorView& k
   const AttentionRuntime::PlanSide prefill_side{tiles.prefill, prefill_slots};
   const AttentionRuntime::PlanSide decode_side{tiles.decode, decode_slots};
   m.planned = false;
-  m.prefill->plan(prefill_in, shape, stream, &prefill_side);
-  m.decode->plan(decode_in, shape, stream, &decode_side);
+  m.prefill->plan(pod.prefill, shape, stream, &prefill_side);
+  m.decode->plan(pod.decode, shape, stream, &decode_side);
   m.tiles = tiles;
   info.prefill = m.prefill->info();
   info.decode = m.decode->info();

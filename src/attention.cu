@@ -308,6 +308,18 @@ QTile q_tile_128(PrefillHeadDims head_dim, KVStorage kv) {
   return has_prefill_config(head_dim, QTile::k128, kv) ? QTile::k128 : QTile::k64;
 }
 
+QTile choose_runtime_q_tile(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
+                            KVStorage kv) {
+  QTile forced;
+  if (q_tile_override(head_dim, forced, kv)) return forced;
+  const QTile q_tile = choose_q_tile_for_grid(head_dim, avg_packed_rows, pairs_at_16_rows, sm_count, kv);
+  if (q_tile == QTile::k64 && kv == KVStorage::kSame && pairs_at_16_rows >= sm_count &&
+      q_tile_128(head_dim, kv) == QTile::k128Wgmma) {
+    return QTile::k128Wgmma;
+  }
+  return q_tile;
+}
+
 PodTiles pod_tiles(PrefillHeadDims head_dim) {
   static const bool wide = env_choice("TESSERA_POD_DECODE_TILE", {"16", "16w"}) == "16w";
   const QTile prefill = q_tile_128(head_dim);

@@ -45,6 +45,15 @@ QTile q_tile_128(PrefillHeadDims head_dim, KVStorage kv = KVStorage::kSame);
 QTile choose_q_tile_for_grid(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
                              KVStorage kv = KVStorage::kSame);
 
+/// The plan/run runtime's choice (split KV kAuto): choose_q_tile_for_grid, except that where it
+/// picks the 64-row mma.sync tile for a grid the 16-row pairs already fill, the wgmma tile runs it
+/// instead (16-bit K/V, where the device runs it): with 2-8 query tokens per request at GQA 4 (8-32
+/// packed rows, memory-bound) the warp-specialised tile streamed K/V 2-6% faster than the
+/// mma.sync tiles despite its padding rows (W5, bench/results/LOG.md, session 32), while for 4-row
+/// decode at the same sizes it was 1-15% slower, so the 16-row tiles keep those.
+QTile choose_runtime_q_tile(PrefillHeadDims head_dim, double avg_packed_rows, int64_t pairs_at_16_rows, int sm_count,
+                            KVStorage kv = KVStorage::kSame);
+
 /// Launches one configuration for one format (defined in prefill_launch.cuh, instantiated per
 /// head dims, dtype and KV storage in the generated <build>/src/config/prefill_d*_*.cu, so builds
 /// run them in parallel). T: q's, o's and the MMAs' type; KVT: K/V's (T or fp8); HEAD_DIM: of q

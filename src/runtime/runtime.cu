@@ -619,7 +619,7 @@ class AttentionRuntime {
     if (options_.split_kv == SplitKV::kAuto) {
       int64_t pairs_at_16 = 0;
       for (const int32_t qo : in.qo_len) pairs_at_16 += (static_cast<int64_t>(qo) * group + 15) / 16;
-      q_tile = choose_q_tile_for_grid(head_dim, avg_rows * group, pairs_at_16 * num_kv_heads, sm_budget(options_), kv);
+      q_tile = choose_runtime_q_tile(head_dim, avg_rows * group, pairs_at_16 * num_kv_heads, sm_budget(options_), kv);
     } else {
       // kFixed / kNone promise a request the same bits in any batch: the tile (hence the KV tile
       // width and the accumulation order) must not depend on the batch's size.

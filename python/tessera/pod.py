@@ -198,7 +198,8 @@ class PODWithPagedKVCacheWrapper(BatchPrefillWithPagedKVCacheWrapper):
 
         Tessera's keyword-only options: o_data_type, fixed_split_size, disable_split_kv as for
         :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`; decode_sms: SMs whose CTAs run the
-        decode side (rounded down to a multiple of num_kv_heads, kept below the device's SM count);
+        decode side (kept below the device's SM count; each runs ``plan_info()["decode_copies"]``
+        16-row tiles of one KV head each, whole columns of KV heads used);
         ``None`` or 0: chosen per plan from the two sides' estimated times (with
         ``use_cuda_graph``: a third of the SMs). These options are the runtime's: a plan that
         changes them rebuilds it (with ``use_cuda_graph``, a ValueError: the first plan fixes them).

@@ -122,9 +122,10 @@ struct Packed {
   DeviceTensor data, indptr;
 };
 
-Packed make_packed(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, int64_t head_dim) {
+Packed make_packed(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, int64_t head_dim,
+                   DType dtype = kDType) {
   Packed p;
-  p.data = ctx.random_tensor(kDType, {sum(lens), heads, head_dim});
+  p.data = ctx.random_tensor(dtype, {sum(lens), heads, head_dim});
   p.indptr = ctx.upload_i32(indptr_of(lens));
   return p;
 }
@@ -159,11 +160,13 @@ HostPages host_pages(const std::vector<int64_t>& lens, int64_t page_size) {
   return h;
 }
 
-// fp8 K/V (W10): per-tensor scales (their values do not change the work).
-void set_kv_scales(tessera::AttentionOptions& options, DType kv_dtype) {
+// fp8 K/V (W10): per-tensor scales (their values do not change the work); FP8 attention (an fp8
+// q) a q scale too.
+void set_kv_scales(tessera::AttentionOptions& options, DType kv_dtype, DType q_dtype = kDType) {
   if (!tessera::is_fp8(kv_dtype)) return;
   options.kv_scales.k = 1.0 / 16;
   options.kv_scales.v = 1.0 / 16;
+  if (tessera::is_fp8(q_dtype)) options.kv_scales.q = 1.0 / 16;
 }
 
 tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
@@ -331,13 +334,16 @@ enum class KvFormat { kRagged, kPaged };
 
 // Runs batch_prefill_ragged (page_size 0) or batch_prefill_paged over requests with query
 // length = KV length = lens[b].
+/// q_dtype e4m3 (with kv_dtype e4m3): FP8 attention, o in bf16.
 void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<int64_t>& lens,
                  int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
-                 int64_t page_size, Params params, bool with_runtime = false, DType kv_dtype = kDType) {
+                 int64_t page_size, Params params, bool with_runtime = false, DType kv_dtype = kDType,
+                 DType q_dtype = kDType) {
   const int64_t total = sum(lens);
   const int64_t kv_slots = page_size > 0 ? num_pages_for(lens, page_size) * page_size : total;
   const double kv_elem_bytes = static_cast<double>(tessera::dtype_size(kv_dtype));
-  const double bytes = head_dim * (kElemBytes * 2.0 * static_cast<double>(total) * qo_heads +
+  const double q_elem_bytes = static_cast<double>(tessera::dtype_size(q_dtype));
+  const double bytes = head_dim * ((q_elem_bytes + kElemBytes) * static_cast<double>(total) * qo_heads +
                                    kv_elem_bytes * 2.0 * static_cast<double>(kv_slots) * kv_heads);
   if (!fits(name, bytes)) return;
 
@@ -346,9 +352,9 @@ void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<i
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   tessera::AttentionOptions options;
   options.causal = causal;
-  set_kv_scales(options, kv_dtype);
+  set_kv_scales(options, kv_dtype, q_dtype);
 
-  Packed q = make_packed(ctx, lens, qo_heads, head_dim);
+  Packed q = make_packed(ctx, lens, qo_heads, head_dim, q_dtype);
   DeviceTensor o = ctx.empty_tensor(kDType, {total, qo_heads, head_dim});
   Timing t;
   if (page_size > 0) {
@@ -465,6 +471,20 @@ void run_w2(BenchContext& ctx, const std::string& name, const DenseShape& shape,
   add_anchor(params, "target_tflops", w2_target(shape.tag, causal, len));
   run_prefill(ctx, name, std::vector<int64_t>(static_cast<size_t>(kW2Batch), len), shape.heads, shape.heads,
               shape.head_dim, causal, 0, std::move(params));
+}
+
+// W10(c): FP8 attention (q, k, v e4m3, o bf16) at the W2 shapes; the target is 1.5x the bf16
+// cell of the same run (w2<tag>_..., the "prefill" suite), so no absolute anchor is attached.
+void run_w10_fp8_attention(BenchContext& ctx, const std::string& name, const DenseShape& shape, bool causal,
+                           size_t len_index) {
+  const int64_t len = kW2Lengths[len_index];
+  Params params = {{"B", kW2Batch},      {"S", len},
+                   {"H", shape.heads},   {"D", shape.head_dim},
+                   {"mask", causal ? "causal" : "none"}, {"kv", "ragged"},
+                   {"dtype", "e4m3 q/k/v, bf16 o"},    {"flops", "4*D*visible_pairs*H"}};
+  if (shape.tag == 'c') add_anchor(params, "anchor_fa3_fp8_paper", 1200);  // FA3's paper: ~1.2 PFLOP/s at D256
+  run_prefill(ctx, name, std::vector<int64_t>(static_cast<size_t>(kW2Batch), len), shape.heads, shape.heads,
+              shape.head_dim, causal, 0, std::move(params), false, DType::kE4M3, DType::kE4M3);
 }
 
 // W4: B=16, Hq=32, Hkv=8, D=128, causal, query length = KV length per request.
@@ -1053,6 +1073,24 @@ const std::vector<Cell>& cells() {
                                   DType::kF16);
                      }});
     }
+    // W10(c): FP8 attention at W2a (D128) and W2c (D256), 4k and 16k.
+    for (const DenseShape& shape : kW2Shapes) {
+      if (shape.tag != 'a' && shape.tag != 'c') continue;
+      for (bool causal : {true, false}) {
+        for (size_t li : {size_t{3}, size_t{5}}) {
+          const int64_t len = kW2Lengths[li];
+          out.push_back({std::string("w10_fp8attn_w2") + shape.tag + (causal ? "_causal_s" : "_noncausal_s") +
+                             std::to_string(len),
+                         "W10 FP8 attention (e4m3 q/k/v, bf16 o) at W2" + std::string(1, shape.tag) + ": B=16 S=" +
+                             std::to_string(len) + " H=" + std::to_string(shape.heads) + " D=" +
+                             std::to_string(shape.head_dim) + (causal ? " causal" : " non-causal"),
+                         suites_for("fp8", shape.tag == 'a' && !causal && len == 16384),
+                         [shape, causal, li](BenchContext& ctx, const std::string& name) {
+                           run_w10_fp8_attention(ctx, name, shape, causal, li);
+                         }});
+        }
+      }
+    }
     for (size_t si = 0; si < w4_sets().size(); ++si) {
       out.push_back({std::string("w10_w4_paged16_e4m3_") + w4_sets()[si].name,
                      std::string("W10 W4 varlen causal prefill over an e4m3 paged cache (page 16), ") +
@@ -1122,7 +1160,7 @@ const std::vector<Cell>& cells() {
 }
 
 // Workload functions are plain function pointers: one instantiation per cell index.
-constexpr size_t kMaxCells = 128;
+constexpr size_t kMaxCells = 160;
 
 template <size_t I>
 void run_cell(BenchContext& ctx) {

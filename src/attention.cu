@@ -18,6 +18,7 @@
 #include "src/env.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
+#include "src/fp8_attention.h"
 #include "src/prefill_config.h"
 #include "src/runtime/device_errors.h"
 #include "src/tensor_checks.h"
@@ -39,6 +40,14 @@ void check_operand(const TensorView& t, const char* name, int ndim) {
   check_on_cuda(t, name);
   check_last_dim_contiguous(t, name);
   detail::check_vector_aligned(t, name);
+}
+
+void check_prefill_query(const TensorView& q, int ndim) {
+  if (!is_fp8(q.dtype)) return check_operand(q, "q", ndim);
+  check_ndim(q, "q", ndim);
+  check_on_cuda(q, "q");
+  check_last_dim_contiguous(q, "q");
+  detail::check_vector_aligned(q, "q");
 }
 
 void check_kv_operand(const TensorView& t, const char* name, int ndim, const TensorView& q) {
@@ -64,7 +73,11 @@ void check_outputs(const TensorView& q, const TensorView& o, const TensorView& l
 
 void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows, int64_t head_dim_vo) {
   check_operand(o, "o", 3);
-  check_dtype(o, "o", {q.dtype});
+  if (is_fp8(q.dtype)) {
+    check_dtype(o, "o", {DType::kF16, DType::kBF16});
+  } else {
+    check_dtype(o, "o", {q.dtype});
+  }
   check_same_device(q, "q", o, "o");
   check_size(o, "o", 0, rows);
   check_size(o, "o", 1, q.shape[q.ndim - 2]);
@@ -230,6 +243,44 @@ void check_split_head_dims_options(PrefillHeadDims dims, const TensorView& k, co
   TESSERA_CHECK(variant.is_default, StatusCode::kUnsupported)
       << "options.variant is set: head_dim_qk " << dims.qk << " != head_dim_vo " << dims.vo
       << " runs the default variant only (causal masking and sm_scale)";
+}
+
+/// FP8 attention (an fp8 q): q, k and v e4m3, o f16 or bf16 (checked with the outputs), equal head
+/// dims of kFp8AttentionHeadDims, the default variant (causal masking and sm_scale), a device with
+/// wgmma; options.kv_scales descales q as well as k and v. Anything else is a named error.
+void check_fp8_attention(const TensorView& q, const TensorView& k, const char* k_name, PrefillHeadDims dims,
+                         const ResolvedVariant& variant, const AttentionOptions& options, int64_t num_kv_heads) {
+  TESSERA_CHECK(q.dtype == DType::kE4M3, StatusCode::kUnsupported)
+      << "q.dtype = " << dtype_name(q.dtype) << ": FP8 attention takes e4m3 q, k and v";
+  TESSERA_CHECK(k.dtype == q.dtype, StatusCode::kUnsupported)
+      << k_name << ".dtype = " << dtype_name(k.dtype) << " with q.dtype = " << dtype_name(q.dtype)
+      << ": FP8 attention takes k and v of q's dtype";
+  TESSERA_CHECK(!dims.split() && std::find(std::begin(kFp8AttentionHeadDims), std::end(kFp8AttentionHeadDims),
+                                           dims.qk) != std::end(kFp8AttentionHeadDims),
+                StatusCode::kUnsupported)
+      << "head_dim = " << dims.qk << (dims.split() ? str_cat(" (v: ", dims.vo, ")") : std::string())
+      << " with q.dtype = e4m3: FP8 attention is built for head dims " << kFp8AttentionHeadDimsText
+      << " (equal for q, k and v)";
+  TESSERA_CHECK(variant.is_default, StatusCode::kUnsupported)
+      << "options.variant is set with q.dtype = e4m3: FP8 attention runs the default variant only (causal masking and "
+         "sm_scale)";
+  TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kUnsupported)
+      << "q.dtype = e4m3: FP8 attention runs on sm_90a (Hopper) only; this device or build has no wgmma";
+  check_kv_scales(options.kv_scales, "options.kv_scales", k.dtype, num_kv_heads, k.device, /*fp8_query=*/true);
+}
+
+/// Launches FP8 attention over `format` after set_kv(p) has described the KV (and the queries'
+/// rows) in AttentionParams<e4m3, e4m3, OT>, OT o's dtype.
+template <typename SetKV>
+void run_fp8_attention(const TensorView& q, const TensorView& o, const TensorView& lse, const HeadConfig& heads,
+                       const AttentionOptions& options, KVFormatKind format, int64_t max_qo_len, StreamHandle stream,
+                       SetKV&& set_kv) {
+  using F8 = __nv_fp8_e4m3;
+  TESSERA_DISPATCH_HALF_DTYPE(o.dtype, "o", OT, [&] {
+    AttentionParams<F8, F8, OT> p = query_params<F8, F8, OT>(q, o, lse, heads, options);
+    set_kv(p);
+    detail::launch_fp8_attention<F8, OT>(p, format, static_cast<int>(heads.head_dim), max_qo_len, stream);
+  });
 }
 
 }  // namespace
@@ -453,7 +504,7 @@ void batch_decode_ragged(const TensorView& q, const TensorView& k, const TensorV
 
 void single_prefill(const TensorView& q, const TensorView& k, const TensorView& v, Layout kv_layout,
                     const TensorView& o, const TensorView& lse, const AttentionOptions& options, StreamHandle stream) {
-  check_operand(q, "q", 3);
+  check_prefill_query(q, 3);
   check_dense_kv(q, k, v, kv_layout);
   check_size(k, "k", 2, q.shape[2]);
   const PrefillHeadDims dims = check_prefill_heads(q.shape[1], k.shape[kv_layout == Layout::kNHD ? 1 : 0],
@@ -461,6 +512,14 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   const HeadConfig heads{q.shape[1], k.shape[kv_layout == Layout::kNHD ? 1 : 0], q.shape[2]};
   check_outputs(q, o, lse, q.shape[0], dims.vo);
   TESSERA_CHECK_ARG(q.shape[0] <= INT32_MAX) << "q.shape[0] = " << q.shape[0] << " exceeds 2^31 - 1";
+  if (is_fp8(q.dtype)) {
+    check_fp8_attention(q, k, "k", dims, call_variant(options, q, heads, 1, false), options, heads.num_kv_heads);
+    run_fp8_attention(q, o, lse, heads, options, KVFormatKind::kRagged, q.shape[0], stream, [&](auto& p) {
+      dense_kv_params(p, k, v, kv_layout);
+      p.qo_len_single = static_cast<int32_t>(q.shape[0]);
+    });
+    return;
+  }
   check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   const ResolvedVariant variant = call_variant(options, q, heads, 1, false);
   check_split_head_dims_options(dims, k, "k", variant);
@@ -479,7 +538,7 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
                           const TensorView& v, const TensorView& kv_indptr, const TensorView& o,
                           const TensorView& lse, const AttentionOptions& options, StreamHandle stream) {
   raise_device_error(q.device.id);
-  check_operand(q, "q", 3);
+  check_prefill_query(q, 3);
   check_dense_kv(q, k, v, Layout::kNHD);
   const int64_t batch = qo_indptr.ndim == 1 ? qo_indptr.shape[0] - 1 : -1;
   TESSERA_CHECK_ARG(batch >= 0) << "qo_indptr must be 1-D with batch_size + 1 entries, got " << qo_indptr.describe();
@@ -489,8 +548,17 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, int6
   check_size(k, "k", 2, q.shape[2]);
   const PrefillHeadDims dims = check_prefill_heads(q.shape[1], k.shape[1], q.shape[2], v.shape[2], "v");
   const HeadConfig heads{q.shape[1], k.shape[1], q.shape[2]};
-  check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0], dims.vo);
+  if (is_fp8(q.dtype)) {
+    check_fp8_attention(q, k, "k", dims, call_variant(options, q, heads, batch, false), options, heads.num_kv_heads);
+    run_fp8_attention(q, o, lse, heads, options, KVFormatKind::kRagged, max_qo_len, stream, [&](auto& p) {
+      ragged_kv_params(p, k, v, kv_indptr);
+      p.qo_indptr = qo_indptr.data_as<const int32_t>();
+      check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillRaggedQoIndptr, stream);
+    });
+    return;
+  }
+  check_kv_storage(k, "k", heads.head_dim, heads.num_kv_heads, options);
   const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
   check_split_head_dims_options(dims, k, "k", variant);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
@@ -508,7 +576,7 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
                          const TensorView& o, const TensorView& lse, const AttentionOptions& options,
                          StreamHandle stream) {
   raise_device_error(q.device.id);
-  check_operand(q, "q", 3);
+  check_prefill_query(q, 3);
   const int64_t batch = qo_indptr.ndim == 1 ? qo_indptr.shape[0] - 1 : -1;
   TESSERA_CHECK_ARG(batch >= 0) << "qo_indptr must be 1-D with batch_size + 1 entries, got " << qo_indptr.describe();
   check_paged_kv(q, kv, batch);
@@ -516,8 +584,18 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, int64
   check_size(kv.k, "paged_kv.k", 3, q.shape[2]);
   const PrefillHeadDims dims = check_prefill_heads(q.shape[1], kv.num_kv_heads(), q.shape[2], kv.head_dim_vo(), "paged_kv.v");
   const HeadConfig heads{q.shape[1], kv.num_kv_heads(), q.shape[2]};
-  check_kv_storage(kv.k, "paged_kv.k", heads.head_dim, heads.num_kv_heads, options);
   check_outputs(q, o, lse, q.shape[0], dims.vo);
+  if (is_fp8(q.dtype)) {
+    check_fp8_attention(q, kv.k, "paged_kv.k", dims, call_variant(options, q, heads, batch, false), options,
+                        heads.num_kv_heads);
+    run_fp8_attention(q, o, lse, heads, options, KVFormatKind::kPaged, max_qo_len, stream, [&](auto& p) {
+      paged_kv_params(p, kv);
+      p.qo_indptr = qo_indptr.data_as<const int32_t>();
+      check_max_qo_len_on_device(qo_indptr, batch, max_qo_len, DeviceCheckSite::kBatchPrefillPagedQoIndptr, stream);
+    });
+    return;
+  }
+  check_kv_storage(kv.k, "paged_kv.k", heads.head_dim, heads.num_kv_heads, options);
   const ResolvedVariant variant = call_variant(options, q, heads, batch, false);
   check_split_head_dims_options(dims, kv.k, "paged_kv.k", variant);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {

@@ -22,6 +22,9 @@ inline constexpr double kLog2e = 1.4426950408889634;
 
 /// A 16-bit tensor of `ndim` dims the kernels read or write in 16-byte vectors.
 void check_operand(const TensorView& t, const char* name, int ndim);
+/// The q of a prefill entry point: check_operand's, or fp8 (e4m3, e5m2: FP8 attention, which
+/// checks the rest of the call).
+void check_prefill_query(const TensorView& q, int ndim);
 
 /// A K or V tensor of `ndim` dims: q's dtype, or fp8 (e4m3, e5m2; the kernels convert it), last
 /// dim contiguous, 16-byte vectors.
@@ -29,7 +32,7 @@ void check_kv_operand(const TensorView& t, const char* name, int ndim, const Ten
 
 void check_index_array(const TensorView& t, const char* name, const TensorView& data, int64_t length);
 
-/// o like q ([rows, Hq, D], same dtype); lse f32 [rows, Hq] when given.
+/// o like q ([rows, Hq, D], same dtype, or f16/bf16 for an fp8 q); lse f32 [rows, Hq] when given.
 void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows);
 /// ... with o's head dim `head_dim_vo` (V's, when it differs from q's).
 void check_outputs(const TensorView& q, const TensorView& o, const TensorView& lse, int64_t rows, int64_t head_dim_vo);
@@ -53,16 +56,16 @@ inline double resolved_sm_scale(const AttentionOptions& options, int64_t head_di
 
 /// The part of AttentionParams that does not depend on the KV format. q and o are [rows, Hq, D]
 /// (a 2-D [Hq, D] q of single decode is one row); KVT: K/V's element type (T, or fp8 with
-/// options.kv_scales).
-template <typename T, typename KVT = T>
-AttentionParams<T, KVT> query_params(const TensorView& q, const TensorView& o, const TensorView& lse,
-                                     const HeadConfig& heads, const AttentionOptions& options) {
-  AttentionParams<T, KVT> p{};
+/// options.kv_scales); OT: o's (T, except for FP8 attention).
+template <typename T, typename KVT = T, typename OT = T>
+AttentionParams<T, KVT, OT> query_params(const TensorView& q, const TensorView& o, const TensorView& lse,
+                                         const HeadConfig& heads, const AttentionOptions& options) {
+  AttentionParams<T, KVT, OT> p{};
   const bool one_row = q.ndim == 2;
   p.q.data = q.data_as<const T>();
   p.q.row_stride = one_row ? 0 : q.strides[0];
   p.q.head_stride = q.strides[q.ndim - 2];
-  p.o.data = o.data_as<T>();
+  p.o.data = o.data_as<OT>();
   p.o.row_stride = o.ndim == 2 ? 0 : o.strides[0];
   p.o.head_stride = o.strides[o.ndim - 2];
   if (lse.data != nullptr) {

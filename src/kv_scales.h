@@ -16,6 +16,9 @@ inline kernels::KVScaleParams kv_scale_params(const KVScales& s) {
   p.v_device = s.v_device.defined() ? s.v_device.data_as<const float>() : nullptr;
   p.k_device_stride = s.k_device.defined() && s.k_device.numel() > 1 ? 1 : 0;
   p.v_device_stride = s.v_device.defined() && s.v_device.numel() > 1 ? 1 : 0;
+  p.q = static_cast<float>(s.q);
+  p.q_device = s.q_device.defined() ? s.q_device.data_as<const float>() : nullptr;
+  p.q_device_stride = s.q_device.defined() && s.q_device.numel() > 1 ? 1 : 0;
   return p;
 }
 

@@ -99,26 +99,52 @@ inline dim3 one_shot_grid(int64_t q_tiles, int64_t batch_size, int64_t num_kv_he
   return dim3(static_cast<unsigned>(q_tiles), static_cast<unsigned>(batch_size), static_cast<unsigned>(num_kv_heads));
 }
 
+/// The one-shot launch of a configuration: its grid and its scheduler's arguments (no CTAs when
+/// there are no query tiles or requests).
+template <typename Traits>
+struct OneShotLaunch {
+  dim3 grid;
+  typename kernels::OneShotScheduler<Traits>::Arguments tiles;
+  bool empty;
+};
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
-void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int64_t max_qo_len, cudaStream_t stream) {
+OneShotLaunch<Traits> one_shot_launch(const Params& p, int64_t max_qo_len) {
   const int64_t packed_rows = max_qo_len * p.group_size;
   const int64_t q_tiles = (packed_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q;
   TESSERA_CHECK_ARG(q_tiles <= INT32_MAX && p.batch_size <= 65535 && p.num_kv_heads <= 65535)
       << "grid too large: " << q_tiles << " query tiles x " << p.batch_size << " requests x " << p.num_kv_heads
       << " KV heads (limits 2^31-1 x 65535 x 65535)";
-  if (q_tiles == 0 || p.batch_size == 0) return;
-  const dim3 grid = one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads, kFormat == kernels::KVFormatKind::kBlockSparse);
-  typename kernels::OneShotScheduler<Traits>::Arguments tiles{static_cast<int32_t>(q_tiles)};
+  OneShotLaunch<Traits> launch;
+  launch.empty = q_tiles == 0 || p.batch_size == 0;
+  launch.grid = launch.empty ? dim3(0u)
+                             : one_shot_grid(q_tiles, p.batch_size, p.num_kv_heads,
+                                             kFormat == kernels::KVFormatKind::kBlockSparse);
+  launch.tiles = {static_cast<int32_t>(q_tiles)};
+  return launch;
+}
+
+/// Launches the prebuilt (default-variant) one-shot kernel of a configuration.
+template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
+void launch_default_one_shot(const Params& p, const kernels::VariantParams& vp, const OneShotLaunch<Traits>& launch,
+                             cudaStream_t stream) {
+  auto kernel = kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler, Params>;
+  // One work item per CTA: only the first Q buffer (kOneItemSmemBytes; the default variant's
+  // fp8 decode tiles leave out the T tiles they never read).
+  ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kDefaultOneItemSmemBytes);
+  kernel<<<launch.grid, Traits::kThreads, Traits::kDefaultOneItemSmemBytes, stream>>>(p, vp, launch.tiles);
+  TESSERA_CHECK_LAUNCH();
+}
+
+template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
+void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int64_t max_qo_len, cudaStream_t stream) {
+  const OneShotLaunch<Traits> launch = one_shot_launch<Traits, kFormat>(p, max_qo_len);
+  if (launch.empty) return;
   if (variant.is_default) {
-    auto kernel =
-        kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::OneShotScheduler, Params>;
-    // One work item per CTA: only the first Q buffer (kOneItemSmemBytes; the default variant's
-    // fp8 decode tiles leave out the T tiles they never read).
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kDefaultOneItemSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kDefaultOneItemSmemBytes, stream>>>(p, variant.params, tiles);
-    TESSERA_CHECK_LAUNCH();
+    launch_default_one_shot<Traits, kFormat>(p, variant.params, launch, stream);
     return;
   }
+  const dim3 grid = launch.grid;
+  auto tiles = launch.tiles;
   const VariantKernelRequest request = oneshot_variant_request<Traits, kFormat>();
   CUfunction fn = variant_kernel(variant, request);
   Params params = p;

@@ -106,20 +106,24 @@ void check_vector_aligned(const TensorView& t, const char* name) {
 }
 
 void check_kv_scales(const KVScales& scales, const char* name, DType kv_dtype, int64_t num_kv_heads,
-                     const Device& device) {
+                     const Device& device, bool fp8_query) {
+  TESSERA_CHECK_ARG(fp8_query || !scales.has_query_scale())
+      << name << ".q = " << scales.q << (scales.q_device.defined() ? " with q_device" : "")
+      << ": a query scale applies to FP8 attention only (q of dtype e4m3 or e5m2); leave it at 1, no q_device";
   if (!is_fp8(kv_dtype)) {
     TESSERA_CHECK_ARG(scales.is_identity())
         << name << ": scales apply to fp8 (e4m3, e5m2) KV caches only; this cache is " << dtype_name(kv_dtype)
         << " (leave " << name << " at its defaults: k = v = 1, no device tensors)";
     return;
   }
-  for (const auto& [factor, which] : {std::pair<double, const char*>{scales.k, "k"}, {scales.v, "v"}}) {
+  for (const auto& [factor, which] :
+       {std::pair<double, const char*>{scales.k, "k"}, {scales.v, "v"}, {scales.q, "q"}}) {
     TESSERA_CHECK_ARG(std::isfinite(factor) && factor > 0.0 && std::isfinite(static_cast<float>(factor)) &&
                       static_cast<float>(factor) > 0.0f)
         << name << "." << which << " = " << factor << ", expected a finite scale > 0 (representable as f32)";
   }
   for (const auto& [t, which] : {std::pair<const TensorView&, const char*>{scales.k_device, "k_device"},
-                                 {scales.v_device, "v_device"}}) {
+                                 {scales.v_device, "v_device"}, {scales.q_device, "q_device"}}) {
     if (!t.defined()) continue;
     const std::string tname = std::string(name) + "." + which;
     check_view(t, tname);

@@ -44,9 +44,10 @@ void check_vector_aligned(const TensorView& t, const char* name);
 /// (and f32) caches the defaults only; for fp8 host factors finite and > 0, device tensors f32 on
 /// `device`, contiguous, with 1 or num_kv_heads elements ([], [1] or [H_kv]). `name` prefixes the
 /// messages ("options.kv_scales"). Device values are not read (a graph may change them later);
-/// the kernels use whatever they hold.
+/// the kernels use whatever they hold. q's scale (q, q_device) is checked the same way when
+/// `fp8_query` (FP8 attention), else it must be at its defaults.
 void check_kv_scales(const KVScales& scales, const char* name, DType kv_dtype, int64_t num_kv_heads,
-                     const Device& device);
+                     const Device& device, bool fp8_query = false);
 
 // Defined in src/validation.cpp, next to the validators whose element-by-element checks they are.
 

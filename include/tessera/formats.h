@@ -25,12 +25,20 @@ TESSERA_API const char* layout_name(Layout layout);
 /// `k_device` (`v_device`): one element ([] or [1], per tensor) or one per KV head ([H_kv]). Device
 /// scales are read by the kernels when they run, so a captured CUDA Graph replays with the values
 /// the tensor holds at replay time. f16/bf16 caches take no scales (all defaults).
+/// FP8 attention (q fp8 too, tessera/attention.h) also descales q: `q` times `q_device`, per
+/// tensor or per KV head (the query heads of a KV head's group share its factor, as in FA3);
+/// every other call leaves q at its defaults.
 struct KVScales {
   double k = 1.0;        ///< host factor of K's scale: finite, > 0
   double v = 1.0;        ///< host factor of V's scale: finite, > 0
   TensorView k_device;   ///< optional f32 [] / [1] / [H_kv] on the KV's device, each finite and > 0
   TensorView v_device;   ///< optional, as k_device
-  bool is_identity() const { return k == 1.0 && v == 1.0 && !k_device.defined() && !v_device.defined(); }
+  double q = 1.0;        ///< FP8 attention: host factor of q's scale: finite, > 0
+  TensorView q_device;   ///< FP8 attention: optional, as k_device
+  bool is_identity() const {
+    return k == 1.0 && v == 1.0 && q == 1.0 && !k_device.defined() && !v_device.defined() && !q_device.defined();
+  }
+  bool has_query_scale() const { return q != 1.0 || q_device.defined(); }
 };
 
 /// A packed ("ragged") batch: request b owns rows indptr[b] .. indptr[b+1]-1 of `data`.

@@ -36,6 +36,37 @@
 namespace tessera {
 namespace kernels {
 
+/// P (the softmax's S accumulators, m16n8 C fragments) as the A fragments of P V, in place: a
+/// k16 step's four words are pairs of 16-bit values (the m16n8k16 A layout is the C layout of two
+/// n8 tiles); an fp8 k32 step's are four bytes of two n8 tiles each, S columns 2t, 2t + 1, 2t + 8,
+/// 2t + 9 of a 16-column half in the word of A columns 4t .. 4t + 3, which V's transpose matches
+/// with the same permutation of keys (transpose_v_tile).
+template <typename Traits, typename PT>
+TESSERA_DEVICE void pack_p_fragments(const float (&s)[Traits::kMmaQ][Traits::kN8KV][4],
+                                     uint32_t (&pfrag)[Traits::kMmaQ][Traits::kMmaKV][4]) {
+  constexpr int kN8PerStep = Traits::kMmaK / 8;  // n8 tiles of S per k step: 2, fp8 4
+#pragma unroll
+  for (int mq = 0; mq < Traits::kMmaQ; ++mq)
+#pragma unroll
+    for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+      const float(&a)[4] = s[mq][kN8PerStep * kk];
+      const float(&b)[4] = s[mq][kN8PerStep * kk + 1];
+      if constexpr (Traits::kFp8Operands) {
+        const float(&c)[4] = s[mq][kN8PerStep * kk + 2];
+        const float(&d)[4] = s[mq][kN8PerStep * kk + 3];
+        pfrag[mq][kk][0] = float4_to_fp8x4<PT>(a[0], a[1], b[0], b[1]);  // row g
+        pfrag[mq][kk][1] = float4_to_fp8x4<PT>(a[2], a[3], b[2], b[3]);  // row g + 8
+        pfrag[mq][kk][2] = float4_to_fp8x4<PT>(c[0], c[1], d[0], d[1]);
+        pfrag[mq][kk][3] = float4_to_fp8x4<PT>(c[2], c[3], d[2], d[3]);
+      } else {
+        pfrag[mq][kk][0] = pack_pair<PT>(a[0], a[1]);
+        pfrag[mq][kk][1] = pack_pair<PT>(a[2], a[3]);
+        pfrag[mq][kk][2] = pack_pair<PT>(b[0], b[1]);
+        pfrag[mq][kk][3] = pack_pair<PT>(b[2], b[3]);
+      }
+    }
+}
+
 /// The compute warps' side of one work tile: for each KV tile, the mainloop's Q K^T, the
 /// variant's transforms and masks, the online softmax, P V; then the epilogue. The mainloop's
 /// loads were started by the caller (sm80: its prologue; sm90: the producer warpgroup).
@@ -51,7 +82,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
   Softmax softmax(applier.zero_reference);
   float o[kMmaQ][kN8D][4];  // [m16 tile][n8 tile of D][fragment]
   zero_fragments(o);
-  // P of the tile whose P V comes next, as A fragments (16-bit pairs). With the P V lag (sm90), it
+  // P of the tile whose P V comes next, as A fragments (pack_p_fragments). With the P V lag (sm90), it
   // waits a whole iteration: packed at the end of tile t, read by the P V issued in tile t + 1.
   uint32_t pfrag[kMmaQ][Traits::kMmaKV][4];  // [m16 tile][k16 step][A fragment]
 
@@ -87,17 +118,9 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     if constexpr (kLagged) ml.complete_pv(o, pfrag, softmax.row[0][0].d + softmax.row[0][1].d);
     softmax.rescale_output(o, rescale, settled);
 
-    // P goes from the S accumulators straight into A fragments, packed to 16 bits first so the
-    // fp32 S registers are free during the P V loop.
-#pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq)
-#pragma unroll
-      for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-        pfrag[mq][kk][0] = pack_pair<PT>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
-        pfrag[mq][kk][1] = pack_pair<PT>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
-        pfrag[mq][kk][2] = pack_pair<PT>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
-        pfrag[mq][kk][3] = pack_pair<PT>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
-      }
+    // P goes from the S accumulators straight into A fragments, packed first so the fp32 S
+    // registers are free during the P V loop.
+    pack_p_fragments<Traits, PT>(s, pfrag);
     // O += P V: here, or with the lag in the next iteration's Q K^T.
     if constexpr (Traits::kPvLag == 0) ml.issue_pv(o, pfrag, tile, applier);
     ml.tile_done();

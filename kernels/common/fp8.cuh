@@ -40,6 +40,31 @@ TESSERA_DEVICE uint16_t float2_to_fp8x2(float a, float b) {
   return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, fp8_interpretation<F8>()));
 }
 
+/// Four fp32 values as fp8 elements of one word (a in the low byte), rounded to nearest and
+/// saturated: an fp8 MMA operand (FP8 attention's P). Two cvt on sm_89+.
+template <typename F8>
+TESSERA_DEVICE uint32_t float4_to_fp8x4(float a, float b, float c, float d) {
+  static_assert(IsFp8<F8>::value, "fp8 storage");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t word;
+  // cvt's first source lands in the upper byte of each pair.
+  if constexpr (kSameType<F8, __nv_fp8_e4m3>) {
+    asm("{\n .reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n"
+        " mov.b32 %0, {l, h};\n}\n"
+        : "=r"(word)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  } else {
+    asm("{\n .reg .b16 l, h;\n cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n"
+        " mov.b32 %0, {l, h};\n}\n"
+        : "=r"(word)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  }
+  return word;
+#else
+  return static_cast<uint32_t>(float2_to_fp8x2<F8>(a, b)) | (static_cast<uint32_t>(float2_to_fp8x2<F8>(c, d)) << 16);
+#endif
+}
+
 /// 16 stored fp8 elements (one 16-byte vector), times `scale` when kScaled, as two 16-byte
 /// vectors of T: out[0] holds elements 0-7, out[1] elements 8-15. Unscaled into f16 the
 /// conversion is exact (one cvt per pair on sm_89+).
@@ -101,8 +126,9 @@ TESSERA_DEVICE void fp8x4_to_half2x2_columns(uint32_t word, uint32_t& even, uint
 
 /// The dequantization scales of an fp8 KV cache (tessera::KVScales): K's scale for KV head h is
 /// k * k_device[h * k_device_stride] when k_device is set (stride 0: one scale for the tensor,
-/// 1: one per KV head), else k; V's likewise. Read in the kernels, so a CUDA Graph replays with
-/// the device values of replay time.
+/// 1: one per KV head), else k; V's likewise, and (FP8 attention, fp8 queries) q's, one per KV
+/// head shared by the group's query heads. Read in the kernels, so a CUDA Graph replays with the
+/// device values of replay time.
 struct KVScaleParams {
   float k;
   float v;
@@ -110,12 +136,18 @@ struct KVScaleParams {
   const float* v_device;  // [1] or [num_kv_heads], or nullptr
   int32_t k_device_stride;
   int32_t v_device_stride;
+  float q;                // FP8 attention only
+  const float* q_device;  // [1] or [num_kv_heads], or nullptr
+  int32_t q_device_stride;
 
   TESSERA_DEVICE float k_scale(int kv_head) const {
     return k_device != nullptr ? k * k_device[kv_head * k_device_stride] : k;
   }
   TESSERA_DEVICE float v_scale(int kv_head) const {
     return v_device != nullptr ? v * v_device[kv_head * v_device_stride] : v;
+  }
+  TESSERA_DEVICE float q_scale(int kv_head) const {
+    return q_device != nullptr ? q * q_device[kv_head * q_device_stride] : q;
   }
 };
 

@@ -1,7 +1,7 @@
 // Warpgroup tensor-core instructions of sm_90a (wgmma): shared-memory matrix descriptors, the
-// m64nNk16 MMAs (N = 64, 96, 128, 256) with fp32 accumulation, and the fences around it. A
-// warpgroup is 4 consecutive warps (128 threads); all of them execute every instruction here
-// together.
+// m64nNk16 MMAs (N = 64, 96, 128, 256) and the fp8 m64nNk32 ones (N = 64, 128, 256) with fp32
+// accumulation, and the fences around them. A warpgroup is 4 consecutive warps (128 threads); all
+// of them execute every instruction here together.
 //
 // Accumulator layout of m64nNk16 (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts"
 // of wgmma): warp w of the warpgroup owns rows 16w .. 16w+15, and d[4n .. 4n+3] of a thread holds
@@ -14,6 +14,8 @@
 // of row r stored at c XOR (address bits 7.. of the row). The hardware applies the XOR to address
 // bits, so a K-major descriptor may start 32, 64 or 96 bytes into an atom's rows (the k16 steps).
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include "kernels/common/platform.cuh"
 
@@ -152,6 +154,17 @@ template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b_mn_major,
                                       bool accumulate);
 
+/// The fp8 forms (T __nv_fp8_e4m3 or __nv_fp8_e5m2; FP8 attention): one k32 step, 32 bytes of
+/// each row as the 16-bit k16 step is, so descriptors address it the same way. fp8 wgmma reads
+/// both operands K-major only (PTX has no transpose for 8-bit types). A in registers is four words
+/// of four elements: rows g and g + 8 of the warp's 16, columns 4t .. 4t + 3 (words 0, 1) and
+/// 16 + 4t .. 16 + 4t + 3 (words 2, 3), element 0 in the low byte: byte for byte the 16-bit k16
+/// A fragment.
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk32_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate);
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate);
+
 #if TESSERA_WGMMA_AVAILABLE
 // A thread's accumulators of an m64n64 (32), m64n96 (48), m64n128 (64) and m64n256 (128) tile, as asm
 // operands %0 ..
@@ -257,6 +270,37 @@ TESSERA_WGMMA_N128(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N128(__half, "f16")
 TESSERA_WGMMA_N256(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N256(__half, "f16")
+// The fp8 forms: the same operand numbering, no transpose immediates.
+#define TESSERA_WGMMA_M64NK32(TYPE, PTX_TYPE, N, REGS, OPERANDS, SS_ACC, SS_TAIL, RS_ACC, RS_TAIL)                    \
+  template <>                                                                                                         \
+  TESSERA_DEVICE void wgmma_m64nNk32_ss<TYPE, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b,                  \
+                                                 bool accumulate) {                                                   \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " SS_ACC ", 0;\n"                                            \
+                 " wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." PTX_TYPE "." PTX_TYPE " " REGS SS_TAIL           \
+                 ", acc, 1, 1;\n}\n"                                                                                   \
+                 : OPERANDS                                                                                           \
+                 : "l"(desc_a), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));                                 \
+  }                                                                                                                   \
+  template <>                                                                                                         \
+  TESSERA_DEVICE void wgmma_m64nNk32_rs<TYPE, N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b,            \
+                                                 bool accumulate) {                                                   \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " RS_ACC ", 0;\n"                                            \
+                 " wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." PTX_TYPE "." PTX_TYPE " " REGS RS_TAIL           \
+                 ", acc, 1, 1;\n}\n"                                                                                   \
+                 : OPERANDS                                                                                           \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));  \
+  }
+#define TESSERA_WGMMA_FP8(TYPE, PTX_TYPE)                                                                             \
+  TESSERA_WGMMA_M64NK32(TYPE, PTX_TYPE, 64, TESSERA_WGMMA_D32_REGS, TESSERA_WGMMA_D32_OPERANDS, "%34", ", %32, %33",  \
+                        "%37", ", {%32, %33, %34, %35}, %36")                                                         \
+  TESSERA_WGMMA_M64NK32(TYPE, PTX_TYPE, 128, TESSERA_WGMMA_D64_REGS, TESSERA_WGMMA_D64_OPERANDS, "%66", ", %64, %65", \
+                        "%69", ", {%64, %65, %66, %67}, %68")                                                         \
+  TESSERA_WGMMA_M64NK32(TYPE, PTX_TYPE, 256, TESSERA_WGMMA_D128_REGS, TESSERA_WGMMA_D128_OPERANDS, "%130",           \
+                        ", %128, %129", "%133", ", {%128, %129, %130, %131}, %132")
+TESSERA_WGMMA_FP8(__nv_fp8_e4m3, "e4m3")
+TESSERA_WGMMA_FP8(__nv_fp8_e5m2, "e5m2")
+#undef TESSERA_WGMMA_FP8
+#undef TESSERA_WGMMA_M64NK32
 #undef TESSERA_WGMMA_N256
 #undef TESSERA_WGMMA_N128
 #undef TESSERA_WGMMA_N96
@@ -284,7 +328,26 @@ template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_rs(float (&)[N / 2], const uint32_t (&)[4], uint64_t, bool) {
   __trap();
 }
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk32_ss(float (&)[N / 2], uint64_t, uint64_t, bool) {
+  __trap();
+}
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk32_rs(float (&)[N / 2], const uint32_t (&)[4], uint64_t, bool) {
+  __trap();
+}
 #endif
+
+/// One MMA k step of d (64 x N) = A B^T (+ d) with A and B K-major in shared memory: k16 for
+/// 16-bit T, k32 for fp8 (both 32 bytes of each row).
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_k_step_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  if constexpr (sizeof(T) == 1) {
+    wgmma_m64nNk32_ss<T, N>(d, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_m64nNk16_ss<T, N>(d, desc_a, desc_b, accumulate);
+  }
+}
 
 }  // namespace kernels
 }  // namespace tessera

@@ -76,8 +76,8 @@ TESSERA_DEVICE void load_q_tile(const Params& p, const RequestExtent& e, int kv_
     const int row = row0 + it * kRowsPerPass;
     if (Traits::CTA_TILE_Q % kRowsPerPass != 0 && row >= Traits::CTA_TILE_Q) break;
     const int64_t offset = row_offsets[row];
-    cp_async_16_zfill(q_smem + Tile::chunk_offset(row, chunk) * 8, p.q.data + (offset < 0 ? 0 : offset) + chunk * 8,
-                      offset >= 0);
+    cp_async_16_zfill(q_smem + Tile::chunk_offset(row, chunk) * Traits::kChunkElems,
+                      p.q.data + (offset < 0 ? 0 : offset) + chunk * Traits::kChunkElems, offset >= 0);
   }
 }
 
@@ -268,37 +268,44 @@ struct RawChunkShare {
 };
 
 /// fp8 KV: copies the K and V rows (kPart: or one of them) resolved in the row table, as stored
-/// (HEAD_DIM bytes a row), into raw stage k_raw (its V stage kRawStages * kRawTileBytes further;
-/// Traits::RawTile); missing rows are zero-filled. A thread keeps one 16-byte chunk column, as
+/// (HEAD_DIM bytes a row), into raw stage k_raw (its V stage kVFromK bytes further: kRawStages *
+/// kRawTileBytes; FP8 attention's V-only copies pass their raw stage as k_raw and 0);
+/// Traits::RawTile; missing rows are zero-filled. A thread keeps one 16-byte chunk column, as
 /// load_kv_tile does (RawChunkShare).
-template <typename Traits, KVPart kPart = KVPart::kBoth>
+template <typename Traits, KVPart kPart = KVPart::kBoth,
+          uint32_t kVFromK = static_cast<uint32_t>(Traits::kRawStages * Traits::kRawTileBytes)>
 TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) {
-  static_assert(Traits::kDequantizeKV, "fp8 KV");
+  static_assert(Traits::kDequantizeKV || (Traits::kTransposedV && kPart == KVPart::kV), "fp8 KV, or FP8 attention's V");
   using RawTile = typename Traits::RawTile;
   using Share = RawChunkShare<Traits>;
-  constexpr uint32_t kVFromK = Traits::kRawStages * Traits::kRawTileBytes;
   constexpr int kRowsPerPass = Share::kRowsPerPass, kRowsPerThread = Share::kRowsPerThread;
   const Share share;
   const int chunk = share.chunk, row0 = share.row0;
   // Passes step whole swizzle periods (8 lines), so the thread's swizzled chunk is fixed.
   static_assert(kRowsPerPass % (8 * RawTile::kRowsPerLine) == 0, "passes of whole swizzle periods");
   const uint32_t dst0 = smem_addr(k_raw) + RawTile::chunk_offset(row0, chunk) * 16;
-  // The table entries first, then the copies (load_kv_tile: the LDS -> LDGSTS hazard padding).
-  ulonglong2 entries[kRowsPerThread];  // [row of this thread]: {K entry (tagged), V entry}
+  // The table entries first, then the copies (load_kv_tile: the LDS -> LDGSTS hazard padding), in
+  // batches of 4 rows for FP8 attention, whose producer also holds the next tile's K copy state
+  // (all rows at once spilled 8-12 bytes there).
+  constexpr int kBatch = Traits::kTransposedV && kRowsPerThread % 4 == 0 ? 4 : kRowsPerThread;
 #pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    entries[j] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + j * kRowsPerPass));
-  }
+  for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
+    ulonglong2 entries[kBatch];  // [row of the batch]: {K entry (tagged), V entry}
 #pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    const uint32_t dst = dst0 + j * kRowsPerPass * Traits::HEAD_DIM;
-    const uint64_t k_src = entries[j].x + chunk * 16, v_src = entries[j].y + chunk * 16;  // keeps the tag
-    if constexpr (kPart == KVPart::kBoth) {
-      cp_async_16x2_tagged(dst, dst + kVFromK, k_src, v_src);
-    } else if constexpr (kPart == KVPart::kK) {
-      cp_async_16_tagged(dst, k_src, k_src);
-    } else {
-      cp_async_16_tagged(dst + kVFromK, k_src, v_src);
+    for (int b = 0; b < kBatch; ++b) {
+      entries[b] = *reinterpret_cast<const ulonglong2*>(row_table + 2 * (row0 + (j0 + b) * kRowsPerPass));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const uint32_t dst = dst0 + (j0 + b) * kRowsPerPass * Traits::HEAD_DIM;
+      const uint64_t k_src = entries[b].x + chunk * 16, v_src = entries[b].y + chunk * 16;  // keeps the tag
+      if constexpr (kPart == KVPart::kBoth) {
+        cp_async_16x2_tagged(dst, dst + kVFromK, k_src, v_src);
+      } else if constexpr (kPart == KVPart::kK) {
+        cp_async_16_tagged(dst, k_src, k_src);
+      } else {
+        cp_async_16_tagged(dst + kVFromK, k_src, v_src);
+      }
     }
   }
 }
@@ -332,6 +339,60 @@ TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale)
       dequantize_vec16<F8, kScaled>(stored[b], scale, out);
       out[0].store(tile + Tile::chunk_offset(row, 2 * share.chunk) * 8);
       out[1].store(tile + Tile::chunk_offset(row, 2 * share.chunk + 1) * 8);
+    }
+  }
+}
+
+/// FP8 attention: transposes the raw V stage `raw` ([CTA_TILE_KV][HEAD_DIM_VO] bytes as stored,
+/// Traits::RawTile) into the V stage `vt` ([HEAD_DIM_VO][CTA_TILE_KV], VSmemTile: K-major, the
+/// layout fp8 wgmma reads B in), every producer thread a share, after every thread's copies into
+/// `raw` have landed (a loader barrier).
+/// The keys of each 32-key step are permuted so that P's A fragment is the S accumulators packed
+/// in place (pack_p_fragments): byte j of the A word holding columns 4t .. 4t + 3 of a 16-key half
+/// comes from S column 2t, 2t + 1, 2t + 8, 2t + 9 (j = 0 .. 3) of that half, so row d of vt holds
+/// V[32 kb + 16 h + {2t, 2t + 1, 2t + 8, 2t + 9}][d] at bytes 32 kb + 16 h + 4 t + {0, 1, 2, 3}.
+/// A thread moves 4 x 4-byte blocks: the words of four source rows at 4 columns d .. d + 3, byte
+/// transposed (prmt) into the words of rows d .. d + 3 of vt. Lanes (t = lane % 4, dq = lane / 4)
+/// take d = 4 (dq + 8 m): the reads of a block cover 32 banks through the raw tile's swizzle, and
+/// each lane stores its 4 rows in an order rotated by dq / 2 so that the stores do too.
+template <typename Traits>
+TESSERA_DEVICE void transpose_v_tile(const uint8_t* raw, uint8_t* vt) {
+  static_assert(Traits::kTransposedV && Traits::kLoaderThreads == 128, "the producer warpgroup's transpose");
+  using RawTile = typename Traits::RawTile;
+  using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
+  constexpr int kSteps = Traits::CTA_TILE_KV / 32;        // 32-key steps of P V
+  constexpr int kColumnGroups = Traits::HEAD_DIM_VO / 32;  // m: 8 d-quads each
+  constexpr int kOps = kSteps * 2 * kColumnGroups;         // (step, half, m)
+  static_assert(kOps % 4 == 0, "every producer warp the same share");
+  const int tid = loader_thread<Traits>();
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int t = lane % 4, dq = lane / 4;
+  const int rot = dq / 2;
+  uint32_t sel[4];  // [store]: the prmt selector of bytes i of two words, i = (store + rot) % 4
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+    const uint32_t i = static_cast<uint32_t>((st + rot) & 3);
+    sel[st] = i | ((4u + i) << 4);
+  }
+  const uint32_t vt_base = smem_addr(vt);
+#pragma unroll 2
+  for (int op = warp; op < kOps; op += 4) {
+    const int m = op % kColumnGroups, half = (op / kColumnGroups) % 2, kb = op / (2 * kColumnGroups);
+    const int row0 = 32 * kb + 16 * half + 2 * t;  // source rows row0 + {0, 1, 8, 9}
+    const int col = 4 * (dq + 8 * m);              // first of the block's 4 columns (d)
+    uint32_t w[4];                                  // [source row j]: bytes d .. d + 3
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = row0 + (j & 1) + 8 * (j >> 1);
+      w[j] = *reinterpret_cast<const uint32_t*>(raw + RawTile::chunk_offset(row, col / 16) * 16 + col % 16);
+    }
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      const int i = (st + rot) & 3;
+      const uint32_t lo = __byte_perm(w[0], w[1], sel[st]), hi = __byte_perm(w[2], w[3], sel[st]);
+      const uint32_t out = __byte_perm(lo, hi, 0x5410u);  // bytes i of w[0], w[1], w[2], w[3]
+      const uint32_t dst = vt_base + VTile::chunk_offset(col + i, 2 * kb + half) * 16 + 4 * t;
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(out) : "memory");
     }
   }
 }
@@ -445,16 +506,18 @@ struct KVTileSource {
   // the logits' scale and V's the output, both once per work item, so the tiles hold the stored
   // values converted (exact, and one cvt per pair into f16); a variant's hooks see logits, keys
   // and values, so there the tiles hold the dequantized values.
-  static constexpr bool kFoldScales = Traits::kDequantizeKV && kSameType<Variant, DefaultVariant>;
+  // FP8 attention folds its scales the same way, q's with k's: logits q . k x q_scale x k_scale.
+  static constexpr bool kFoldScales = (Traits::kDequantizeKV || Traits::kFp8Operands) && kSameType<Variant, DefaultVariant>;
   float k_scale = 1.f, v_scale = 1.f;
 
   TESSERA_DEVICE KVTileSource(const Params& p_, const PrefillWork& w, const PrefillSmem<Traits>& smem_,
                               uint32_t tiles_before_)
       : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span), smem(smem_), tiles_before(tiles_before_) {
-    if constexpr (Traits::kDequantizeKV) {
+    if constexpr (Traits::kDequantizeKV || Traits::kFp8Operands) {
       k_scale = p.kv_scales.k_scale(kv_head);
       v_scale = p.kv_scales.v_scale(kv_head);
     }
+    if constexpr (Traits::kFp8Operands) k_scale *= p.kv_scales.q_scale(kv_head);
   }
 
   TESSERA_DEVICE int count() const { return tiles.count; }
@@ -491,6 +554,17 @@ struct KVTileSource {
     } else {
       load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kKTileElems, smem.v + stage * kVTileElems);
     }
+  }
+  /// FP8 attention: copies the V rows of a resolved tile, as stored, into raw stage `raw_stage`
+  /// (transpose_v moves them into a V stage).
+  TESSERA_DEVICE void copy_v_raw(int tile, int raw_stage) const {
+    load_kv_raw_tile<Traits, KVPart::kV, 0>(row_table(tile), smem.raw_v + raw_stage * Traits::kTransposeRawBytes);
+  }
+  /// FP8 attention: this producer thread's share of transposing raw stage `raw_stage` into V stage
+  /// `stage` (after a loader barrier: the raw rows are every thread's copies).
+  TESSERA_DEVICE void transpose_v(int raw_stage, int stage) const {
+    transpose_v_tile<Traits>(smem.raw_v + raw_stage * Traits::kTransposeRawBytes,
+                             reinterpret_cast<uint8_t*>(smem.v + stage * kVTileElems));
   }
   /// fp8 KV: dequantizes rows [first_row, first_row + ROWS) of raw stage `stage` into the T tiles
   /// the MMAs read, with THREADS threads (this one is `tid`; kUnrollRows: see dequantize_kv_rows).

@@ -14,7 +14,9 @@
 // and runs while the softmax of tile t + 1 does (Traits::kPvLag): K and V stages have their own
 // pipelines (a K stage frees after its Q K^T, a V stage after its P V).
 // fp8 KV: the producer converts each stage from a raw copy (Traits::kRawStages); the compute
-// warpgroups see the T stages only.
+// warpgroups see the T stages only. FP8 attention (fp8 Q, K, V; Traits::kFp8Operands): k32 fp8
+// wgmma, and the producer transposes each V tile from a raw copy (produce_transposed), since fp8
+// wgmma reads B K-major only.
 // Not yet: TMA for affine KV.
 #pragma once
 
@@ -39,6 +41,7 @@ struct Sm90Mainloop {
   static constexpr int kORegs = kN8D * 4;   // a thread's O accumulators of the warpgroup's 64 x HEAD_DIM_VO
   static constexpr bool kByCopies = stage_completion<Traits, kFormat>() == StageCompletion::kByCopies;
   static constexpr bool kConvertStages = Traits::kDequantizeKV;  // fp8 KV: the producer converts raw stages
+  static constexpr bool kTransposeV = Traits::kTransposedV;      // FP8 attention: ... transposes raw V stages
   using Source = KVTileSource<Traits, kFormat, Variant, Params>;
   using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;    // the loaders' layouts
   using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
@@ -73,6 +76,8 @@ struct Sm90Mainloop {
     kv.load_block_id(0);
     if constexpr (kConvertStages) {
       produce_converted(k_pipe, v_pipe, q_pipe, num_kv_tiles);
+    } else if constexpr (kTransposeV) {
+      produce_transposed(k_pipe, v_pipe, q_pipe, num_kv_tiles);
     } else {
       for (int step = 0; step <= num_kv_tiles; ++step) {
         const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
@@ -156,8 +161,8 @@ struct Sm90Mainloop {
     wgmma_fence();
 #pragma unroll
     for (int kd = 0; kd < Traits::kMmaD; ++kd) {
-      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s_wg, wgmma_k_major_desc<QTile>(q_tile_addr, q_wg_row0, kd),
-                                                wgmma_k_major_desc<KTile>(smem_addr(k_tile()), 0, kd), kd > 0);
+      wgmma_k_step_ss<T, Traits::CTA_TILE_KV>(s_wg, wgmma_k_major_desc<QTile>(q_tile_addr, q_wg_row0, kd),
+                                              wgmma_k_major_desc<KTile>(smem_addr(k_tile()), 0, kd), kd > 0);
     }
     wgmma_commit();
     if constexpr (kLagged) issue_previous_pv();
@@ -191,8 +196,13 @@ struct Sm90Mainloop {
     wgmma_fence();  // the rescale's and the packing's register writes precede the reads
 #pragma unroll
     for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
-      wgmma_m64nNk16_rs<T, Traits::HEAD_DIM_VO>(
-          o_wg, pfrag[0][kk], wgmma_mn_major_desc<VTile>(smem_addr(v_tile), kk), true);
+      if constexpr (kTransposeV) {  // V^T rows of keys: K-major, k32 steps
+        wgmma_m64nNk32_rs<T, Traits::HEAD_DIM_VO>(o_wg, pfrag[0][kk],
+                                                  wgmma_k_major_desc<VTile>(smem_addr(v_tile), 0, kk), true);
+      } else {
+        wgmma_m64nNk16_rs<T, Traits::HEAD_DIM_VO>(o_wg, pfrag[0][kk],
+                                                  wgmma_mn_major_desc<VTile>(smem_addr(v_tile), kk), true);
+      }
     }
     wgmma_commit();
   }
@@ -276,6 +286,54 @@ struct Sm90Mainloop {
         kv.template copy<KVPart::kV>(step, 0);
         cp_async_commit();
       }
+    }
+  }
+
+  /// FP8 attention's producer steps: K straight into its stage, V into a raw stage that the
+  /// producer threads transpose together into the V stage (a block reads rows that other threads
+  /// copied, so every thread's copies must have landed: a loader barrier). Two tiles' copies fly
+  /// at a time: step t waits for tile t's (t + 1's may still fly), completes K(t) at once, issues
+  /// tile t + 2's copies, whose resolve barrier also certifies that every thread's V(t) has
+  /// landed, and transposes V(t). Raw stage t % 3 is free again when tile t + 3 is copied into
+  /// it: that copy's resolve barrier follows every thread's transpose of t. (Tiles are resolved two
+  /// ahead, before V(t)'s stage is acquired: the row-table ring's extra slots, Traits::kRowTables.)
+  TESSERA_DEVICE void produce_transposed(const MbarrierPipeline<Traits::kStages>& k_pipe,
+                                         const MbarrierPipeline<Traits::kStages>& v_pipe,
+                                         const MbarrierPipeline<Traits::kQStages>& q_pipe, int num_kv_tiles) {
+    static_assert(!kByCopies, "FP8 attention's stages complete after the producer's wait");
+    static_assert(Traits::kTransposeStages == 3, "raw V stages of the tiles in flight and the one transposed");
+    PipelineState<Traits::kStages> k_copy = ring.fill_k;  // the K stage the next copy fills (ahead of fill_k)
+    auto issue = [&](int tile) {
+      kv.resolve(tile);
+      loader_sync<Traits>();  // the row table, for every copying thread
+      k_pipe.producer_acquire(k_copy);
+      kv.template copy<KVPart::kK>(tile, k_copy.stage);
+      k_copy.advance();
+      kv.copy_v_raw(tile, tile % 3);
+      cp_async_commit();
+    };
+    for (int tile = 0; tile < 2 && tile < num_kv_tiles; ++tile) issue(tile);
+    for (int tile = 0; tile < num_kv_tiles; ++tile) {
+      // This tile's copies (and Q's, committed before tile 0's); tile + 1's may still fly.
+      if (tile + 1 < num_kv_tiles) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      fence_proxy_async_shared();
+      if (tile == 0) q_pipe.producer_arrive(ring.fill_q);
+      k_pipe.producer_arrive(ring.fill_k);
+      ring.fill_k.advance();
+      if (tile + 2 < num_kv_tiles) {
+        issue(tile + 2);  // its barrier: every thread's V rows of this tile have landed
+      } else {
+        loader_sync<Traits>();
+      }
+      v_pipe.producer_acquire(ring.fill_v);
+      kv.transpose_v(tile % 3, ring.fill_v.stage);
+      fence_proxy_async_shared();
+      v_pipe.producer_arrive(ring.fill_v);
+      ring.fill_v.advance();
     }
   }
 

@@ -39,7 +39,15 @@ struct PrefillTraits {
   // multiply, so the tiles the MMAs read are what a T cache of the dequantized values would hold
   // (up to T's rounding of x * scale).
   using KVStorage = KVT_;
-  static constexpr bool kDequantizeKV = IsFp8<KVT_>::value;
+  // FP8 attention (sm_90a): Q, K and V all fp8 (T e4m3 or e5m2, K/V stored as T), Q K^T and P V
+  // as fp8 wgmma (k32 steps) with fp32 accumulation, P rounded to T, the output of another type
+  // (Params::OType, f16 or bf16) and the per-tensor or per-KV-head descale factors folded into
+  // the logits' scale (q x k) and the output (v). fp8 wgmma reads B K-major only, so V is
+  // transposed on the way in (kTransposedV).
+  static constexpr bool kFp8Operands = IsFp8<T>::value;
+  static constexpr bool kDequantizeKV = IsFp8<KVT_>::value && !kFp8Operands;
+  static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(T));  // elements of a 16-byte chunk
+  static constexpr int kMmaK = 32 / static_cast<int>(sizeof(T));        // elements an MMA k step sums: 16, fp8 32
   // Q and K rows have HEAD_DIM elements (Q K^T's reduction), V and O rows HEAD_DIM_VO (P V's
   // columns): they differ for the prefill of models whose keys carry a rotary part that values
   // lack (DeepSeek's MLA without absorption: 192 = 128 + 64 against 128). V's columns are a prefix
@@ -90,10 +98,10 @@ struct PrefillTraits {
   static constexpr int kWarpRowsQ = CTA_TILE_Q / NUM_WARPS_Q;    // query rows per warp
   static constexpr int kMmaQ = kWarpRowsQ / 16;                  // m16 tiles per warp
   static constexpr int kWarpColsKV = CTA_TILE_KV / NUM_WARPS_KV;  // KV columns per warp
-  static constexpr int kMmaKV = kWarpColsKV / 16;                 // k16 steps of P*V per warp
+  static constexpr int kMmaKV = kWarpColsKV / kMmaK;              // k steps of P*V per warp
   static constexpr int kN8KV = kWarpColsKV / 8;                   // n8 tiles of S per warp
   static_assert((kN8KV & (kN8KV - 1)) == 0, "the softmax's max and sum trees halve kN8KV");
-  static constexpr int kMmaD = HEAD_DIM / 16;                     // k16 steps of Q*K^T
+  static constexpr int kMmaD = HEAD_DIM / kMmaK;                  // k steps of Q*K^T
   // Decode-sized warp tiles (one m16 x two n8 of S per warp: the 16-row tiles) are latency-bound
   // when a CTA runs alone on its SM (a long request of a skewed decode batch): each scheduler has
   // one warp, and a KV tile is one chain of dependent steps. Two changes shorten the chain:
@@ -122,19 +130,25 @@ struct PrefillTraits {
   // divides them (WgmmaTile: 64-byte blocks at 96).
   static constexpr int kSmemRowChunks = kWgmma ? kRowChunks : kLoaderRowChunks;
   // V rows likewise: as they are for wgmma, else a power of two of at least 8 chunks.
-  static constexpr int kVSmemRowChunks = !kSplitHeadDims ? kSmemRowChunks
+  // fp8 operands: V is stored transposed (kTransposedV), rows of CTA_TILE_KV keys.
+  static constexpr bool kTransposedV = kFp8Operands;
+  static constexpr int kVSmemRowChunks = kTransposedV ? CTA_TILE_KV * static_cast<int>(sizeof(T)) / 16
+                                         : !kSplitHeadDims ? kSmemRowChunks
                                          : kWgmma         ? kVRowChunks
                                          : kVRowChunks <= 8 ? 8 : kVRowChunks <= 16 ? 16 : kVRowChunks <= 32 ? 32 : 64;
-  // Shared-memory layout of a ROWS-row Q or K tile, and of a V tile, as the MMA kind reads them
-  // (the same type when the head dims agree).
+  // Shared-memory layout of a ROWS-row Q or K tile, and of a V tile of ROWS keys, as the MMA kind
+  // reads them (the same type when the head dims agree; transposed V: HEAD_DIM_VO rows of ROWS
+  // keys, K-major for P V).
   template <int ROWS>
   using SmemTile = typename OperandTile<kWgmma, ROWS, kSmemRowChunks>::type;
   template <int ROWS>
-  using VSmemTile = typename OperandTile<kWgmma, ROWS, kVSmemRowChunks>::type;
+  using VSmemTile = Conditional<kTransposedV, WgmmaTile<HEAD_DIM_VO, ROWS * static_cast<int>(sizeof(T)) / 16>,
+                                typename OperandTile<kWgmma, ROWS, kVSmemRowChunks>::type>;
 
-  static constexpr int kQTileElems = CTA_TILE_Q * kSmemRowChunks * 8;     // [CTA_TILE_Q][kSmemRowChunks * 8]
-  static constexpr int kKTileElems = CTA_TILE_KV * kSmemRowChunks * 8;    // [CTA_TILE_KV][kSmemRowChunks * 8]
-  static constexpr int kVTileElems = CTA_TILE_KV * kVSmemRowChunks * 8;   // [CTA_TILE_KV][kVSmemRowChunks * 8]
+  static constexpr int kQTileElems = CTA_TILE_Q * kSmemRowChunks * kChunkElems;     // [CTA_TILE_Q][kSmemRowChunks * kChunkElems]
+  static constexpr int kKTileElems = CTA_TILE_KV * kSmemRowChunks * kChunkElems;    // [CTA_TILE_KV][kSmemRowChunks * kChunkElems]
+  static constexpr int kVTileElems = kTransposedV ? HEAD_DIM_VO * CTA_TILE_KV      // [HEAD_DIM_VO][CTA_TILE_KV]
+                                                   : CTA_TILE_KV * kVSmemRowChunks * kChunkElems;  // [CTA_TILE_KV][kVSmemRowChunks * kChunkElems]
   static constexpr int kQTileBytes = kQTileElems * static_cast<int>(sizeof(T));
   // Q buffers. Warp-specialised: two where they fit, so the producer copies the next work item's
   // Q while the compute warps still read the current one (the persistent kernel's items are short:
@@ -142,14 +156,18 @@ struct PrefillTraits {
   // exposed behind the previous item's last P V and epilogue). Head dim 256's 64 KB Q tiles leave
   // room for one beside the K/V ring. Elsewhere one.
   static constexpr int kRowBytes = kSmemRowChunks * 16;
-  static constexpr bool kSecondQFits =
-      2 * CTA_TILE_Q * kRowBytes + STAGES_ * CTA_TILE_KV * (kRowBytes + kVSmemRowChunks * 16) +
-          (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 +
-          (IsFp8<KVT_>::value ? 2 * CTA_TILE_KV * HEAD_DIM : 0) <=
-      227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch, fp8's raw stage
-  static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   static constexpr int kKTileBytes = kKTileElems * static_cast<int>(sizeof(T));
   static constexpr int kVTileBytes = kVTileElems * static_cast<int>(sizeof(T));
+  // FP8 attention: the producer copies a tile's V rows as stored into a raw stage and transposes
+  // them into the V stage (transpose_v_tile); three raw stages, so the next two tiles' copies fly
+  // while one is transposed (Sm90Mainloop::produce_transposed).
+  static constexpr int kTransposeStages = kTransposedV ? 3 : 0;
+  static constexpr int kTransposeRawBytes = kTransposedV ? CTA_TILE_KV * HEAD_DIM_VO : 0;  // [CTA_TILE_KV][HEAD_DIM_VO] bytes
+  static constexpr bool kSecondQFits =
+      2 * kQTileBytes + STAGES_ * (kKTileBytes + kVTileBytes) + (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 +
+          (kDequantizeKV ? 2 * CTA_TILE_KV * HEAD_DIM : 0) + kTransposeStages * kTransposeRawBytes <=
+      227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch, fp8's raw stages
+  static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   // fp8 KV, sm80 mainloop: the cp.async ring holds the stored bytes (kStages raw stages of K and
   // of V, rows of HEAD_DIM bytes, RawTile), and the MMAs read either one dequantized T tile of K
   // and of V, rewritten each KV tile (kTileStages), or (kConvertFragments) the raw ring itself.
@@ -160,7 +178,7 @@ struct PrefillTraits {
   // no producer thread waits for another's copies.
   static constexpr int kTileStages = kDequantizeKV && !kWarpSpecialized ? 1 : kStages;  // T K/V tiles the MMAs read
   static constexpr int kRawStages = kWarpSpecialized ? 1 : kStages;
-  static constexpr int kRawRowChunks = kDequantizeKV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
+  static constexpr int kRawRowChunks = kDequantizeKV || kTransposedV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V
   // Decode tiles (one warp of query rows, whose warps each read only their own KV rows) load fp8
@@ -170,11 +188,15 @@ struct PrefillTraits {
   // T tiles' shared memory, which held these tiles to 2 CTAs per SM (8 warps: latency bound,
   // bench/results/LOG.md). Variants (their hooks see dequantized values) keep the T tiles.
   static constexpr bool kConvertFragments = kDequantizeKV && NUM_WARPS_Q == 1;
-  // The raw stages' layout: swizzled for the fragments' ldmatrix reads.
-  using RawTile = SwizzledRawTile<(kDequantizeKV ? kRawRowChunks : 8), kConvertFragments>;
-  // The region after Q: the K/V stages, or fp8 KV's raw ring. The T tiles of fp8 KV come last
-  // (kDequantTileOffset), so the kernels that never read them launch without them.
-  static constexpr int kKVRegionBytes = kDequantizeKV ? kRawRingBytes : kStages * (kKTileBytes + kVTileBytes);
+  // The raw stages' layout: swizzled for the fragments' ldmatrix reads and the transpose's
+  // column reads (transpose_v_tile).
+  using RawTile = SwizzledRawTile<(kRawRowChunks > 0 ? kRawRowChunks : 8), kConvertFragments || kTransposedV>;
+  // The region after Q: the K/V stages (then FP8 attention's raw V stages), or fp8 KV's raw ring.
+  // The T tiles of fp8 KV come last (kDequantTileOffset), so the kernels that never read them
+  // launch without them.
+  static constexpr int kKVRegionBytes = kDequantizeKV ? kRawRingBytes
+                                                      : kStages * (kKTileBytes + kVTileBytes) +
+                                                            kTransposeStages * kTransposeRawBytes;
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
   // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
@@ -184,7 +206,9 @@ struct PrefillTraits {
   // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies;
   // warp-specialised fp8 one more: its producer resolves tile t + 1 before it waits for the V
   // stage of t - 1, i.e. while a P V of t - 3 (a value transform reads its keys) may still run.
-  static constexpr int kRowTables = kStages + 1 + kPvLag + (kWarpSpecialized && kDequantizeKV ? 1 : 0);
+  // FP8 attention two more: its producer resolves tile t + 2 before V(t)'s stage is acquired.
+  static constexpr int kRowTables =
+      kStages + 1 + kPvLag + (kWarpSpecialized && kDequantizeKV ? 1 : 0) + (kTransposedV ? 2 : 0);
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V region and the row tables (free
   // after the last tile): O, m, d per warp.
@@ -226,13 +250,17 @@ struct PrefillTraits {
   static_assert(kRowTableOffset + kRowTableBytes + kWaitAnchorBytes + kQRowScratchBytes == kBarrierOffset,
                 "regions tile [0, kCoreSmemBytes) without overlap");
 
-  static_assert(sizeof(T) == 2, "f16 or bf16 operands");
+  static_assert(sizeof(T) == 2 || (kFp8Operands && kWgmma && !kSplitHeadDims),
+                "f16 or bf16 operands, or fp8 ones on the wgmma tile (equal head dims)");
   static_assert(kSameType<KVT_, T> || kDequantizeKV, "K/V stored as the operands' type or as fp8");
   static_assert(!kDequantizeKV || HEAD_DIM % 16 == 0, "fp8 KV: whole 16-byte chunks of a stored row");
   static_assert(!kSplitHeadDims || (!kDequantizeKV && HEAD_DIM_VO < HEAD_DIM && HEAD_DIM_VO % 16 == 0),
                 "different Q/K and V head dims: 16-bit K/V, V's columns a prefix of the loaders' (HEAD_DIM_VO < "
                 "HEAD_DIM), whole k16 steps");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 pipeline stages");
+  static_assert(!kTransposedV || (kWarpSpecialized && kSameType<KVT_, T> && CTA_TILE_KV % 32 == 0 &&
+                                  HEAD_DIM_VO % 32 == 0 && kTransposeRawBytes % 1024 == 0),
+                "FP8 attention: the producer transposes V into k32 steps of P V (4 x 4-byte blocks)");
   static_assert(HEAD_DIM % 16 == 0, "whole k16 steps of Q K^T, pairs of n8 tiles of O, an even number of chunks");
   static_assert(kSmemRowChunks >= kRowChunks && kLoaderRowChunks >= kRowChunks && kLoaderRowChunks <= 64,
                 "the stored row holds the data; the loaders' columns cover it");
@@ -274,7 +302,8 @@ struct PrefillSmem {
   T* v;         // [kStages][CTA_TILE_KV][kVSmemRowChunks * 8], swizzled
                 // (fp8 KV: [kTileStages][...] after the barriers; one T tile each in the sm80 mainloop)
   uint8_t* raw_k;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored K bytes (Traits::RawTile); nullptr otherwise
-  uint8_t* raw_v;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k
+  uint8_t* raw_v;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k;
+                   // FP8 attention: [kTransposeStages][CTA_TILE_KV][HEAD_DIM_VO] after the V stages
   float* merge;    // the warps' merge (epilogue): the K/V region and row tables, after the last tile
   uint64_t* rows;     // [kRowTables][CTA_TILE_KV][2] ring of tables: tagged addresses of K and V rows (RowAddress)
   int32_t* row_keys;  // [kRowTables][CTA_TILE_KV] their keys (-1: missing, masked)
@@ -292,7 +321,11 @@ struct PrefillSmem {
     k = reinterpret_cast<T*>(base + Traits::kKOffset);
     v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKTileBytes);  // load_kv_tile's kVFromK
     raw_k = Traits::kDequantizeKV ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset) : nullptr;
-    raw_v = Traits::kDequantizeKV ? raw_k + Traits::kRawStages * Traits::kRawTileBytes : nullptr;
+    raw_v = Traits::kDequantizeKV ? raw_k + Traits::kRawStages * Traits::kRawTileBytes
+            : Traits::kTransposedV
+                ? reinterpret_cast<uint8_t*>(base + Traits::kKVRegionOffset +
+                                             Traits::kStages * (Traits::kKTileBytes + Traits::kVTileBytes))
+                : nullptr;
     merge = reinterpret_cast<float*>(base + Traits::kKVRegionOffset);
     rows = reinterpret_cast<uint64_t*>(base + Traits::kRowTableOffset);
     row_keys = reinterpret_cast<int32_t*>(rows + 2 * Traits::kRowTables * Traits::CTA_TILE_KV);
@@ -403,11 +436,13 @@ TESSERA_DEVICE void compute_sync() {
 /// than the overlap gains (both measured: bench/results/LOG.md). Block-sparse KV is not measured
 /// either way and keeps kAfterWait.
 enum class StageCompletion { kAfterWait, kByCopies };
-/// fp8 KV takes kAfterWait: its producer converts what its copies brought before it arrives.
+/// fp8 KV takes kAfterWait: its producer converts what its copies brought before it arrives (FP8
+/// attention: transposes V).
 template <typename Traits, KVFormatKind kFormat>
 constexpr StageCompletion stage_completion() {
-  return kFormat == KVFormatKind::kPaged && !Traits::kDequantizeKV ? StageCompletion::kByCopies
-                                                                    : StageCompletion::kAfterWait;
+  return kFormat == KVFormatKind::kPaged && !Traits::kDequantizeKV && !Traits::kTransposedV
+             ? StageCompletion::kByCopies
+             : StageCompletion::kAfterWait;
 }
 
 /// Where a CTA's warp-specialised ring stands: the producer's next K, V and Q buffers to fill,

@@ -252,11 +252,12 @@ Packed pack_rows(const std::vector<std::vector<double>>& parts, int64_t row_elem
 // Comparison.
 
 void expect_matches_oracle(DType dtype, const std::vector<double>& o, const std::vector<double>* lse,
-                           const tessera_ref::State& ref, const std::string& what) {
+                           const tessera_ref::State& ref, const std::string& what, double rel_tolerance_o,
+                           double lse_tolerance_override) {
   ASSERT_EQ(o.size(), ref.o.size()) << what;
   const double rel = tessera_ref::rel_error(o, ref.o);
   const double max_abs = tessera_ref::max_abs_error(o, ref.o);
-  EXPECT_LE(rel, rel_tolerance(dtype)) << what << ": o relative error ||o - ref|| / ||ref|| (max abs error "
+  EXPECT_LE(rel, rel_tolerance_o > 0 ? rel_tolerance_o : rel_tolerance(dtype)) << what << ": o relative error ||o - ref|| / ||ref|| (max abs error "
                                        << max_abs << ")";
   // (row, head) pairs that see no key: o exactly 0, lse -inf.
   const int64_t D = ref.head_dim;
@@ -276,7 +277,8 @@ void expect_matches_oracle(DType dtype, const std::vector<double>& o, const std:
   if (lse != nullptr) {
     ASSERT_EQ(lse->size(), ref.lse.size()) << what;
     const double lse_err = tessera_ref::max_abs_error(*lse, tessera_ref::lse_natural_to_log2(ref.lse));
-    EXPECT_LE(lse_err, lse_tolerance(dtype)) << what << ": base-2 lse max abs error";
+    EXPECT_LE(lse_err, lse_tolerance_override > 0 ? lse_tolerance_override : lse_tolerance(dtype))
+        << what << ": base-2 lse max abs error";
     EXPECT_EQ(bad_lse, 0u) << what << ": of " << empty
                            << " (row, head) pairs that see no key, these have lse != -inf";
   }
@@ -391,6 +393,7 @@ std::string case_name(const AttentionCase& c) {
     }
   }
   s += std::string("_") + tessera::dtype_name(c.dtype);
+  if (c.fp8_q) s += "_fp8q";
   if (c.fp8 != Fp8KV::kNone) {
     s += std::string("_kv") + tessera::dtype_name(c.kv_dtype());
     s += c.kv_scales == KVScaleMode::kHost ? "_hostscale" : c.kv_scales == KVScaleMode::kDevice ? "_devscale" : "_headscale";
@@ -1043,21 +1046,27 @@ void prepare_variant(VariantSetup& vs, const AttentionCase& c, const Lengths& le
 /// each the product of a host factor and, with device scales, a device value.
 struct Fp8Scales {
   KVScaleMode mode = KVScaleMode::kHost;
-  double k_host = 1, v_host = 1;
-  std::vector<double> k_device, v_device;  // [1] or [Hkv]
-  std::vector<double> k, v;                // [Hkv] what each head's codes are multiplied by
+  bool fp8_q = false;  // FP8 attention: q's scale too
+  double k_host = 1, v_host = 1, q_host = 1;
+  std::vector<double> k_device, v_device, q_device;  // [1] or [Hkv]
+  std::vector<double> k, v, q;                        // [Hkv] what each head's codes are multiplied by
 
-  /// The options' KVScales, uploading the device factors into the two buffers (kept by the caller).
-  tessera::KVScales options(DeviceBuffer& dk, DeviceBuffer& dv) const {
+  /// The options' KVScales, uploading the device factors into the buffers (kept by the caller).
+  tessera::KVScales options(DeviceBuffer& dk, DeviceBuffer& dv, DeviceBuffer& dq) const {
     tessera::KVScales s;
     s.k = k_host;
     s.v = v_host;
+    if (fp8_q) s.q = q_host;
     if (mode != KVScaleMode::kHost) {
       dk = upload_as(DType::kF32, k_device);
       dv = upload_as(DType::kF32, v_device);
       const int64_t n = static_cast<int64_t>(k_device.size());
       s.k_device = make_view(dk.get(), DType::kF32, {n}, {1});
       s.v_device = make_view(dv.get(), DType::kF32, {n}, {1});
+      if (fp8_q) {
+        dq = upload_as(DType::kF32, q_device);
+        s.q_device = make_view(dq.get(), DType::kF32, {n}, {1});
+      }
     }
     return s;
   }
@@ -1086,6 +1095,15 @@ Fp8Scales draw_fp8_scales(const AttentionCase& c, std::mt19937_64& rng) {
     s.k.push_back(s.k_host * (s.k_device.empty() ? 1.0 : s.k_device[i]));
     s.v.push_back(s.v_host * (s.v_device.empty() ? 1.0 : s.v_device[i]));
   }
+  // FP8 attention's q scales are drawn after K's and V's, so fp8 KV cases draw what they did.
+  s.fp8_q = c.fp8_q;
+  if (c.fp8_q) {
+    s.q_host = host_factors[pick(rng)];
+    for (int64_t h = 0; h < n && c.kv_scales != KVScaleMode::kHost; ++h) s.q_device.push_back(device_factors[pick(rng)]);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      s.q.push_back(s.q_host * (s.q_device.empty() ? 1.0 : s.q_device[s.q_device.size() > 1 ? static_cast<size_t>(h) : 0]));
+    }
+  }
   return s;
 }
 
@@ -1094,13 +1112,16 @@ Fp8Scales draw_fp8_scales(const AttentionCase& c, std::mt19937_64& rng) {
 // ---------------------------------------------------------------------------------------------
 // The decode / prefill runner.
 
-void run_attention_case(const AttentionCase& c, uint64_t seed) {
+void run_attention_case(const AttentionCase& c, uint64_t seed, AttentionCase::Fp8Errors* fp8_errors) {
   std::mt19937_64 rng(seed);
   const Lengths len = request_lengths(c, rng);
   const int64_t B = c.batch, Hq = c.num_qo_heads(), Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.value_dim();
   const std::string what = case_name(c) + " (seed " + std::to_string(seed) + ")";
   if (Dv != D && (c.fp8 != Fp8KV::kNone || c.variant.any() || c.decode || c.combined_kv)) {
     throw std::invalid_argument(what + ": head_dim_vo != head_dim is a prefill case without fp8, variant or combined K/V");
+  }
+  if (c.fp8_q && (c.fp8 == Fp8KV::kNone || c.decode || c.variant.any())) {
+    throw std::invalid_argument(what + ": FP8 attention is a prefill case with fp8 K/V and no variant");
   }
 
   // Inputs, rounded to the dtype before anything else sees them.
@@ -1115,11 +1136,41 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   const DType kv_dtype = c.kv_dtype();
   std::vector<std::vector<double>> k_store = k_parts, v_store = v_parts;
   Fp8Scales fp8_scales;
+  // FP8 attention: the unquantized inputs (the 16-bit draws above, at the dequantized values'
+  // scale) for the error the tests report, and the stored q codes.
+  std::vector<std::vector<double>> q_unquantized, k_unquantized, v_unquantized, q_store;
   if (c.fp8 != Fp8KV::kNone) {
     fp8_scales = draw_fp8_scales(c, rng);
+    if (c.fp8_q) {
+      q_unquantized = q_parts;
+      k_unquantized = k_parts;
+      v_unquantized = v_parts;
+    }
     for (int64_t b = 0; b < B; ++b) {
-      k_store[b] = round_to(kv_dtype, random_normal(len.kv[b] * Hkv * D, rng, 16.0));
-      v_store[b] = round_to(kv_dtype, random_normal(len.kv[b] * Hkv * D, rng, 16.0));
+      if (c.fp8_q) {
+        // Codes of the unquantized values over their head's scale, so both stand for one tensor.
+        q_store.push_back(q_parts[b]);
+        k_store[b] = k_parts[b];
+        v_store[b] = v_parts[b];
+        for (size_t i = 0; i < q_store[b].size(); ++i) {
+          q_store[b][i] /= fp8_scales.q[static_cast<int64_t>(i / D) % Hq / c.group];
+        }
+        for (size_t i = 0; i < k_store[b].size(); ++i) {
+          const int64_t h = static_cast<int64_t>(i / D) % Hkv;
+          k_store[b][i] /= fp8_scales.k[h];
+          v_store[b][i] /= fp8_scales.v[h];
+        }
+        q_store[b] = round_to(kv_dtype, q_store[b]);
+        k_store[b] = round_to(kv_dtype, k_store[b]);
+        v_store[b] = round_to(kv_dtype, v_store[b]);
+        q_parts[b] = q_store[b];
+        for (size_t i = 0; i < q_parts[b].size(); ++i) {
+          q_parts[b][i] *= fp8_scales.q[static_cast<int64_t>(i / D) % Hq / c.group];
+        }
+      } else {
+        k_store[b] = round_to(kv_dtype, random_normal(len.kv[b] * Hkv * D, rng, 16.0));
+        v_store[b] = round_to(kv_dtype, random_normal(len.kv[b] * Hkv * D, rng, 16.0));
+      }
       k_parts[b] = k_store[b];
       v_parts[b] = v_store[b];
       for (size_t i = 0; i < k_parts[b].size(); ++i) {
@@ -1133,7 +1184,8 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   // a variant draw exactly what they always drew.
   VariantSetup vs;
   if (c.variant.any()) prepare_variant(vs, c, len, q_parts, k_parts, v_parts, rng);
-  const Packed q = pack_rows(q_parts, Hq * D);
+  const Packed q = pack_rows(q_parts, Hq * D);  // the oracle's (dequantized for FP8 attention)
+  const Packed q_up = c.fp8_q ? pack_rows(q_store, Hq * D) : Packed{};  // FP8 attention: uploaded codes
   const Packed k = pack_rows(k_store, Hkv * D);  // uploaded
   const Packed v = pack_rows(v_store, Hkv * Dv);
   q_parts.clear();
@@ -1144,7 +1196,8 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   // q, o, lse. Strided: q rows padded by 64 elements, o heads (hence rows) by 8.
   const bool one_query = c.decode && c.entry == Entry::kSingle;
   const std::vector<int64_t> q_shape = one_query ? std::vector<int64_t>{Hq, D} : std::vector<int64_t>{total_q, Hq, D};
-  DeviceTensor dq = upload_tensor(c.dtype, q.values, q_shape, c.strided ? padded_strides(q_shape, 0, 64) : std::vector<int64_t>{});
+  DeviceTensor dq = upload_tensor(c.q_dtype(), c.fp8_q ? q_up.values : q.values, q_shape,
+                                  c.strided ? padded_strides(q_shape, 0, 64) : std::vector<int64_t>{});
   std::vector<int64_t> o_shape = q_shape;
   o_shape.back() = Dv;
   DeviceTensor dout = make_output(c.dtype, o_shape, c.strided ? padded_strides(o_shape, 8, 0) : std::vector<int64_t>{});
@@ -1160,8 +1213,8 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
   tessera::AttentionOptions opt;
   opt.sm_scale = c.sm_scale;
   opt.causal = c.causal;
-  DeviceBuffer d_k_scale, d_v_scale;
-  if (c.fp8 != Fp8KV::kNone) opt.kv_scales = fp8_scales.options(d_k_scale, d_v_scale);
+  DeviceBuffer d_k_scale, d_v_scale, d_q_scale;
+  if (c.fp8 != Fp8KV::kNone) opt.kv_scales = fp8_scales.options(d_k_scale, d_v_scale, d_q_scale);
   tessera_ref::Options ropt;
   if (vs.active) {
     opt.variant = vs.options;
@@ -1280,7 +1333,23 @@ void run_attention_case(const AttentionCase& c, uint64_t seed) {
       }
     }
   }
-  if (c.variant.sigmoid) {
+  if (c.fp8_q) {
+    // FP8 attention: P is rounded to fp8 for P V and the logits are accumulated by fp8 MMAs, so
+    // o and the LSE meet the case's own tolerances. Also measured: o against the unquantized
+    // inputs.
+    expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, ref, what, c.fp8_rel_tolerance,
+                          c.fp8_lse_tolerance);
+    const Packed uq = pack_rows(q_unquantized, Hq * D), uk = pack_rows(k_unquantized, Hkv * D),
+                 uv = pack_rows(v_unquantized, Hkv * D);
+    const tessera_ref::State unquantized =
+        c.entry == Entry::kSingle
+            ? tessera_ref::attention_single(uq.values, uk.values, uv.values, len.qo[0], len.kv[0], heads, ropt)
+            : tessera_ref::attention_ragged(uq.values, uq.indptr, uk.values, uv.values, uk.indptr, heads, ropt);
+    if (fp8_errors != nullptr) {
+      fp8_errors->dequantized = tessera_ref::rel_error(o, ref.o);
+      fp8_errors->unquantized = tessera_ref::rel_error(o, unquantized.o);
+    }
+  } else if (c.variant.sigmoid) {
     // Softmax off: no log-sum-exp; the kernel writes NaN (the oracle's LSE is NaN too).
     expect_matches_oracle(c.dtype, o, nullptr, ref, what);
     size_t not_nan = 0;

@@ -103,9 +103,11 @@ Packed pack_rows(const std::vector<std::vector<double>>& parts, int64_t row_elem
 
 /// Expects o [rows, Hq, D] (and, when lse is non-null, the base-2 lse [rows, Hq]) to match the
 /// oracle's state: relative error of o <= rel_tolerance(dtype), max |lse - ref| <=
-/// lse_tolerance(dtype), and every (row, head) that sees no key has o exactly 0 and lse -inf.
+/// lse_tolerance(dtype), and every (row, head) that sees no key has o exactly 0 and lse -inf. A
+/// positive rel_tolerance_o / lse_tolerance_override replaces the dtype's bound (FP8 attention).
 void expect_matches_oracle(tessera::DType dtype, const std::vector<double>& o, const std::vector<double>* lse,
-                           const tessera_ref::State& ref, const std::string& what);
+                           const tessera_ref::State& ref, const std::string& what, double rel_tolerance_o = 0.0,
+                           double lse_tolerance_override = 0.0);
 
 /// Runs `f`, expecting a tessera::Error whose message contains at least one of `needles` (the
 /// argument's name, in the spellings an implementation may reasonably use) and, unless `code` is
@@ -240,10 +242,23 @@ struct AttentionCase {
   /// tensor or KV head; the oracle sees code x scale in fp64.
   Fp8KV fp8 = Fp8KV::kNone;
   KVScaleMode kv_scales = KVScaleMode::kHost;
+  /// FP8 attention (with fp8 set): q stored in the same fp8 format as K/V (codes N(0, 16^2), a
+  /// scale per tensor or KV head like K's), o in `dtype`; compared with the oracle on the
+  /// dequantized q, k and v at fp8_rel_tolerance (P is rounded to fp8 for P V) and the LSE at
+  /// fp8_lse_tolerance (the fp8 MMAs accumulate the logits at reduced precision).
+  bool fp8_q = false;
+  double fp8_rel_tolerance = 0.0;
+  double fp8_lse_tolerance = 0.0;
+  /// Filled by run_attention_case for FP8 attention: o's relative error against the oracle on the
+  /// dequantized inputs and against the unquantized ones (the tests print both).
+  struct Fp8Errors {
+    double dequantized = 0.0, unquantized = 0.0;
+  };
   /// Queries drawn as N(0, q_stddev^2): far from 1 they leave f16's range, which the fp8 decode
   /// tiles (f16 MMAs) rescale bf16 query tiles into.
   double q_stddev = 1.0;
 
+  tessera::DType q_dtype() const { return fp8_q ? kv_dtype() : dtype; }
   tessera::DType kv_dtype() const {
     return fp8 == Fp8KV::kE4M3 ? tessera::DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? tessera::DType::kE5M2 : dtype;
   }
@@ -276,7 +291,8 @@ double kv_elements(const AttentionCase& c);
 /// Runs one decode or prefill case on fresh inputs drawn from `seed` and checks it against the
 /// oracle (gtest expectations). With a variant, o is compared as usual; the LSE too, except for
 /// sigmoid (softmax off), where every LSE element must be NaN.
-void run_attention_case(const AttentionCase& c, uint64_t seed);
+/// FP8 attention cases (c.fp8_q) also return o's errors (fp8_errors, when given).
+void run_attention_case(const AttentionCase& c, uint64_t seed, AttentionCase::Fp8Errors* fp8_errors = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Block-sparse cases.

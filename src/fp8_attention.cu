@@ -1,0 +1,70 @@
+// The FP8 attention tiles and their launch (src/fp8_attention.h). One translation unit: two head
+// dims x two output types x two formats of one kernel template.
+#include "src/fp8_attention.h"
+
+#include <type_traits>
+
+#include "src/check.h"
+#include "src/prefill_launch.cuh"
+
+namespace tessera {
+namespace detail {
+
+namespace {
+
+/// The FP8 attention tile of a head dim: the 16-bit wgmma tile's shape (two compute warpgroups of
+/// 64 query rows, 128-key tiles; 64-key tiles at head dim 256, whose O takes 128 accumulators per
+/// thread) with fp8 operands and, since an fp8 stage is half the bytes of a 16-bit one, 3 K/V
+/// stages beside the two raw V stages of the transpose.
+template <int HEAD_DIM>
+struct Fp8AttentionTile;
+template <>
+struct Fp8AttentionTile<128> {
+  using Traits = kernels::PrefillTraits<__nv_fp8_e4m3, 128, 128, 128, 8, 1, 3, 1, kernels::MmaKind::kWgmma>;
+};
+template <>
+struct Fp8AttentionTile<256> {
+  using Traits = kernels::PrefillTraits<__nv_fp8_e4m3, 256, 128, 64, 8, 1, 3, 1, kernels::MmaKind::kWgmma>;
+};
+
+template <int HEAD_DIM, typename OT>
+void launch_head_dim(const kernels::AttentionParams<__nv_fp8_e4m3, __nv_fp8_e4m3, OT>& p, kernels::KVFormatKind format,
+                     int64_t max_qo_len, cudaStream_t stream) {
+  using Traits = typename Fp8AttentionTile<HEAD_DIM>::Traits;
+  auto launch = [&](auto format_tag) {
+    constexpr kernels::KVFormatKind kFormat = decltype(format_tag)::value;
+    const OneShotLaunch<Traits> shape = one_shot_launch<Traits, kFormat>(p, max_qo_len);
+    if (!shape.empty) launch_default_one_shot<Traits, kFormat>(p, kernels::VariantParams{}, shape, stream);
+  };
+  switch (format) {
+    case kernels::KVFormatKind::kRagged: return launch(FormatTag<kernels::KVFormatKind::kRagged>{});
+    case kernels::KVFormatKind::kPaged: return launch(FormatTag<kernels::KVFormatKind::kPaged>{});
+    default:
+      TESSERA_FAIL(StatusCode::kInternal) << "FP8 attention: KV format " << static_cast<int>(format)
+                                          << " reached the launcher (ragged and paged only)";
+  }
+}
+
+}  // namespace
+
+template <typename F8, typename OT>
+void launch_fp8_attention(const kernels::AttentionParams<F8, F8, OT>& p, kernels::KVFormatKind format, int head_dim,
+                          int64_t max_qo_len, cudaStream_t stream) {
+  static_assert(std::is_same<F8, __nv_fp8_e4m3>::value, "FP8 attention is built for e4m3");
+  TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kInternal) << "FP8 attention on a device without wgmma";
+  switch (head_dim) {
+    case 128: return launch_head_dim<128>(p, format, max_qo_len, stream);
+    case 256: return launch_head_dim<256>(p, format, max_qo_len, stream);
+    default:
+      TESSERA_FAIL(StatusCode::kInternal) << "FP8 attention: head_dim " << head_dim << " reached the launcher";
+  }
+}
+
+template void launch_fp8_attention<__nv_fp8_e4m3, __half>(const kernels::AttentionParams<__nv_fp8_e4m3, __nv_fp8_e4m3, __half>&,
+                                                          kernels::KVFormatKind, int, int64_t, cudaStream_t);
+template void launch_fp8_attention<__nv_fp8_e4m3, __nv_bfloat16>(
+    const kernels::AttentionParams<__nv_fp8_e4m3, __nv_fp8_e4m3, __nv_bfloat16>&, kernels::KVFormatKind, int, int64_t,
+    cudaStream_t);
+
+}  // namespace detail
+}  // namespace tessera

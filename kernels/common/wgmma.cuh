@@ -63,6 +63,19 @@ TESSERA_DEVICE uint64_t wgmma_mn_major_desc(uint32_t tile, int kk) {
                                                Tile::kAtomBytes);
 }
 
+/// Four 8x8 b16 matrices stored from registers (sm_90, stmatrix): register m of lane (g, t) =
+/// lane / 4, lane % 4 is row g, b16 columns 2t and 2t + 1 of matrix m; lane i supplies the address
+/// of row i % 8 of matrix i / 8 (rows anywhere, 16 bytes each).
+TESSERA_DEVICE void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
 /// Orders this thread's earlier register writes (accumulators, A fragments) before the wgmma
 /// instructions that follow read them.
 TESSERA_DEVICE void wgmma_fence() {

@@ -347,52 +347,52 @@ TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale)
 /// Traits::RawTile) into the V stage `vt` ([HEAD_DIM_VO][CTA_TILE_KV], VSmemTile: K-major, the
 /// layout fp8 wgmma reads B in), every producer thread a share, after every thread's copies into
 /// `raw` have landed (a loader barrier).
-/// The keys of each 32-key step are permuted so that P's A fragment is the S accumulators packed
-/// in place (pack_p_fragments): byte j of the A word holding columns 4t .. 4t + 3 of a 16-key half
-/// comes from S column 2t, 2t + 1, 2t + 8, 2t + 9 (j = 0 .. 3) of that half, so row d of vt holds
-/// V[32 kb + 16 h + {2t, 2t + 1, 2t + 8, 2t + 9}][d] at bytes 32 kb + 16 h + 4 t + {0, 1, 2, 3}.
-/// A thread moves 4 x 4-byte blocks: the words of four source rows at 4 columns d .. d + 3, byte
-/// transposed (prmt) into the words of rows d .. d + 3 of vt. Lanes (t = lane % 4, dq = lane / 4)
-/// take d = 4 (dq + 8 m): the reads of a block cover 32 banks through the raw tile's swizzle, and
-/// each lane stores its 4 rows in an order rotated by dq / 2 so that the stores do too.
+/// The keys of each 16-key half of a k32 step are permuted so that P's A fragment is the S
+/// accumulators packed in place (pack_p_fragments): byte j of the A word holding columns 4t ..
+/// 4t + 3 comes from S column 2t, 2t + 1, 2t + 8, 2t + 9 (j = 0 .. 3), so row d of vt holds
+/// V[16 kh + {2t, 2t + 1, 2t + 8, 2t + 9}][d] at bytes 16 kh + 4t + {0, 1, 2, 3}.
+/// A warp moves 16 keys x 32 columns per step with 16-bit matrix instructions: ldmatrix.trans of
+/// the 8x8 b16 blocks (keys 16 kh + 0..7 and 8..15, columns 32 dc .. + 15 and + 16 .. + 31) gives
+/// lane (g, t) the pairs of keys 2t, 2t + 1 and 2t + 8, 2t + 9 at columns 2g, 2g + 1 (of each
+/// 16), which two prmt turn into the vt words of rows 2g and 2g + 1: exactly the permuted order.
+/// stmatrix stores them, rows chosen by address. (Byte-wise loads, prmt and stores per 4 x 4 block
+/// took 3x the instructions, and the producer's transpose bounded the tile: bench/results/LOG.md.)
+/// Lanes with g >= 4 swap their even and odd rows between registers, so that each stored matrix
+/// holds rows of 8 different swizzle phases (conflict-free); ldmatrix reads 8 keys at one chunk
+/// column, which the raw tile's swizzle spreads.
 template <typename Traits>
 TESSERA_DEVICE void transpose_v_tile(const uint8_t* raw, uint8_t* vt) {
   static_assert(Traits::kTransposedV && Traits::kLoaderThreads == 128, "the producer warpgroup's transpose");
   using RawTile = typename Traits::RawTile;
   using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
-  constexpr int kSteps = Traits::CTA_TILE_KV / 32;        // 32-key steps of P V
-  constexpr int kColumnGroups = Traits::HEAD_DIM_VO / 32;  // m: 8 d-quads each
-  constexpr int kOps = kSteps * 2 * kColumnGroups;         // (step, half, m)
-  static_assert(kOps % 4 == 0, "every producer warp the same share");
-  const int tid = loader_thread<Traits>();
-  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int t = lane % 4, dq = lane / 4;
-  const int rot = dq / 2;
-  uint32_t sel[4];  // [store]: the prmt selector of bytes i of two words, i = (store + rot) % 4
+  constexpr int kHalves = Traits::CTA_TILE_KV / 16;       // kh: 16-key halves of P V's k32 steps
+  constexpr int kHalvesPerWarp = kHalves / 4;
+  constexpr int kColumnGroups = Traits::HEAD_DIM_VO / 32;  // dc: 32 columns each
+  constexpr int kRawRowBytes = Traits::kRawRowChunks * 16;
+  static_assert(kHalves % 4 == 0 && RawTile::kRowsPerLine == 1, "4 producer warps x whole halves; whole raw lines");
+  const int lane = loader_thread<Traits>() % kWarpSize, warp = loader_thread<Traits>() / kWarpSize;
+  const int g = lane / 4, m = lane / 8, r = lane % 8;  // fragment row; the matrix and row this lane addresses
+  const bool swap = g >= 4;
+  const uint32_t sel_even = swap ? 0x7531u : 0x6420u, sel_odd = swap ? 0x6420u : 0x7531u;
+  // ldmatrix: matrix m is keys 8 (m & 1) + r of the half, chunk 2 dc + (m >> 1).
+  const int src_key = 8 * (m & 1) + r;
+  // stmatrix: matrix m's row r is vt row 16 (m >> 1) + 2r + ((m & 1) ^ (r >= 4)) of the group.
+  const int dst_row = 16 * (m >> 1) + 2 * r + ((m & 1) ^ (r >= 4 ? 1 : 0));
+  const uint32_t raw_base = smem_addr(raw), vt_base = smem_addr(vt);
 #pragma unroll
-  for (int st = 0; st < 4; ++st) {
-    const uint32_t i = static_cast<uint32_t>((st + rot) & 3);
-    sel[st] = i | ((4u + i) << 4);
-  }
-  const uint32_t vt_base = smem_addr(vt);
-#pragma unroll 2
-  for (int op = warp; op < kOps; op += 4) {
-    const int m = op % kColumnGroups, half = (op / kColumnGroups) % 2, kb = op / (2 * kColumnGroups);
-    const int row0 = 32 * kb + 16 * half + 2 * t;  // source rows row0 + {0, 1, 8, 9}
-    const int col = 4 * (dq + 8 * m);              // first of the block's 4 columns (d)
-    uint32_t w[4];                                  // [source row j]: bytes d .. d + 3
+  for (int i = 0; i < kHalvesPerWarp; ++i) {
+    const int kh = warp + 4 * i;
+    const int key = 16 * kh + src_key;
+    // Rows 32 apart share the swizzle of both tiles: a base per half, plus a constant per group.
+    const uint32_t src = raw_base + static_cast<uint32_t>(key * kRawRowBytes);
+    const uint32_t dst = vt_base + VTile::chunk_offset(dst_row, kh) * 16;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int row = row0 + (j & 1) + 8 * (j >> 1);
-      w[j] = *reinterpret_cast<const uint32_t*>(raw + RawTile::chunk_offset(row, col / 16) * 16 + col % 16);
-    }
-#pragma unroll
-    for (int st = 0; st < 4; ++st) {
-      const int i = (st + rot) & 3;
-      const uint32_t lo = __byte_perm(w[0], w[1], sel[st]), hi = __byte_perm(w[2], w[3], sel[st]);
-      const uint32_t out = __byte_perm(lo, hi, 0x5410u);  // bytes i of w[0], w[1], w[2], w[3]
-      const uint32_t dst = vt_base + VTile::chunk_offset(col + i, 2 * kb + half) * 16 + 4 * t;
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(out) : "memory");
+    for (int dc = 0; dc < kColumnGroups; ++dc) {
+      uint32_t v[4];  // keys 2t, 2t + 1 | 2t + 8, 2t + 9 at columns 2g, 2g + 1 | the same 16 further
+      ldmatrix_x4_trans(v, src + ((2 * dc + (m >> 1)) ^ RawTile::swizzle(key)) * 16);
+      const uint32_t w[4] = {__byte_perm(v[0], v[1], sel_even), __byte_perm(v[0], v[1], sel_odd),
+                             __byte_perm(v[2], v[3], sel_even), __byte_perm(v[2], v[3], sel_odd)};
+      stmatrix_x4(dst + 32 * dc * VTile::kRowStrideChunks * 16, w);
     }
   }
 }

@@ -291,17 +291,20 @@ struct Sm90Mainloop {
 
   /// FP8 attention's producer steps: K straight into its stage, V into a raw stage that the
   /// producer threads transpose together into the V stage (a block reads rows that other threads
-  /// copied, so every thread's copies must have landed: a loader barrier). Two tiles' copies fly
-  /// at a time: step t waits for tile t's (t + 1's may still fly), completes K(t) at once, issues
-  /// tile t + 2's copies, whose resolve barrier also certifies that every thread's V(t) has
-  /// landed, and transposes V(t). Raw stage t % 3 is free again when tile t + 3 is copied into
-  /// it: that copy's resolve barrier follows every thread's transpose of t. (Tiles are resolved two
-  /// ahead, before V(t)'s stage is acquired: the row-table ring's extra slots, Traits::kRowTables.)
+  /// copied, so every thread's copies must have landed: a loader barrier). kInFlight tiles' copies
+  /// fly at a time: step t waits for tile t's (the later ones may still fly), completes K(t) at
+  /// once, issues tile t + kInFlight's copies, whose resolve barrier also certifies that every
+  /// thread's V(t) has landed, and transposes V(t). (1 to 3 tiles in flight, and V's raw rows
+  /// issued before the K stage's wait, measured alike: bench/results/LOG.md.) Raw stage t %
+  /// kTransposeStages is free again when tile t + kTransposeStages is copied into it: that copy's
+  /// resolve barrier follows every thread's transpose of t. (Tiles are resolved kInFlight ahead,
+  /// before V(t)'s stage is acquired: the row-table ring's extra slots, Traits::kRowTables.)
   TESSERA_DEVICE void produce_transposed(const MbarrierPipeline<Traits::kStages>& k_pipe,
                                          const MbarrierPipeline<Traits::kStages>& v_pipe,
                                          const MbarrierPipeline<Traits::kQStages>& q_pipe, int num_kv_tiles) {
     static_assert(!kByCopies, "FP8 attention's stages complete after the producer's wait");
-    static_assert(Traits::kTransposeStages == 3, "raw V stages of the tiles in flight and the one transposed");
+    constexpr int kInFlight = Traits::kTransposeStages - 1;
+    static_assert(kInFlight >= 1 && kInFlight <= 3, "raw V stages of the tiles in flight and the one transposed");
     PipelineState<Traits::kStages> k_copy = ring.fill_k;  // the K stage the next copy fills (ahead of fill_k)
     auto issue = [&](int tile) {
       kv.resolve(tile);
@@ -309,13 +312,16 @@ struct Sm90Mainloop {
       k_pipe.producer_acquire(k_copy);
       kv.template copy<KVPart::kK>(tile, k_copy.stage);
       k_copy.advance();
-      kv.copy_v_raw(tile, tile % 3);
+      kv.copy_v_raw(tile, tile % Traits::kTransposeStages);
       cp_async_commit();
     };
-    for (int tile = 0; tile < 2 && tile < num_kv_tiles; ++tile) issue(tile);
+    for (int tile = 0; tile < kInFlight && tile < num_kv_tiles; ++tile) issue(tile);
     for (int tile = 0; tile < num_kv_tiles; ++tile) {
-      // This tile's copies (and Q's, committed before tile 0's); tile + 1's may still fly.
-      if (tile + 1 < num_kv_tiles) {
+      // This tile's copies (and Q's, committed before tile 0's); the later tiles' may still fly.
+      const int later = min(kInFlight - 1, num_kv_tiles - 1 - tile);
+      if (later >= 2) {
+        cp_async_wait<2>();
+      } else if (later == 1) {
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
@@ -324,13 +330,13 @@ struct Sm90Mainloop {
       if (tile == 0) q_pipe.producer_arrive(ring.fill_q);
       k_pipe.producer_arrive(ring.fill_k);
       ring.fill_k.advance();
-      if (tile + 2 < num_kv_tiles) {
-        issue(tile + 2);  // its barrier: every thread's V rows of this tile have landed
+      if (tile + kInFlight < num_kv_tiles) {
+        issue(tile + kInFlight);  // its barrier: every thread's V rows of this tile have landed
       } else {
         loader_sync<Traits>();
       }
       v_pipe.producer_acquire(ring.fill_v);
-      kv.transpose_v(tile % 3, ring.fill_v.stage);
+      kv.transpose_v(tile % Traits::kTransposeStages, ring.fill_v.stage);
       fence_proxy_async_shared();
       v_pipe.producer_arrive(ring.fill_v);
       ring.fill_v.advance();

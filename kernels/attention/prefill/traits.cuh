@@ -206,9 +206,10 @@ struct PrefillTraits {
   // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies;
   // warp-specialised fp8 one more: its producer resolves tile t + 1 before it waits for the V
   // stage of t - 1, i.e. while a P V of t - 3 (a value transform reads its keys) may still run.
-  // FP8 attention two more: its producer resolves tile t + 2 before V(t)'s stage is acquired.
-  static constexpr int kRowTables =
-      kStages + 1 + kPvLag + (kWarpSpecialized && kDequantizeKV ? 1 : 0) + (kTransposedV ? 2 : 0);
+  // FP8 attention kTransposeStages - 1 more: its producer resolves that many tiles ahead of the
+  // one whose V stage it acquires.
+  static constexpr int kRowTables = kStages + 1 + kPvLag + (kWarpSpecialized && kDequantizeKV ? 1 : 0) +
+                                    (kTransposedV ? kTransposeStages - 1 : 0);
   static constexpr int kRowTableBytes = kRowTables * CTA_TILE_KV * (2 * static_cast<int>(sizeof(uint64_t)) + 4);
   // Merging the warps' states (NUM_WARPS_KV > 1) reuses the K/V region and the row tables (free
   // after the last tile): O, m, d per warp.

@@ -8,6 +8,9 @@
 //   dequantized with options.kv_scales; decode then runs on tensor cores and prefill on the
 //   mma.sync tiles on every GPU); any strides with a contiguous last dimension and 16-byte
 //   aligned rows. Index arrays are i32, contiguous, in device memory.
+// - FP8 attention (the prefill entry points, sm_90a): q, k and v all e4m3 and o f16 or bf16, head
+//   dims 128 and 256, the default variant; options.kv_scales descales q (KVScales::q, q_device),
+//   k and v. The MMAs run in fp8 and P is rounded to e4m3 (docs/kernels.md, "FP8 attention").
 // - Heads: num_qo_heads % num_kv_heads == 0; query head h reads KV head h / (Hq / Hkv) (GQA; MQA
 //   when Hkv == 1). head_dim (D) is one of kSupportedHeadDims (tessera/head_dims.h, generated
 //   from the build's kernel configuration table).

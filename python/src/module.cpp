@@ -1150,8 +1150,9 @@ NB_MODULE(_C, m) {
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
          double sm_scale, bool causal, uintptr_t stream, const VariantArgs* variant, const OptArray& custom_mask,
          const OptArray& custom_mask_indptr, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
-         const OptArray& k_scale_device, const OptArray& v_scale_device) {
-        const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
+         const OptArray& k_scale_device, const OptArray& v_scale_device, const std::optional<DType>& q_dtype,
+         double q_scale, const OptArray& q_scale_device) {
+        const TensorView tq = as_kv(to_view(q, "q"), q_dtype), tk = as_kv(to_view(k, "k"), kv_dtype),
                          tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
         std::optional<tessera::VariantSpec> user;
         tessera::AttentionOptions opt;
@@ -1161,6 +1162,8 @@ NB_MODULE(_C, m) {
         opt.variant.custom_mask = to_view(custom_mask, "packed_custom_mask");
         opt.variant.custom_mask_indptr = to_view(custom_mask_indptr, "custom_mask_indptr");
         opt.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+        opt.kv_scales.q = q_scale;
+        opt.kv_scales.q_device = to_view(q_scale_device, "q_scale");
         DeviceGuard guard(tq);
         nb::gil_scoped_release release;
         checked([&] { tessera::single_prefill(tq, tk, tv, layout, to, tl, opt, to_stream(stream)); });
@@ -1169,9 +1172,12 @@ NB_MODULE(_C, m) {
       nb::kw_only(), "variant"_a.none() = nb::none(), "custom_mask"_a.none() = nb::none(),
       "custom_mask_indptr"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0,
       "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+      "q_dtype"_a.none() = nb::none(), "q_scale"_a = 1.0, "q_scale_device"_a.none() = nb::none(),
       "tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for "
       "single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] "
-      "mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).");
+      "mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither); FP8 "
+      "attention: q as u8 with q_dtype e4m3, k/v likewise (kv_dtype), o f16/bf16, q_scale / q_scale_device "
+      "as k_scale.");
 
   // --- state merge ------------------------------------------------------------------------------
   m.def(

@@ -346,9 +346,9 @@ def batch_decode_ragged(q: NDArray, k: NDArray, v: NDArray, kv_indptr: NDArray, 
     tessera::batch_decode_ragged: q [B, Hq, D], k/v [total_kv, Hkv, D] (request b's rows kv_indptr[b] .. kv_indptr[b+1]-1, kv_indptr i32 [B + 1] on q's device). Keyword options as for single_decode.
     """
 
-def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant: VariantArgs | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+def single_prefill(q: NDArray, k: NDArray, v: NDArray, layout: Layout, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, stream: int, *, variant: VariantArgs | None = None, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, q_dtype: DType | None = None, q_scale: float = 1.0, q_scale_device: NDArray | None = None) -> None:
     """
-    tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither).
+    tessera::single_prefill: q [qo_len, Hq, D], k/v as for single_decode. Keyword options as for single_decode, plus custom_mask: u8 packed bits (little bit order) of a row-major [qo_len, kv_len] mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither); FP8 attention: q as u8 with q_dtype e4m3, k/v likewise (kv_dtype), o f16/bf16, q_scale / q_scale_device as k_scale.
     """
 
 def merge_state(v_a: NDArray, s_a: NDArray, v_b: NDArray, s_b: NDArray, v_out: NDArray, s_out: NDArray | None, stream: int) -> None:

@@ -460,7 +460,9 @@ def check_scale(name: str, value: Any) -> None:
         return
     if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == 1.0:
         return
-    raise unsupported(name, _short(value), "None or 1.0 (scales apply to fp8 K/V caches; fp8 queries are not implemented)")
+    raise unsupported(name, _short(value),
+                      "None or 1.0 (scales apply to fp8 K/V caches, and q_scale to fp8 queries in "
+                      "single_prefill_with_kv_cache)")
 
 
 def kv_scale_kwargs(names: Tuple[str, str], k_scale: Any, v_scale: Any, kv_dtype: Any, num_kv_heads: int,
@@ -473,28 +475,35 @@ def kv_scale_kwargs(names: Tuple[str, str], k_scale: Any, v_scale: Any, kv_dtype
         for name, value in zip(names, (k_scale, v_scale)):
             check_scale(name, value)
         return {}
-    torch = _torch()
     out: Dict[str, Any] = {}
     for name, value, key in ((names[0], k_scale, "k"), (names[1], v_scale, "v")):
-        if value is None:
-            continue
-        if isinstance(value, torch.Tensor):
-            if value.dtype != torch.float32:
-                raise TypeError(f"{name}.dtype = {value.dtype}, expected torch.float32")
-            if value.numel() not in (1, int(num_kv_heads)):
-                raise ValueError(
-                    f"{name} has {value.numel()} elements, expected 1 (per tensor) or num_kv_heads = {num_kv_heads} "
-                    "(per KV head)"
-                )
-            check_same_device(name, value, "the KV cache", _DeviceOnly(device))
-            out[f"{key}_scale_device"] = value.reshape(-1).contiguous()
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not (math.isfinite(float(value)) and float(value) > 0.0):
-                raise ValueError(f"{name} = {value}, expected a finite scale > 0")
-            out[f"{key}_scale"] = float(value)
-        else:
-            raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
+        fp8_scale_kwarg(name, value, key, num_kv_heads, device, out)
     return out
+
+
+def fp8_scale_kwarg(name: str, value: Any, key: str, num_kv_heads: int, device: Any, out: Dict[str, Any]) -> None:
+    """One fp8 operand's scale (`name`) into the bindings' keywords `<key>_scale` (a host factor)
+    or `<key>_scale_device` (a float32 tensor on `device` of 1 or num_kv_heads elements); None
+    adds nothing (1)."""
+    torch = _torch()
+    if value is None:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.float32:
+            raise TypeError(f"{name}.dtype = {value.dtype}, expected torch.float32")
+        if value.numel() not in (1, int(num_kv_heads)):
+            raise ValueError(
+                f"{name} has {value.numel()} elements, expected 1 (per tensor) or num_kv_heads = {num_kv_heads} "
+                "(per KV head)"
+            )
+        check_same_device(name, value, "the KV cache", _DeviceOnly(device))
+        out[f"{key}_scale_device"] = value.reshape(-1).contiguous()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not (math.isfinite(float(value)) and float(value) > 0.0):
+            raise ValueError(f"{name} = {value}, expected a finite scale > 0")
+        out[f"{key}_scale"] = float(value)
+    else:
+        raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
 
 
 class _DeviceOnly:

@@ -189,6 +189,29 @@ def _check_causal(causal: Any) -> bool:
     return causal
 
 
+def _check_fp8_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", o_dtype: Any,
+                         options: Any) -> "torch.dtype":
+    """FP8 attention (an fp8 q): e4m3 q, k and v, no variant option (custom masks are checked by
+    the C++ library), and an f16/bf16 output; returns the output dtype (``None``: bfloat16). The
+    head dims and the device are the C++ library's checks (NotImplementedError naming them)."""
+    torch = U._torch()
+    if q.dtype != torch.float8_e4m3fn:
+        raise U.unsupported("q.dtype", q.dtype, "torch.float16, torch.bfloat16, or torch.float8_e4m3fn (FP8 attention)")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype = {t.dtype}, expected {q.dtype} (FP8 attention takes q, k and v in e4m3)")
+    if not options.is_default():
+        raise NotImplementedError(
+            "FP8 attention (q of dtype torch.float8_e4m3fn) runs without variant options (supported: causal, "
+            "sm_scale); pos_encoding_mode, window_left, logits_soft_cap, sinks, sigmoid and variant= need a 16-bit q")
+    if o_dtype is None:
+        return torch.bfloat16
+    od = U.canonical_dtype(o_dtype, "o_dtype")
+    if od not in (torch.float16, torch.bfloat16):
+        raise U.unsupported("o_dtype", od, "torch.float16 or torch.bfloat16 with an fp8 q")
+    return od
+
+
 def single_prefill_with_kv_cache(
     q: "torch.Tensor",
     k: "torch.Tensor",
@@ -224,17 +247,21 @@ def single_prefill_with_kv_cache(
     """Prefill/append attention of one request against its KV cache.
 
     Args:
-        q: ``[qo_len, num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor.
+        q: ``[qo_len, num_qo_heads, head_dim]`` float16/bfloat16 CUDA tensor, or
+            ``torch.float8_e4m3fn`` for FP8 attention (k and v e4m3 too, head dims 128 and 256,
+            sm_90 only, no variant option: the MMAs run in fp8 and P is rounded to e4m3).
         k, v: ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
             (HND), q's dtype or both ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (an fp8 cache:
             head dims 64, 128, 256), contiguous last dimension. v's head dim may differ from q's and
             k's where the build has the pair (``tessera._C.supported_prefill_split_head_dims()``:
             192 / 128, DeepSeek's non-absorbed prefill; 16-bit K/V, no variant option); the output
             then has v's head dim.
-        scale_q: only ``None`` (fp8 queries are not implemented).
+        scale_q: FP8 attention only (else ``None`` or 1): q's dequantization scale, as
+            ``scale_k`` (per KV head: the query heads of a group share their KV head's factor).
         scale_k, scale_v: fp8 K/V only: the dequantization scales, each ``None`` (1), a float > 0,
             or a float32 tensor on q's device of 1 or ``num_kv_heads`` elements.
-        o_dtype: only ``None`` or q's dtype.
+        o_dtype: ``None`` or q's dtype; with an fp8 q ``torch.float16`` or ``torch.bfloat16``
+            (``None``: bfloat16).
         custom_mask: bool ``[qo_len, kv_len]`` on q's device, True = key visible to the query
             (packed here; pass ``packed_custom_mask`` to avoid that).
         packed_custom_mask: uint8 1-D, ``custom_mask`` flattened row-major and packed with
@@ -277,7 +304,6 @@ def single_prefill_with_kv_cache(
     torch = U._torch()
     layout = U.check_kv_layout(kv_layout)
     U.check_backend(backend, getattr(q, "device", None))
-    U.check_none("scale_q", scale_q, "None (fp8 queries are not implemented)")
     options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                      rope_scale, rope_theta, low_freq_factor=low_freq_factor,
                                      high_freq_factor=high_freq_factor, old_context_len=old_context_len,
@@ -286,15 +312,21 @@ def single_prefill_with_kv_cache(
     options.check_return_lse(return_lse)
     causal = _check_causal(causal)
     U.check_tensor("q", q, ndim=3, shape_hint="([qo_len, num_qo_heads, head_dim])")
-    U.check_attention_dtype(q.dtype, "q.dtype")
-    if o_dtype is not None:
-        od = U.canonical_dtype(o_dtype, "o_dtype")
-        if od != q.dtype:
-            raise U.unsupported("o_dtype", od, f"None or the dtype of q ({q.dtype})")
     U.check_tensor("k", k, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
     U.check_tensor("v", v, ndim=3, shape_hint="([kv_len, num_kv_heads, head_dim] or HND)")
-    U.kv_data_dtype_check("k", k, q.dtype)
-    U.kv_data_dtype_check("v", v, q.dtype)
+    fp8_q = U.is_fp8(q.dtype)
+    if fp8_q:
+        out_dtype = _check_fp8_attention(q, k, v, o_dtype, options)
+    else:
+        U.check_scale("scale_q", scale_q)
+        U.check_attention_dtype(q.dtype, "q.dtype")
+        out_dtype = q.dtype
+        if o_dtype is not None:
+            od = U.canonical_dtype(o_dtype, "o_dtype")
+            if od != q.dtype:
+                raise U.unsupported("o_dtype", od, f"None or the dtype of q ({q.dtype}); another dtype with an fp8 q")
+        U.kv_data_dtype_check("k", k, q.dtype)
+        U.kv_data_dtype_check("v", v, q.dtype)
     if v.dtype != k.dtype:
         raise TypeError(f"v.dtype = {v.dtype}, expected {k.dtype} (the dtype of k)")
     hkv = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
@@ -308,6 +340,9 @@ def single_prefill_with_kv_cache(
     _check_split_head_dims_options(dv, d, options, k.dtype)
     fp8 = U.is_fp8(k.dtype)
     scales = U.kv_scale_kwargs(("scale_k", "scale_v"), scale_k, scale_v, k.dtype if fp8 else None, hkv, q.device)
+    if fp8_q:
+        U.fp8_scale_kwarg("scale_q", scale_q, "q", hkv, q.device, scales)
+        scales["q_dtype"] = U.tessera_dtype(q.dtype)
     scale = U.resolve_sm_scale(sm_scale, int(q.shape[2]))
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
     _check_custom_mask_args(custom_mask, packed_custom_mask, int(q.shape[0]), kv_len)
@@ -318,10 +353,10 @@ def single_prefill_with_kv_cache(
     mask, mask_indptr = _packed_custom_mask(custom_mask, packed_custom_mask, q, int(q.shape[0]), kv_len)
     if mask is not None:
         causal = False  # FlashInfer: a custom mask replaces the causal mask
-    out = torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device)
+    out = torch.empty((q.shape[0], q.shape[1], dv), dtype=out_dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
     slopes = U.alibi_slopes(int(q.shape[1]), q.device) if options.alibi else None
-    U.call(U._C().single_prefill, q, q, U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, causal,
+    U.call(U._C().single_prefill, q, U.kv_arg(q), U.kv_arg(k), U.kv_arg(v), layout, out, lse, scale, causal,
            U.current_stream(q.device), custom_mask=mask, custom_mask_indptr=mask_indptr,
            kv_dtype=U.tessera_dtype(k.dtype) if fp8 else None, **scales,
            **options.kwargs(slopes, U.rope_offset_tensor(q_rope_offset, q.device),

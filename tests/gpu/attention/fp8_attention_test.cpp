@@ -45,6 +45,16 @@ bool device_has_wgmma() {
   return major == 9 && minor == 0;
 }
 
+/// An FP8 attention case: e4m3 q, k and v, the FP8 attention tolerances.
+AttentionCase fp8_attention_case() {
+  AttentionCase c;
+  c.fp8 = Fp8KV::kE4M3;
+  c.fp8_q = true;
+  c.fp8_rel_tolerance = kFp8AttentionRelTolerance;
+  c.fp8_lse_tolerance = kFp8AttentionLseTolerance;
+  return c;
+}
+
 std::vector<AttentionCase> fp8_attention_cases() {
   std::vector<AttentionCase> cases;
   const KVScaleMode modes[] = {KVScaleMode::kHost, KVScaleMode::kDevice, KVScaleMode::kPerHead};
@@ -54,12 +64,8 @@ std::vector<AttentionCase> fp8_attention_cases() {
   for (Entry entry : {Entry::kSingle, Entry::kRagged, Entry::kPaged}) {
     for (int64_t dim : {128, 256}) {
       for (bool causal : {false, true}) {
-        AttentionCase c;
+        AttentionCase c = fp8_attention_case();
         c.entry = entry;
-        c.fp8 = Fp8KV::kE4M3;
-        c.fp8_q = true;
-        c.fp8_rel_tolerance = kFp8AttentionRelTolerance;
-        c.fp8_lse_tolerance = kFp8AttentionLseTolerance;
         c.head_dim = dim;
         c.dtype = n % 2 ? DType::kBF16 : DType::kF16;
         c.kv_scales = modes[n % 3];
@@ -81,12 +87,8 @@ std::vector<AttentionCase> fp8_attention_cases() {
     }
   }
   // Long: many KV tiles per query tile, every raw stage and ring slot reused.
-  AttentionCase long_causal;
+  AttentionCase long_causal = fp8_attention_case();
   long_causal.entry = Entry::kRagged;
-  long_causal.fp8 = Fp8KV::kE4M3;
-  long_causal.fp8_q = true;
-  long_causal.fp8_rel_tolerance = kFp8AttentionRelTolerance;
-  long_causal.fp8_lse_tolerance = kFp8AttentionLseTolerance;
   long_causal.dtype = DType::kBF16;
   long_causal.batch = 2;
   long_causal.qo_len = 1500;
@@ -97,12 +99,8 @@ std::vector<AttentionCase> fp8_attention_cases() {
   long_causal.kv_scales = KVScaleMode::kPerHead;
   cases.push_back(long_causal);
   // The compute-sanitizer subset: odd lengths, page size 1, NaN page tails, strides.
-  AttentionCase s1;
+  AttentionCase s1 = fp8_attention_case();
   s1.entry = Entry::kPaged;
-  s1.fp8 = Fp8KV::kE4M3;
-  s1.fp8_q = true;
-  s1.fp8_rel_tolerance = kFp8AttentionRelTolerance;
-  s1.fp8_lse_tolerance = kFp8AttentionLseTolerance;
   s1.dtype = DType::kBF16;
   s1.batch = 4;
   s1.qo_len = 70;

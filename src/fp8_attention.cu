@@ -27,6 +27,10 @@ struct Fp8AttentionTile<256> {
   using Traits = kernels::PrefillTraits<__nv_fp8_e4m3, 256, 128, 64, 8, 1, 3, 1, kernels::MmaKind::kWgmma>;
 };
 
+static_assert(sizeof(kFp8AttentionHeadDims) / sizeof(int) == 2 && kFp8AttentionHeadDims[0] == 128 &&
+                  kFp8AttentionHeadDims[1] == 256,
+              "kFp8AttentionHeadDims lists the tiles above (and launch_fp8_attention's switch)");
+
 template <int HEAD_DIM, typename OT>
 void launch_head_dim(const kernels::AttentionParams<__nv_fp8_e4m3, __nv_fp8_e4m3, OT>& p, kernels::KVFormatKind format,
                      int64_t max_qo_len, cudaStream_t stream) {

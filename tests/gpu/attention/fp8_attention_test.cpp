@@ -98,6 +98,20 @@ std::vector<AttentionCase> fp8_attention_cases() {
   long_causal.causal = true;
   long_causal.kv_scales = KVScaleMode::kPerHead;
   cases.push_back(long_causal);
+  // No LSE output; f16 o; groups of 3 query heads per KV head (rows of a tile mix heads).
+  AttentionCase no_lse = fp8_attention_case();
+  no_lse.entry = Entry::kPaged;
+  no_lse.dtype = DType::kF16;
+  no_lse.batch = 3;
+  no_lse.qo_len = 200;
+  no_lse.kv_len = 900;
+  no_lse.page_size = 16;
+  no_lse.group = 3;
+  no_lse.num_kv_heads = 3;
+  no_lse.head_dim = 256;
+  no_lse.with_lse = false;
+  no_lse.kv_scales = KVScaleMode::kDevice;
+  cases.push_back(no_lse);
   // The compute-sanitizer subset: odd lengths, page size 1, NaN page tails, strides.
   AttentionCase s1 = fp8_attention_case();
   s1.entry = Entry::kPaged;

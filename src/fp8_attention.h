@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/attention/params.cuh"
+#include "src/prefill_config.h"
 
 namespace tessera {
 namespace detail {
@@ -23,6 +24,17 @@ inline constexpr const char* kFp8AttentionHeadDimsText = "128, 256";
 template <typename F8, typename OT>
 void launch_fp8_attention(const kernels::AttentionParams<F8, F8, OT>& p, kernels::KVFormatKind format, int head_dim,
                           int64_t max_qo_len, cudaStream_t stream);
+
+/// The plan/run runtime's launch of the FP8 attention tile of `head_dim` (the persistent kernel
+/// over `launch`'s plan, then its contraction), as launch_persistent_config does for the 16-bit
+/// tiles. The plan's query and KV tile rows are the 16-bit wgmma tile's (QTile::k128Wgmma), which
+/// the FP8 tiles share.
+template <typename F8, typename OT>
+void launch_fp8_attention_persistent(const kernels::AttentionParams<F8, F8, OT>& p, kernels::KVFormatKind format,
+                                     int head_dim, const PersistentLaunch& launch, cudaStream_t stream);
+
+/// CTAs of the FP8 persistent kernel of `head_dim` and `format` per SM (the occupancy API).
+int fp8_attention_ctas_per_sm(int head_dim, kernels::KVFormatKind format);
 
 }  // namespace detail
 }  // namespace tessera

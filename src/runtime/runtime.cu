@@ -21,6 +21,7 @@
 #include "src/env.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
+#include "src/fp8_attention.h"
 #include "src/prefill_config.h"
 #include "src/runtime/device_errors.h"
 #include "src/runtime/plan_channel.h"
@@ -132,6 +133,9 @@ int ctas_per_sm(DType dtype, DType kv_dtype, PrefillHeadDims head_dim, KVFormatK
     if (it != cache.end()) return it->second;
   }
   int result = 0;
+  if (is_fp8(dtype)) {
+    result = fp8_attention_ctas_per_sm(head_dim.qk, format);  // plan() checked the FP8 attention call
+  } else {
   TESSERA_DISPATCH_HALF_DTYPE(dtype, "dtype", T, [&] {
     TESSERA_DISPATCH_KV_DTYPE(kv_dtype, T, "kv_dtype", KVT, [&] {
       with_prefill_head_dim(head_dim, [&](auto head_dims_tag) {
@@ -145,6 +149,7 @@ int ctas_per_sm(DType dtype, DType kv_dtype, PrefillHeadDims head_dim, KVFormatK
       });
     });
   });
+  }
   TESSERA_CHECK(result >= 1, StatusCode::kInternal) << "the persistent kernel does not fit an SM (head_dim "
                                                      << head_dim.qk << " / " << head_dim.vo << ", query tile "
                                                      << q_tile_name(t) << ")";
@@ -170,6 +175,29 @@ void check_kv_dtype(DType kv_dtype, DType dtype, PrefillHeadDims head_dim, const
       << name << " = " << kv_dtype << ": fp8 K/V is not built for head_dim " << head_dim.qk
       << (head_dim.split() ? " with head_dim_vo " + std::to_string(head_dim.vo) : std::string())
       << " (src/config/attention_configs.txt lists the head dims: 64, 128, 256)";
+}
+
+/// An FP8 attention plan (shape.dtype e4m3): K/V e4m3, equal head dims of kFp8AttentionHeadDims,
+/// ragged or paged KV, a device with wgmma, no CUDA graphs (options.dtype stays 16-bit), the query
+/// tile auto or 128; the variant is checked once resolved (check_fp8_plan_variant).
+void check_fp8_plan(const PlanShape& shape, DType kv_dtype, PrefillHeadDims head_dim, KVFormatKind format,
+                    const RuntimeOptions& options) {
+  TESSERA_CHECK(shape.dtype == DType::kE4M3, StatusCode::kUnsupported)
+      << "shape.dtype = " << shape.dtype << ": FP8 attention takes e4m3 q, k and v";
+  TESSERA_CHECK(kv_dtype == DType::kE4M3, StatusCode::kUnsupported)
+      << "shape.kv_dtype = " << kv_dtype << " with shape.dtype = e4m3: FP8 attention takes K/V of q's dtype";
+  TESSERA_CHECK(!head_dim.split() && std::find(std::begin(kFp8AttentionHeadDims), std::end(kFp8AttentionHeadDims),
+                                               head_dim.qk) != std::end(kFp8AttentionHeadDims),
+                StatusCode::kUnsupported)
+      << "shape.head_dim = " << head_dim.qk << " with shape.dtype = e4m3: FP8 attention is built for head dims "
+      << kFp8AttentionHeadDimsText << " (equal for q, k and v)";
+  TESSERA_CHECK(format == KVFormatKind::kRagged || format == KVFormatKind::kPaged, StatusCode::kUnsupported)
+      << "shape.dtype = e4m3: FP8 attention runs over ragged and paged KV only (not block-sparse)";
+  TESSERA_CHECK(current_device_has_wgmma(), StatusCode::kUnsupported)
+      << "shape.dtype = e4m3: FP8 attention runs on sm_90a (Hopper) only; this device or build has no wgmma";
+  TESSERA_CHECK_ARG(options.q_tile == QueryTile::kAuto || options.q_tile == QueryTile::k128)
+      << "options.q_tile = " << static_cast<int>(options.q_tile)
+      << " with shape.dtype = e4m3: FP8 attention has the 128-row tile only (kAuto or k128)";
 }
 
 QTile to_qtile(QueryTile t, PrefillHeadDims head_dim, KVStorage kv) {
@@ -312,13 +340,23 @@ class AttentionRuntime {
     const int64_t batch = static_cast<int64_t>(in.qo_len.size());
     const PrefillHeadDims head_dim = check_plan_head_dims(shape);
     const HeadConfig heads{shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
-    TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16)
-        << "shape.dtype = " << shape.dtype << ", expected f16 or bf16";
+    // An e4m3 q is FP8 attention (src/fp8_attention.h): its own tile, not the configuration table's.
+    const bool fp8_q = is_fp8(shape.dtype);
+    TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16 || fp8_q)
+        << "shape.dtype = " << shape.dtype << ", expected f16 or bf16 (or e4m3: FP8 attention)";
     const DType kv_dtype = resolved_kv_dtype(shape.kv_dtype, shape.dtype);
-    check_kv_dtype(kv_dtype, shape.dtype, head_dim, "shape.kv_dtype");
+    if (fp8_q) {
+      TESSERA_CHECK(side == nullptr && !decode_, StatusCode::kUnsupported)
+          << "shape.dtype = " << shape.dtype << ": FP8 attention runs through the prefill wrappers (the "
+          << (decode_ ? "decode" : "POD") << " wrapper takes f16 or bf16 q)";
+      check_fp8_plan(shape, kv_dtype, head_dim, format_, options_);
+    } else {
+      check_kv_dtype(kv_dtype, shape.dtype, head_dim, "shape.kv_dtype");
+    }
     check_kv_scales(shape.attention.kv_scales, "shape.attention.kv_scales", kv_dtype, shape.num_kv_heads,
-                    Device::cuda(device_));
-    const KVStorage kv = kv_storage(kv_dtype, shape.dtype);
+                    Device::cuda(device_), fp8_q);
+    // FP8 attention plans as the 16-bit wgmma tile, whose query and KV tile rows its tiles share.
+    const KVStorage kv = fp8_q ? KVStorage::kSame : kv_storage(kv_dtype, shape.dtype);
     TESSERA_CHECK_ARG(batch <= bounds_.max_batch_size)
         << "batch size " << batch << " exceeds bounds.max_batch_size = " << bounds_.max_batch_size;
     const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
@@ -339,9 +377,14 @@ class AttentionRuntime {
         << ", expected a finite value > 0 (or < 0 for 1/sqrt(head_dim))";
     const ResolvedVariant variant = plan_variant(shape, heads, batch, in);
     check_split_head_dims_variant(head_dim, variant);
+    TESSERA_CHECK(!fp8_q || variant.is_default, StatusCode::kUnsupported)
+        << "shape.attention.variant is set with shape.dtype = e4m3: FP8 attention runs the default variant only "
+           "(causal masking and sm_scale)";
     if (options_.cuda_graph) check_graph_invariants(in, shape, variant);
 
-    const QTile q_tile = side != nullptr ? side->q_tile : plan_q_tile(in, head_dim, kv, group, heads.num_kv_heads, variant);
+    const QTile q_tile = side != nullptr ? side->q_tile
+                         : fp8_q         ? QTile::k128Wgmma
+                                         : plan_q_tile(in, head_dim, kv, group, heads.num_kv_heads, variant);
     const GridShape grid =
         side != nullptr        ? grid_for_slots(side->ctas, static_cast<int>(heads.num_kv_heads), q_tile)
         : options_.cuda_graph ? graph_grid_
@@ -452,7 +495,7 @@ class AttentionRuntime {
   void check_run_queries(const TensorView& q, const TensorView& o, const TensorView& lse) const {
     raise_device_error(device_);
     TESSERA_CHECK_ARG(planned_) << "run() before plan(): call plan() with this batch's index arrays first";
-    check_operand(q, "q", 3);
+    check_prefill_query(q, 3);
     TESSERA_CHECK_ARG(q.dtype == shape_.dtype) << "q.dtype = " << q.dtype << ", but the plan was made for "
                                                << shape_.dtype;
     check_size(q, "q", 1, shape_.num_qo_heads);
@@ -484,10 +527,11 @@ class AttentionRuntime {
   const PlanInfo& info() const { return info_; }
 
   /// Builds the query part of the kernel parameters from run()'s tensors and the plan.
-  template <typename T, typename KVT>
-  kernels::AttentionParams<T, KVT> query_part(const TensorView& q, const TensorView& o, const TensorView& lse) const {
+  template <typename T, typename KVT, typename OT = T>
+  kernels::AttentionParams<T, KVT, OT> query_part(const TensorView& q, const TensorView& o,
+                                                  const TensorView& lse) const {
     const HeadConfig heads{shape_.num_qo_heads, shape_.num_kv_heads, shape_.head_dim};
-    kernels::AttentionParams<T, KVT> p = query_params<T, KVT>(q, o, lse, heads, shape_.attention);
+    kernels::AttentionParams<T, KVT, OT> p = query_params<T, KVT, OT>(q, o, lse, heads, shape_.attention);
     p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.qo_indptr);
     // The plan's KV ranges per request: rows (ragged), pages (paged) or column blocks (block-sparse).
     const int32_t* kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
@@ -509,8 +553,8 @@ class AttentionRuntime {
   /// run, and records the run's completion. `ids` (paged and block-sparse runs): the index array
   /// run() was given, checked on the host first or, inside a capture, by a captured device check
   /// (check_run_ids_on_host, enqueue_run_ids_check).
-  template <typename T, typename KVT>
-  void launch(const kernels::AttentionParams<T, KVT>& p, const RunIds* ids, StreamHandle stream) {
+  template <typename T, typename KVT, typename OT>
+  void launch(const kernels::AttentionParams<T, KVT, OT>& p, const RunIds* ids, StreamHandle stream) {
     launch_ordered(ids, stream, [&](cudaStream_t s) { launch_kernels(p, s); });
   }
 
@@ -592,8 +636,20 @@ class AttentionRuntime {
         c, ids.increasing ? DeviceCheckSite::kRuntimeColumnBlocks : DeviceCheckSite::kRuntimePageIds, stream);
   }
 
+  /// The plan's persistent kernel (and contraction): the configuration table's tile, or for FP8
+  /// attention (an fp8 q) its tile of the plan's head dim.
+  template <typename Params>
+  void launch_kernels(const Params& p, cudaStream_t s) {
+    using T = typename Params::QType;
+    using KVT = typename Params::KVType;
+    if constexpr (kernels::IsFp8<T>::value) {
+      launch_fp8_attention_persistent(p, format_, plan_dims().qk, persistent_launch(), s);
+    } else {
+      launch_table_kernels<T, KVT>(p, s);
+    }
+  }
   template <typename T, typename KVT>
-  void launch_kernels(const kernels::AttentionParams<T, KVT>& p, cudaStream_t s) {
+  void launch_table_kernels(const kernels::AttentionParams<T, KVT>& p, cudaStream_t s) {
     const PersistentLaunch launch = persistent_launch();
     with_prefill_head_dim(plan_dims(), [&](auto head_dims_tag) {
       constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
@@ -972,6 +1028,22 @@ void paged_cache_params(Params& p, const PagedKVCache& kv) {
   p.batch_size = batch;
 }
 
+/// Runs f(p) with the kernel parameters of run()'s q, o and lse (the query part; the caller adds the
+/// KV's): AttentionParams<T, KVT> for an f16/bf16 q, KVT the plan's K/V type (`kv_name` in its
+/// error), or AttentionParams<e4m3, e4m3, OT> for FP8 attention, OT o's type (the plan checked it).
+template <typename F>
+void with_run_params(AttentionRuntime& rt, const TensorView& q, const TensorView& o, const TensorView& lse,
+                     const char* kv_name, F&& f) {
+  if (is_fp8(q.dtype)) {
+    using F8 = __nv_fp8_e4m3;
+    TESSERA_DISPATCH_HALF_DTYPE(o.dtype, "o", OT, [&] { f(rt.query_part<F8, F8, OT>(q, o, lse)); });
+    return;
+  }
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+    TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, kv_name, KVT, [&] { f(rt.query_part<T, KVT>(q, o, lse)); });
+  });
+}
+
 void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv, const TensorView& o,
                const TensorView& lse, StreamHandle stream) {
   rt.check_run_queries(q, o, lse);
@@ -981,13 +1053,10 @@ void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv
   ids.name = "kv.indices";
   ids.device_data = rt.device_ids(kv.indices, ids.name);
   ids.bound = kv.k.shape[0];
-  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "kv.k", KVT, [&] {
-      kernels::AttentionParams<T, KVT> p = rt.query_part<T, KVT>(q, o, lse);
-      paged_cache_params(p, kv);
-      p.paged.indices = ids.device_data;
-      rt.launch(p, &ids, stream);
-    });
+  with_run_params(rt, q, o, lse, "kv.k", [&](auto p) {
+    paged_cache_params(p, kv);
+    p.paged.indices = ids.device_data;
+    rt.launch(p, &ids, stream);
   });
 }
 
@@ -1116,13 +1185,10 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
   rt.check_run_kv_heads(v, "v", 1, /*is_v=*/true);
   TESSERA_CHECK_ARG(k.shape[0] >= rt.total_kv_units())
       << "k has " << k.shape[0] << " rows, expected >= kv_indptr[B] = " << rt.total_kv_units() << " of the plan";
-  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
-    TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "k", KVT, [&] {
-      kernels::AttentionParams<T, KVT> p = rt.query_part<T, KVT>(q, o, lse);
-      detail::kv_row_tensors(p, k, v, 0);
-      p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
-      rt.launch(p, nullptr, stream);
-    });
+  detail::with_run_params(rt, q, o, lse, "k", [&](auto p) {
+    detail::kv_row_tensors(p, k, v, 0);
+    p.ragged.num_rows = static_cast<int32_t>(k.shape[0]);
+    rt.launch(p, nullptr, stream);
   });
 }
 

@@ -53,6 +53,15 @@ bool wgmma_tile_in_use() {
   return major == 9 && !(wgmma != nullptr && std::string(wgmma) == "0");
 }
 
+/// Whether the device is sm_90 (FP8 attention's tile runs there whatever TESSERA_PREFILL_WGMMA says).
+bool device_is_sm90() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
 struct RuntimeCase {
   Wrapper wrapper = Wrapper::kDecode;
   DType dtype = DType::kBF16;
@@ -74,6 +83,9 @@ struct RuntimeCase {
   /// fp8 K/V: codes N(0, 16^2) rounded to the format, per-tensor host scales kFp8KScale /
   /// kFp8VScale; the oracle sees code x scale.
   Fp8KV fp8 = Fp8KV::kNone;
+  /// FP8 attention (with fp8 e4m3): q codes too (scale kFp8QScale), o in `dtype`, compared at the
+  /// FP8 attention tolerances (docs/kernels.md: P is rounded to e4m3).
+  bool fp8_q = false;
   /// Prefill: a random tree mask per request (attn::tree_masks: the prefix, the query's ancestors
   /// among the new tokens, itself), given to plan() as a custom mask.
   bool tree_mask = false;
@@ -87,7 +99,8 @@ struct RuntimeCase {
 
 void PrintTo(const RuntimeCase& c, std::ostream* os) { *os << c.name; }
 
-constexpr double kFp8KScale = 5.0 / 64, kFp8VScale = 3.0 / 64;
+constexpr double kFp8KScale = 5.0 / 64, kFp8VScale = 3.0 / 64, kFp8QScale = 1.0 / 16;
+constexpr double kFp8AttentionRelTolerance = 4e-2, kFp8AttentionLseTolerance = 8e-3;  // as fp8_attention_test.cpp
 
 /// K or V of `count` elements: 16-bit values, or for fp8 cases the codes to upload (`stored`)
 /// and what they stand for (the returned values, which the oracle sees).
@@ -160,16 +173,23 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
         opts.custom_mask_indptr.push_back(static_cast<int64_t>(opts.custom_mask.size()));
       }
     }
-    std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch), k_store(batch), v_store(batch);
+    std::vector<std::vector<double>> qs(batch), ks(batch), vs(batch), q_store(batch), k_store(batch), v_store(batch);
     for (size_t b = 0; b < batch; ++b) {
-      qs[b] = round_to(c.dtype, random_normal(c.qo[b] * hq * d, rng));
+      if (c.fp8_q) {
+        q_store[b] = round_to(DType::kE4M3, random_normal(c.qo[b] * hq * d, rng, 16.0));
+        qs[b] = q_store[b];
+        for (double& x : qs[b]) x *= kFp8QScale;
+      } else {
+        qs[b] = round_to(c.dtype, random_normal(c.qo[b] * hq * d, rng));
+      }
       ks[b] = draw_kv(c, c.kv[b] * hkv * d, kFp8KScale, rng, k_store[b]);
       vs[b] = draw_kv(c, c.kv[b] * hkv * dv, kFp8VScale, rng, v_store[b]);
     }
     const Packed q = pack_rows(qs, hq * d);
     p.qo_indptr = q.indptr;
     p.rows = q.indptr.back();
-    p.q = upload_tensor(c.dtype, q.values, {p.rows, hq, d});
+    p.q = c.fp8_q ? upload_tensor(DType::kE4M3, pack_rows(q_store, hq * d).values, {p.rows, hq, d})
+                  : upload_tensor(c.dtype, q.values, {p.rows, hq, d});
     if (c.wrapper == Wrapper::kPrefillRagged) {
       const Packed k = pack_rows(ks, hkv * d), v = pack_rows(vs, hkv * dv);
       p.kv_indptr = k.indptr;
@@ -226,13 +246,14 @@ tessera::PlanShape shape_for(const RuntimeCase& c) {
   s.num_kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim;
   s.head_dim_vo = c.head_dim_vo;
-  s.dtype = c.dtype;
+  s.dtype = c.fp8_q ? DType::kE4M3 : c.dtype;
   s.attention.causal = c.causal;
   if (c.fp8 != Fp8KV::kNone) {
     s.kv_dtype = c.kv_dtype();
     s.attention.kv_scales.k = kFp8KScale;
     s.attention.kv_scales.v = kFp8VScale;
   }
+  if (c.fp8_q) s.attention.kv_scales.q = kFp8QScale;
   return s;
 }
 
@@ -314,7 +335,8 @@ class AnyWrapper {
 void check_against_oracle(const RuntimeCase& c, const Prepared& p, const std::string& what) {
   const std::vector<double> o = read_tensor(p.o);
   const std::vector<double> lse = read_tensor(p.lse);
-  expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, p.ref, what);
+  expect_matches_oracle(c.dtype, o, c.with_lse ? &lse : nullptr, p.ref, what,
+                        c.fp8_q ? kFp8AttentionRelTolerance : 0.0, c.fp8_q ? kFp8AttentionLseTolerance : 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -322,6 +344,7 @@ void check_against_oracle(const RuntimeCase& c, const Prepared& p, const std::st
 
 RuntimeCase named(RuntimeCase c, const std::string& tag) {
   c.name = std::string(wrapper_name(c.wrapper)) + "_" + tessera::dtype_name(c.dtype) + "_" +
+           (c.fp8_q ? std::string("fp8q_") : std::string()) +
            (c.fp8 != Fp8KV::kNone ? std::string("kv") + tessera::dtype_name(c.kv_dtype()) + "_" : std::string()) +
            tessera::layout_name(c.layout) + "_B" + std::to_string(c.qo.size()) + "_hkv" +
            std::to_string(c.num_kv_heads) + "_g" + std::to_string(c.group) + "_d" + std::to_string(c.head_dim) +
@@ -514,6 +537,27 @@ std::vector<RuntimeCase> runtime_cases() {
         cases.push_back(named(pc, "tile" + std::to_string(static_cast<int>(t))));
       }
     }
+    // FP8 attention (e4m3 q too): paged and ragged, mixed lengths, causal or not, D128 and D256,
+    // split over the grid (sm_budget 8) and not (kNone).
+    for (Wrapper w : {Wrapper::kPrefillPaged, Wrapper::kPrefillRagged}) {
+      RuntimeCase fc;
+      fc.wrapper = w;
+      fc.fp8 = Fp8KV::kE4M3;
+      fc.fp8_q = true;
+      fc.qo = {1, 3, 17, 128, 577, 0, 40};
+      fc.kv = {15, 3, 2049, 512, 1200, 9, 0};
+      fc.page_size = w == Wrapper::kPrefillPaged ? 16 : 1;
+      fc.causal = w == Wrapper::kPrefillPaged;
+      cases.push_back(named(fc, "fp8attn_mixed"));
+      fc.head_dim = 256;
+      fc.dtype = DType::kF16;
+      fc.sm_budget = 8;
+      cases.push_back(named(fc, "fp8attn_split"));
+      fc.head_dim = 128;
+      fc.split = SplitKV::kNone;
+      fc.sm_budget = 0;
+      cases.push_back(named(fc, "fp8attn_nosplit_sanitize"));
+    }
     RuntimeCase bc;
     bc.wrapper = Wrapper::kBlockSparse;
     bc.fp8 = Fp8KV::kE4M3;
@@ -578,6 +622,11 @@ TEST_P(RuntimeTest, MatchesOracle) {
   const auto options = options_for(c);
   Workspace ws(AnyWrapper::workspace_size(c, bounds, options));
   AnyWrapper w(c, ws.view, bounds, options);
+  if (c.fp8_q && !device_is_sm90()) {
+    // FP8 attention runs on sm_90a only: elsewhere its plan is a named error, never a fallback.
+    expect_error_any([&] { w.plan(p, shape_for(c, p)); }, {"sm_90a"}, tessera::StatusCode::kUnsupported);
+    return;
+  }
   w.plan(p, shape_for(c, p));
   w.run(p, c.with_lse);
   ASSERT_CUDA_OK(cudaDeviceSynchronize());

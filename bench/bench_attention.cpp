@@ -170,15 +170,15 @@ void set_kv_scales(tessera::AttentionOptions& options, DType kv_dtype, DType q_d
 }
 
 tessera::PlanShape runtime_shape(int64_t qo_heads, int64_t kv_heads, int64_t head_dim, bool causal,
-                                 DType kv_dtype = kDType) {
+                                 DType kv_dtype = kDType, DType q_dtype = kDType) {
   tessera::PlanShape shape;
   shape.num_qo_heads = qo_heads;
   shape.num_kv_heads = kv_heads;
   shape.head_dim = head_dim;
-  shape.dtype = kDType;
+  shape.dtype = q_dtype;
   shape.kv_dtype = kv_dtype;
   shape.attention.causal = causal;
-  set_kv_scales(shape.attention, kv_dtype);
+  set_kv_scales(shape.attention, kv_dtype, q_dtype);
   return shape;
 }
 
@@ -379,7 +379,7 @@ void run_prefill(BenchContext& ctx, const std::string& name, const std::vector<i
   const std::vector<int32_t> indptr = indptr_of(lens);
   const int64_t batch = static_cast<int64_t>(lens.size());
   const tessera::RuntimeBounds bounds{batch, total, qo_heads, kv_heads, head_dim};
-  const tessera::PlanShape shape = runtime_shape(qo_heads, kv_heads, head_dim, causal, kv_dtype);
+  const tessera::PlanShape shape = runtime_shape(qo_heads, kv_heads, head_dim, causal, kv_dtype, q_dtype);
   if (page_size > 0) {
     DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds));
     tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds);
@@ -484,7 +484,7 @@ void run_w10_fp8_attention(BenchContext& ctx, const std::string& name, const Den
                    {"dtype", "e4m3 q/k/v, bf16 o"},    {"flops", "4*D*visible_pairs*H"}};
   if (shape.tag == 'c') add_anchor(params, "anchor_fa3_fp8_paper", 1200);  // FA3's paper: ~1.2 PFLOP/s at D256
   run_prefill(ctx, name, std::vector<int64_t>(static_cast<size_t>(kW2Batch), len), shape.heads, shape.heads,
-              shape.head_dim, causal, 0, std::move(params), false, DType::kE4M3, DType::kE4M3);
+              shape.head_dim, causal, 0, std::move(params), /*with_runtime=*/true, DType::kE4M3, DType::kE4M3);
 }
 
 // W4: B=16, Hq=32, Hkv=8, D=128, causal, query length = KV length per request.

@@ -317,21 +317,25 @@ TensorView to_view(const RunArray& a, const char* name) {
 
 TensorView to_view(const OptRunArray& a, const char* name) { return a ? to_view(*a, name) : TensorView{}; }
 
-/// fp8 K/V arrive as uint8 views (torch.Tensor.view(torch.uint8)) with their dtype named in
-/// `kv_dtype`: not every PyTorch release exports fp8 through DLPack.
+/// fp8 K/V (and an FP8 attention q) arrive as uint8 views (torch.Tensor.view(torch.uint8)) with
+/// their dtype named in `kv_dtype` (`q_dtype`): not every PyTorch release exports fp8 through DLPack.
 TensorView as_kv(TensorView t, const std::optional<DType>& kv_dtype) {
   if (kv_dtype && t.dtype == DType::kU8 && tessera::is_fp8(*kv_dtype)) t.dtype = *kv_dtype;
   return t;
 }
 
-/// tessera::KVScales from the bindings' keyword arguments (the library checks them).
+/// tessera::KVScales from the bindings' keyword arguments (the library checks them); q_scale /
+/// q_scale_device: FP8 attention's scale of q (the defaults leave it unset).
 tessera::KVScales kv_scales(double k_scale, double v_scale, const OptArray& k_scale_device,
-                            const OptArray& v_scale_device) {
+                            const OptArray& v_scale_device, double q_scale = 1.0,
+                            const OptArray& q_scale_device = std::nullopt) {
   tessera::KVScales s;
   s.k = k_scale;
   s.v = v_scale;
   s.k_device = to_view(k_scale_device, "k_scale");
   s.v_device = to_view(v_scale_device, "v_scale");
+  s.q = q_scale;
+  s.q_device = to_view(q_scale_device, "q_scale");
   return s;
 }
 
@@ -828,10 +832,12 @@ void bind_paged_prefill_plan_run(nb::class_<W>& cls) {
              int64_t head_dim, DType dtype, double sm_scale, bool causal, uintptr_t stream, int device,
              const VariantArgs* variant_args, const std::optional<DType>& kv_dtype, double k_scale, double v_scale,
              const OptArray& k_scale_device, const OptArray& v_scale_device, int64_t head_dim_vo,
-             const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
+             const OptArray& custom_mask, const OptArray& custom_mask_indptr, double q_scale,
+             const OptArray& q_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
                              lp = to_view(last_page_len, "paged_kv_last_page_len");
-            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+            const tessera::KVScales scales =
+                kv_scales(k_scale, v_scale, k_scale_device, v_scale_device, q_scale, q_scale_device);
             std::optional<tessera::VariantSpec> user;
             tessera::VariantOptions variant = variant_options(variant_args, user);
             set_custom_mask(variant, custom_mask, custom_mask_indptr);
@@ -850,23 +856,27 @@ void bind_paged_prefill_plan_run(nb::class_<W>& cls) {
           "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a, "stream"_a, "device"_a, nb::kw_only(),
           "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
           "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
-          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(),
+          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(), "q_scale"_a = 1.0,
+          "q_scale_device"_a.none() = nb::none(),
           "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as "
           "for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed "
-          "bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.")
+          "bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets; FP8 attention (dtype and "
+          "kv_dtype e4m3): q_scale / q_scale_device, q's scale, as k_scale.")
       .def(
           "run",
           [](W& w, const RunArray& q, const OptRunArray& k, const OptRunArray& v,
              const OptRunArray& kv, Layout layout, const RunArray& indices, const RunArray& o, const OptRunArray& lse,
-             uintptr_t stream, const std::optional<DType>& kv_dtype) {
-            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse");
+             uintptr_t stream, const std::optional<DType>& kv_dtype, const std::optional<DType>& q_dtype) {
+            const TensorView tq = as_kv(to_view(q, "q"), q_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
             const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
             checked([&] { w.run(tq, cache, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
-          "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2).");
+          "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "q_dtype"_a.none() = nb::none(),
+          "Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2). FP8 attention: q as u8 with "
+          "q_dtype e4m3, o f16/bf16.");
 }
 
 NB_MODULE(_C, m) {
@@ -1569,9 +1579,11 @@ NB_MODULE(_C, m) {
              int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
              uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
              double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device,
-             int64_t head_dim_vo, const OptArray& custom_mask, const OptArray& custom_mask_indptr) {
+             int64_t head_dim_vo, const OptArray& custom_mask, const OptArray& custom_mask_indptr, double q_scale,
+             const OptArray& q_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ki = to_view(kv_indptr, "kv_indptr");
-            const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+            const tessera::KVScales scales =
+                kv_scales(k_scale, v_scale, k_scale_device, v_scale_device, q_scale, q_scale_device);
             std::optional<tessera::VariantSpec> user;
             tessera::VariantOptions variant = variant_options(variant_args, user);
             set_custom_mask(variant, custom_mask, custom_mask_indptr);
@@ -1590,22 +1602,26 @@ NB_MODULE(_C, m) {
           "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "variant"_a.none() = nb::none(),
           "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
           "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(), "head_dim_vo"_a = 0,
-          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(),
+          "custom_mask"_a.none() = nb::none(), "custom_mask_indptr"_a.none() = nb::none(), "q_scale"_a = 1.0,
+          "q_scale_device"_a.none() = nb::none(),
           "Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for "
-          "BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask and "
-          "custom_mask_indptr as for BatchPrefillPagedWrapper.plan.")
+          "BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask, "
+          "custom_mask_indptr, q_scale and q_scale_device as for BatchPrefillPagedWrapper.plan.")
       .def(
           "run",
           [](tessera::BatchPrefillRaggedWrapper& w, const RunArray& q, const RunArray& k, const RunArray& v,
-             const RunArray& o, const OptRunArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype) {
-            const TensorView tq = to_view(q, "q"), tk = as_kv(to_view(k, "k"), kv_dtype),
+             const RunArray& o, const OptRunArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype,
+             const std::optional<DType>& q_dtype) {
+            const TensorView tq = as_kv(to_view(q, "q"), q_dtype), tk = as_kv(to_view(k, "k"), kv_dtype),
                              tv = as_kv(to_view(v, "v"), kv_dtype), to = to_view(o, "out"), tl = to_view(lse, "lse");
             DeviceGuard guard(tq);
             nb::gil_scoped_release release;
             checked([&] { w.run(tq, tk, tv, to, tl, to_stream(stream)); });
           },
           "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(),
-          "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).");
+          "q_dtype"_a.none() = nb::none(),
+          "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2). FP8 attention: q as "
+          "u8 with q_dtype e4m3, o f16/bf16.");
 
   nb::class_<tessera::BatchMLAPagedWrapper> mla_runtime(
       m, "BatchMLAPagedWrapper",

@@ -468,13 +468,15 @@ class BatchPrefillPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, q_scale: float = 1.0, q_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets; FP8 attention (dtype and kv_dtype e4m3): q_scale / q_scale_device, q's scale, as k_scale.
         """
 
-    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
-        """Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2)."""
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None, q_dtype: DType | None = None) -> None:
+        """
+        Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2). FP8 attention: q as u8 with q_dtype e4m3, o f16/bf16.
+        """
 
 class BatchPODPagedWrapper:
     """
@@ -497,13 +499,15 @@ class BatchPODPagedWrapper:
         What the last plan() decided, as a PodPlanInfo (a copy; for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, q_scale: float = 1.0, q_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets.
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] and last_page_len [B]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask: u8 packed bits on the device with custom_mask_indptr, HOST int32 [B + 1] byte offsets; FP8 attention (dtype and kv_dtype e4m3): q_scale / q_scale_device, q's scale, as k_scale.
         """
 
-    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
-        """Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2)."""
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None, q_dtype: DType | None = None) -> None:
+        """
+        Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2). FP8 attention: q as u8 with q_dtype e4m3, o f16/bf16.
+        """
 
 class BatchPrefillRaggedWrapper:
     """tessera::BatchPrefillRaggedWrapper (ragged KV, any query length)."""
@@ -524,14 +528,14 @@ class BatchPrefillRaggedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, q_scale: float = 1.0, q_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask and custom_mask_indptr as for BatchPrefillPagedWrapper.plan.
+        Plans a step from HOST int32 qo_indptr and kv_indptr [B + 1]. Keyword options as for BatchDecodeWrapper.plan; head_dim_vo: v's and o's head dim (0: head_dim); custom_mask, custom_mask_indptr, q_scale and q_scale_device as for BatchPrefillPagedWrapper.plan.
         """
 
-    def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
+    def run(self, q: NDArray, k: NDArray, v: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None, q_dtype: DType | None = None) -> None:
         """
-        Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2).
+        Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2). FP8 attention: q as u8 with q_dtype e4m3, o f16/bf16.
         """
 
 class BatchMLAPagedWrapper:

@@ -369,32 +369,42 @@ def split_options(fixed_split_size: Any, disable_split_kv: Any, unit: int, name:
 
 
 class _KVScaleBuffer:
-    """The dequantization scales of a wrapper's fp8 KV cache: FlashInfer passes k_scale / v_scale to
-    run(), Tessera's runtime takes them in the plan. The plan gets two one-element f32 device
-    tensors (a host factor of 1 times these), which run() fills with that call's scales, so every
-    run reads the scales of its own call. An eager run skips a fill whose value has not changed;
-    with use_cuda_graph every run fills, so a captured run holds its fills and a replay writes the
-    scales of its capture, as FlashInfer's captured scales are."""
+    """The dequantization scales of a wrapper's fp8 operands: FlashInfer passes k_scale / v_scale (and,
+    for FP8 attention, q_scale) to run(), Tessera's runtime takes them in the plan. The plan gets
+    one-element f32 device tensors (a host factor of 1 times these): K's and V's for an fp8 cache,
+    q's too for an fp8 q. run() fills them with that call's scales, so every run reads the scales
+    of its own call. An eager run skips a fill whose value has not changed; with use_cuda_graph
+    every run fills, so a captured run holds its fills and a replay writes the scales of its
+    capture, as FlashInfer's captured scales are. q's element is filled only by the runs of an FP8
+    attention plan (with_q), so a 16-bit q costs no fill and a capture holds none for it."""
+
+    _NAMES = ("k_scale", "v_scale", "q_scale")
 
     def __init__(self) -> None:
-        self.buf: Optional[Any] = None  # f32 [2]: k's scale, v's scale
-        self.last: Tuple[Any, Any] = (None, None)
+        self.buf: Optional[Any] = None  # f32 [3]: k's scale, v's scale, q's scale
+        self.last: list = [None, None, None]
 
-    def plan_kwargs(self, device: Any) -> Dict[str, Any]:
-        """The plan()'s scale keywords; the buffer is made once per device and kept (captured runs
-        hold its address)."""
+    def plan_kwargs(self, device: Any, with_q: bool = False) -> Dict[str, Any]:
+        """The plan()'s scale keywords (q_scale_device with with_q: an FP8 attention plan); the
+        buffer is made once per device and kept (captured runs hold its address)."""
         torch = U._torch()
         if self.buf is None or self.buf.device != device:
-            self.buf = torch.ones(2, dtype=torch.float32, device=device)
-            self.last = (1.0, 1.0)
-        return {"k_scale_device": self.buf[0:1], "v_scale_device": self.buf[1:2]}
+            self.buf = torch.ones(3, dtype=torch.float32, device=device)
+            self.last = [1.0, 1.0, 1.0]
+        kwargs = {"k_scale_device": self.buf[0:1], "v_scale_device": self.buf[1:2]}
+        if with_q:
+            kwargs["q_scale_device"] = self.buf[2:3]
+        return kwargs
 
-    def set(self, k_scale: Any, v_scale: Any, always: bool = False) -> None:
+    def set(self, k_scale: Any, v_scale: Any, always: bool = False, q_scale: Any = None, with_q: bool = False) -> None:
         """Fills the buffer with run()'s scales: None (1.0), a finite float > 0, or a float32
-        one-element tensor on the cache's device (copied on the stream, so graph-capturable)."""
+        one-element tensor on the cache's device (copied on the stream, so graph-capturable).
+        q_scale is read with with_q only (an FP8 attention plan; the caller refuses it otherwise)."""
         torch = U._torch()
         assert self.buf is not None
-        for i, (name, value) in enumerate((("k_scale", k_scale), ("v_scale", v_scale))):
+        values = (k_scale, v_scale, q_scale) if with_q else (k_scale, v_scale)
+        for i, value in enumerate(values):
+            name = self._NAMES[i]
             if value is None:
                 value = 1.0
             if isinstance(value, torch.Tensor):
@@ -405,7 +415,7 @@ class _KVScaleBuffer:
                     )
                 U.check_same_device(name, value, "float_workspace_buffer", self.buf)
                 self.buf[i : i + 1].copy_(value.reshape(1), non_blocking=True)
-                self.last = (None, self.last[1]) if i == 0 else (self.last[0], None)
+                self.last[i] = None
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
@@ -414,7 +424,7 @@ class _KVScaleBuffer:
                 raise ValueError(f"{name} = {value}, expected a finite scale > 0")
             if always or self.last[i] != value:
                 self.buf[i : i + 1].fill_(value)
-                self.last = (value, self.last[1]) if i == 0 else (self.last[0], value)
+                self.last[i] = value
 
 
 class _PrefixViews:

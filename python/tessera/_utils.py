@@ -461,8 +461,8 @@ def check_scale(name: str, value: Any) -> None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == 1.0:
         return
     raise unsupported(name, _short(value),
-                      "None or 1.0 (scales apply to fp8 K/V caches, and q_scale to fp8 queries in "
-                      "single_prefill_with_kv_cache)")
+                      "None or 1.0 (scales apply to fp8 K/V caches, and q_scale to an fp8 q: FP8 attention in "
+                      f"{_FP8_ATTENTION_ENTRY_POINTS})")
 
 
 def kv_scale_kwargs(names: Tuple[str, str], k_scale: Any, v_scale: Any, kv_dtype: Any, num_kv_heads: int,
@@ -675,13 +675,22 @@ def is_fp8(dtype: "torch.dtype") -> bool:
     return known
 
 
+# Where an fp8 q runs: every other entry point takes a 16-bit q (an fp8 cache goes as kv_data_type).
+_FP8_ATTENTION_ENTRY_POINTS = ("single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper and "
+                               "BatchPrefillWithRaggedKVCacheWrapper")
+
+
 def check_attention_dtype(dtype: "torch.dtype", name: str) -> None:
-    """Attention inputs are float16 or bfloat16; fp8 raises NotImplementedError, others TypeError."""
+    """Attention inputs are float16 or bfloat16; fp8 raises NotImplementedError, others TypeError.
+
+    For the dtype of q (FP8 attention) the message says where an fp8 q runs: this check guards the
+    entry points that have no FP8 attention (decode, POD, cascade, block-sparse)."""
     torch = _torch()
     if dtype in (torch.float16, torch.bfloat16):
         return
     if is_fp8(dtype):
-        raise unsupported(name, dtype, "torch.float16, torch.bfloat16 (fp8 KV caches are not implemented)")
+        raise unsupported(name, dtype, "torch.float16, torch.bfloat16; FP8 attention (an e4m3 q with e4m3 K/V) runs "
+                                       f"in {_FP8_ATTENTION_ENTRY_POINTS}, and an fp8 KV cache goes as kv_data_type")
     raise TypeError(f"{name} = {dtype}, expected torch.float16 or torch.bfloat16")
 
 
@@ -733,6 +742,42 @@ def _resolve_plan_dtypes(q_data_type: Any, kv_data_type: Any, data_type: Any, o_
         if o != q:
             raise unsupported("o_data_type", o, f"the dtype of q ({q})")
     return q
+
+
+def resolve_prefill_plan_dtypes(q_data_type: Any, kv_data_type: Any,
+                                o_data_type: Any) -> Tuple["torch.dtype", "torch.dtype", "torch.dtype"]:
+    """(q, K/V, o) dtypes of a batch prefill plan. A 16-bit or absent q_data_type: what
+    resolve_plan_dtypes and resolve_plan_kv_dtype give (o is q's dtype), unchanged. An fp8
+    q_data_type is FP8 attention, which the runtime runs for e4m3 q, k and v only:
+    torch.float8_e4m3fn with kv_data_type None (q's) or torch.float8_e4m3fn, and o_data_type None
+    (torch.bfloat16, FlashInfer's default for an fp8 q), torch.float16 or torch.bfloat16; anything
+    else is NotImplementedError naming the argument."""
+    return _memo(_PLAN_DTYPES, ("prefill", q_data_type, kv_data_type, o_data_type),
+                 lambda: _resolve_prefill_plan_dtypes(q_data_type, kv_data_type, o_data_type))
+
+
+def _resolve_prefill_plan_dtypes(q_data_type: Any, kv_data_type: Any,
+                                 o_data_type: Any) -> Tuple["torch.dtype", "torch.dtype", "torch.dtype"]:
+    q = canonical_dtype(q_data_type if q_data_type is not None else "float16", "q_data_type")
+    if not is_fp8(q):
+        dtype = resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
+        return dtype, resolve_plan_kv_dtype(dtype, kv_data_type), dtype
+    torch = _torch()
+    if q != torch.float8_e4m3fn:
+        raise unsupported("q_data_type", q, "torch.float16, torch.bfloat16, or torch.float8_e4m3fn (FP8 attention "
+                                            "takes e4m3 q, k and v)")
+    kv = q if kv_data_type is None else canonical_dtype(kv_data_type, "kv_data_type")
+    if kv != q:
+        raise unsupported("kv_data_type", kv, f"None or {q} with q_data_type={q} (FP8 attention takes e4m3 q, k and "
+                                              "v; an fp8 KV cache under a 16-bit q takes q_data_type float16 or "
+                                              "bfloat16)")
+    if o_data_type is None:
+        return q, kv, torch.bfloat16
+    o = canonical_dtype(o_data_type, "o_data_type")
+    if o not in (torch.float16, torch.bfloat16):
+        raise unsupported("o_data_type", o, f"None (torch.bfloat16), torch.float16 or torch.bfloat16 with "
+                                            f"q_data_type={q} (FP8 attention writes a 16-bit output)")
+    return q, kv, o
 
 
 def resolve_plan_kv_dtype(q: "torch.dtype", kv_data_type: Any, data_type: Any = None) -> "torch.dtype":

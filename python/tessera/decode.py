@@ -841,20 +841,26 @@ def _paged_run_compiled(
 
 def _paged_run(
     w: Any, p: Dict[str, Any], q: Any, paged_kv_cache: Any, k_scale: Any, v_scale: Any, out: Any, lse: Any,
-    return_lse: bool,
+    return_lse: bool, q_scale: Any = None,
 ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
     """run() of a paged wrapper (decode, paged prefill) after its argument checks that need no
     tensor: the checks of q, out, lse and the cache (fast paths for the common case, each falling
-    back to the checks that name the argument), an fp8 cache's scales, the launch on the current
-    stream."""
+    back to the checks that name the argument), an fp8 cache's scales (and q's, q_scale, for an FP8
+    attention plan: the caller has refused a q_scale for any other), the launch on the current
+    stream. An FP8 attention plan's q goes as bytes with its dtype named (q_dtype), as fp8 K/V do."""
     q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
     k, v, kv = _check_paged_cache(paged_kv_cache, w._kv_layout, q, p)
-    if _run_kv_scales(w._kv_scales, p, k_scale, v_scale, w._use_cuda_graph):
+    if _run_kv_scales(w._kv_scales, p, k_scale, v_scale, w._use_cuda_graph, q_scale):
         k, v, kv, kv_dtype = U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), p["kv_dtype_arg"]
     else:
         kv_dtype = None
-    U.launch(w._holder.cpp.run, q, q, k, v, kv, p["layout_arg"], p["indices"], out, lse if return_lse else None,
-             U.current_stream(q.device), kv_dtype=kv_dtype)
+    q_dtype = p.get("q_dtype_arg")
+    if q_dtype is None:
+        U.launch(w._holder.cpp.run, q, q, k, v, kv, p["layout_arg"], p["indices"], out, lse if return_lse else None,
+                 U.current_stream(q.device), kv_dtype=kv_dtype)
+    else:
+        U.launch(w._holder.cpp.run, q, U.kv_arg(q), k, v, kv, p["layout_arg"], p["indices"], out,
+                 lse if return_lse else None, U.current_stream(q.device), kv_dtype=kv_dtype, q_dtype=q_dtype)
     return (out, lse) if return_lse else out
 
 
@@ -968,14 +974,17 @@ def _op_kv_scales(p: Dict[str, Any], k_scale: Any, v_scale: Any, workspace: Any)
     return tensors[0], tensors[1], values[0], values[1]
 
 
-def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any, graph: bool) -> bool:
+def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any, graph: bool,
+                   q_scale: Any = None) -> bool:
     """run()'s k_scale / v_scale: written into the plan's scale buffer for an fp8 cache (True; with
-    use_cuda_graph on every run, so captures hold the fills), else only None/1.0 (False)."""
+    use_cuda_graph on every run, so captures hold the fills), else only None/1.0 (False). An FP8
+    attention plan (its "o_dtype" entry) takes q_scale too; other plans never read it (their run()
+    has refused any value but None / 1.0)."""
     fp8 = p.get("fp8")
     if fp8 is None:
         fp8 = U.is_fp8(p["kv_dtype"])
     if fp8:
-        buffer.set(k_scale, v_scale, always=graph)
+        buffer.set(k_scale, v_scale, always=graph, q_scale=q_scale, with_q="o_dtype" in p)
         return True
     if k_scale is not None:
         U.check_scale("k_scale", k_scale)
@@ -991,6 +1000,8 @@ def _check_run_queries(
     `allocate` is False (under torch.compile the op allocates them)."""
     torch = U._torch()
     hq, d, dtype = p["num_qo_heads"], p["head_dim"], p["dtype"]
+    # o's dtype: q's, except in an FP8 attention plan (a 16-bit o for an e4m3 q).
+    o_dtype = p.get("o_dtype", dtype)
     # The common case in few attribute reads: q of the plan's dtype and heads on the plan's device
     # (the workspace's, a CUDA device), out / lse absent or of the expected shape, dtype and device.
     # Anything else takes the checks below, which name what is wrong.
@@ -1005,9 +1016,9 @@ def _check_run_queries(
             out_shape = (rows, hq, dv)
             if out is None:
                 if allocate:  # q's shape, dtype and device when dv == d: empty_like parses less
-                    out = (torch.empty_like(q, memory_format=torch.contiguous_format) if dv == d
-                           else torch.empty(out_shape, dtype=dtype, device=device))
-            elif not (isinstance(out, torch.Tensor) and out.shape == out_shape and out.dtype == dtype
+                    out = (torch.empty_like(q, memory_format=torch.contiguous_format) if dv == d and o_dtype is dtype
+                           else torch.empty(out_shape, dtype=o_dtype, device=device))
+            elif not (isinstance(out, torch.Tensor) and out.shape == out_shape and out.dtype == o_dtype
                       and out.device == device):
                 out = _check_run_out(q, out, p)
             if return_lse:
@@ -1035,7 +1046,7 @@ def _check_run_queries(
     out_shape = (int(q.shape[0]), hq, dv)
     if out is None:
         if allocate:
-            out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+            out = torch.empty(out_shape, dtype=o_dtype, device=q.device)
     else:
         out = _check_run_out(q, out, p)
     if return_lse:
@@ -1048,11 +1059,17 @@ def _check_run_queries(
 
 
 def _check_run_out(q: "torch.Tensor", out: Any, p: Dict[str, Any]) -> "torch.Tensor":
-    """run()'s out against a checked q: [rows of q, num_qo_heads, head_dim_vo], q's dtype and device."""
+    """run()'s out against a checked q: [rows of q, num_qo_heads, head_dim_vo], q's dtype (an FP8
+    attention plan: its o_data_type) and device."""
     hq, d = p["num_qo_heads"], p["head_dim"]
     dv = p.get("head_dim_vo", d)
     U.check_tensor("out", out, ndim=3)
-    if out.dtype != q.dtype:
+    o_dtype = p.get("o_dtype")
+    if o_dtype is not None:
+        if out.dtype != o_dtype:
+            raise TypeError(f"out.dtype = {out.dtype}, expected {o_dtype} (the plan's o_data_type: FP8 attention "
+                            f"writes a 16-bit output for q of dtype {q.dtype})")
+    elif out.dtype != q.dtype:
         raise TypeError(f"out.dtype = {out.dtype}, expected {q.dtype} (the dtype of q)")
     U.check_shape("out", out, (int(q.shape[0]), hq, dv),
                   "[rows of q, num_qo_heads, head_dim_vo]" if dv != d else "the shape of q")

@@ -212,6 +212,52 @@ def _check_fp8_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor"
     return od
 
 
+def _check_fp8_plan(options: Any, d: int, dv: int, custom_mask: Any, packed_custom_mask: Any,
+                    use_cuda_graph: bool) -> None:
+    """A batch prefill plan with an fp8 q (FP8 attention, q_data_type torch.float8_e4m3fn): the
+    runtime runs it with the default variant (causal, sm_scale), equal head dims, no custom mask and
+    no CUDA graph (a captured run() fixes a 16-bit q's dtype); each other option is
+    NotImplementedError naming it, raised here before any GPU work. The head dims (128, 256) and the
+    device (sm_90a) are the C++ runtime's checks, as in single_prefill_with_kv_cache."""
+    fp8 = "with q_data_type=torch.float8_e4m3fn (FP8 attention runs the default variant: causal and sm_scale)"
+    if use_cuda_graph:
+        raise U.unsupported("use_cuda_graph", True, "False for a plan with q_data_type=torch.float8_e4m3fn (FP8 "
+                                                    "attention is not captured in CUDA graphs yet)")
+    for name, value in (("custom_mask", custom_mask), ("packed_custom_mask", packed_custom_mask)):
+        U.check_none(name, value, f"None {fp8}")
+    if dv != d:
+        raise U.unsupported("head_dim_vo", dv, f"None or head_dim_qk ({d}) {fp8}")
+    if options.pos_encoding_mode != "NONE":
+        raise U.unsupported("pos_encoding_mode", options.pos_encoding_mode, f"'NONE' {fp8}")
+    if options.window_left >= 0:
+        raise U.unsupported("window_left", options.window_left, f"-1 {fp8}")
+    if options.logits_soft_cap != 0.0:
+        raise U.unsupported("logits_soft_cap", options.logits_soft_cap, f"None or 0 {fp8}")
+    if options.num_sink_tokens:
+        raise U.unsupported("num_sink_tokens", options.num_sink_tokens, f"0 {fp8}")
+    if options.user is not None:
+        raise U.unsupported("variant", options.user, f"None {fp8}")
+    if not options.is_default():  # pragma: no cover - every option is named above
+        raise NotImplementedError(f"a variant option is set {fp8}")
+
+
+def _fp8_plan_fields(fp8_q: bool, o_dtype: Any) -> Dict[str, Any]:
+    """The plan entries of FP8 attention, none for a 16-bit q: "o_dtype", o's dtype (run()
+    allocates and checks out with it; the entry marks the plan as FP8 attention) and "q_dtype_arg",
+    q's dtype as the bindings take it (q goes as bytes, as fp8 K/V do: kv_arg)."""
+    if not fp8_q:
+        return {}
+    return {"o_dtype": o_dtype, "q_dtype_arg": U.tessera_dtype(U._torch().float8_e4m3fn)}
+
+
+def _fp8_compile_error() -> NotImplementedError:
+    """run() of an FP8 attention plan while torch.compile traces it: the custom ops allocate and
+    check a 16-bit q's output only."""
+    return NotImplementedError(
+        "run() of a plan with q_data_type=torch.float8_e4m3fn (FP8 attention) under torch.compile is not supported "
+        "yet (supported: a 16-bit q); call the wrapper's run() outside the compiled function")
+
+
 def single_prefill_with_kv_cache(
     q: "torch.Tensor",
     k: "torch.Tensor",
@@ -570,7 +616,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 factor, defaults ``8.0`` and ``5e5``).
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal, except
                 ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
-                (head dims 64, 128, 256; its scales go to :meth:`run`).
+                (head dims 64, 128, 256; its scales go to :meth:`run`). FP8 attention:
+                ``q_data_type=torch.float8_e4m3fn`` with ``kv_data_type`` ``None`` or
+                ``torch.float8_e4m3fn`` and ``o_data_type`` ``None`` (``torch.bfloat16``, FlashInfer's
+                default for an fp8 q) or ``torch.float16``: the MMAs run in fp8 (P rounded to e4m3),
+                sm_90a only, head dims 128 and 256, ``causal`` and ``sm_scale`` only (a variant option,
+                a custom mask, ``head_dim_vo``, ``use_cuda_graph`` raise NotImplementedError naming
+                them); q's, K's and V's scales go to :meth:`run`. An e5m2 q, an fp8 q with a 16-bit
+                cache and an fp8 ``o_data_type`` are NotImplementedError naming the argument.
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128; batch-invariant results). disable_split_kv: never split.
             custom_mask: bool, the requests' ``[qo_len, kv_len]`` masks flattened and
@@ -620,9 +673,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         if token_pos_in_items_len:
             raise U.unsupported("token_pos_in_items_len", token_pos_in_items_len, "0")
         causal = _check_causal(causal)
-        dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
-        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
+        dtype, kv_dtype, o_dtype = U.resolve_prefill_plan_dtypes(q_data_type, kv_data_type, o_data_type)
+        fp8_q = U.is_fp8(dtype)
         hq, hkv, d, dv = U.check_prefill_head_dims(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+        if fp8_q:
+            _check_fp8_plan(options, d, dv, custom_mask, packed_custom_mask, self._use_cuda_graph)
         _check_split_head_dims_options(dv, d, options, kv_dtype)
         page_size = U.check_positive_int("page_size", page_size)
         scale = U.resolve_sm_scale(sm_scale, d)
@@ -685,7 +740,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         cpp.plan(qo_host, kv_host, last_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, causal,
                  U.current_stream(device), U.device_index(self._float_workspace_buffer),
                  kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
-                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
+                 **(self._kv_scales.plan_kwargs(device, with_q=fp8_q) if fp8 else {}),
                  **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv), **mask)
         self._planned = {
             "batch": batch,
@@ -704,6 +759,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "sm_scale": scale,
             "window_left": options.window_left,
             **_run_fields(device, self._kv_layout, hkv, d, dv, page_size, kv_dtype, None, dtype, hq),
+            **_fp8_plan_fields(fp8_q, o_dtype),
         }
         self._planned["run_fast"] = _paged_run_constants(self._planned, cpp)
 
@@ -726,12 +782,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         """Runs the planned batch for one layer on PyTorch's current CUDA stream.
 
         Args:
-            q: ``[qo_indptr[-1], num_qo_heads, head_dim]`` (more rows are allowed and ignored).
+            q: ``[qo_indptr[-1], num_qo_heads, head_dim]`` (more rows are allowed and ignored), the
+                plan's ``q_data_type``.
             paged_kv_cache: ``(k_cache, v_cache)`` or one ``[num_pages, 2, ...]`` tensor in
                 ``kv_layout``.
-            q_scale: only ``None``/``1.0``. k_scale, v_scale: as in
-                :meth:`BatchDecodeWithPagedKVCacheWrapper.run` (an fp8 cache's scales).
-            out, lse, return_lse: as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`.
+            q_scale: an FP8 attention plan's (``q_data_type=torch.float8_e4m3fn``) dequantization
+                scale of q, multiplied into the logits with ``k_scale`` (FlashInfer's meaning):
+                ``None`` (1), a float > 0 or a one-element float32 tensor on the workspace's device,
+                this call's; with a 16-bit q only ``None``/``1.0``. k_scale, v_scale: as in
+                :meth:`BatchDecodeWithPagedKVCacheWrapper.run` (an fp8 cache's scales; ``v_scale``
+                scales the output).
+            out, lse, return_lse: as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`; ``out`` of
+                the plan's ``o_data_type`` (q's dtype, or FP8 attention's 16-bit output).
             enable_pdl: accepted and ignored.
             window_left: ``None`` or the plan's ``window_left`` (the plan fixes the variant;
                 another value raises NotImplementedError).
@@ -750,16 +812,20 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                     return result
         if args:
             U.check_no_extra_args(args)
-        if q_scale is not None:
-            U.check_scale("q_scale", q_scale)
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        fp8_q = "o_dtype" in p  # FP8 attention: q_scale is q's dequantization scale
+        if q_scale is not None and not fp8_q:
+            U.check_scale("q_scale", q_scale)
         if window_left is not None:
             U.check_run_window_left(window_left, p["window_left"])
         if R.compiling():
+            if fp8_q:
+                raise _fp8_compile_error()
             return _paged_run_compiled(R._OPS.PREFILL_PAGED_RUN, self, p, q, paged_kv_cache, k_scale, v_scale, out,
                                        lse, return_lse)
-        return _paged_run(self, p, q, paged_kv_cache, k_scale, v_scale, out, lse, return_lse)
+        return _paged_run(self, p, q, paged_kv_cache, k_scale, v_scale, out, lse, return_lse,
+                          q_scale if fp8_q else None)
 
     forward = run
 
@@ -903,7 +969,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 factor, defaults ``8.0`` and ``5e5``).
             q_data_type, kv_data_type, o_data_type: float16 or bfloat16, all equal, except
                 ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
-                (head dims 64, 128, 256; its scales go to :meth:`run`).
+                (head dims 64, 128, 256; its scales go to :meth:`run`); FP8 attention
+                (``q_data_type=torch.float8_e4m3fn``) as in
+                :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`.
             fixed_split_size: split KV ranges at multiples of this many KV tokens (a multiple of
                 128). disable_split_kv: never split.
             custom_mask: bool, the requests' ``[qo_len, kv_len]`` masks flattened and
@@ -935,9 +1003,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         if token_pos_in_items_len:
             raise U.unsupported("token_pos_in_items_len", token_pos_in_items_len, "0")
         causal = _check_causal(causal)
-        dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, None, o_data_type)
-        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
+        dtype, kv_dtype, o_dtype = U.resolve_prefill_plan_dtypes(q_data_type, kv_data_type, o_data_type)
+        fp8_q = U.is_fp8(dtype)
         hq, hkv, d, dv = U.check_prefill_head_dims(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+        if fp8_q:
+            _check_fp8_plan(options, d, dv, custom_mask, packed_custom_mask, self._use_cuda_graph)
         _check_split_head_dims_options(dv, d, options, kv_dtype)
         scale = U.resolve_sm_scale(sm_scale, d)
         split, split_size = split_options(fixed_split_size, disable_split_kv, 1)
@@ -972,7 +1042,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         fp8 = U.is_fp8(kv_dtype)
         cpp.plan(qo_host, kv_host, hq, hkv, d, U.tessera_dtype(dtype), scale, causal, U.current_stream(device),
                  U.device_index(self._float_workspace_buffer), kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
-                 **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
+                 **(self._kv_scales.plan_kwargs(device, with_q=fp8_q) if fp8 else {}),
                  **options.kwargs(self._alibi_slopes, q_offset, k_offset), **_head_dim_vo_kwargs(d, dv), **mask)
         self._planned = {
             "batch": batch,
@@ -989,6 +1059,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "sm_scale": scale,
             "window_left": options.window_left,
             **_run_fields(device, self._kv_layout, hkv, d, dv, None, kv_dtype),
+            **_fp8_plan_fields(fp8_q, o_dtype),
         }
 
     begin_forward = plan
@@ -999,8 +1070,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         k: "torch.Tensor",
         v: "torch.Tensor",
         *args: Any,
-        k_scale: Optional[float] = None,
-        v_scale: Optional[float] = None,
+        q_scale: Optional[Union[float, "torch.Tensor"]] = None,
+        k_scale: Optional[Union[float, "torch.Tensor"]] = None,
+        v_scale: Optional[Union[float, "torch.Tensor"]] = None,
         out: Optional["torch.Tensor"] = None,
         lse: Optional["torch.Tensor"] = None,
         return_lse: bool = False,
@@ -1009,9 +1081,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         """Runs the planned batch for one layer on PyTorch's current CUDA stream.
 
         Args:
-            q: ``[qo_indptr[-1], num_qo_heads, head_dim]``.
+            q: ``[qo_indptr[-1], num_qo_heads, head_dim]``, the plan's ``q_data_type``.
             k, v: ``[kv_indptr[-1], num_kv_heads, head_dim]`` (NHD) or
                 ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND), the plan's ``kv_data_type``.
+            q_scale: an FP8 attention plan's scale of q, as in
+                :meth:`BatchPrefillWithPagedKVCacheWrapper.run`; with a 16-bit q only ``None``/``1.0``.
             k_scale, v_scale: an fp8 K/V's scales, as in :meth:`BatchDecodeWithPagedKVCacheWrapper.run`.
             out, lse, return_lse: as in :meth:`BatchPrefillWithPagedKVCacheWrapper.run`.
             enable_pdl: accepted and ignored.
@@ -1024,7 +1098,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        fp8_q = "o_dtype" in p  # FP8 attention: q_scale is q's dequantization scale
+        if q_scale is not None and not fp8_q:
+            U.check_scale("q_scale", q_scale)
         compiling = R.compiling()  # torch.compile traces this run(): the op tessera::prefill_ragged_run launches
+        if compiling and fp8_q:
+            raise _fp8_compile_error()
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p, allocate=not compiling)
         k_in, v_in = k, v
         if not compiling and _ragged_kv_fast(k, v, q, p, self._kv_layout == "NHD"):
@@ -1053,12 +1132,16 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                                              self._holder.workspace, out, lse if return_lse else None, return_lse,
                                              *scales)
             return _op_results(o, l, out, lse, return_lse)
-        if _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph):
+        if _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph, q_scale if fp8_q else None):
             k, v, kv_dtype = U.kv_arg(k), U.kv_arg(v), p["kv_dtype_arg"]
         else:
             kv_dtype = None
-        U.launch(self._holder.cpp.run, q, q, k, v, out, lse if return_lse else None, U.current_stream(q.device),
-                 kv_dtype=kv_dtype)
+        if fp8_q:  # q as bytes with its dtype named, as fp8 K/V
+            U.launch(self._holder.cpp.run, q, U.kv_arg(q), k, v, out, lse if return_lse else None,
+                     U.current_stream(q.device), kv_dtype=kv_dtype, q_dtype=p["q_dtype_arg"])
+        else:
+            U.launch(self._holder.cpp.run, q, q, k, v, out, lse if return_lse else None, U.current_stream(q.device),
+                     kv_dtype=kv_dtype)
         return (out, lse) if return_lse else out
 
     forward = run

@@ -360,6 +360,9 @@ TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale)
 /// Lanes with g >= 4 swap their even and odd rows between registers, so that each stored matrix
 /// holds rows of 8 different swizzle phases (conflict-free); ldmatrix reads 8 keys at one chunk
 /// column, which the raw tile's swizzle spreads.
+/// The loads go in batches of kBatch column groups ahead of their permutes and stores: the matrix
+/// instructions are volatile asm, kept in source order, so one load per group left each group's
+/// shared-memory latency exposed, kColumnGroups times per half on one warp per scheduler.
 template <typename Traits>
 TESSERA_DEVICE void transpose_v_tile(const uint8_t* raw, uint8_t* vt) {
   static_assert(Traits::kTransposedV && Traits::kLoaderThreads == 128, "the producer warpgroup's transpose");
@@ -368,6 +371,8 @@ TESSERA_DEVICE void transpose_v_tile(const uint8_t* raw, uint8_t* vt) {
   constexpr int kHalves = Traits::CTA_TILE_KV / 16;       // kh: 16-key halves of P V's k32 steps
   constexpr int kHalvesPerWarp = kHalves / 4;
   constexpr int kColumnGroups = Traits::HEAD_DIM_VO / 32;  // dc: 32 columns each
+  constexpr int kBatch = kColumnGroups < 4 ? kColumnGroups : 4;  // loads in flight: 16 registers of the producer's 56
+  static_assert(kColumnGroups % kBatch == 0, "whole batches of column groups");
   constexpr int kRawRowBytes = Traits::kRawRowChunks * 16;
   static_assert(kHalves % 4 == 0 && RawTile::kRowsPerLine == 1, "4 producer warps x whole halves; whole raw lines");
   const int lane = loader_thread<Traits>() % kWarpSize, warp = loader_thread<Traits>() / kWarpSize;
@@ -387,12 +392,18 @@ TESSERA_DEVICE void transpose_v_tile(const uint8_t* raw, uint8_t* vt) {
     const uint32_t src = raw_base + static_cast<uint32_t>(key * kRawRowBytes);
     const uint32_t dst = vt_base + VTile::chunk_offset(dst_row, kh) * 16;
 #pragma unroll
-    for (int dc = 0; dc < kColumnGroups; ++dc) {
-      uint32_t v[4];  // keys 2t, 2t + 1 | 2t + 8, 2t + 9 at columns 2g, 2g + 1 | the same 16 further
-      ldmatrix_x4_trans(v, src + ((2 * dc + (m >> 1)) ^ RawTile::swizzle(key)) * 16);
-      const uint32_t w[4] = {__byte_perm(v[0], v[1], sel_even), __byte_perm(v[0], v[1], sel_odd),
-                             __byte_perm(v[2], v[3], sel_even), __byte_perm(v[2], v[3], sel_odd)};
-      stmatrix_x4(dst + 32 * dc * VTile::kRowStrideChunks * 16, w);
+    for (int dc0 = 0; dc0 < kColumnGroups; dc0 += kBatch) {
+      uint32_t v[kBatch][4];  // [group]: keys 2t, 2t + 1 | 2t + 8, 2t + 9 at columns 2g, 2g + 1 | the same 16 further
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        ldmatrix_x4_trans(v[b], src + ((2 * (dc0 + b) + (m >> 1)) ^ RawTile::swizzle(key)) * 16);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const uint32_t w[4] = {__byte_perm(v[b][0], v[b][1], sel_even), __byte_perm(v[b][0], v[b][1], sel_odd),
+                               __byte_perm(v[b][2], v[b][3], sel_even), __byte_perm(v[b][2], v[b][3], sel_odd)};
+        stmatrix_x4(dst + 32 * (dc0 + b) * VTile::kRowStrideChunks * 16, w);
+      }
     }
   }
 }

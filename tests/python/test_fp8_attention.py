@@ -433,8 +433,10 @@ KINDS = {"paged_ps1": 1, "paged_ps16": 16, "ragged": None}  # page size (None: r
 
 @pytest.fixture(scope="module")
 def workspace():
-    """One 128 MiB float workspace for the wrapper tests (stream-ordered reuse is safe)."""
-    return torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    """One 256 MiB float workspace for the wrapper tests (stream-ordered reuse is safe): the
+    runtime sizes its split states for the largest tile at the bounds' head dim, about 150 MiB at
+    head dim 256."""
+    return torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
 
 def _codes(shape, scale, gen, device):

@@ -750,7 +750,7 @@ def resolve_prefill_plan_dtypes(q_data_type: Any, kv_data_type: Any,
     resolve_plan_dtypes and resolve_plan_kv_dtype give (o is q's dtype), unchanged. An fp8
     q_data_type is FP8 attention, which the runtime runs for e4m3 q, k and v only:
     torch.float8_e4m3fn with kv_data_type None (q's) or torch.float8_e4m3fn, and o_data_type None
-    (torch.bfloat16, FlashInfer's default for an fp8 q), torch.float16 or torch.bfloat16; anything
+    (torch.bfloat16, as FlashInfer's FP8 prefill paths write), torch.float16 or torch.bfloat16; anything
     else is NotImplementedError naming the argument."""
     return _memo(_PLAN_DTYPES, ("prefill", q_data_type, kv_data_type, o_data_type),
                  lambda: _resolve_prefill_plan_dtypes(q_data_type, kv_data_type, o_data_type))

@@ -618,8 +618,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 ``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` for an fp8 cache
                 (head dims 64, 128, 256; its scales go to :meth:`run`). FP8 attention:
                 ``q_data_type=torch.float8_e4m3fn`` with ``kv_data_type`` ``None`` or
-                ``torch.float8_e4m3fn`` and ``o_data_type`` ``None`` (``torch.bfloat16``, FlashInfer's
-                default for an fp8 q) or ``torch.float16``: the MMAs run in fp8 (P rounded to e4m3),
+                ``torch.float8_e4m3fn`` and ``o_data_type`` ``None`` (``torch.bfloat16``, as FlashInfer's FP8
+                prefill paths write) or ``torch.float16``: the MMAs run in fp8 (P rounded to e4m3),
                 sm_90a only, head dims 128 and 256, ``causal`` and ``sm_scale`` only (a variant option,
                 a custom mask, ``head_dim_vo``, ``use_cuda_graph`` raise NotImplementedError naming
                 them); q's, K's and V's scales go to :meth:`run`. An e5m2 q, an fp8 q with a 16-bit

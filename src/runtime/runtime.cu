@@ -334,13 +334,9 @@ class AttentionRuntime {
     int ctas;  // CTA slots of the side (0: a side without requests, no CTAs)
   };
 
-  /// side: null, or the POD side this plan is for.
-  void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream, const PlanSide* side = nullptr) {
-    raise_device_error(device_);
-    const int64_t batch = static_cast<int64_t>(in.qo_len.size());
-    const PrefillHeadDims head_dim = check_plan_head_dims(shape);
-    const HeadConfig heads{shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
-    // An e4m3 q is FP8 attention (src/fp8_attention.h): its own tile, not the configuration table's.
+  /// The plan's K/V dtype, after checking shape.dtype and shape.kv_dtype with the head dims and
+  /// the scales: an e4m3 q is FP8 attention (check_fp8_plan), through the prefill wrappers only.
+  DType check_plan_dtypes(const PlanShape& shape, PrefillHeadDims head_dim, const PlanSide* side) const {
     const bool fp8_q = is_fp8(shape.dtype);
     TESSERA_CHECK_ARG(shape.dtype == DType::kF16 || shape.dtype == DType::kBF16 || fp8_q)
         << "shape.dtype = " << shape.dtype << ", expected f16 or bf16 (or e4m3: FP8 attention)";
@@ -355,11 +351,13 @@ class AttentionRuntime {
     }
     check_kv_scales(shape.attention.kv_scales, "shape.attention.kv_scales", kv_dtype, shape.num_kv_heads,
                     Device::cuda(device_), fp8_q);
-    // FP8 attention plans as the 16-bit wgmma tile, whose query and KV tile rows its tiles share.
-    const KVStorage kv = fp8_q ? KVStorage::kSame : kv_storage(kv_dtype, shape.dtype);
+    return kv_dtype;
+  }
+
+  /// The plan's batch, query rows and heads against the bounds the workspace was sized for.
+  void check_plan_bounds(int64_t batch, int64_t total_qo, const HeadConfig& heads) const {
     TESSERA_CHECK_ARG(batch <= bounds_.max_batch_size)
         << "batch size " << batch << " exceeds bounds.max_batch_size = " << bounds_.max_batch_size;
-    const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
     TESSERA_CHECK_ARG(total_qo <= bounds_.max_total_qo_tokens)
         << "the plan has " << total_qo << " query rows, exceeding bounds.max_total_qo_tokens = "
         << bounds_.max_total_qo_tokens;
@@ -369,6 +367,21 @@ class AttentionRuntime {
         << "shape.num_kv_heads = " << heads.num_kv_heads << " exceeds bounds.num_kv_heads = " << bounds_.num_kv_heads;
     TESSERA_CHECK_ARG(heads.head_dim <= bounds_.head_dim)
         << "shape.head_dim = " << heads.head_dim << " exceeds bounds.head_dim = " << bounds_.head_dim;
+  }
+
+  /// side: null, or the POD side this plan is for.
+  void plan(const PlanInput& in, const PlanShape& shape, StreamHandle stream, const PlanSide* side = nullptr) {
+    raise_device_error(device_);
+    const int64_t batch = static_cast<int64_t>(in.qo_len.size());
+    const PrefillHeadDims head_dim = check_plan_head_dims(shape);
+    const HeadConfig heads{shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
+    // An e4m3 q is FP8 attention (src/fp8_attention.h): its own tile, not the configuration table's.
+    const bool fp8_q = is_fp8(shape.dtype);
+    const DType kv_dtype = check_plan_dtypes(shape, head_dim, side);
+    // FP8 attention plans as the 16-bit wgmma tile, whose query and KV tile rows its tiles share.
+    const KVStorage kv = fp8_q ? KVStorage::kSame : kv_storage(kv_dtype, shape.dtype);
+    const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
+    check_plan_bounds(batch, total_qo, heads);
     const int group = static_cast<int>(heads.num_qo_heads / heads.num_kv_heads);
     // sm_scale is checked here, not first at run().
     const double sm_scale = shape.attention.sm_scale < 0 ? -1.0 : shape.attention.sm_scale;

@@ -20,10 +20,16 @@ Arguments common to the ops: ``out`` / ``lse`` the caller's output buffers or No
 allocates them); ``return_lse`` whether the LSE is computed; ``workspace`` the wrapper's
 float_workspace_buffer, which the run writes (split-KV partial results); ``k_scale`` / ``v_scale``
 an fp8 cache's scales as one-element float32 tensors or None, ``k_scale_value`` /
-``v_scale_value`` the float scales used where the tensor is None. The ops return ``(out, lse)``:
-``out`` a new q-shaped tensor of q's dtype when the caller passed none, else an empty tensor (the
-caller's ``out`` holds the result); ``lse`` a new float32 ``[rows of q, num_qo_heads]`` tensor
-when ``return_lse`` and the caller passed none, else an empty float32 tensor.
+``v_scale_value`` the float scales used where the tensor is None. The prefill ops also take
+``q_scale`` / ``q_scale_value`` (an FP8 attention plan's scale of q, in the same pair form; None and
+1.0 for a 16-bit plan) and ``o_dtype``, the dtype of the output (the plan's: q's for a 16-bit q, an
+FP8 attention plan's float16 / bfloat16 o_data_type), which makes the op's output dtype a function
+of its arguments for the fake implementations. The ops return ``(out, lse)``: ``out`` a new
+q-shaped tensor (decode_run: of q's dtype; the prefill ops: of ``o_dtype``) when the caller passed
+none, else an empty tensor of that dtype (the caller's ``out`` holds the result); ``lse`` a new
+float32 ``[rows of q, num_qo_heads]`` tensor when ``return_lse`` and the caller passed none, else
+an empty float32 tensor. An FP8 attention plan's q (e4m3) goes to the runtime as bytes with its
+dtype named (``q_dtype``), as the eager run() passes it.
 
 The ops are inference-only (no autograd formula), as the wrappers are: run() passes tensors that
 require grad detached, as the eager run() does.
@@ -42,15 +48,17 @@ Tensor = torch.Tensor
 
 
 def _outputs(q: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool,
-             v: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+             v: Optional[Tensor] = None, dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """The op's new outputs (shared by the kernels and the fake implementations): o of q's rows
     and heads and of v's head dim (a prefill plan's head_dim_vo; q's when v is None, one combined
-    K/V tensor)."""
+    K/V tensor), of `dtype` (q's when None)."""
+    if dtype is None:
+        dtype = q.dtype
     if out is None:
-        o = torch.empty((q.shape[0], q.shape[1], (v if v is not None else q).shape[-1]), dtype=q.dtype,
+        o = torch.empty((q.shape[0], q.shape[1], (v if v is not None else q).shape[-1]), dtype=dtype,
                         device=q.device)
     else:
-        o = q.new_empty((0,))
+        o = torch.empty((0,), dtype=dtype, device=q.device)
     if return_lse and lse is None:
         l = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
     else:
@@ -70,23 +78,47 @@ def _scale(tensor: Optional[Tensor], value: float) -> object:
     return tensor if tensor is not None else value
 
 
+def _check_o_dtype(p: dict, o_dtype: Optional[torch.dtype]) -> None:
+    """A prefill op's o_dtype against the plan's output dtype (q's, or an FP8 attention plan's
+    o_data_type): they differ only when the op is called other than by run() (Dynamo guards the
+    plan's dtypes that run() read while tracing)."""
+    planned = p.get("o_dtype", p["dtype"])
+    if o_dtype is not None and o_dtype != planned:
+        raise ValueError(f"o_dtype = {o_dtype}, but the plan writes {planned} (its o_data_type)")
+
+
+def _q_kwargs(p: dict, q: Tensor, q_scale: Optional[Tensor], q_scale_value: float) -> Tuple[Tensor, object, dict]:
+    """q as the binding takes it, the q scale for _run_kv_scales and the run keywords: an FP8
+    attention plan's q as bytes with q_dtype (as the eager run()), a 16-bit plan's q as it is, and
+    only None / 1.0 as its q_scale (run() has refused others by name)."""
+    q_dtype = p.get("q_dtype_arg")
+    if q_dtype is None:
+        U.check_scale("q_scale", _scale(q_scale, q_scale_value))
+        return q, None, {}
+    return U.kv_arg(q), _scale(q_scale, q_scale_value), {"q_dtype": q_dtype}
+
+
 def _paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor], kv: Optional[Tensor],
                kv_layout: str, indices: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool,
                k_scale: Optional[Tensor], v_scale: Optional[Tensor], k_scale_value: float,
-               v_scale_value: float) -> Tuple[Tensor, Tensor]:
-    """What the eager run() of the paged wrappers does after its checks (decode.py)."""
+               v_scale_value: float, q_scale: Optional[Tensor] = None, q_scale_value: float = 1.0,
+               o_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """What the eager run() of the paged wrappers does after its checks (decode.py). decode_run
+    passes no q_scale / o_dtype (its plans have a 16-bit q, and o of q's dtype)."""
     from .decode import _run_kv_scales
 
     w, p = _planned(handle)
-    o, l = _outputs(q, out, lse, return_lse, v)
+    _check_o_dtype(p, o_dtype)
+    o, l = _outputs(q, out, lse, return_lse, v, o_dtype)
     ref = kv if kv is not None else k
     assert ref is not None
     p["host_indices"].check(int(ref.shape[0]))  # page ids plan() had on the host, against this cache
+    q_arg, q_scale_arg, q_kwargs = _q_kwargs(p, q, q_scale, q_scale_value)
     fp8 = _run_kv_scales(w._kv_scales, p, _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value),
-                         w._use_cuda_graph)
-    U.call(w._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), U.check_kv_layout(kv_layout), indices,
-           o if out is None else out, (l if lse is None else lse) if return_lse else None, U.current_stream(q.device),
-           kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
+                         w._use_cuda_graph, q_scale_arg)
+    U.call(w._holder.cpp.run, q, q_arg, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), U.check_kv_layout(kv_layout),
+           indices, o if out is None else out, (l if lse is None else lse) if return_lse else None,
+           U.current_stream(q.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None, **q_kwargs)
     return o, l
 
 
@@ -107,28 +139,32 @@ def decode_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
 def prefill_paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor], kv: Optional[Tensor],
                       kv_layout: str, indices: Tensor, workspace: Tensor, out: Optional[Tensor],
                       lse: Optional[Tensor], return_lse: bool, k_scale: Optional[Tensor], v_scale: Optional[Tensor],
-                      k_scale_value: float, v_scale_value: float) -> Tuple[Tensor, Tensor]:
+                      k_scale_value: float, v_scale_value: float, q_scale: Optional[Tensor], q_scale_value: float,
+                      o_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """BatchPrefillWithPagedKVCacheWrapper.run of the wrapper `handle` (see the module doc)."""
     return _paged_run(handle, q, k, v, kv, kv_layout, indices, out, lse, return_lse, k_scale, v_scale,
-                      k_scale_value, v_scale_value)
+                      k_scale_value, v_scale_value, q_scale, q_scale_value, o_dtype)
 
 
 @torch.library.custom_op("tessera::prefill_ragged_run", mutates_args=_MUTATES)
 def prefill_ragged_run(handle: int, q: Tensor, k: Tensor, v: Tensor, kv_layout: str, workspace: Tensor,
                        out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool, k_scale: Optional[Tensor],
-                       v_scale: Optional[Tensor], k_scale_value: float, v_scale_value: float) -> Tuple[Tensor, Tensor]:
+                       v_scale: Optional[Tensor], k_scale_value: float, v_scale_value: float,
+                       q_scale: Optional[Tensor], q_scale_value: float, o_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """BatchPrefillWithRaggedKVCacheWrapper.run of the wrapper `handle` (see the module doc)."""
     from .decode import _run_kv_scales
 
     w, p = _planned(handle)
-    o, l = _outputs(q, out, lse, return_lse, v)
+    _check_o_dtype(p, o_dtype)
+    o, l = _outputs(q, out, lse, return_lse, v, o_dtype)
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)  # views: [kv_rows, H_kv, D] with strides
+    q_arg, q_scale_arg, q_kwargs = _q_kwargs(p, q, q_scale, q_scale_value)
     fp8 = _run_kv_scales(w._kv_scales, p, _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value),
-                         w._use_cuda_graph)
-    U.call(w._holder.cpp.run, q, q, U.kv_arg(k), U.kv_arg(v), o if out is None else out,
+                         w._use_cuda_graph, q_scale_arg)
+    U.call(w._holder.cpp.run, q, q_arg, U.kv_arg(k), U.kv_arg(v), o if out is None else out,
            (l if lse is None else lse) if return_lse else None, U.current_stream(q.device),
-           kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
+           kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None, **q_kwargs)
     return o, l
 
 
@@ -140,14 +176,14 @@ def _decode_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, ls
 
 @prefill_paged_run.register_fake
 def _prefill_paged_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, lse, return_lse, k_scale,
-                            v_scale, k_scale_value, v_scale_value):
-    return _outputs(q, out, lse, return_lse, v)
+                            v_scale, k_scale_value, v_scale_value, q_scale, q_scale_value, o_dtype):
+    return _outputs(q, out, lse, return_lse, v, o_dtype)
 
 
 @prefill_ragged_run.register_fake
 def _prefill_ragged_run_fake(handle, q, k, v, kv_layout, workspace, out, lse, return_lse, k_scale, v_scale,
-                             k_scale_value, v_scale_value):
-    return _outputs(q, out, lse, return_lse, v)
+                             k_scale_value, v_scale_value, q_scale, q_scale_value, o_dtype):
+    return _outputs(q, out, lse, return_lse, v, o_dtype)
 
 
 @torch.library.custom_op("tessera::flex_attention", mutates_args=())

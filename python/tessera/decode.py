@@ -824,18 +824,20 @@ def fast_decode_plan(
 
 def _paged_run_compiled(
     op: Any, w: Any, p: Dict[str, Any], q: Any, paged_kv_cache: Any, k_scale: Any, v_scale: Any, out: Any, lse: Any,
-    return_lse: bool,
+    return_lse: bool, extra: Tuple[Any, ...] = (),
 ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
     """run() of a paged wrapper while torch.compile traces it: the eager run()'s checks that depend
     only on the plan, shapes and dtypes (Dynamo traces them; a failing one raises at trace time),
     then the custom op `op` (tessera::decode_run or tessera::prefill_paged_run), which allocates
     out / lse when the caller passed none and does the rest (page ids plan() had on the host
-    against this cache, an fp8 cache's scale values, the launch on the current stream)."""
+    against this cache, an fp8 cache's scale values, the launch on the current stream). `extra`:
+    the op's arguments after the K/V scales (tessera::prefill_paged_run's q scale and output
+    dtype, prefill.py's _op_q_args; none for tessera::decode_run)."""
     q, out, lse = _check_run_queries(q, out, lse, return_lse, p, allocate=False)
     k, v, kv = _check_paged_cache(paged_kv_cache, w._kv_layout, q, p, check_page_ids=False)
     scales = _op_kv_scales(p, k_scale, v_scale, w._holder.workspace)
     o, l = op(w._handle, q.detach(), _detached(k), _detached(v), _detached(kv), w._kv_layout, p["indices"],
-              w._holder.workspace, out, lse if return_lse else None, return_lse, *scales)
+              w._holder.workspace, out, lse if return_lse else None, return_lse, *scales, *extra)
     return _op_results(o, l, out, lse, return_lse)
 
 
@@ -945,33 +947,35 @@ def _op_results(o: Any, l: Any, out: Any, lse: Any, return_lse: bool) -> Any:
 
 def _op_kv_scales(p: Dict[str, Any], k_scale: Any, v_scale: Any, workspace: Any) -> Tuple[Any, Any, float, float]:
     """run()'s k_scale / v_scale as the ops take them (tensor or None, float): with a 16-bit cache
-    only None/1.0 (checked here); with an fp8 cache None (1), a float (its value is checked by the
-    op, as _KVScaleBuffer.set does in eager mode) or a one-element float32 tensor (checked here)."""
+    only None/1.0 (checked here); with an fp8 cache each as _op_scale makes it."""
     if not U.is_fp8(p["kv_dtype"]):
         U.check_scale("k_scale", k_scale)
         U.check_scale("v_scale", v_scale)
         return None, None, 1.0, 1.0
+    k_tensor, k_value = _op_scale("k_scale", k_scale, workspace)
+    v_tensor, v_value = _op_scale("v_scale", v_scale, workspace)
+    return k_tensor, v_tensor, k_value, v_value
+
+
+def _op_scale(name: str, value: Any, workspace: Any) -> Tuple[Any, float]:
+    """One run() scale of an fp8 operand as the ops take it, (tensor or None, float): None (None,
+    1.0), a float (None, the float; its value is checked by the op, as _KVScaleBuffer.set does in
+    eager mode) or a one-element float32 tensor on the workspace's device (checked here; the
+    tensor, 1.0)."""
     torch = U._torch()
-    tensors, values = [], []
-    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if value is None:
-            tensors.append(None)
-            values.append(1.0)
-        elif isinstance(value, torch.Tensor):
-            if value.dtype != torch.float32 or value.numel() != 1:
-                raise ValueError(
-                    f"{name} = <tensor {tuple(value.shape)} {value.dtype}>, expected a float or a float32 "
-                    "tensor of one element (per-head scales go to the single-request functions)"
-                )
-            U.check_same_device(name, value, "float_workspace_buffer", workspace)
-            tensors.append(value.detach())
-            values.append(1.0)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            tensors.append(None)
-            values.append(float(value))
-        else:
-            raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
-    return tensors[0], tensors[1], values[0], values[1]
+    if value is None:
+        return None, 1.0
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.float32 or value.numel() != 1:
+            raise ValueError(
+                f"{name} = <tensor {tuple(value.shape)} {value.dtype}>, expected a float or a float32 "
+                "tensor of one element (per-head scales go to the single-request functions)"
+            )
+        U.check_same_device(name, value, "float_workspace_buffer", workspace)
+        return value.detach(), 1.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None, float(value)
+    raise TypeError(f"{name} must be None, a float or a float32 tensor, got {type(value).__name__}")
 
 
 def _run_kv_scales(buffer: _KVScaleBuffer, p: Dict[str, Any], k_scale: Any, v_scale: Any, graph: bool,

@@ -40,6 +40,7 @@ from .decode import (
     _check_run_queries,
     _op_kv_scales,
     _op_results,
+    _op_scale,
     _paged_run,
     _paged_run_compiled,
     _paged_run_constants,
@@ -250,12 +251,15 @@ def _fp8_plan_fields(fp8_q: bool, o_dtype: Any) -> Dict[str, Any]:
     return {"o_dtype": o_dtype, "q_dtype_arg": U.tessera_dtype(U._torch().float8_e4m3fn)}
 
 
-def _fp8_compile_error() -> NotImplementedError:
-    """run() of an FP8 attention plan while torch.compile traces it: the custom ops allocate and
-    check a 16-bit q's output only."""
-    return NotImplementedError(
-        "run() of a plan with q_data_type=torch.float8_e4m3fn (FP8 attention) under torch.compile is not supported "
-        "yet (supported: a 16-bit q); call the wrapper's run() outside the compiled function")
+def _op_q_args(p: Dict[str, Any], q_scale: Any, workspace: Any) -> Tuple[Any, float, Any]:
+    """The prefill ops' arguments after the K/V scales (tessera/_ops.py): q_scale as
+    (q_scale, q_scale_value) and o_dtype. An FP8 attention plan's q_scale as k_scale is
+    (_op_scale: a float's value is checked by the op) and its o_data_type; a 16-bit plan's
+    (None, 1.0) (its run() has refused any q_scale but None / 1.0) and q's dtype."""
+    if "o_dtype" not in p:
+        return None, 1.0, p["dtype"]
+    tensor, value = _op_scale("q_scale", q_scale, workspace)
+    return tensor, value, p["o_dtype"]
 
 
 def single_prefill_with_kv_cache(
@@ -820,10 +824,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         if window_left is not None:
             U.check_run_window_left(window_left, p["window_left"])
         if R.compiling():
-            if fp8_q:
-                raise _fp8_compile_error()
             return _paged_run_compiled(R._OPS.PREFILL_PAGED_RUN, self, p, q, paged_kv_cache, k_scale, v_scale, out,
-                                       lse, return_lse)
+                                       lse, return_lse, _op_q_args(p, q_scale, self._holder.workspace))
         return _paged_run(self, p, q, paged_kv_cache, k_scale, v_scale, out, lse, return_lse,
                           q_scale if fp8_q else None)
 
@@ -1102,8 +1104,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         if q_scale is not None and not fp8_q:
             U.check_scale("q_scale", q_scale)
         compiling = R.compiling()  # torch.compile traces this run(): the op tessera::prefill_ragged_run launches
-        if compiling and fp8_q:
-            raise _fp8_compile_error()
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p, allocate=not compiling)
         k_in, v_in = k, v
         if not compiling and _ragged_kv_fast(k, v, q, p, self._kv_layout == "NHD"):
@@ -1127,10 +1127,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                     f"was made for num_kv_heads {p['num_kv_heads']}, head_dim {p['head_dim']}"
                 )
         if compiling:  # the op transposes HND itself, allocates out / lse when None, sets fp8 scale values
-            scales = _op_kv_scales(p, k_scale, v_scale, self._holder.workspace)
+            ws = self._holder.workspace
+            scales = _op_kv_scales(p, k_scale, v_scale, ws) + _op_q_args(p, q_scale, ws)
             o, l = R._OPS.PREFILL_RAGGED_RUN(self._handle, q.detach(), k_in.detach(), v_in.detach(), self._kv_layout,
-                                             self._holder.workspace, out, lse if return_lse else None, return_lse,
-                                             *scales)
+                                             ws, out, lse if return_lse else None, return_lse, *scales)
             return _op_results(o, l, out, lse, return_lse)
         if _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph, q_scale if fp8_q else None):
             k, v, kv_dtype = U.kv_arg(k), U.kv_arg(v), p["kv_dtype_arg"]

@@ -55,10 +55,12 @@ PAGED_ARGS = ["handle", "q", "k", "v", "kv", "kv_layout", "indices", "workspace"
               "v_scale", "k_scale_value", "v_scale_value"]
 RAGGED_ARGS = ["handle", "q", "k", "v", "kv_layout", "workspace", "out", "lse", "return_lse", "k_scale", "v_scale",
                "k_scale_value", "v_scale_value"]
+# The prefill ops' last arguments: an FP8 attention plan's q scale and the output's dtype.
+PREFILL_EXTRA = ["q_scale", "q_scale_value", "o_dtype"]
 
 
-@pytest.mark.parametrize("name,args", [("decode_run", PAGED_ARGS), ("prefill_paged_run", PAGED_ARGS),
-                                       ("prefill_ragged_run", RAGGED_ARGS)])
+@pytest.mark.parametrize("name,args", [("decode_run", PAGED_ARGS), ("prefill_paged_run", PAGED_ARGS + PREFILL_EXTRA),
+                                       ("prefill_ragged_run", RAGGED_ARGS + PREFILL_EXTRA)])
 def test_op_schemas(name, args):
     _ops()
     schema = getattr(torch.ops.tessera, name).default._schema
@@ -68,19 +70,25 @@ def test_op_schemas(name, args):
     assert [str(r.type) for r in schema.returns] == ["Tensor", "Tensor"]
     types = {a.name: str(a.type) for a in schema.arguments}
     assert types["out"] == "Optional[Tensor]" and types["lse"] == "Optional[Tensor]" and types["kv_layout"] == "str"
+    assert types["k_scale"] == types["v_scale"] == "Optional[Tensor]" and types["k_scale_value"] == "float"
+    if name != "decode_run":
+        assert types["q_scale"] == "Optional[Tensor]" and types["q_scale_value"] == "float"
+        assert str(schema).endswith("Tensor? q_scale, float q_scale_value, ScalarType o_dtype) -> (Tensor, Tensor)")
+        assert all(a.default_value is None for a in schema.arguments), "every argument is passed: no defaults"
 
 
-def _paged_op_args(q, cache, out=None, lse=None, return_lse=True, handle=12345):
+def _paged_op_args(q, cache, out=None, lse=None, return_lse=True, handle=12345, prefill=False, o_dtype=None):
     kv = cache if isinstance(cache, torch.Tensor) else None
     k, v = (None, None) if kv is not None else cache
     ws = torch.empty(4096, dtype=torch.uint8, device=q.device)
     indices = torch.zeros(3, dtype=torch.int32, device=q.device)
-    return (handle, q, k, v, kv, "NHD", indices, ws, out, lse, return_lse, None, None, 1.0, 1.0)
+    args = (handle, q, k, v, kv, "NHD", indices, ws, out, lse, return_lse, None, None, 1.0, 1.0)
+    return args + (None, 1.0, o_dtype or q.dtype) if prefill else args
 
 
-def _ragged_op_args(q, k, v, out=None, lse=None, return_lse=True, handle=12345):
+def _ragged_op_args(q, k, v, out=None, lse=None, return_lse=True, handle=12345, o_dtype=None):
     ws = torch.empty(4096, dtype=torch.uint8, device=q.device)
-    return (handle, q, k, v, "NHD", ws, out, lse, return_lse, None, None, 1.0, 1.0)
+    return (handle, q, k, v, "NHD", ws, out, lse, return_lse, None, None, 1.0, 1.0, None, 1.0, o_dtype or q.dtype)
 
 
 @pytest.mark.parametrize("name", ["decode_run", "prefill_paged_run", "prefill_ragged_run"])
@@ -101,7 +109,7 @@ def test_fake_outputs(name, given):
             o, l = op(*_ragged_op_args(q, kv, kv, out, lse, return_lse))
         else:
             cache = torch.empty(5, 2, 16, 2, 128, dtype=torch.bfloat16, device="cuda")
-            o, l = op(*_paged_op_args(q, cache, out, lse, return_lse))
+            o, l = op(*_paged_op_args(q, cache, out, lse, return_lse, prefill=name == "prefill_paged_run"))
     assert o.device.type == "cuda" and l.device.type == "cuda" and o.dtype == torch.bfloat16 and l.dtype == torch.float32
     if out is None:
         assert o.shape == (4, 16, 128) and o.is_contiguous()
@@ -127,7 +135,8 @@ def test_ops_are_one_graph_without_running():
 
     def step(q, cache, k, v, out):
         o, lse = torch.ops.tessera.decode_run(*_paged_op_args(q, cache))
-        torch.ops.tessera.prefill_paged_run(*_paged_op_args(q, (cache[:, 0], cache[:, 1]), out=out, return_lse=False))
+        torch.ops.tessera.prefill_paged_run(*_paged_op_args(q, (cache[:, 0], cache[:, 1]), out=out, return_lse=False,
+                                                            prefill=True))
         o2, _ = torch.ops.tessera.prefill_ragged_run(*_ragged_op_args(q, k, v, return_lse=False))
         return o + out + o2, lse
 
@@ -376,13 +385,14 @@ def test_opcheck_with_the_stand_in_runtime(stub, kind):
     for out, lse, return_lse in ((None, None, True), (torch.empty_like(q), None, True),
                                  (torch.empty_like(q), torch.empty(q.shape[0], HQ), True), (None, None, False)):
         if kind == "prefill_ragged":
-            args = (w._handle, q, kv[0], kv[1], "NHD", ws, out, lse, return_lse, None, None, 1.0, 1.0)
+            args = (w._handle, q, kv[0], kv[1], "NHD", ws, out, lse, return_lse, None, None, 1.0, 1.0, None, 1.0,
+                    q.dtype)
             op = torch.ops.tessera.prefill_ragged_run.default
         else:
             k, v = kv[0]
             op = torch.ops.tessera.decode_run.default if kind == "decode" else torch.ops.tessera.prefill_paged_run.default
             args = (w._handle, q, k, v, None, "NHD", w._planned["indices"], ws, out, lse, return_lse, None, None, 1.0,
-                    1.0)
+                    1.0) + (() if kind == "decode" else (None, 1.0, q.dtype))
         torch.library.opcheck(op, args)
 
 

@@ -9,11 +9,16 @@ Without a GPU (these run everywhere):
   deterministic function of its inputs on the CPU (plan() and run() are otherwise Tessera's code):
   one graph with zero breaks, the compiled result equals the eager one, the stand-in receives the
   same arguments from the op as from the eager run(), a new plan of the same shapes does not
-  recompile, torch.library.opcheck passes, the handle table does not keep wrappers alive.
+  recompile, torch.library.opcheck passes, the handle table does not keep wrappers alive;
+- FP8 attention plans of the prefill wrappers (e4m3 q and K/V, a float16 / bfloat16 o) the same
+  way: the op's out of the plan's o dtype, q as bytes with q_dtype and q's scale (a float or a
+  one-element tensor) reaching the stand-in as in eager mode; a new tensor scale without
+  recompiling, a new float one as a float k_scale does; the eager errors at trace time.
 
 With a GPU (skipped otherwise): each wrapper's step under torch._dynamo.explain (no graph break),
-torch.compile(fullgraph=True) against eager, and mode="reduce-overhead" (a CUDA graph) with
-use_cuda_graph=True wrappers over several calls with new queries (decode: new plans too).
+torch.compile(fullgraph=True) against eager (FP8 attention plans of the prefill wrappers too, on
+sm_90), and mode="reduce-overhead" (a CUDA graph) with use_cuda_graph=True wrappers over several
+calls with new queries (decode: new plans too).
 """
 
 import gc
@@ -118,6 +123,30 @@ def test_fake_outputs(name, given):
     assert l.shape == ((4, 16) if return_lse and lse is None else (0,))
 
 
+@pytest.mark.parametrize("name", ["prefill_paged_run", "prefill_ragged_run"])
+@pytest.mark.parametrize("o_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("given", ["none", "out"])
+def test_fake_outputs_of_fp8_attention(name, o_dtype, given):
+    # An FP8 attention plan's op (e4m3 q and K/V): out of o_dtype, not q's, new or empty.
+    _ops()
+    op = getattr(torch.ops.tessera, name).default
+    e4m3 = torch.float8_e4m3fn
+    with FakeTensorMode():
+        q = torch.empty(4, 16, 128, dtype=e4m3, device="cuda")
+        out = torch.empty(4, 16, 128, dtype=o_dtype, device="cuda") if given == "out" else None
+        scale = torch.empty(1, dtype=torch.float32, device="cuda")
+        if name == "prefill_ragged_run":
+            kv = torch.empty(9, 2, 128, dtype=e4m3, device="cuda")
+            args = list(_ragged_op_args(q, kv, kv, out, o_dtype=o_dtype))
+        else:
+            cache = torch.empty(5, 16, 2, 128, dtype=e4m3, device="cuda")
+            args = list(_paged_op_args(q, (cache, cache), out, prefill=True, o_dtype=o_dtype))
+        args[-3:-1] = [scale, 1.0]  # q_scale a tensor
+        o, l = op(*args)
+    assert o.dtype == o_dtype and o.shape == ((4, 16, 128) if out is None else (0,)) and o.device.type == "cuda"
+    assert l.dtype == torch.float32 and l.shape == (4, 16)
+
+
 def test_ops_are_one_graph_without_running():
     # The three ops on meta tensors under fullgraph=True: a graph break would fail before the
     # backend is called; the backend records the graph and stops with a sentinel, so no op runs
@@ -160,17 +189,24 @@ def test_ops_are_one_graph_without_running():
 
 class StubRuntime:
     """Stands in for the C++ runtime object (tessera::Batch*Wrapper) on the CPU: plan() keeps an fp8
-    plan's scale tensors; run() records its arguments and writes into out / lse a deterministic
-    function of q, the K/V data, the page ids and the scales."""
+    plan's scale tensors (q's too for FP8 attention); run() records its arguments and writes into
+    out / lse a deterministic function of q (an FP8 attention q, which arrives as bytes with
+    q_dtype, decoded from e4m3), the K/V data, the page ids and the scales."""
 
     def __init__(self):
         self.calls = []
         self.scales = (None, None)
+        self.q_scale = None
 
     def plan(self, *args, **kwargs):
         self.scales = (kwargs.get("k_scale_device"), kwargs.get("v_scale_device"))
+        self.q_scale = kwargs.get("q_scale_device")
 
-    def run(self, q, *args, kv_dtype=None):
+    def run(self, q_arg, *args, kv_dtype=None, q_dtype=None):
+        q = q_arg
+        if q_dtype is not None:
+            assert q_arg.dtype == torch.uint8 and str(q_dtype) == "DType.e4m3", (q_arg.dtype, q_dtype)
+            q = q_arg.view(torch.float8_e4m3fn)
         if len(args) == 8:  # paged: k, v, kv, layout, indices, out, lse, stream
             k, v, kv, layout, indices, o, lse, stream = args
             data = [t for t in (k, v, kv) if t is not None]
@@ -181,12 +217,14 @@ class StubRuntime:
         scale = 1.0
         if self.scales[0] is not None:
             scale = float(self.scales[0]) * float(self.scales[1]) * 2
+        if q_dtype is not None:
+            scale *= float(self.q_scale) * 3
         mean = sum(float(t.double().mean()) for t in data)
         o.copy_(q.double() * 2 * scale + mean + extra)
         if lse is not None:
             lse.copy_(q.double().sum(-1) * scale)
         self.calls.append({
-            "q": (tuple(q.shape), q.stride(), q.dtype),
+            "q": (tuple(q_arg.shape), q_arg.stride(), q_arg.dtype), "q_dtype": str(q_dtype),
             "kv": [(tuple(t.shape), t.stride(), t.dtype) for t in data],
             "layout": str(layout), "indices": None if indices is None else indices.tolist(),
             "out": (tuple(o.shape), o.stride(), o.dtype), "lse": lse is not None, "stream": stream,
@@ -225,12 +263,15 @@ def _cache(num_pages, layout, combined, dtype, gen):
     return torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
 
 
-def _setup(kind, layout="NHD", combined=False, dtype=torch.bfloat16, kv_dtype=None, seed=0):
-    """A planned wrapper (on the stand-in runtime), its KV argument(s) and a query of the plan's rows."""
+def _setup(kind, layout="NHD", combined=False, dtype=torch.bfloat16, kv_dtype=None, seed=0, o_dtype=None):
+    """A planned wrapper (on the stand-in runtime), its KV argument(s) and a query of the plan's rows
+    (dtype and kv_dtype torch.float8_e4m3fn: an FP8 attention plan, its o_data_type o_dtype)."""
     gen = torch.Generator().manual_seed(seed)
     cast = kv_dtype or dtype
     ws = torch.zeros(1 << 16, dtype=torch.uint8)
     opts = dict(q_data_type=dtype, kv_data_type=kv_dtype)
+    if o_dtype is not None:
+        opts["o_data_type"] = o_dtype
     if kind == "decode":
         w = D(ws, layout)
         w.plan(_i32([0, 2, 3]), _i32([3, 1, 0]), _i32([5, 16]), HQ, HKV, HD, PS, **opts)
@@ -376,6 +417,197 @@ def test_fp8_cache_scales_under_compile(stub, kind):
     assert stub[-1].calls[-1]["kv_dtype"] == "DType.e4m3"
     with pytest.raises(ValueError, match=r"k_scale = -1.0, expected a finite scale > 0"):
         torch.compile(lambda q: w.run(q, *kv, k_scale=-1.0), fullgraph=True, backend="aot_eager")(q)
+
+
+# --- FP8 attention plans (an e4m3 q with e4m3 K/V, a 16-bit o) on the stand-in runtime -------------------
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _setup_fp8(kind, layout="NHD", combined=False, o_dtype=None, seed=11):
+    """An FP8 attention plan (q_data_type and kv_data_type e4m3, o_data_type o_dtype: None is
+    bfloat16) on the stand-in runtime, its KV argument(s) and an e4m3 query."""
+    return _setup(kind, layout, combined, dtype=E4M3, kv_dtype=E4M3, seed=seed, o_dtype=o_dtype)
+
+
+def _scales(as_what):
+    """run()'s q_scale, k_scale, v_scale: floats, one-element float32 tensors, or None."""
+    values = (0.5, 0.25, 2.0)
+    if as_what == "none":
+        return (None, None, None)
+    if as_what == "tensor":
+        return tuple(torch.tensor([x]) for x in values)
+    return values
+
+
+FP8_CASES = [  # kind, layout, combined cache, o_data_type, scales as, out given, return_lse
+    ("prefill_paged", "NHD", False, None, "float", False, True),
+    ("prefill_paged", "HND", True, torch.float16, "tensor", True, True),
+    ("prefill_paged", "NHD", True, torch.bfloat16, "none", True, False),
+    ("prefill_paged", "HND", False, torch.float16, "float", False, False),
+    ("prefill_ragged", "NHD", False, torch.float16, "tensor", False, True),
+    ("prefill_ragged", "HND", False, None, "float", True, True),
+    ("prefill_ragged", "NHD", False, torch.bfloat16, "tensor", True, False),
+    ("prefill_ragged", "HND", False, torch.float16, "none", False, False),
+]
+
+
+@pytest.mark.parametrize("kind,layout,combined,o_dtype,scales_as,give_out,return_lse", FP8_CASES,
+                         ids=["-".join(str(x).replace("torch.", "") for x in c) for c in FP8_CASES])
+def test_fp8_attention_run_is_one_graph_and_matches_eager(stub, kind, layout, combined, o_dtype, scales_as, give_out,
+                                                          return_lse):
+    # The op allocates (or is given) out of the plan's o dtype, passes q as bytes with q_dtype and
+    # q's scale as the eager run() does: the stand-in sees the same call, the results are equal.
+    w, kv, q = _setup_fp8(kind, layout, combined, o_dtype)
+    expected = o_dtype or torch.bfloat16
+    buffers = {}
+
+    def step(q, sq, sk, sv):
+        res = w.run(q, *kv, q_scale=sq, k_scale=sk, v_scale=sv, out=buffers.get("out"), return_lse=return_lse)
+        o = res[0] if return_lse else res
+        return (o * 1, res[1]) if return_lse else o * 1
+
+    scales = _scales(scales_as)
+    if give_out:
+        buffers["out"] = torch.full(tuple(q.shape), float("nan"), dtype=expected)
+    eager = step(q, *scales)
+    eager_call = stub[0].calls[-1]
+    eager_buf = w._kv_scales.buf.tolist()
+    assert eager_call["q"][2] == torch.uint8 and eager_call["q_dtype"] == "DType.e4m3"
+    assert eager_call["out"][2] == expected and eager_call["kv_dtype"] == "DType.e4m3"
+    assert eager_buf == ([1.0] * 3 if scales_as == "none" else [0.25, 2.0, 0.5])  # k's, v's, q's
+
+    w._kv_scales.buf.fill_(7.0)  # the compiled run writes this call's scales again
+    w._kv_scales.last = [None] * 3
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    if give_out:
+        buffers["out"] = torch.full(tuple(q.shape), float("nan"), dtype=expected)
+    compiled = torch.compile(step, fullgraph=True, backend=record)(q, *scales)
+    assert len(graphs) == 1
+    called = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function" and "tessera" in str(n.target)]
+    assert called == [OP_OF[kind]]
+    assert stub[0].calls[-1] == eager_call, "the op passes the runtime other arguments than the eager run()"
+    assert w._kv_scales.buf.tolist() == eager_buf
+    for a, b in zip(eager if return_lse else (eager,), compiled if return_lse else (compiled,)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    o = compiled[0] if return_lse else compiled
+    assert o.dtype == expected and o.shape == q.shape
+    if give_out:
+        assert torch.equal(buffers["out"], o), "the caller's out holds the result"
+    explanation = torch._dynamo.explain(step)(q, *scales)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("kind", ["prefill_paged", "prefill_ragged"])
+def test_fp8_attention_aot_eager_functionalized_matches_eager(stub, kind):
+    # Under aot_eager (functionalized, as under inductor): a given out that is a view of a larger
+    # buffer of the o dtype, and a new out and lse.
+    w, kv, q = _setup_fp8(kind, "HND", o_dtype=torch.float16, seed=13)
+    big = torch.zeros((2,) + tuple(q.shape), dtype=torch.float16)
+
+    def step(q, big, s):
+        w.run(q, *kv, q_scale=s, k_scale=0.5, out=big[1])
+        return w.run(q, *kv, q_scale=0.25, v_scale=s, return_lse=True)
+
+    s = torch.tensor([0.125])
+    eager_big = big.clone()
+    eager = step(q, eager_big, s)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, big, s)
+    assert torch.equal(big, eager_big) and torch.count_nonzero(big[1]) > 0
+    assert compiled[0].dtype == torch.float16 and compiled[1].dtype == torch.float32
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+@pytest.mark.parametrize("kind", ["prefill_paged", "prefill_ragged"])
+def test_fp8_attention_scales_of_each_call(stub, kind):
+    # A new q_scale on a later call reaches the runtime: a tensor's value without recompiling; a
+    # float as a float k_scale does (Dynamo specializes on it: the same number of compiles).
+    from torch._dynamo.testing import CompileCounter
+
+    w, kv, q = _setup_fp8(kind, seed=17)
+    counter = CompileCounter()
+    step = torch.compile(lambda q, s: w.run(q, *kv, q_scale=s), fullgraph=True, backend=counter)
+    results = []
+    for value in (0.5, 0.25, 0.125):
+        results.append(step(q, torch.tensor([value])))
+        assert w._kv_scales.buf[2].item() == value
+        assert torch.equal(results[-1], w.run(q, *kv, q_scale=torch.tensor([value]))), f"q_scale {value}"
+    assert counter.frame_count == 1
+    assert not torch.equal(results[0], results[1]) and not torch.equal(results[1], results[2])
+
+    compiles = {}
+    for name in ("q_scale", "k_scale"):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        step = torch.compile(lambda q, s: w.run(q, *kv, **{name: s}), fullgraph=True, backend=counter)
+        for value in (0.5, 0.25, 0.125):
+            got = step(q, value)
+            assert torch.equal(got, w.run(q, *kv, **{name: value})), f"{name} {value}"
+        compiles[name] = counter.frame_count
+    assert compiles["q_scale"] == compiles["k_scale"], compiles
+
+
+@pytest.mark.parametrize("kind", ["prefill_paged", "prefill_ragged"])
+def test_fp8_attention_compiled_run_checks_like_eager(stub, kind):
+    w, kv, q = _setup_fp8(kind, o_dtype=torch.float16, seed=19)
+
+    def compiled(fn, fullgraph=False):
+        torch._dynamo.reset()
+        return torch.compile(fn, fullgraph=fullgraph, backend="eager" if not fullgraph else "aot_eager")
+
+    # At trace time, the eager run()'s errors: q's dtype, out's dtype (the plan's o dtype), a tensor scale.
+    with pytest.raises(TypeError, match=r"q.dtype = torch.bfloat16, but the plan was made for q_data_type = "
+                                        r"torch.float8_e4m3fn"):
+        compiled(lambda q: w.run(q, *kv))(q.to(torch.bfloat16))
+    with pytest.raises(TypeError, match=r"out.dtype = torch.bfloat16, expected torch.float16 \(the plan's o_data_type"):
+        compiled(lambda q: w.run(q, *kv, out=torch.empty(tuple(q.shape), dtype=torch.bfloat16)))(q)
+    with pytest.raises(ValueError, match=r"q_scale = <tensor \(2,\) torch.float32>, expected a float or a float32 "
+                                         r"tensor of one element"):
+        compiled(lambda q: w.run(q, *kv, q_scale=torch.ones(2)))(q)
+    with pytest.raises(TypeError, match=r"q_scale must be None, a float or a float32 tensor, got str"):
+        compiled(lambda q: w.run(q, *kv, q_scale="2"))(q)
+    # A float's value is checked by the op when it runs, as _KVScaleBuffer.set does in eager mode.
+    with pytest.raises(ValueError, match=r"q_scale = -1.0, expected a finite scale > 0"):
+        compiled(lambda q: w.run(q, *kv, q_scale=-1.0), fullgraph=True)(q)
+    # A 16-bit plan keeps refusing a q_scale.
+    w16, kv16, q16 = _setup(kind)
+    with pytest.raises(NotImplementedError, match=r"q_scale=2.0 is not supported .*None or 1.0 \(scales apply"):
+        compiled(lambda q: w16.run(q, *kv16, q_scale=2.0))(q16)
+    assert torch.equal(compiled(lambda q: w16.run(q, *kv16, q_scale=1.0), fullgraph=True)(q16), w16.run(q16, *kv16))
+
+
+@pytest.mark.parametrize("kind", ["prefill_paged", "prefill_ragged"])
+def test_fp8_attention_opcheck_with_the_stand_in_runtime(stub, kind):
+    w, kv, q = _setup_fp8(kind, o_dtype=torch.float16, seed=23)
+    ws = w._holder.workspace
+    o_dtype = torch.float16
+    out_of = lambda: torch.empty(tuple(q.shape), dtype=o_dtype)  # noqa: E731
+    for out, lse, return_lse, q_scale, q_value in (
+            (None, None, True, None, 0.5), (out_of(), None, True, torch.tensor([0.25]), 1.0),
+            (out_of(), torch.empty(q.shape[0], HQ), True, None, 1.0), (None, None, False, torch.tensor([2.0]), 1.0)):
+        if kind == "prefill_ragged":
+            args = (w._handle, q, kv[0], kv[1], "NHD", ws, out, lse, return_lse, None, torch.tensor([0.5]), 2.0, 1.0,
+                    q_scale, q_value, o_dtype)
+            op = torch.ops.tessera.prefill_ragged_run.default
+        else:
+            k, v = kv[0]
+            args = (w._handle, q, k, v, None, "NHD", w._planned["indices"], ws, out, lse, return_lse, None,
+                    torch.tensor([0.5]), 2.0, 1.0, q_scale, q_value, o_dtype)
+            op = torch.ops.tessera.prefill_paged_run.default
+        # opcheck's test_schema compares every tensor argument before and after the call with
+        # torch.allclose, which has no float8 kernel on the CPU ("mul_cpu_reduced_float" not
+        # implemented for 'Float8_e4m3fn'): the schema's aliasing and mutation are checked with a
+        # 16-bit plan (test_opcheck_with_the_stand_in_runtime), the same schema.
+        torch.library.opcheck(op, args, test_utils=("test_faketensor", "test_autograd_registration",
+                                                    "test_aot_dispatch_dynamic"))
+    # An o_dtype other than the plan's is refused by the op (run() always passes the plan's).
+    with pytest.raises(ValueError, match=r"o_dtype = torch.bfloat16, but the plan writes torch.float16"):
+        op(*args[:-1], torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged"])
@@ -525,6 +757,46 @@ def test_gpu_prefill_ragged_compiles():
         return out, lse
 
     _check_explain_and_compile(step, (q,), "prefill ragged")
+
+
+@needs_gpu
+@pytest.mark.parametrize("scales_as", ["float", "tensor"])
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+def test_gpu_fp8_attention_prefill_compiles(kind, scales_as):
+    # FP8 attention (e4m3 q, K and V; float16 o) through the compiled run(): one graph without
+    # breaks, the op allocates o in the plan's o_data_type, the eager run's values.
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    qo_indptr = _i32([0, 5, 17, 18])
+    plan = dict(causal=True, q_data_type=E4M3, kv_data_type=E4M3, o_data_type=torch.float16)
+    if kind == "paged":
+        indptr, indices, last, cache = _gpu_paged([5, 40, 300], seed=7, layout="HND")
+        kv = (tuple(t.to(E4M3) for t in cache),)
+        w = P(ws, "HND")
+        make_plan = lambda: w.plan(qo_indptr, indptr, indices, last, HQ, HKV, HD, PS, **plan)  # noqa: E731
+    else:
+        gen = torch.Generator().manual_seed(8)
+        kv = tuple(torch.randn(450, HKV, HD, generator=gen).to(E4M3).cuda() for _ in range(2))
+        w = RG(ws, "NHD")
+        make_plan = lambda: w.plan(qo_indptr, _i32([0, 5, 150, 450]), HQ, HKV, HD, **plan)  # noqa: E731
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(NotImplementedError, match="sm_90a"):
+            make_plan()
+        pytest.skip("FP8 attention runs on sm_90 only")
+    make_plan()
+    q = torch.randn(18, HQ, HD, generator=torch.Generator().manual_seed(9)).to(E4M3).cuda()
+    scales = (1 / 16, 3 / 64, 1 / 32)
+    if scales_as == "tensor":
+        scales = tuple(torch.tensor([s], dtype=torch.float32, device="cuda") for s in scales)
+
+    def step(q, sq, sk, sv):
+        out, lse = w.run(q, *kv, q_scale=sq, k_scale=sk, v_scale=sv, return_lse=True)
+        return out, lse
+
+    _check_explain_and_compile(step, (q,) + scales, f"FP8 attention {kind}, scales as {scales_as}")
+    torch._dynamo.reset()
+    out, lse = torch.compile(step, fullgraph=True)(q, *scales)
+    assert out.dtype == torch.float16 and out.shape == (18, HQ, HD) and lse.dtype == torch.float32
+    assert torch.isfinite(out).all()
 
 
 @needs_gpu

@@ -8,12 +8,12 @@ CPU: the named errors before any GPU work (e5m2 q, k of another dtype, an fp8 or
 dtype, a variant option, scale_q / q_scale with a 16-bit q; in the wrappers also an fp8 q with a
 16-bit cache, custom masks, head_dim_vo, use_cuda_graph, the decode and POD wrappers), and what the
 wrappers hand the runtime (a stand-in recording the bindings' calls: the plan's dtypes and scale
-tensors, q as bytes with its dtype, the output's dtype, each run's scales). GPU (skipped without
-CUDA; on a GPU without wgmma the call, or the wrapper's plan(), is a NotImplementedError naming
-sm_90a): random requests against a reference on the dequantized inputs (codes x scales), written
-from the definition; o within 4e-2 relative error (P is rounded to e4m3 for the fp8 P V), the base-2
-LSE within 8e-3 (the fp8 MMAs accumulate the logits with fewer bits than fp32), as the C++ tests
-bound them (docs/kernels.md, "FP8 attention").
+tensors, q as bytes with its dtype, the output's dtype, each run's scales; the same under
+torch.compile). GPU (skipped without CUDA; on a GPU without wgmma the call, or the wrapper's plan(),
+is a NotImplementedError naming sm_90a): random requests against a reference on the dequantized
+inputs (codes x scales), written from the definition; o within 4e-2 relative error (P is rounded to
+e4m3 for the fp8 P V), the base-2 LSE within 8e-3 (the fp8 MMAs accumulate the logits with fewer
+bits than fp32), as the C++ tests bound them (docs/kernels.md, "FP8 attention").
 """
 
 import math
@@ -326,6 +326,43 @@ def test_wrapper_16bit_plan_keeps_refusing_q_scale(stand_ins, cls, plan):
     (args, kwargs) = w._holder.cpp.runs[-1]
     assert args[0] is q and kwargs == {"kv_dtype": None}  # no q_dtype: the binding of a 16-bit run is unchanged
     assert "q_scale_device" not in w._holder.cpp.plans[-1][1]
+
+
+@pytest.mark.parametrize("cls,plan", WRAPPER_PLANS, ids=WRAPPER_IDS)
+def test_wrapper_fp8_run_under_torch_compile(stand_ins, cls, plan):
+    # Compiled (one graph: fullgraph), run() hands the bindings what the eager run() does: q as bytes
+    # with q_dtype, out of the plan's o_data_type (allocated by the custom op), this call's scales in
+    # the plan's scale tensors (tests/python/test_compile.py compares the two runs' values).
+    if not hasattr(torch.library, "custom_op"):
+        pytest.skip("torch.compile support needs torch >= 2.4")
+    import torch._dynamo as dynamo
+
+    w, kv = _planned_fp8(cls, plan, o_data_type=torch.float16)
+    runtime = w._holder.cpp
+    q = torch.zeros(4, 8, 128).to(E4M3)
+
+    def step(q, s):
+        return w.run(q, *kv, q_scale=s, k_scale=2.0, v_scale=0.5, return_lse=True)
+
+    def described(call):  # the binding call's tensors as (dtype, shape), the rest as they are
+        args, kwargs = call
+        return [(a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a for a in args], kwargs
+
+    eager = step(q, torch.tensor([0.25]))
+    eager_call = described(runtime.runs[-1])
+    w._kv_scales.buf.fill_(1.0)  # the compiled run writes its scales again (not skipped as unchanged)
+    w._kv_scales.last = [None] * 3
+    dynamo.reset()
+    try:
+        out, lse = torch.compile(step, fullgraph=True, backend="aot_eager")(q, torch.tensor([0.25]))
+    finally:
+        dynamo.reset()
+    assert out.dtype == torch.float16 and out.shape == (4, 8, 128) and (out == 0.5).all() and (lse == 1.5).all()
+    assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
+    assert w._kv_scales.buf.tolist() == [2.0, 0.5, 0.25]
+    assert described(runtime.runs[-1]) == eager_call
+    args, kwargs = runtime.runs[-1]
+    assert args[0].dtype == torch.uint8 and kwargs == {"kv_dtype": _C.DType.e4m3, "q_dtype": _C.DType.e4m3}
 
 
 # --- GPU -------------------------------------------------------------------------------------------

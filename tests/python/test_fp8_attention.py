@@ -66,6 +66,7 @@ def test_errors_before_gpu_work():
 from tessera import _C  # noqa: E402
 from tessera import _utils as U  # noqa: E402
 from test_cpu import _decode_plan, _i32, _paged_plan, _ragged_plan, _ws  # noqa: E402  (the CPU plan helpers)
+from conftest import RecordingRuntime  # noqa: E402  (the recording runtime stand-in)
 
 PAGED, RAGGED = tessera.BatchPrefillWithPagedKVCacheWrapper, tessera.BatchPrefillWithRaggedKVCacheWrapper
 WRAPPER_PLANS = [(PAGED, _paged_plan), (RAGGED, _ragged_plan)]
@@ -176,23 +177,12 @@ def test_decode_and_pod_wrappers_reject_an_fp8_q():
 # --- the batch prefill wrappers on a stand-in runtime (CPU) -----------------------------------------
 
 
-class _Recorder:
-    """A stand-in for the C++ runtime classes (tessera._C.BatchPrefill*Wrapper): records plan() and
-    run() as the bindings receive them and writes NaN-free values into o (and lse)."""
-
-    def __init__(self, workspace, bounds, options):
-        self.options = options
-        self.plans, self.runs = [], []
-
-    @staticmethod
-    def workspace_size(bounds, options, device):
-        return 0
-
-    def plan(self, *args, **kwargs):
-        self.plans.append((args, kwargs))
+class _Recorder(RecordingRuntime):
+    """The recording stand-in of the C++ prefill runtime classes, writing NaN-free values into o (and
+    lse)."""
 
     def run(self, *args, **kwargs):
-        self.runs.append((args, kwargs))
+        super().run(*args, **kwargs)
         o, lse = (args[6], args[7]) if len(args) == 9 else (args[3], args[4])  # paged / ragged
         o.fill_(0.5)
         if lse is not None:
@@ -200,14 +190,9 @@ class _Recorder:
 
 
 @pytest.fixture
-def stand_ins(monkeypatch):
-    """The prefill runtime classes replaced by recorders and the device checks lifted, so plan() and
-    run() go through on the CPU (the workspace, hence the plan's device, is the CPU)."""
-    monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
-    monkeypatch.setattr(U, "current_stream", lambda device: 0)
-    monkeypatch.setattr(U, "device_index", lambda t: 0)
-    for name in ("BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"):
-        monkeypatch.setattr(_C, name, type(name, (_Recorder,), {}))
+def stand_ins(install_runtime_stand_ins):
+    """The prefill runtime classes replaced by _Recorder, device checks lifted (conftest)."""
+    install_runtime_stand_ins(("BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"), _Recorder)
 
 
 def _planned_fp8(cls, plan, **kwargs):

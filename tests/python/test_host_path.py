@@ -28,32 +28,10 @@ D, G, P, R = (tessera.BatchDecodeWithPagedKVCacheWrapper, tessera.CUDAGraphBatch
 F16 = torch.float16
 
 
-class _Recorder:
-    """A stand-in for a C++ runtime class (tessera._C.Batch*Wrapper) that records its calls."""
-
-    def __init__(self, workspace, bounds, options):
-        self.plans, self.runs = [], []
-
-    @staticmethod
-    def workspace_size(bounds, options, device):
-        return 0
-
-    def plan(self, *args, **kwargs):
-        self.plans.append((args, kwargs))
-
-    def run(self, *args, **kwargs):
-        self.runs.append((args, kwargs))
-
-
 @pytest.fixture
-def stand_ins(monkeypatch):
-    """The runtime classes replaced by recorders and the device checks lifted, so plan() and run()
-    go through on the CPU (the workspace, hence the plan's device, is the CPU)."""
-    monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
-    monkeypatch.setattr(U, "current_stream", lambda device: 0)
-    monkeypatch.setattr(U, "device_index", lambda t: 0)
-    for name in ("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"):
-        monkeypatch.setattr(_C, name, type(name, (_Recorder,), {}))
+def stand_ins(install_runtime_stand_ins):
+    """The runtime classes replaced by recorders (conftest.RecordingRuntime), device checks lifted."""
+    install_runtime_stand_ins(("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"))
 
 
 def _outcome(fn):

@@ -17,6 +17,7 @@ import tessera
 from tessera import _C
 from tessera import _utils as U
 from test_cpu import _decode_plan, _i32, _paged_plan, _ragged_plan, _ws  # the CPU plan helpers
+from conftest import RecordingRuntime  # the recording runtime stand-in
 
 torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pip install torch")
 
@@ -467,37 +468,22 @@ def test_jit_args_error_points_at_the_python_variant_api():
 # --- what the wrappers hand the C++ runtime (stand-ins for the runtime classes) ---------------------
 
 
-class _RuntimeStandIn:
-    """Records what a wrapper passes to a C++ runtime class (tessera._C.Batch*Wrapper)."""
+class _RuntimeStandIn(RecordingRuntime):
+    """Records what a wrapper passes to a C++ runtime class, each instance listed in its class's
+    `instances`."""
 
     def __init__(self, workspace, bounds, options):
-        self.bounds, self.options, self.plans, self.runs = bounds, options, [], []
+        super().__init__(workspace, bounds, options)
         type(self).instances.append(self)
-
-    @staticmethod
-    def workspace_size(bounds, options, device):
-        return 0
-
-    def plan(self, *args, **kwargs):
-        self.plans.append((args, kwargs))
-
-    def run(self, *args, **kwargs):
-        self.runs.append((args, kwargs))
 
 
 @pytest.fixture
-def runtime_stand_ins(monkeypatch):
+def runtime_stand_ins(monkeypatch, install_runtime_stand_ins):
     """The three runtime classes replaced by recorders, _C.VariantArgs by the dict of its keywords,
     and the device checks lifted, so a plan on the CPU goes through to the runtime call."""
-    monkeypatch.setattr(U, "check_cuda", lambda name, t: None)
-    monkeypatch.setattr(U, "current_stream", lambda device: 0)
-    monkeypatch.setattr(U, "device_index", lambda t: 0)
     monkeypatch.setattr(_C, "VariantArgs", lambda **kwargs: kwargs)
-    classes = {}
-    for name in ("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"):
-        classes[name] = type(name, (_RuntimeStandIn,), {"instances": []})
-        monkeypatch.setattr(_C, name, classes[name])
-    return classes
+    return install_runtime_stand_ins(("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"),
+                                     _RuntimeStandIn, lambda: {"instances": []})
 
 
 def test_q_len_per_req_runs_the_prefill_runtime(runtime_stand_ins):

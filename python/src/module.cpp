@@ -879,14 +879,10 @@ void bind_paged_prefill_plan_run(nb::class_<W>& cls) {
           "q_dtype e4m3, o f16/bf16.");
 }
 
-NB_MODULE(_C, m) {
-  m.doc() = "Tessera's C++ API (low level; use the functions and classes of the `tessera` package).";
-  nb::register_exception_translator(translate_error);
-  // Wrapper objects referenced from tracebacks or torch's caches can outlive the module at exit;
-  // that is not a leak worth a warning.
-  nb::set_leak_warnings(false);
+namespace {
 
-  // --- enums and plain structs ------------------------------------------------------------------
+/// The enums (status codes, dtypes, layouts, runtime options) and the plain structs (variant arguments, runtime bounds and options).
+void bind_enums_and_structs(nb::module_& m) {
   nb::enum_<StatusCode>(m, "StatusCode",
                         "tessera::StatusCode, the `status_code` of every exception the library raises "
                         "(invalid_argument: ValueError, unsupported: NotImplementedError, cuda_error and "
@@ -1001,8 +997,10 @@ NB_MODULE(_C, m) {
       .def_ro("decode_copies", &tessera::PodPlanInfo::decode_copies)
       .def_prop_ro("prefill", [](const tessera::PodPlanInfo& i) { return plan_info_dict(i.prefill); })
       .def_prop_ro("decode", [](const tessera::PodPlanInfo& i) { return plan_info_dict(i.decode); });
+}
 
-  // --- build and device information -------------------------------------------------------------
+/// What the build holds and what the device can run.
+void bind_build_and_device_info(nb::module_& m) {
   m.def("version", [] { return std::string(tessera::version_string()); },
         "Version of the linked libtessera (MAJOR.MINOR.PATCH).");
   m.def("cuda_archs", [] { return std::string(TESSERA_PY_CUDA_ARCHS); },
@@ -1108,8 +1106,10 @@ NB_MODULE(_C, m) {
         return slopes;
       },
       "num_heads"_a, "tessera::alibi_slopes: the standard ALiBi slopes of `num_heads` heads (host values).");
+}
 
-  // --- single-request attention -----------------------------------------------------------------
+/// The one-shot attention entry points (tessera/attention.h).
+void bind_single_request_attention(nb::module_& m) {
   m.def(
       "single_decode",
       [](const Array& q, const Array& k, const Array& v, Layout layout, const Array& o, const OptArray& lse,
@@ -1188,8 +1188,10 @@ NB_MODULE(_C, m) {
       "mask (1 = visible) with custom_mask_indptr: i32 [0, bytes] on q's device (both or neither); FP8 "
       "attention: q as u8 with q_dtype e4m3, k/v likewise (kv_dtype), o f16/bf16, q_scale / q_scale_device "
       "as k_scale.");
+}
 
-  // --- state merge ------------------------------------------------------------------------------
+/// The attention-state merges.
+void bind_state_merge(nb::module_& m) {
   m.def(
       "merge_state",
       [](const Array& v_a, const Array& s_a, const Array& v_b, const Array& s_b, const Array& v_out,
@@ -1224,8 +1226,10 @@ NB_MODULE(_C, m) {
       },
       "v"_a, "s"_a, "indptr"_a, "v_out"_a, "s_out"_a.none(), "stream"_a,
       "tessera::merge_states_ragged (base-2 LSE).");
+}
 
-  // --- KV cache ---------------------------------------------------------------------------------
+/// The paged KV cache's append functions.
+void bind_kv_cache(nb::module_& m) {
   m.def(
       "append_paged_kv_cache_at",
       [](const Array& append_k, const Array& append_v, const Array& batch_indices, const Array& positions,
@@ -1281,8 +1285,10 @@ NB_MODULE(_C, m) {
       "tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] "
       "into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to "
       "request batch_indices[i] at positions[i].");
+}
 
-  // --- standalone RoPE (tessera/rope.h) -----------------------------------------------------------
+/// The standalone RoPE kernels (tessera/rope.h).
+void bind_rope(nb::module_& m) {
   // Out of place; the Python _inplace functions pass q and k as their own outputs.
   m.def(
       "apply_rope",
@@ -1365,8 +1371,10 @@ NB_MODULE(_C, m) {
       "stream"_a,
       "tessera::apply_rope_with_cos_sin_cache: query [nnz, Hq * head_size], key [nnz, Hk * head_size] rotated with "
       "cos/sin read from cos_sin_cache f32 [max_position, rotary_dim] at row positions[r].");
+}
 
-  // --- multi-head latent attention (DeepSeek MLA) --------------------------------------------------
+/// Multi-head latent attention (DeepSeek MLA), one-shot.
+void bind_mla(nb::module_& m) {
   m.def(
       "batch_mla_paged",
       [](const Array& q_nope, const Array& q_pe, const OptArray& qo_indptr, int64_t max_qo_len, const Array& ckv,
@@ -1418,8 +1426,10 @@ NB_MODULE(_C, m) {
       },
       "total_q"_a, "num_heads"_a, "num_kv_splits"_a, "dtype"_a,
       "tessera::batch_mla_paged_workspace_bytes: bytes of the split states (0 for one split); dtype DType.f16 or bf16.");
+}
 
-  // --- block-sparse attention and the FlexAttention front end ------------------------------------
+/// Block-sparse attention and the FlexAttention front end's kernels.
+void bind_block_sparse_and_flex(nb::module_& m) {
   m.def(
       "block_sparse_attention",
       [](const Array& q, const Array& k, const Array& v, const Array& indptr, const Array& indices,
@@ -1484,8 +1494,10 @@ NB_MODULE(_C, m) {
       "tessera::build_block_mask: evaluates the mask function on the GPU over a q_len x kv_len grid cut into "
       "(block_rows, block_cols) blocks and writes the BSR of the blocks with a visible pair (indptr i32 "
       "[row blocks + 1], indices i32, block_flags u8 1 = full).");
+}
 
-  // --- plan/run runtime -------------------------------------------------------------------------
+/// The plan/run runtime: tessera::BatchDecodeWrapper.
+void bind_decode_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchDecodeWrapper> decode(m, "BatchDecodeWrapper",
                                                  "tessera::BatchDecodeWrapper (paged KV, one query per request).");
   bind_common(decode);
@@ -1530,12 +1542,18 @@ NB_MODULE(_C, m) {
           },
           "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "o"_a, "lse"_a.none(),
           "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "Runs the planned step: q [B, Hq, D] -> o [B, Hq, D], lse [B, Hq] (base 2).");
+}
 
+/// The plan/run runtime: tessera::BatchPrefillPagedWrapper.
+void bind_prefill_paged_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchPrefillPagedWrapper> prefill_paged(
       m, "BatchPrefillPagedWrapper", "tessera::BatchPrefillPagedWrapper (paged KV, any query length).");
   bind_common(prefill_paged);
   bind_paged_prefill_plan_run(prefill_paged);
+}
 
+/// The plan/run runtime: tessera::BatchPODPagedWrapper.
+void bind_pod_wrapper(nb::module_& m) {
   // Its options are a PodOptions and its plan_info() a PodPlanInfo, so bind_common does not fit.
   using Pod = tessera::BatchPODPagedWrapper;
   nb::class_<Pod> pod(
@@ -1568,7 +1586,10 @@ NB_MODULE(_C, m) {
           "plan_info", [](const Pod& w) { return w.plan_info(); },
           "What the last plan() decided, as a PodPlanInfo (a copy; for tests, benchmarks and logs).");
   bind_paged_prefill_plan_run(pod);
+}
 
+/// The plan/run runtime: tessera::BatchPrefillRaggedWrapper.
+void bind_prefill_ragged_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchPrefillRaggedWrapper> prefill_ragged(
       m, "BatchPrefillRaggedWrapper", "tessera::BatchPrefillRaggedWrapper (ragged KV, any query length).");
   bind_common(prefill_ragged);
@@ -1622,7 +1643,10 @@ NB_MODULE(_C, m) {
           "q_dtype"_a.none() = nb::none(),
           "Runs the planned step: q [rows, Hq, D], k/v [kv_rows, Hkv, D] -> o, lse (base 2). FP8 attention: q as "
           "u8 with q_dtype e4m3, o f16/bf16.");
+}
 
+/// The plan/run runtime: tessera::BatchMLAPagedWrapper.
+void bind_mla_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchMLAPagedWrapper> mla_runtime(
       m, "BatchMLAPagedWrapper",
       "tessera::BatchMLAPagedWrapper (MLA over a paged latent cache through the plan/run runtime; bounds: "
@@ -1663,7 +1687,10 @@ NB_MODULE(_C, m) {
           "q_nope"_a, "q_pe"_a, "ckv"_a, "kpe"_a, "kv_indices"_a, "o"_a, "lse"_a.none(), "stream"_a,
           "Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe "
           "[pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).");
+}
 
+/// The plan/run runtime: tessera::BatchCascadePagedWrapper.
+void bind_cascade_wrapper(nb::module_& m) {
   // Its constructor and workspace_size take num_levels before the bounds, so bind_common does not fit.
   using Cascade = tessera::BatchCascadePagedWrapper;
   nb::class_<Cascade> cascade(
@@ -1767,4 +1794,29 @@ NB_MODULE(_C, m) {
           "Runs the planned step: q [rows, Hq, D] over one paged cache per level, each a tuple (k, v, kv, layout, "
           "indices) with (k, v) or kv given as for BatchPrefillPagedWrapper.run and indices that level's page ids "
           "-> o [rows, Hq, D], lse [rows, Hq] (base 2).");
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "Tessera's C++ API (low level; use the functions and classes of the `tessera` package).";
+  nb::register_exception_translator(translate_error);
+  // Wrapper objects referenced from tracebacks or torch's caches can outlive the module at exit;
+  // that is not a leak worth a warning.
+  nb::set_leak_warnings(false);
+
+  bind_enums_and_structs(m);
+  bind_build_and_device_info(m);
+  bind_single_request_attention(m);
+  bind_state_merge(m);
+  bind_kv_cache(m);
+  bind_rope(m);
+  bind_mla(m);
+  bind_block_sparse_and_flex(m);
+  bind_decode_wrapper(m);
+  bind_prefill_paged_wrapper(m);
+  bind_pod_wrapper(m);
+  bind_prefill_ragged_wrapper(m);
+  bind_mla_wrapper(m);
+  bind_cascade_wrapper(m);
 }

@@ -2,8 +2,9 @@
 // lengths a serving step brings, and stay valid inside a captured CUDA Graph.
 //
 // Use
-//   1. Once: allocate a device workspace of workspace_size(bounds, options) bytes and construct a
-//      wrapper with it. The wrapper also owns a small pinned host buffer.
+//   1. Once: allocate a device workspace of workspace_size(bounds, options) bytes (at least
+//      min_workspace_size: a smaller one splits KV less) and construct a wrapper with it. The
+//      wrapper also owns a small pinned host buffer.
 //   2. Per step (per batch shape): plan(...) with HOST index arrays. It splits long KV ranges into
 //      chunks, balances them over a fixed grid of CTAs and copies the plan into the workspace with
 //      one cudaMemcpyAsync on `stream`. plan() also copies the index arrays it was given (indptr,
@@ -191,15 +192,23 @@ class MlaRuntime;
 /// Batch decode over a paged KV cache: one query token per request.
 class TESSERA_API BatchDecodeWrapper {
  public:
-  /// workspace: u8 (or any dtype) device tensor of at least workspace_size(bounds, options) bytes,
-  /// 256-byte aligned, owned by the caller and kept alive while the wrapper is used.
+  /// workspace: u8 (or any dtype) device tensor of at least min_workspace_size(bounds, options)
+  /// bytes (workspace_size for the most split plans), 256-byte aligned, owned by the caller and
+  /// kept alive while the wrapper is used.
   BatchDecodeWrapper(const TensorView& workspace, const RuntimeBounds& bounds, const RuntimeOptions& options = {});
   ~BatchDecodeWrapper();
   BatchDecodeWrapper(BatchDecodeWrapper&&) noexcept;
   BatchDecodeWrapper& operator=(BatchDecodeWrapper&&) noexcept;
 
-  /// Bytes of device workspace the wrapper needs on the current device.
+  /// Bytes of device workspace the wrapper needs on the current device for the split states of
+  /// the most split plans of these bounds.
   static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  /// The smallest workspace it takes (the plan and the split states' LSEs). Between the two, the
+  /// split states' outputs get what is left and plan() caps the KV splits to fit them: a smaller
+  /// workspace only means fewer split chunks (a fixed split size that needs more is an error at
+  /// plan()). E.g. head_dim 256's workspace_size is ~150 MiB at any bounds (its split states are
+  /// sized for the largest tile); a 128 MiB buffer (FlashInfer's customary size) splits a little less.
+  static int64_t min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
 
   /// kv_indptr: host i32 [B + 1] (pages per request); last_page_len: host i32 [B] in
   /// [1, page_size] (ignored for requests without pages); page_size >= 1.
@@ -223,6 +232,8 @@ class TESSERA_API BatchPrefillPagedWrapper {
   BatchPrefillPagedWrapper(BatchPrefillPagedWrapper&&) noexcept;
   BatchPrefillPagedWrapper& operator=(BatchPrefillPagedWrapper&&) noexcept;
   static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  /// As BatchDecodeWrapper::min_workspace_size.
+  static int64_t min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
 
   /// qo_indptr: host i32 [B + 1] (query rows per request); kv_indptr, last_page_len as for decode.
   void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const TensorView& last_page_len,
@@ -253,6 +264,8 @@ class TESSERA_API BatchPrefillRaggedWrapper {
   BatchPrefillRaggedWrapper(BatchPrefillRaggedWrapper&&) noexcept;
   BatchPrefillRaggedWrapper& operator=(BatchPrefillRaggedWrapper&&) noexcept;
   static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  /// As BatchDecodeWrapper::min_workspace_size.
+  static int64_t min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
 
   /// qo_indptr, kv_indptr: host i32 [B + 1].
   void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const PlanShape& shape,
@@ -276,6 +289,8 @@ class TESSERA_API BlockSparseWrapper {
   BlockSparseWrapper& operator=(BlockSparseWrapper&&) noexcept;
   /// bounds.max_batch_size bounds the block rows, max_total_qo_tokens the rows M.
   static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  /// As BatchDecodeWrapper::min_workspace_size.
+  static int64_t min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
 
   /// indptr: host i32 [ceil(M / Br) + 1], column blocks per block row; M = num_rows query rows,
   /// N = num_cols KV columns; Br, Bc >= 1. Causal (shape.attention) masks with offset N - M.

@@ -21,6 +21,7 @@
 #include <nanobind/ndarray.h>
 
 #include <type_traits>
+#include <utility>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -574,6 +575,14 @@ inline tessera::MlaRuntimeBounds wrapper_bounds(const tessera::RuntimeBounds& b,
   return tessera::MlaRuntimeBounds{b.max_batch_size, b.max_total_qo_tokens, b.num_qo_heads};
 }
 
+/// Whether W has min_workspace_size (the attention wrappers; not MLA's, whose workspace is fixed).
+template <typename W, typename = void>
+struct HasMinWorkspaceSize : std::false_type {};
+template <typename W>
+struct HasMinWorkspaceSize<W, std::void_t<decltype(W::min_workspace_size(std::declval<const tessera::RuntimeBounds&>(),
+                                                                         std::declval<const tessera::RuntimeOptions&>()))>>
+    : std::true_type {};
+
 template <typename W>
 void bind_common(nb::class_<W>& cls) {
   cls.def(
@@ -598,10 +607,25 @@ void bind_common(nb::class_<W>& cls) {
             return bytes;
           },
           "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
-          "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.")
-      .def(
-          "plan_info", [](const W& w) { return plan_info_dict(w.plan_info()); },
-          "What the last plan() decided, as a dict (for tests, benchmarks and logs).");
+          "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.");
+  if constexpr (HasMinWorkspaceSize<W>::value) {
+    cls.def_static(
+        "min_workspace_size",
+        [](const tessera::RuntimeBounds& bounds, const tessera::RuntimeOptions& options, int device) {
+          TensorView probe;
+          probe.device = tessera::Device::cuda(device);
+          DeviceGuard guard(probe);
+          int64_t bytes = 0;
+          checked([&] { bytes = W::min_workspace_size(bounds, options); });
+          return bytes;
+        },
+        "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
+        "The smallest workspace a wrapper with these bounds takes on GPU `device` (below "
+        "workspace_size it splits KV less).");
+  }
+  cls.def(
+      "plan_info", [](const W& w) { return plan_info_dict(w.plan_info()); },
+      "What the last plan() decided, as a dict (for tests, benchmarks and logs).");
 }
 
 /// A view's fields, for tests: (data, device type, device id, dtype, shape, strides).

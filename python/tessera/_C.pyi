@@ -434,6 +434,12 @@ class BatchDecodeWrapper:
         Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
         """
 
+    @staticmethod
+    def min_workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        The smallest workspace a wrapper with these bounds takes on GPU `device` (below workspace_size it splits KV less).
+        """
+
     def plan_info(self) -> dict:
         """
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
@@ -461,6 +467,12 @@ class BatchPrefillPagedWrapper:
     def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
         """
         Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    @staticmethod
+    def min_workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        The smallest workspace a wrapper with these bounds takes on GPU `device` (below workspace_size it splits KV less).
         """
 
     def plan_info(self) -> dict:
@@ -521,6 +533,12 @@ class BatchPrefillRaggedWrapper:
     def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
         """
         Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    @staticmethod
+    def min_workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        The smallest workspace a wrapper with these bounds takes on GPU `device` (below workspace_size it splits KV less).
         """
 
     def plan_info(self) -> dict:

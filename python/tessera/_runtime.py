@@ -270,24 +270,38 @@ class _RuntimeHolder:
             candidates = [grown, exact]
 
         have = self.workspace_bytes()
-        needed = None
-        for b in candidates:
-            needed = int(cls.workspace_size(*self.cpp_args, b, options, device))
-            if needed <= have:
-                # Drop the old runtime first: its destructor waits for its last plan upload.
-                self.cpp = None
-                # The workspace as bytes: FlashInfer's examples allocate int8, engines uint8, and
-                # DLPack has no int8 counterpart in Tessera's dtypes.
-                self.cpp = U.call(cls, self.workspace, self.workspace.view(U._torch().uint8), *self.cpp_args, b,
-                                  options)
-                self.bounds = b
-                self.options_key = key
-                self.builds += 1
-                return self.cpp
-        raise ValueError(
-            f"float_workspace_buffer has {have} bytes, but this plan needs {needed} bytes of workspace "
-            f"({need.describe()}); allocate a float_workspace_buffer of at least {needed} bytes"
-        )
+        b, needed = self._fitting_bounds(cls, candidates, options, device, have)
+        if b is None:
+            raise ValueError(
+                f"float_workspace_buffer has {have} bytes, but this plan needs {needed} bytes of workspace "
+                f"({need.describe()}); allocate a float_workspace_buffer of at least {needed} bytes"
+            )
+        # Drop the old runtime first: its destructor waits for its last plan upload.
+        self.cpp = None
+        # The workspace as bytes: FlashInfer's examples allocate int8, engines uint8, and DLPack
+        # has no int8 counterpart in Tessera's dtypes.
+        self.cpp = U.call(cls, self.workspace, self.workspace.view(U._torch().uint8), *self.cpp_args, b, options)
+        self.bounds = b
+        self.options_key = key
+        self.builds += 1
+        return self.cpp
+
+    def _fitting_bounds(self, cls: Any, candidates: Any, options: Any, device: int, have: int) -> Tuple[Any, int]:
+        """(bounds, bytes): the first candidate whose workspace_size fits `have` bytes (room for the
+        most split plans), else the first whose min_workspace_size does (the runtime gives the split
+        states what is left and splits less: head_dim 256 asks ~150 MiB, FlashInfer's customary
+        buffer is 128 MiB); (None, the smallest size asked) when none fits."""
+        sizers = [cls.workspace_size]
+        if hasattr(cls, "min_workspace_size"):
+            sizers.append(cls.min_workspace_size)
+        smallest = None
+        for sizer in sizers:
+            for b in candidates:
+                size = int(sizer(*self.cpp_args, b, options, device))
+                if size <= have:
+                    return b, size
+                smallest = size if smallest is None else min(smallest, size)
+        return None, smallest
 
     def plan_info(self) -> Dict[str, Any]:
         if self.cpp is None:

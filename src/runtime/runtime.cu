@@ -290,10 +290,22 @@ class AttentionRuntime {
     check_ndim(workspace, "workspace", 1);
     check_on_cuda(workspace, "workspace");
     check_contiguous(workspace, "workspace");
-    const int64_t needed = shared_partials != nullptr ? layout_.plan_end : layout_.total;
-    TESSERA_CHECK_ARG(workspace.nbytes() >= needed)
-        << "workspace has " << workspace.nbytes() << " bytes, expected >= " << needed
-        << " (workspace_size of these bounds)";
+    if (shared_partials != nullptr) {
+      TESSERA_CHECK_ARG(workspace.nbytes() >= layout_.plan_end)
+          << "workspace has " << workspace.nbytes() << " bytes, expected >= " << layout_.plan_end
+          << " (plan_workspace_size of these bounds)";
+    } else {
+      // Between min_workspace_size and workspace_size the split states' outputs take what is left:
+      // plan() then caps the partial states at what fits (config.max_partials) and splits less.
+      TESSERA_CHECK_ARG(workspace.nbytes() >= layout_.partial_o)
+          << "workspace has " << workspace.nbytes() << " bytes, expected >= " << layout_.partial_o
+          << " (min_workspace_size of these bounds; workspace_size, " << layout_.total
+          << " bytes, holds the split states of the most split plans)";
+      if (workspace.nbytes() < layout_.total) {
+        layout_.partial_floats = (workspace.nbytes() - layout_.partial_o) / static_cast<int64_t>(sizeof(float));
+        layout_.total = layout_.partial_o + layout_.partial_floats * static_cast<int64_t>(sizeof(float));
+      }
+    }
     TESSERA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace.data) % kAlign == 0)
         << "workspace.data is not 256-byte aligned";
     int device = 0;
@@ -320,6 +332,12 @@ class AttentionRuntime {
   static int64_t workspace_size(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
                                 const RuntimeOptions& options) {
     return compute_layout(format, decode, bounds, options).total;
+  }
+  /// The smallest workspace a wrapper takes: the plan and the split states' LSEs, with no room
+  /// for their outputs (plans that fit then split no KV range).
+  static int64_t min_workspace_size(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
+                                    const RuntimeOptions& options) {
+    return compute_layout(format, decode, bounds, options).partial_o;
   }
   /// The plan's part of workspace_size (the split states follow it).
   static int64_t plan_bytes(KVFormatKind format, bool decode, const RuntimeBounds& bounds,
@@ -1101,6 +1119,9 @@ BatchDecodeWrapper& BatchDecodeWrapper::operator=(BatchDecodeWrapper&&) noexcept
 int64_t BatchDecodeWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
   return AttentionRuntime::workspace_size(KVFormatKind::kPaged, true, bounds, options);
 }
+int64_t BatchDecodeWrapper::min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::min_workspace_size(KVFormatKind::kPaged, true, bounds, options);
+}
 
 void BatchDecodeWrapper::plan(const TensorView& kv_indptr, const TensorView& last_page_len, int64_t page_size,
                               const PlanShape& shape, StreamHandle stream) {
@@ -1133,6 +1154,9 @@ BatchPrefillPagedWrapper& BatchPrefillPagedWrapper::operator=(BatchPrefillPagedW
 
 int64_t BatchPrefillPagedWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
   return AttentionRuntime::workspace_size(KVFormatKind::kPaged, false, bounds, options);
+}
+int64_t BatchPrefillPagedWrapper::min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::min_workspace_size(KVFormatKind::kPaged, false, bounds, options);
 }
 
 BatchPrefillPagedWrapper::BatchPrefillPagedWrapper(const TensorView& plan_workspace, char* shared_partials,
@@ -1173,6 +1197,9 @@ BatchPrefillRaggedWrapper& BatchPrefillRaggedWrapper::operator=(BatchPrefillRagg
 
 int64_t BatchPrefillRaggedWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
   return AttentionRuntime::workspace_size(KVFormatKind::kRagged, false, bounds, options);
+}
+int64_t BatchPrefillRaggedWrapper::min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::min_workspace_size(KVFormatKind::kRagged, false, bounds, options);
 }
 
 void BatchPrefillRaggedWrapper::plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const PlanShape& shape,
@@ -1218,6 +1245,9 @@ BlockSparseWrapper& BlockSparseWrapper::operator=(BlockSparseWrapper&&) noexcept
 
 int64_t BlockSparseWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
   return AttentionRuntime::workspace_size(KVFormatKind::kBlockSparse, false, bounds, options);
+}
+int64_t BlockSparseWrapper::min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::min_workspace_size(KVFormatKind::kBlockSparse, false, bounds, options);
 }
 
 void BlockSparseWrapper::plan(const TensorView& indptr, int64_t block_rows, int64_t block_cols, int64_t num_rows,

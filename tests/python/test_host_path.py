@@ -20,6 +20,7 @@ import tessera
 from tessera import _C
 from tessera import _utils as U
 from test_cpu import _decode_plan, _i32, _paged_plan, _ragged_plan, _ws  # the CPU plan helpers
+from conftest import RecordingRuntime  # the recording runtime stand-in
 
 torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pip install torch")
 
@@ -611,3 +612,35 @@ def test_runtime_bindings_refuse_what_dlpack_refuses():
     for bad in (torch.ones(2, 2).to_sparse(), [1.0], None):
         with pytest.raises(TypeError, match="incompatible function arguments"):
             _C._run_array_view(bad)
+
+
+# --- the workspace: between min_workspace_size and workspace_size ---------------------------------
+
+
+class _SizedRuntime(RecordingRuntime):
+    """A recording runtime whose full workspace is 1 MiB and whose smallest is 64 KiB."""
+
+    FULL, MIN = 1 << 20, 1 << 16
+
+    @staticmethod
+    def workspace_size(bounds, options, device):
+        return _SizedRuntime.FULL
+
+    @staticmethod
+    def min_workspace_size(bounds, options, device):
+        return _SizedRuntime.MIN
+
+
+@pytest.mark.parametrize("wrapper, plan", [(D, _decode_plan), (P, _paged_plan), (R, _ragged_plan)])
+def test_a_workspace_below_workspace_size_but_above_the_minimum_plans(install_runtime_stand_ins, wrapper, plan):
+    """A float_workspace_buffer smaller than workspace_size (the most split plans: ~150 MiB at head
+    dim 256, where FlashInfer's users allocate 128 MiB) but at least min_workspace_size builds the
+    runtime, which splits less; below the minimum the error names the minimum."""
+    install_runtime_stand_ins(("BatchDecodeWrapper", "BatchPrefillPagedWrapper", "BatchPrefillRaggedWrapper"),
+                              _SizedRuntime)
+    w = wrapper(torch.empty(_SizedRuntime.MIN + 256, dtype=torch.uint8))
+    plan(w)
+    assert len(w._holder.cpp.plans) == 1
+    small = wrapper(torch.empty(_SizedRuntime.MIN - 256, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=f"at least {_SizedRuntime.MIN} bytes"):
+        plan(small)

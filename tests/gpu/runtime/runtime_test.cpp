@@ -291,6 +291,16 @@ class AnyWrapper {
     }
     return 0;
   }
+  static int64_t min_workspace_size(const RuntimeCase& c, const tessera::RuntimeBounds& b,
+                                    const tessera::RuntimeOptions& o) {
+    switch (c.wrapper) {
+      case Wrapper::kDecode: return tessera::BatchDecodeWrapper::min_workspace_size(b, o);
+      case Wrapper::kPrefillPaged: return tessera::BatchPrefillPagedWrapper::min_workspace_size(b, o);
+      case Wrapper::kPrefillRagged: return tessera::BatchPrefillRaggedWrapper::min_workspace_size(b, o);
+      case Wrapper::kBlockSparse: return tessera::BlockSparseWrapper::min_workspace_size(b, o);
+    }
+    return 0;
+  }
   void plan(const Prepared& p, const tessera::PlanShape& shape, cudaStream_t s = nullptr) {
     switch (c_.wrapper) {
       case Wrapper::kDecode:
@@ -813,6 +823,53 @@ TEST(RuntimeAgreement, MatchesOneShotKernels) {
   check_against_oracle(c, p, "one-shot");
 }
 
+/// A workspace between min_workspace_size and workspace_size holds fewer split states: plan() splits
+/// less (none at the minimum) and the results still match the oracle; below the minimum the
+/// constructor names the size. Head dim 256 (whose workspace_size is the largest) over ragged and
+/// paged KV, and decode.
+TEST(RuntimeWorkspace, SmallerWorkspacesSplitLessAndStayCorrect) {
+  for (const Wrapper kind : {Wrapper::kPrefillRagged, Wrapper::kPrefillPaged, Wrapper::kDecode}) {
+    RuntimeCase c;
+    c.wrapper = kind;
+    c.head_dim = kind == Wrapper::kDecode ? 128 : 256;
+    c.num_kv_heads = 2;
+    c.group = 4;
+    c.qo = kind == Wrapper::kDecode ? std::vector<int64_t>{1, 1, 1} : std::vector<int64_t>{37, 1, 300};
+    c.kv = {9000, 3000, 12000};
+    c.causal = kind != Wrapper::kDecode;
+    std::mt19937_64 rng(test_seed());
+    Prepared p = prepare(c, rng);
+    const auto bounds = bounds_for(c, p.rows);
+    const int64_t full = AnyWrapper::workspace_size(c, bounds, {});
+    const int64_t min = AnyWrapper::min_workspace_size(c, bounds, {});
+    ASSERT_GT(min, 0);
+    ASSERT_LT(min, full);
+    int32_t partials_full = 0;
+    for (const int64_t bytes : {full, min + (full - min) / 8, min}) {
+      SCOPED_TRACE(std::string(wrapper_name(kind)) + ", workspace " + std::to_string(bytes) + " of " +
+                   std::to_string(full) + " bytes");
+      Workspace ws(bytes);
+      AnyWrapper w(c, ws.view, bounds, {});
+      w.plan(p, shape_for(c));
+      w.run(p, true);
+      ASSERT_CUDA_OK(cudaDeviceSynchronize());
+      check_against_oracle(c, p, "a workspace of " + std::to_string(bytes) + " bytes");
+      const int32_t partials = w.info().num_partials;
+      if (bytes == full) {
+        partials_full = partials;
+        EXPECT_GT(partials, 0) << "the case must split at the full size";
+      } else {
+        EXPECT_LE(partials, partials_full);
+      }
+      if (bytes == min) EXPECT_EQ(partials, 0) << "no room for a split state's output";
+    }
+    Workspace small(min - 256);
+    expect_error_any([&] { AnyWrapper w(c, small.view, bounds, {}); },
+                     {("expected >= " + std::to_string(min) + " (min_workspace_size").c_str()},
+                     StatusCode::kInvalidArgument);
+  }
+}
+
 /// With a fixed split size a request's output bits do not depend on the rest of the batch.
 TEST(RuntimeBatchInvariance, FixedSplitGivesTheSameBitsInAnyBatch) {
   std::mt19937_64 rng(test_seed());
@@ -1128,8 +1185,8 @@ TEST(RuntimeErrors, BoundsWorkspaceAndPlanOrder) {
   tessera::RuntimeBounds bounds{2, 2, c.num_qo_heads(), c.num_kv_heads, c.head_dim};  // batch 3 > 2
   const int64_t bytes = tessera::BatchDecodeWrapper::workspace_size(bounds);
   Workspace ws(bytes);
-  Workspace small(bytes / 2);
-  expect_error_any([&] { tessera::BatchDecodeWrapper w(small.view, bounds); }, {"workspace"},
+  Workspace small(tessera::BatchDecodeWrapper::min_workspace_size(bounds) - 256);
+  expect_error_any([&] { tessera::BatchDecodeWrapper w(small.view, bounds); }, {"workspace has"},
                    StatusCode::kInvalidArgument);
   tessera::BatchDecodeWrapper w(ws.view, bounds);
   expect_error_any([&] { w.run(p.q.view, p.cache, p.o.view); }, {"before plan"}, StatusCode::kInvalidArgument);

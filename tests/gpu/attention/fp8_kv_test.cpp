@@ -108,6 +108,23 @@ std::vector<AttentionCase> fp8_cases() {
   q_tiny.tag = "_qtiny";
   cases.push_back(q_big);
   cases.push_back(q_tiny);
+  // The same magnitudes through the prefill tiles (a tile that ran its MMAs in f16 would have to
+  // rescale the query tile as the decode tiles do; on Hopper this is the wgmma tile).
+  AttentionCase q_big_prefill = q_big;
+  q_big_prefill.decode = false;
+  q_big_prefill.entry = Entry::kRagged;
+  q_big_prefill.qo_len = 300;
+  q_big_prefill.causal = true;
+  q_big_prefill.tag = "_qbig_prefill";
+  AttentionCase q_tiny_prefill = q_tiny;
+  q_tiny_prefill.decode = false;
+  q_tiny_prefill.entry = Entry::kPaged;
+  q_tiny_prefill.batch = 2;
+  q_tiny_prefill.qo_len = 257;
+  q_tiny_prefill.head_dim = 64;
+  q_tiny_prefill.tag = "_qtiny_prefill";
+  cases.push_back(q_big_prefill);
+  cases.push_back(q_tiny_prefill);
   // The CUDA-core decode kernel (8 fp8 elements per thread and row, converted as they are read).
   const Entry cc_entries[] = {Entry::kSingle, Entry::kRagged, Entry::kPaged};
   const int64_t cc_groups[] = {1, 3, 8};

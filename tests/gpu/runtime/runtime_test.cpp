@@ -546,6 +546,13 @@ std::vector<RuntimeCase> runtime_cases() {
         pc.tile = t;
         cases.push_back(named(pc, "tile" + std::to_string(static_cast<int>(t))));
       }
+      // The 128-row tile with bf16 queries (on Hopper the wgmma tile, whose producer converts each
+      // stage) under the sanitizers.
+      RuntimeCase sc = pc;
+      sc.dtype = DType::kBF16;
+      sc.qo = {3, 130, 0, 40};
+      sc.kv = {15, 300, 9, 200};
+      cases.push_back(named(sc, "tile128_bf16_sanitize"));
     }
     // FP8 attention (e4m3 q too): paged and ragged, mixed lengths, causal or not, D128 and D256,
     // split over the grid (sm_budget 8) and not (kNone).

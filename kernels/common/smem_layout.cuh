@@ -28,10 +28,29 @@ template <int ROW_CHUNKS, bool kSwizzled>
 struct SwizzledRawTile {
   static_assert(ROW_CHUNKS == 4 || ROW_CHUNKS % 8 == 0, "rows of 64 bytes or whole 128-byte lines");
   static constexpr int kRowsPerLine = ROW_CHUNKS >= 8 ? 1 : 8 / ROW_CHUNKS;
+  static constexpr int kRowStrideBytes = ROW_CHUNKS * 16;  // from a row to the next
   static constexpr int kSwizzleMask = kSwizzled ? (ROW_CHUNKS >= 8 ? 8 : ROW_CHUNKS) - 1 : 0;
   static TESSERA_DEVICE int swizzle(int row) { return (row / kRowsPerLine) & kSwizzleMask; }
   /// Offset, in 16-byte chunks from the tile's start, of logical (row, chunk).
   static TESSERA_DEVICE int chunk_offset(int row, int chunk) { return row * ROW_CHUNKS + (chunk ^ swizzle(row)); }
+};
+
+/// Stored fp8 K/V rows of ROW_CHUNKS 16-byte chunks placed inside the upper half of the 16-bit
+/// WgmmaTile<ROWS, 2 * ROW_CHUNKS> (128-byte column blocks, 2 * ROW_CHUNKS / 8 of them) that they
+/// convert into, so that the conversion can run in place: chunk c of stored row r sits in column
+/// block kFirstBlock + c / 8 of the tile, in row r, at chunk c % 8 (unswizzled). A stored chunk c
+/// becomes the tile's chunks 2c and 2c + 1 of the same row, in block c / 4, so every 16-bit chunk
+/// written over stored bytes lands on stored bytes of its own row: only the row's own threads
+/// (RawChunkShare: one warp) read them. Offsets count from the tile's start.
+template <int ROWS, int ROW_CHUNKS>
+struct InPlaceRawTile {
+  static_assert(ROW_CHUNKS % 8 == 0, "whole 128-byte blocks of stored chunks (an even number of the tile's)");
+  static constexpr int kFirstBlock = ROW_CHUNKS / 8;  // the 16-bit tile has 2 * ROW_CHUNKS / 8 blocks
+  static constexpr int kRowStrideBytes = 128;         // from a row to the next, within a block
+  static constexpr int kRowsPerLine = 1;
+  static TESSERA_DEVICE int chunk_offset(int row, int chunk) {
+    return (kFirstBlock + chunk / 8) * (ROWS * 8) + row * 8 + chunk % 8;
+  }
 };
 
 /// The operand layout wgmma reads with a swizzle of ATOM_CHUNKS 16-byte chunks: 128 bytes (8

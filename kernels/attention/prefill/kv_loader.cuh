@@ -286,8 +286,8 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
   const uint32_t dst0 = smem_addr(k_raw) + RawTile::chunk_offset(row0, chunk) * 16;
   // The table entries first, then the copies (load_kv_tile: the LDS -> LDGSTS hazard padding), in
   // batches of 4 rows for FP8 attention, whose producer also holds the next tile's K copy state
-  // (all rows at once spilled 8-12 bytes there).
-  constexpr int kBatch = Traits::kTransposedV && kRowsPerThread % 4 == 0 ? 4 : kRowsPerThread;
+  // (all rows at once spilled 8-12 bytes there), and for fp8 KV converted in place (likewise).
+  constexpr int kBatch = (Traits::kTransposedV || Traits::kConvertInPlace) && kRowsPerThread % 4 == 0 ? 4 : kRowsPerThread;
 #pragma unroll
   for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
     ulonglong2 entries[kBatch];  // [row of the batch]: {K entry (tagged), V entry}
@@ -297,7 +297,7 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const uint32_t dst = dst0 + (j0 + b) * kRowsPerPass * Traits::HEAD_DIM;
+      const uint32_t dst = dst0 + (j0 + b) * kRowsPerPass * RawTile::kRowStrideBytes;
       const uint64_t k_src = entries[b].x + chunk * 16, v_src = entries[b].y + chunk * 16;  // keeps the tag
       if constexpr (kPart == KVPart::kBoth) {
         cp_async_16x2_tagged(dst, dst + kVFromK, k_src, v_src);
@@ -337,6 +337,44 @@ TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale)
       const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
       Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
       dequantize_vec16<F8, kScaled>(stored[b], scale, out);
+      out[0].store(tile + Tile::chunk_offset(row, 2 * share.chunk) * 8);
+      out[1].store(tile + Tile::chunk_offset(row, 2 * share.chunk + 1) * 8);
+    }
+  }
+}
+
+/// fp8 KV, warp-specialised, Traits::kConvertInPlace: converts the stored rows in the upper half of
+/// K or V stage `tile` (Traits::RawTile: InPlaceRawTile) into the whole stage, in the wgmma
+/// layout, times `scale` when kScaled. A thread converts the chunks it copied (RawChunkShare; its
+/// own copies, so after its own cp.async wait). The 16-bit chunks that land on stored bytes land
+/// on their own row's, which only that row's threads read, all in one warp: each batch's loads
+/// precede a __syncwarp, and its stores follow it. Loads are issued kBatch rows at a time before
+/// their conversions, as in convert_raw_chunks.
+template <typename Traits, typename F8, bool kScaled, typename T>
+TESSERA_DEVICE void convert_stage_in_place(T* tile, float scale) {
+  static_assert(Traits::kConvertInPlace, "the producer's conversion in place");
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+  using RawTile = typename Traits::RawTile;
+  using Share = RawChunkShare<Traits>;
+  static_assert(kWarpSize % Share::kChunks == 0, "a stored row's threads in one warp");
+  constexpr int kBatch = Traits::kProducerRegs >= 56 && Share::kRowsPerThread % 4 == 0 ? 4 : 2;
+  static_assert(Share::kRowsPerThread % kBatch == 0, "whole batches");
+  const Share share;
+  const uint8_t* raw = reinterpret_cast<const uint8_t*>(tile);
+#pragma unroll 1
+  for (int j0 = 0; j0 < Share::kRowsPerThread; j0 += kBatch) {
+    uint4 codes[kBatch];  // [batch]: 16 stored elements of this thread's chunk column
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
+      codes[b] = *reinterpret_cast<const uint4*>(raw + RawTile::chunk_offset(row, share.chunk) * 16);
+    }
+    __syncwarp();  // the rows' stored chunks are read before any of them is overwritten
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
+      Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
+      dequantize_vec16<F8, kScaled>(codes[b], scale, out);
       out[0].store(tile + Tile::chunk_offset(row, 2 * share.chunk) * 8);
       out[1].store(tile + Tile::chunk_offset(row, 2 * share.chunk + 1) * 8);
     }
@@ -558,7 +596,14 @@ struct KVTileSource {
   /// KV into the raw ring's stage.
   template <KVPart kPart = KVPart::kBoth>
   TESSERA_DEVICE void copy(int tile, int stage) const {
-    if constexpr (Traits::kDequantizeKV) {
+    if constexpr (Traits::kConvertInPlace) {
+      // The stored rows into the upper half of the K or V stage (Traits::RawTile: InPlaceRawTile),
+      // which convert_in_place converts.
+      static_assert(kPart != KVPart::kBoth, "K and V stages are acquired on their own");
+      constexpr bool kK = kPart == KVPart::kK;
+      load_kv_raw_tile<Traits, kPart, 0>(
+          row_table(tile), reinterpret_cast<uint8_t*>(kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems));
+    } else if constexpr (Traits::kDequantizeKV) {
       // Warp-specialised: the one raw stage (convert_raw moves it into T stage `stage`).
       const int raw_stage = Traits::kWarpSpecialized ? 0 : stage;
       load_kv_raw_tile<Traits, kPart>(row_table(tile), smem.raw_k + raw_stage * Traits::kRawTileBytes);
@@ -594,6 +639,15 @@ struct KVTileSource {
                                                                       kK ? smem.k + stage * kKTileElems
                                                                          : smem.v + stage * kVTileElems,
                                                                       kK ? k_scale : v_scale);
+  }
+  /// fp8 KV, Traits::kConvertInPlace: converts this producer thread's share of K or V stage
+  /// `stage` in place (convert_stage_in_place), code x scale unless kFoldScales.
+  template <KVPart kPart>
+  TESSERA_DEVICE void convert_in_place(int stage) const {
+    static_assert(kPart != KVPart::kBoth, "K and V convert into their own stages");
+    constexpr bool kK = kPart == KVPart::kK;
+    convert_stage_in_place<Traits, typename Params::KVType, !kFoldScales>(
+        kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems, kK ? k_scale : v_scale);
   }
   /// Factors the kernel applies outside the tiles: K's scale on the logits and V's on the output
   /// (fp8 KV with kFoldScales), else 1.

@@ -13,10 +13,11 @@
 // through the exponentials. Inside a warpgroup, P V of tile t is issued after Q K^T of tile t + 1
 // and runs while the softmax of tile t + 1 does (Traits::kPvLag): K and V stages have their own
 // pipelines (a K stage frees after its Q K^T, a V stage after its P V).
-// fp8 KV: the producer converts each stage from a raw copy (Traits::kRawStages); the compute
-// warpgroups see the T stages only. FP8 attention (fp8 Q, K, V; Traits::kFp8Operands): k32 fp8
-// wgmma, and the producer transposes each V tile from a raw copy (produce_transposed), since fp8
-// wgmma reads B K-major only.
+// fp8 KV: the producer converts each stage from a raw copy (Traits::kRawStages), or in place
+// where raw stages do not fit (Traits::kConvertInPlace); the compute warpgroups see the T stages
+// only. FP8 attention (fp8 Q, K, V; Traits::kFp8Operands): k32 fp8 wgmma, and the producer
+// transposes each V tile from a raw copy (produce_transposed), since fp8 wgmma reads B K-major
+// only.
 // Not yet: TMA for affine KV.
 #pragma once
 
@@ -74,7 +75,9 @@ struct Sm90Mainloop {
     }
     const int num_kv_tiles = kv.count();
     kv.load_block_id(0);
-    if constexpr (kConvertStages) {
+    if constexpr (Traits::kConvertInPlace) {
+      produce_in_place(k_pipe, v_pipe, q_pipe, num_kv_tiles);
+    } else if constexpr (kConvertStages) {
       produce_converted(k_pipe, v_pipe, q_pipe, num_kv_tiles);
     } else if constexpr (kTransposeV) {
       produce_transposed(k_pipe, v_pipe, q_pipe, num_kv_tiles);
@@ -284,6 +287,63 @@ struct Sm90Mainloop {
       }
       if (step < num_kv_tiles) {
         kv.template copy<KVPart::kV>(step, 0);
+        cp_async_commit();
+      }
+    }
+  }
+
+  /// fp8 KV's producer steps where raw stages do not fit (Traits::kConvertInPlace): a tile's
+  /// stored K (V) rows are copied into the upper half of its K (V) stage once the stage is free,
+  /// and converted in place once they land. Step t issues K(t + 1) first, which waits for the
+  /// compute warps' Q K^T of t - 1 (K stages free right after it), so the copy flies while the
+  /// producer converts K(t) and V(t - 1); then it issues V(t), whose stage frees after the P V of
+  /// t - 2. The cp.async groups go K(t), V(t - 1), K(t + 1): each wait leaves the newer in flight.
+  TESSERA_DEVICE void produce_in_place(const MbarrierPipeline<Traits::kStages>& k_pipe,
+                                       const MbarrierPipeline<Traits::kStages>& v_pipe,
+                                       const MbarrierPipeline<Traits::kQStages>& q_pipe, int num_kv_tiles) {
+    static_assert(!kByCopies && Traits::kConvertInPlace, "fp8 stages complete after the producer's conversion");
+    // K(t + 1) is issued while K(t) is the stage to fill next (ring.fill_k), so it takes the one
+    // after; V(t) is issued once V(t - 1) is filled, into ring.fill_v's stage itself.
+    const auto issue_k = [&](int tile, bool ahead) {
+      kv.resolve(tile);
+      loader_sync<Traits>();  // the row table, for every copying thread
+      PipelineState<Traits::kStages> stage = ring.fill_k;
+      if (ahead) stage.advance();
+      k_pipe.producer_acquire(stage);
+      kv.template copy<KVPart::kK>(tile, stage.stage);
+      cp_async_commit();
+    };
+    const auto wait_copies = [](int newer) {  // until at most `newer` groups fly
+      if (newer >= 2) {
+        cp_async_wait<2>();
+      } else if (newer == 1) {
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+    };
+    if (num_kv_tiles > 0) issue_k(0, false);
+    for (int step = 0; step <= num_kv_tiles; ++step) {
+      const bool next_k = step + 1 < num_kv_tiles;
+      if (next_k) issue_k(step + 1, true);
+      if (step < num_kv_tiles) {
+        wait_copies((step > 0 ? 1 : 0) + (next_k ? 1 : 0));  // K(step) (and Q, before tile 0) has landed
+        kv.template convert_in_place<KVPart::kK>(ring.fill_k.stage);
+        fence_proxy_async_shared();
+        if (step == 0) q_pipe.producer_arrive(ring.fill_q);
+        k_pipe.producer_arrive(ring.fill_k);
+        ring.fill_k.advance();
+      }
+      if (step > 0) {
+        wait_copies(next_k ? 1 : 0);  // V(step - 1) has landed
+        kv.template convert_in_place<KVPart::kV>(ring.fill_v.stage);
+        fence_proxy_async_shared();
+        v_pipe.producer_arrive(ring.fill_v);
+        ring.fill_v.advance();
+      }
+      if (step < num_kv_tiles) {
+        v_pipe.producer_acquire(ring.fill_v);
+        kv.template copy<KVPart::kV>(step, ring.fill_v.stage);
         cp_async_commit();
       }
     }

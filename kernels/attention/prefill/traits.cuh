@@ -163,9 +163,16 @@ struct PrefillTraits {
   // while one is transposed (Sm90Mainloop::produce_transposed).
   static constexpr int kTransposeStages = kTransposedV ? 3 : 0;
   static constexpr int kTransposeRawBytes = kTransposedV ? CTA_TILE_KV * HEAD_DIM_VO : 0;  // [CTA_TILE_KV][HEAD_DIM_VO] bytes
+  // fp8 KV, warp-specialised: whether a raw stage of K and of V fits beside one Q tile and the T
+  // stages (the row tables, barriers and scratch as in kSecondQFits); else kConvertInPlace.
+  static constexpr bool kRawStagesFit = kQTileBytes + STAGES_ * (kKTileBytes + kVTileBytes) +
+                                            (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 + 2 * CTA_TILE_KV * HEAD_DIM <=
+                                        227 * 1024;
+  static constexpr bool kConvertInPlace = kDequantizeKV && kWarpSpecialized && !kRawStagesFit;
   static constexpr bool kSecondQFits =
       2 * kQTileBytes + STAGES_ * (kKTileBytes + kVTileBytes) + (STAGES_ + 3) * CTA_TILE_KV * 20 + 8 * 1024 +
-          (kDequantizeKV ? 2 * CTA_TILE_KV * HEAD_DIM : 0) + kTransposeStages * kTransposeRawBytes <=
+          (kDequantizeKV && !kConvertInPlace ? 2 * CTA_TILE_KV * HEAD_DIM : 0) +
+          kTransposeStages * kTransposeRawBytes <=
       227 * 1024;  // two Q tiles, the K/V ring, the row tables (see kRowTables), barriers and scratch, fp8's raw stages
   static constexpr int kQStages = kWarpSpecialized && kSecondQFits ? 2 : 1;
   // fp8 KV, sm80 mainloop: the cp.async ring holds the stored bytes (kStages raw stages of K and
@@ -175,9 +182,13 @@ struct PrefillTraits {
   // ring. Warp-specialised (wgmma): the producer copies a tile's stored rows into one raw stage of
   // K and one of V, waits for its own copies and converts the chunks it copied into the kStages
   // T stages the wgmma read (Sm90Mainloop::produce), so the compute warpgroups never see fp8 and
-  // no producer thread waits for another's copies.
+  // no producer thread waits for another's copies. Where the raw stages do not fit (head dim 256:
+  // a 64 KB Q tile and 128 KB of T stages), a stored row being half a T row, a tile's stored rows
+  // land in the upper half of the T stage they convert into, copied once the stage is free, and
+  // the producer converts them in place (kConvertInPlace; Sm90Mainloop::produce_in_place). Where
+  // both fit the raw stages are kept: at head dim 128 they measured faster (bench/results/LOG.md).
   static constexpr int kTileStages = kDequantizeKV && !kWarpSpecialized ? 1 : kStages;  // T K/V tiles the MMAs read
-  static constexpr int kRawStages = kWarpSpecialized ? 1 : kStages;
+  static constexpr int kRawStages = kWarpSpecialized ? (kConvertInPlace ? 0 : 1) : kStages;
   static constexpr int kRawRowChunks = kDequantizeKV || kTransposedV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V
@@ -190,11 +201,13 @@ struct PrefillTraits {
   static constexpr bool kConvertFragments = kDequantizeKV && NUM_WARPS_Q == 1;
   // The raw stages' layout: swizzled for the fragments' ldmatrix reads and the transpose's
   // column reads (transpose_v_tile).
-  using RawTile = SwizzledRawTile<(kRawRowChunks > 0 ? kRawRowChunks : 8), kConvertFragments || kTransposedV>;
+  // In place (kConvertInPlace): inside the upper half of the T stage (InPlaceRawTile).
+  using RawTile = Conditional<kConvertInPlace, InPlaceRawTile<CTA_TILE_KV, (kRawRowChunks > 0 ? kRawRowChunks : 8)>,
+                              SwizzledRawTile<(kRawRowChunks > 0 ? kRawRowChunks : 8), kConvertFragments || kTransposedV>>;
   // The region after Q: the K/V stages (then FP8 attention's raw V stages), or fp8 KV's raw ring.
   // The T tiles of fp8 KV come last (kDequantTileOffset), so the kernels that never read them
   // launch without them.
-  static constexpr int kKVRegionBytes = kDequantizeKV ? kRawRingBytes
+  static constexpr int kKVRegionBytes = kDequantizeKV && !kConvertInPlace ? kRawRingBytes
                                                       : kStages * (kKTileBytes + kVTileBytes) +
                                                             kTransposeStages * kTransposeRawBytes;
   // Warp-specialised tiles overlap each tile's softmax with the previous tile's P V inside a
@@ -222,14 +235,16 @@ struct PrefillTraits {
   static constexpr int kWaitAnchorBytes = kPvLag == 1 ? kNumWarps * kWarpSize * 4 : 0;
   static constexpr int kBarrierBytes = kWarpSpecialized ? (4 * kStages + 2 * kQStages) * 8 : 0;
   // Layout: Q buffer 0, the K/V region (stages, or fp8 KV's raw ring), row tables, scratch,
-  // barriers, then fp8 KV's T tiles or the other Q buffers. A kernel that runs one work item per
-  // CTA (the one-shot grid) uses only Q buffer 0 and launches with kOneItemSmemBytes: the second
-  // buffer's 32 KB would come out of the L1 carveout (measured slower: bench/results/LOG.md).
+  // barriers, then fp8 KV's T tiles (the K/V region's stages where kConvertInPlace) or the other
+  // Q buffers. A kernel that runs one work item per CTA (the one-shot grid) uses only Q buffer 0
+  // and launches with kOneItemSmemBytes: the second buffer's 32 KB would come out of the L1
+  // carveout (measured slower: bench/results/LOG.md).
   static constexpr int kCoreSmemBytes = kQTileBytes + kKVRegionBytes + kRowTableBytes + kQRowScratchBytes +
                                         kWaitAnchorBytes + kBarrierBytes;
   static constexpr int kDequantTileOffset = (kCoreSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
-  static constexpr int kOneItemSmemBytes =
-      kDequantizeKV ? kDequantTileOffset + kTileStages * (kKTileBytes + kVTileBytes) : kCoreSmemBytes;
+  static constexpr int kOneItemSmemBytes = kDequantizeKV && !kConvertInPlace
+                                              ? kDequantTileOffset + kTileStages * (kKTileBytes + kVTileBytes)
+                                              : kCoreSmemBytes;
   static constexpr int kExtraQOffset = (kOneItemSmemBytes + 1023) / 1024 * 1024;  // 1024-aligned (swizzle)
   static constexpr int kSmemBytes = kQStages > 1 ? kExtraQOffset + (kQStages - 1) * kQTileBytes : kOneItemSmemBytes;
   // The default variant's kernels on kConvertFragments tiles never touch the T tiles.
@@ -243,7 +258,7 @@ struct PrefillTraits {
   static constexpr int kFragmentCtasBySmem = kSmemPerSmBytes / (kCoreSmemBytes + 1024);
   static constexpr int kFragmentMinCtasPerSm = kFragmentCtasBySmem < 1 ? 1 : kFragmentCtasBySmem > 2 ? 2 : kFragmentCtasBySmem;
   // Offsets of the regions (PrefillSmem), tied to the sizes above.
-  static constexpr int kKOffset = kDequantizeKV ? kDequantTileOffset : kQTileBytes;  // the T tiles
+  static constexpr int kKOffset = kDequantizeKV && !kConvertInPlace ? kDequantTileOffset : kQTileBytes;  // the T tiles
   static constexpr int kKVRegionOffset = kQTileBytes;
   static constexpr int kRawOffset = kKVRegionOffset;  // fp8 KV: the raw ring
   static constexpr int kRowTableOffset = kKVRegionOffset + kKVRegionBytes;
@@ -255,6 +270,9 @@ struct PrefillTraits {
                 "f16 or bf16 operands, or fp8 ones on the wgmma tile (equal head dims)");
   static_assert(kSameType<KVT_, T> || kDequantizeKV, "K/V stored as the operands' type or as fp8");
   static_assert(!kDequantizeKV || HEAD_DIM % 16 == 0, "fp8 KV: whole 16-byte chunks of a stored row");
+  static_assert(!kConvertInPlace || (kKTileBytes == 2 * kRawTileBytes && kVTileBytes == 2 * kRawTileBytes &&
+                                     kSmemRowChunks == 2 * kRawRowChunks && kRawRowChunks % 8 == 0 && kWgmma),
+                "fp8 KV converted in place: stored rows of whole 128-byte blocks, half of a wgmma tile's row");
   static_assert(!kSplitHeadDims || (!kDequantizeKV && HEAD_DIM_VO < HEAD_DIM && HEAD_DIM_VO % 16 == 0),
                 "different Q/K and V head dims: 16-bit K/V, V's columns a prefix of the loaders' (HEAD_DIM_VO < "
                 "HEAD_DIM), whole k16 steps");
@@ -303,6 +321,7 @@ struct PrefillSmem {
   T* v;         // [kStages][CTA_TILE_KV][kVSmemRowChunks * 8], swizzled
                 // (fp8 KV: [kTileStages][...] after the barriers; one T tile each in the sm80 mainloop)
   uint8_t* raw_k;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored K bytes (Traits::RawTile); nullptr otherwise
+                   // (kConvertInPlace: the stored rows sit in the upper half of each K / V stage)
   uint8_t* raw_v;  // fp8 KV: [kRawStages][CTA_TILE_KV][HEAD_DIM] stored V bytes, right after raw_k;
                    // FP8 attention: [kTransposeStages][CTA_TILE_KV][HEAD_DIM_VO] after the V stages
   float* merge;    // the warps' merge (epilogue): the K/V region and row tables, after the last tile
@@ -321,8 +340,9 @@ struct PrefillSmem {
     q = reinterpret_cast<T*>(base);
     k = reinterpret_cast<T*>(base + Traits::kKOffset);
     v = reinterpret_cast<T*>(base + Traits::kKOffset + Traits::kTileStages * Traits::kKTileBytes);  // load_kv_tile's kVFromK
-    raw_k = Traits::kDequantizeKV ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset) : nullptr;
-    raw_v = Traits::kDequantizeKV ? raw_k + Traits::kRawStages * Traits::kRawTileBytes
+    raw_k = Traits::kDequantizeKV && !Traits::kConvertInPlace ? reinterpret_cast<uint8_t*>(base + Traits::kRawOffset)
+                                                              : nullptr;
+    raw_v = Traits::kDequantizeKV ? (Traits::kConvertInPlace ? nullptr : raw_k + Traits::kRawStages * Traits::kRawTileBytes)
             : Traits::kTransposedV
                 ? reinterpret_cast<uint8_t*>(base + Traits::kKVRegionOffset +
                                              Traits::kStages * (Traits::kKTileBytes + Traits::kVTileBytes))

@@ -1091,6 +1091,25 @@ const std::vector<Cell>& cells() {
         }
       }
     }
+    // W10(e): fp8 (e4m3) K/V under bf16 queries at W2c (head dim 256, ragged), beside the bf16
+    // cells of the same run (w2c_..., the "prefill" suite).
+    for (bool causal : {true, false}) {
+      for (size_t li : {size_t{3}, size_t{5}}) {
+        const int64_t len = kW2Lengths[li];
+        out.push_back({std::string("w10_w2c_e4m3kv") + (causal ? "_causal_s" : "_noncausal_s") + std::to_string(len),
+                       "W10 W2c (B=16 H=8 D=256) prefill over e4m3 K/V with bf16 queries, S=" + std::to_string(len) +
+                           (causal ? " causal" : " non-causal"),
+                       suites_for("fp8", false), [causal, len](BenchContext& ctx, const std::string& name) {
+                         const DenseShape& c = kW2Shapes[2];
+                         Params params = {{"B", kW2Batch}, {"S", len}, {"H", c.heads}, {"D", c.head_dim},
+                                          {"mask", causal ? "causal" : "none"}, {"kv", "ragged"},
+                                          {"kv_dtype", "e4m3"}, {"flops", "4*D*visible_pairs*H"}};
+                         run_prefill(ctx, name, std::vector<int64_t>(static_cast<size_t>(kW2Batch), len), c.heads,
+                                     c.heads, c.head_dim, causal, 0, std::move(params), /*with_runtime=*/true,
+                                     DType::kE4M3);
+                       }});
+      }
+    }
     for (size_t si = 0; si < w4_sets().size(); ++si) {
       out.push_back({std::string("w10_w4_paged16_e4m3_") + w4_sets()[si].name,
                      std::string("W10 W4 varlen causal prefill over an e4m3 paged cache (page 16), ") +

@@ -200,9 +200,18 @@ std::vector<AttentionCase> fp8_cases() {
   v3.qo_len = 1;
   v3.causal = false;
   v3.batch = 1;
+  // Head dim 256 with a variant: on Hopper its wgmma tile converts in place, code x scale.
+  AttentionCase v4 = v2;
+  v4.fp8 = Fp8KV::kE4M3;
+  v4.dtype = DType::kBF16;
+  v4.head_dim = 256;
+  v4.qo_len = 200;
+  v4.variant = VariantDesc{};
+  v4.variant.soft_cap = 30.0;
   cases.push_back(v1);
   cases.push_back(v2);
   cases.push_back(v3);
+  cases.push_back(v4);
   // The compute-sanitizer subset: odd lengths, page size 1, NaN page tails, strides.
   AttentionCase s1;
   s1.decode = true;

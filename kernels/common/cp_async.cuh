@@ -79,5 +79,17 @@ TESSERA_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/// cp_async_wait for a count known at run time, 0 to 2 (wait_group takes an immediate): until at
+/// most `newer` of this thread's groups are in flight.
+TESSERA_DEVICE void cp_async_wait_at_most(int newer) {
+  if (newer >= 2) {
+    cp_async_wait<2>();
+  } else if (newer == 1) {
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 }  // namespace kernels
 }  // namespace tessera

@@ -315,6 +315,9 @@ TESSERA_DEVICE void load_kv_raw_tile(const uint64_t* row_table, uint8_t* k_raw) 
 /// stage `tile` in the wgmma layout, times `scale` when kScaled. kBatch chunks' loads are issued
 /// before their conversions (one warp per scheduler: a chunk at a time left every load's latency
 /// in the chain), in a rolled loop over batches: the producer runs on few registers.
+/// Traits::kConvertInPlace: `raw` is `tile`'s own upper column blocks (InPlaceRawTile), where the
+/// 16-bit chunks that land on stored bytes land on their own row's, which only that row's threads
+/// read, all in one warp: each batch's loads precede a __syncwarp, and its stores follow it.
 template <typename Traits, typename F8, bool kScaled, typename T>
 TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale) {
   static_assert(Traits::kDequantizeKV && Traits::kWarpSpecialized, "the producer's conversion");
@@ -332,49 +335,15 @@ TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale)
       const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
       stored[b] = *reinterpret_cast<const uint4*>(raw + RawTile::chunk_offset(row, share.chunk) * 16);
     }
+    if constexpr (Traits::kConvertInPlace) {
+      static_assert(kWarpSize % Share::kChunks == 0, "a stored row's threads in one warp");
+      __syncwarp();  // the rows' stored chunks are read before any of them is overwritten
+    }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
       Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
       dequantize_vec16<F8, kScaled>(stored[b], scale, out);
-      out[0].store(tile + Tile::chunk_offset(row, 2 * share.chunk) * 8);
-      out[1].store(tile + Tile::chunk_offset(row, 2 * share.chunk + 1) * 8);
-    }
-  }
-}
-
-/// fp8 KV, warp-specialised, Traits::kConvertInPlace: converts the stored rows in the upper half of
-/// K or V stage `tile` (Traits::RawTile: InPlaceRawTile) into the whole stage, in the wgmma
-/// layout, times `scale` when kScaled. A thread converts the chunks it copied (RawChunkShare; its
-/// own copies, so after its own cp.async wait). The 16-bit chunks that land on stored bytes land
-/// on their own row's, which only that row's threads read, all in one warp: each batch's loads
-/// precede a __syncwarp, and its stores follow it. Loads are issued kBatch rows at a time before
-/// their conversions, as in convert_raw_chunks.
-template <typename Traits, typename F8, bool kScaled, typename T>
-TESSERA_DEVICE void convert_stage_in_place(T* tile, float scale) {
-  static_assert(Traits::kConvertInPlace, "the producer's conversion in place");
-  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
-  using RawTile = typename Traits::RawTile;
-  using Share = RawChunkShare<Traits>;
-  static_assert(kWarpSize % Share::kChunks == 0, "a stored row's threads in one warp");
-  constexpr int kBatch = Traits::kProducerRegs >= 56 && Share::kRowsPerThread % 4 == 0 ? 4 : 2;
-  static_assert(Share::kRowsPerThread % kBatch == 0, "whole batches");
-  const Share share;
-  const uint8_t* raw = reinterpret_cast<const uint8_t*>(tile);
-#pragma unroll 1
-  for (int j0 = 0; j0 < Share::kRowsPerThread; j0 += kBatch) {
-    uint4 codes[kBatch];  // [batch]: 16 stored elements of this thread's chunk column
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
-      codes[b] = *reinterpret_cast<const uint4*>(raw + RawTile::chunk_offset(row, share.chunk) * 16);
-    }
-    __syncwarp();  // the rows' stored chunks are read before any of them is overwritten
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int row = share.row0 + (j0 + b) * Share::kRowsPerPass;
-      Vec<T> out[2];  // [2][8]: T chunks 2 * chunk and 2 * chunk + 1 of the row
-      dequantize_vec16<F8, kScaled>(codes[b], scale, out);
       out[0].store(tile + Tile::chunk_offset(row, 2 * share.chunk) * 8);
       out[1].store(tile + Tile::chunk_offset(row, 2 * share.chunk + 1) * 8);
     }
@@ -641,13 +610,15 @@ struct KVTileSource {
                                                                       kK ? k_scale : v_scale);
   }
   /// fp8 KV, Traits::kConvertInPlace: converts this producer thread's share of K or V stage
-  /// `stage` in place (convert_stage_in_place), code x scale unless kFoldScales.
+  /// `stage` in place (convert_raw_chunks from the stage's own stored rows), code x scale unless
+  /// kFoldScales.
   template <KVPart kPart>
   TESSERA_DEVICE void convert_in_place(int stage) const {
     static_assert(kPart != KVPart::kBoth, "K and V convert into their own stages");
     constexpr bool kK = kPart == KVPart::kK;
-    convert_stage_in_place<Traits, typename Params::KVType, !kFoldScales>(
-        kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems, kK ? k_scale : v_scale);
+    auto* const tile = kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems;  // [CTA_TILE_KV][kSmemRowChunks * 8]
+    convert_raw_chunks<Traits, typename Params::KVType, !kFoldScales>(reinterpret_cast<const uint8_t*>(tile), tile,
+                                                                      kK ? k_scale : v_scale);
   }
   /// Factors the kernel applies outside the tiles: K's scale on the logits and V's on the output
   /// (fp8 KV with kFoldScales), else 1.

@@ -313,21 +313,12 @@ struct Sm90Mainloop {
       kv.template copy<KVPart::kK>(tile, stage.stage);
       cp_async_commit();
     };
-    const auto wait_copies = [](int newer) {  // until at most `newer` groups fly
-      if (newer >= 2) {
-        cp_async_wait<2>();
-      } else if (newer == 1) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-    };
     if (num_kv_tiles > 0) issue_k(0, false);
     for (int step = 0; step <= num_kv_tiles; ++step) {
       const bool next_k = step + 1 < num_kv_tiles;
       if (next_k) issue_k(step + 1, true);
       if (step < num_kv_tiles) {
-        wait_copies((step > 0 ? 1 : 0) + (next_k ? 1 : 0));  // K(step) (and Q, before tile 0) has landed
+        cp_async_wait_at_most((step > 0 ? 1 : 0) + (next_k ? 1 : 0));  // K(step) (and Q, before tile 0) has landed
         kv.template convert_in_place<KVPart::kK>(ring.fill_k.stage);
         fence_proxy_async_shared();
         if (step == 0) q_pipe.producer_arrive(ring.fill_q);
@@ -335,7 +326,7 @@ struct Sm90Mainloop {
         ring.fill_k.advance();
       }
       if (step > 0) {
-        wait_copies(next_k ? 1 : 0);  // V(step - 1) has landed
+        cp_async_wait_at_most(next_k ? 1 : 0);  // V(step - 1) has landed
         kv.template convert_in_place<KVPart::kV>(ring.fill_v.stage);
         fence_proxy_async_shared();
         v_pipe.producer_arrive(ring.fill_v);
@@ -378,14 +369,7 @@ struct Sm90Mainloop {
     for (int tile = 0; tile < kInFlight && tile < num_kv_tiles; ++tile) issue(tile);
     for (int tile = 0; tile < num_kv_tiles; ++tile) {
       // This tile's copies (and Q's, committed before tile 0's); the later tiles' may still fly.
-      const int later = min(kInFlight - 1, num_kv_tiles - 1 - tile);
-      if (later >= 2) {
-        cp_async_wait<2>();
-      } else if (later == 1) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      cp_async_wait_at_most(min(kInFlight - 1, num_kv_tiles - 1 - tile));
       fence_proxy_async_shared();
       if (tile == 0) q_pipe.producer_arrive(ring.fill_q);
       k_pipe.producer_arrive(ring.fill_k);

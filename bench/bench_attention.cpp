@@ -631,7 +631,7 @@ PackedTrees random_trees(int64_t batch, int64_t qo, int64_t kv, uint64_t seed) {
   return t;
 }
 
-void run_w5(BenchContext& ctx, const std::string& name, int64_t qo, bool tree,
+void run_w5(BenchContext& ctx, int64_t qo, bool tree,
             tessera::QueryTile tile = tessera::QueryTile::kAuto) {
   const std::vector<int64_t> kv_lens(kW5Batch, kW5KvLen), qo_lens(kW5Batch, qo);
   const int64_t rows = kW5Batch * qo;
@@ -1155,15 +1155,15 @@ const std::vector<Cell>& cells() {
                        "W5 paged prefill through the runtime, B=32 L=4096 qo=" + std::to_string(qo) +
                            (tree ? ", causal + random tree mask" : ", causal"),
                        suites_for("w5", false),
-                       [qo, tree](BenchContext& ctx, const std::string& name) { run_w5(ctx, name, qo, tree); }});
+                       [qo, tree](BenchContext& ctx, const std::string&) { run_w5(ctx, qo, tree); }});
       }
     }
     // q = 8 on the 16-row tile (the auto choice is the 64-row tile): what the tree mask costs per tile.
     for (bool tree : {false, true}) {
       out.push_back({std::string("w5_q8") + (tree ? "_tree" : "") + "_t16",
                      std::string("W5 qo=8") + (tree ? " + tree mask" : "") + " on the 16-row query tile",
-                     suites_for("w5", false), [tree](BenchContext& ctx, const std::string& name) {
-                       run_w5(ctx, name, 8, tree, tessera::QueryTile::k16);
+                     suites_for("w5", false), [tree](BenchContext& ctx, const std::string&) {
+                       run_w5(ctx, 8, tree, tessera::QueryTile::k16);
                      }});
     }
     // W8.

@@ -48,10 +48,28 @@ struct InPlaceRawTile {
   static constexpr int kFirstBlock = ROW_CHUNKS / 8;  // the 16-bit tile has 2 * ROW_CHUNKS / 8 blocks
   static constexpr int kRowStrideBytes = 128;         // from a row to the next, within a block
   static constexpr int kRowsPerLine = 1;
-  static TESSERA_DEVICE int chunk_offset(int row, int chunk) {
+  static TESSERA_HOST_DEVICE constexpr int chunk_offset(int row, int chunk) {
     return (kFirstBlock + chunk / 8) * (ROWS * 8) + row * 8 + chunk % 8;
   }
+  /// The stored row whose chunk sits at chunk offset `offset` of the tile (-1: none, the lower half).
+  static TESSERA_HOST_DEVICE constexpr int row_at(int offset) {
+    return offset < kFirstBlock * ROWS * 8 || offset >= 2 * kFirstBlock * ROWS * 8 ? -1 : offset % (ROWS * 8) / 8;
+  }
 };
+
+/// Whether converting every stored chunk c of row r (InPlaceRawTile RawTile) into chunks 2c and
+/// 2c + 1 of row r of Tile overwrites only stored chunks of row r: the premise of the in-place
+/// conversion, checked at compile time for each configuration that takes it.
+template <typename Tile, typename RawTile, int ROWS, int RAW_ROW_CHUNKS>
+constexpr bool in_place_conversion_stays_in_its_row() {
+  for (int r = 0; r < ROWS; ++r) {
+    for (int c = 0; c < 2 * RAW_ROW_CHUNKS; ++c) {
+      const int stored_row = RawTile::row_at(Tile::chunk_offset(r, c));
+      if (stored_row >= 0 && stored_row != r) return false;
+    }
+  }
+  return true;
+}
 
 /// The operand layout wgmma reads with a swizzle of ATOM_CHUNKS 16-byte chunks: 128 bytes (8
 /// chunks), 64 (4) or 32 (2) (wgmma.cuh). ROWS rows of ROW_CHUNKS chunks are cut into column
@@ -73,7 +91,7 @@ struct SwizzledOperandTile {
   static constexpr int kAtomBytes = 8 * kRowBytes;             // 8 rows: the swizzle's period
   static constexpr int kBlockBytes = ROWS * kRowBytes;         // one column block
   static constexpr int kStepsPerBlock = ATOM_CHUNKS / 2;       // k16 steps (32 bytes) across a block's rows
-  static TESSERA_DEVICE int chunk_offset(int row, int chunk) {
+  static TESSERA_HOST_DEVICE constexpr int chunk_offset(int row, int chunk) {
     const int swizzle = ((row * ATOM_CHUNKS) >> 3) & (ATOM_CHUNKS - 1);
     return (chunk / ATOM_CHUNKS) * (ROWS * ATOM_CHUNKS) + row * ATOM_CHUNKS + ((chunk % ATOM_CHUNKS) ^ swizzle);
   }

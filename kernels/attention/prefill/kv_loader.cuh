@@ -337,6 +337,8 @@ TESSERA_DEVICE void convert_raw_chunks(const uint8_t* raw, T* tile, float scale)
     }
     if constexpr (Traits::kConvertInPlace) {
       static_assert(kWarpSize % Share::kChunks == 0, "a stored row's threads in one warp");
+      static_assert(in_place_conversion_stays_in_its_row<Tile, RawTile, Traits::CTA_TILE_KV, Share::kChunks>(),
+                    "in place, a row's conversion overwrites only its own stored chunks");
       __syncwarp();  // the rows' stored chunks are read before any of them is overwritten
     }
 #pragma unroll

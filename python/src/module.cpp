@@ -368,6 +368,18 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+/// A workspace size query, size(), run with GPU `device` current (sizes depend on its SM count)
+/// and its failure raised as a Python exception.
+template <typename F>
+int64_t workspace_bytes_on(int device, F&& size) {
+  TensorView probe;
+  probe.device = tessera::Device::cuda(device);
+  DeviceGuard guard(probe);
+  int64_t bytes = 0;
+  checked([&] { bytes = size(); });
+  return bytes;
+}
+
 /// The Python exception of each StatusCode (the table in python/tessera/__init__.py's docstring).
 /// Decided by the code alone: a message's wording never changes the type.
 PyObject* exception_type(StatusCode code) {
@@ -594,17 +606,17 @@ void bind_common(nb::class_<W>& cls) {
            checked([&] { new (self) W(ws, wrapper_bounds(bounds, static_cast<const W*>(nullptr)), options); });
          },
          "workspace"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{},
-         "Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) "
-         "bytes (needs a GPU).")
+         HasMinWorkspaceSize<W>::value
+             ? "Builds the wrapper over a caller-owned device workspace of at least min_workspace_size(bounds, "
+               "options) bytes (below workspace_size it splits KV less; needs a GPU)."
+             : "Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) "
+               "bytes (needs a GPU).")
       .def_static(
           "workspace_size",
           [](const tessera::RuntimeBounds& bounds, const tessera::RuntimeOptions& options, int device) {
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            int64_t bytes = 0;
-            checked([&] { bytes = W::workspace_size(wrapper_bounds(bounds, static_cast<const W*>(nullptr)), options); });
-            return bytes;
+            return workspace_bytes_on(device, [&] {
+              return W::workspace_size(wrapper_bounds(bounds, static_cast<const W*>(nullptr)), options);
+            });
           },
           "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
           "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.");
@@ -612,12 +624,7 @@ void bind_common(nb::class_<W>& cls) {
     cls.def_static(
         "min_workspace_size",
         [](const tessera::RuntimeBounds& bounds, const tessera::RuntimeOptions& options, int device) {
-          TensorView probe;
-          probe.device = tessera::Device::cuda(device);
-          DeviceGuard guard(probe);
-          int64_t bytes = 0;
-          checked([&] { bytes = W::min_workspace_size(bounds, options); });
-          return bytes;
+          return workspace_bytes_on(device, [&] { return W::min_workspace_size(bounds, options); });
         },
         "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
         "The smallest workspace a wrapper with these bounds takes on GPU `device` (below "
@@ -1597,12 +1604,7 @@ void bind_pod_wrapper(nb::module_& m) {
       .def_static(
           "workspace_size",
           [](const tessera::RuntimeBounds& bounds, const tessera::PodOptions& options, int device) {
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            int64_t bytes = 0;
-            checked([&] { bytes = Pod::workspace_size(bounds, options); });
-            return bytes;
+            return workspace_bytes_on(device, [&] { return Pod::workspace_size(bounds, options); });
           },
           "bounds"_a, "options"_a = tessera::PodOptions{}, "device"_a = 0,
           "Bytes of device workspace a wrapper with these bounds needs on GPU `device`.")
@@ -1737,12 +1739,7 @@ void bind_cascade_wrapper(nb::module_& m) {
           "workspace_size",
           [](int64_t num_levels, const tessera::RuntimeBounds& bounds, const tessera::RuntimeOptions& options,
              int device) {
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            int64_t bytes = 0;
-            checked([&] { bytes = Cascade::workspace_size(num_levels, bounds, options); });
-            return bytes;
+            return workspace_bytes_on(device, [&] { return Cascade::workspace_size(num_levels, bounds, options); });
           },
           "num_levels"_a, "bounds"_a, "options"_a = tessera::RuntimeOptions{}, "device"_a = 0,
           "Bytes of device workspace a wrapper with these levels and bounds needs on GPU `device`.")

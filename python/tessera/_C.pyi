@@ -425,7 +425,7 @@ class BatchDecodeWrapper:
 
     def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
         """
-        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        Builds the wrapper over a caller-owned device workspace of at least min_workspace_size(bounds, options) bytes (below workspace_size it splits KV less; needs a GPU).
         """
 
     @staticmethod
@@ -460,7 +460,7 @@ class BatchPrefillPagedWrapper:
 
     def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
         """
-        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        Builds the wrapper over a caller-owned device workspace of at least min_workspace_size(bounds, options) bytes (below workspace_size it splits KV less; needs a GPU).
         """
 
     @staticmethod
@@ -526,7 +526,7 @@ class BatchPrefillRaggedWrapper:
 
     def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
         """
-        Builds the wrapper over a caller-owned device workspace of at least workspace_size(bounds, options) bytes (needs a GPU).
+        Builds the wrapper over a caller-owned device workspace of at least min_workspace_size(bounds, options) bytes (below workspace_size it splits KV less; needs a GPU).
         """
 
     @staticmethod

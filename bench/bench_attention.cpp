@@ -871,6 +871,92 @@ void run_w7(BenchContext& ctx, int64_t seq, size_t budget_index) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Block masks over paged KV (BatchBlockSparsePagedWrapper; not a workload of the brief): B = 8
+// requests of S = 4096 new tokens over KV 4096 (prefill), Hq 32, Hkv 8, D 128, page 16 (a random
+// permutation), blocks of 128 x 128, bf16. Masks: `causal` (the causal block set, blocks below the
+// diagonal flagged full, causal masking on the diagonal: the same work as the paged prefill
+// runtime's causal plan, impl `tessera-runtime-paged`), `window` (blocks within 1024 keys of the
+// diagonal, the built-in window 1024 on top; against the runtime's window variant) and `select25`
+// (each block row keeps its diagonal block and a fixed-seed random quarter of the blocks before
+// it, as KV selection does; TFLOP/s on the selected pairs, against the runtime's full causal
+// plan, whose TFLOP/s counts all causal pairs). Flops: 4 x D x Hq x visible pairs.
+
+constexpr int64_t kBsrBatch = 8, kBsrLen = 4096, kBsrBlock = 128, kBsrWindow = 1024;
+
+void run_bsr_paged(BenchContext& ctx, const std::string& mask) {
+  const std::vector<int64_t> lens(kBsrBatch, kBsrLen);
+  const int64_t total = sum(lens), page = 16, blocks = kBsrLen / kBsrBlock;
+  const bool window = mask == "window", select = mask == "select25";
+  std::mt19937_64 rng(kPermutationSeed);
+  std::bernoulli_distribution keep(0.25);
+  std::vector<int32_t> mask_indptr{0}, mask_indices;
+  std::vector<uint8_t> flags;
+  double pairs = 0;
+  for (int64_t b = 0; b < kBsrBatch; ++b) {
+    for (int64_t r = 0; r < blocks; ++r) {
+      for (int64_t c = 0; c <= r; ++c) {
+        const bool in_window = (r - c) * kBsrBlock <= kBsrWindow;  // some key of the block is in it
+        if ((window && !in_window) || (select && c != r && !keep(rng))) continue;
+        mask_indices.push_back(static_cast<int32_t>(c));
+        // Whole under every mask in effect: below the diagonal, and (window) every key of the block
+        // within 1024 of every query of the row.
+        const bool whole = c < r && (!window || (r - c + 1) * kBsrBlock - 1 <= kBsrWindow);
+        flags.push_back(whole ? 1 : 0);
+        for (int64_t i = r * kBsrBlock; i < (r + 1) * kBsrBlock; ++i) {
+          const int64_t first = window ? std::max<int64_t>(c * kBsrBlock, i - kBsrWindow) : c * kBsrBlock;
+          pairs += static_cast<double>(std::max<int64_t>(0, std::min(i + 1, (c + 1) * kBsrBlock) - first));
+        }
+      }
+      mask_indptr.push_back(static_cast<int32_t>(mask_indices.size()));
+    }
+  }
+  const double flops = 4.0 * static_cast<double>(kHeadDim * kQoHeads) * pairs;
+  Params params = {{"B", kBsrBatch}, {"S", kBsrLen}, {"Hq", kQoHeads}, {"Hkv", kKvHeads}, {"D", kHeadDim},
+                   {"page_size", page}, {"block", kBsrBlock}, {"mask", mask}, {"dtype", "bf16"},
+                   {"listed_blocks", static_cast<int64_t>(mask_indices.size())},
+                   {"flops", "4*D*visible_pairs*Hq"}};
+  Packed q = make_packed(ctx, lens, kQoHeads, kHeadDim);
+  DeviceTensor o = ctx.empty_tensor(kDType, {total, kQoHeads, kHeadDim});
+  PagedCache cache = make_paged_cache(ctx, lens, page, kKvHeads, kHeadDim);
+  const tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+  const std::vector<int32_t> qo_indptr = indptr_of(lens);
+  const HostPages pages = host_pages(lens, page);
+  tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, true);
+  if (window) shape.attention.variant.window_left = kBsrWindow;
+  {
+    const tessera::RuntimeBounds bounds{kBsrBatch * blocks, total, kQoHeads, kKvHeads, kHeadDim};
+    DeviceTensor workspace = make_workspace(ctx, tessera::BatchBlockSparsePagedWrapper::workspace_size(bounds));
+    tessera::BatchBlockSparsePagedWrapper wrapper(workspace.view, bounds);
+    wrapper.plan(host_i32(qo_indptr), host_i32(pages.indptr), host_i32(pages.last_page_len), page,
+                 host_i32(mask_indptr), kBsrBlock, kBsrBlock, shape, ctx.stream());
+    DeviceTensor indices = ctx.upload_i32(mask_indices);
+    DeviceTensor flag_bytes = ctx.empty_tensor(DType::kU8, {static_cast<int64_t>(flags.size())});
+    BENCH_CUDA(cudaMemcpy(flag_bytes.view.data, flags.data(), flags.size(), cudaMemcpyHostToDevice));
+    const Timing t = ctx.measure([&](cudaStream_t stream) {
+      wrapper.run(q.data.view, paged, indices.view, flag_bytes.view, o.view, tessera::TensorView(), stream);
+    });
+    Params p = params;
+    add_plan_info(p, wrapper.plan_info());
+    ctx.report_tflops(t, flops, std::move(p), "tessera-bsr-paged");
+  }
+  // The paged prefill runtime over the same cache: the same work for `causal` and `window`, all
+  // causal pairs for `select25` (what selection saves).
+  const tessera::RuntimeBounds bounds{kBsrBatch, total, kQoHeads, kKvHeads, kHeadDim};
+  DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds));
+  tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds);
+  wrapper.plan(host_i32(qo_indptr), host_i32(pages.indptr), host_i32(pages.last_page_len), page, shape, ctx.stream());
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    wrapper.run(q.data.view, paged, o.view, tessera::TensorView(), stream);
+  });
+  double runtime_pairs = pairs;
+  if (select) runtime_pairs = kBsrBatch * visible_pairs(kBsrLen, kBsrLen, true);
+  Params p = params;
+  add_plan_info(p, wrapper.plan_info());
+  ctx.report_tflops(t, 4.0 * static_cast<double>(kHeadDim * kQoHeads) * runtime_pairs, std::move(p),
+                    "tessera-runtime-paged");
+}
+
+// ------------------------------------------------------------------------------------------------
 // W11: prefill and decode in one batch. One request's 4096-token prefill chunk (KV 4096, causal)
 // and 64 decodes of KV 4096; Hq 32, Hkv 8, D 128, page 16, bf16, pages a random permutation. Impls,
 // each the median time of one run() in microseconds (plan once): the prefill alone
@@ -1165,6 +1251,13 @@ const std::vector<Cell>& cells() {
                      suites_for("w5", false), [tree](BenchContext& ctx, const std::string&) {
                        run_w5(ctx, 8, tree, tessera::QueryTile::k16);
                      }});
+    }
+    for (const char* mask : {"causal", "window", "select25"}) {
+      out.push_back({std::string("bsr_paged_") + mask + "_s4096",
+                     std::string("block mask (") + mask + ") over paged KV, B=8 S=4096 Hq=32 Hkv=8 D=128 page 16, "
+                         "blocks 128 x 128, against the paged prefill runtime",
+                     suites_for("bsr", false),
+                     [mask](BenchContext& ctx, const std::string&) { run_bsr_paged(ctx, mask); }});
     }
     // W8.
     out.push_back({"w8_plan_decode_b128", "W8 plan() CPU time, decode B=128 L=4096 page 16",

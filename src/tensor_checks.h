@@ -64,10 +64,11 @@ std::vector<int64_t> read_index_values_i64(const TensorView& t, const std::strin
 void check_page_ids(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_pages,
                     const std::string& name);
 
-/// Column blocks of a block-sparse format: in [0, num_col_blocks) and strictly increasing within
-/// each block row r = [indptr[r], indptr[r+1]).
+/// Column blocks of a block-sparse format: in [0, num_col_blocks) (or, with row_bounds, [0,
+/// (*row_bounds)[r]) in block row r) and strictly increasing within each block row r = [indptr[r],
+/// indptr[r+1]).
 void check_column_blocks(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_col_blocks,
-                         const std::string& name);
+                         const std::string& name, const std::vector<int32_t>* row_bounds = nullptr);
 
 }  // namespace detail
 }  // namespace tessera

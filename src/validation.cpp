@@ -496,12 +496,15 @@ void check_page_ids(const std::vector<int32_t>& indptr, const int32_t* ids, int6
 }
 
 void check_column_blocks(const std::vector<int32_t>& indptr, const int32_t* ids, int64_t num_col_blocks,
-                         const std::string& name) {
+                         const std::string& name, const std::vector<int32_t>* row_bounds) {
   for (size_t r = 0; r + 1 < indptr.size(); ++r) {
+    const int64_t bound = row_bounds != nullptr ? (*row_bounds)[r] : num_col_blocks;
     for (int32_t j = indptr[r]; j < indptr[r + 1]; ++j) {
-      TESSERA_CHECK_ARG(ids[j] >= 0 && ids[j] < num_col_blocks)
-          << name << "[" << j << "] = " << ids[j] << " is out of range [0, " << num_col_blocks << ") (block row "
-          << r << "; ceil(num_cols / block_cols) = " << num_col_blocks << ")";
+      TESSERA_CHECK_ARG(ids[j] >= 0 && ids[j] < bound)
+          << name << "[" << j << "] = " << ids[j] << " is out of range [0, " << bound << ") (block row " << r
+          << (row_bounds != nullptr ? "; ceil(kv_len / block_cols) of its request = "
+                                    : "; ceil(num_cols / block_cols) = ")
+          << bound << ")";
       TESSERA_CHECK_ARG(j == indptr[r] || ids[j] > ids[j - 1])
           << name << "[" << j << "] = " << ids[j] << ", expected > " << ids[j - 1] << " (" << name << "[" << j - 1
           << "]; column blocks must be strictly increasing within block row " << r << ")";

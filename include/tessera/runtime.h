@@ -307,6 +307,48 @@ class TESSERA_API BlockSparseWrapper {
   std::unique_ptr<detail::AttentionRuntime> impl_;
 };
 
+/// Block-sparse attention over a paged KV cache: a block mask at each request's LOGICAL positions
+/// decides which KV a query block reads, so blocks outside the mask are never loaded (FlexAttention's
+/// block masks over a serving engine's page table, or KV selection that keeps some blocks).
+/// Request b (query rows qo_indptr[b] .. qo_indptr[b+1]-1, paged KV as for
+/// BatchPrefillPagedWrapper) is cut into block rows of `block_rows` queries (the last may have
+/// fewer); block row j sees the listed column blocks of its request, block c being KV positions
+/// c*Bc .. c*Bc+Bc-1 of the request (positions at or past its KV length are masked). Block rows
+/// are numbered request by request: R = sum over b of ceil(qo_len_b / block_rows) of them.
+/// Causal masking (shape.attention.causal) and variants apply at logical positions (query i of a
+/// request is at kv_len - qo_len + i), with the request as the variant's batch index; a block
+/// flagged full skips every mask, as in tessera/formats.h BlockSparse.
+class TESSERA_API BatchBlockSparsePagedWrapper {
+ public:
+  BatchBlockSparsePagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                               const RuntimeOptions& options = {});
+  ~BatchBlockSparsePagedWrapper();
+  BatchBlockSparsePagedWrapper(BatchBlockSparsePagedWrapper&&) noexcept;
+  BatchBlockSparsePagedWrapper& operator=(BatchBlockSparsePagedWrapper&&) noexcept;
+  /// bounds.max_batch_size bounds both the requests and the block rows R of a plan.
+  static int64_t workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+  /// As BatchDecodeWrapper::min_workspace_size.
+  static int64_t min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options = {});
+
+  /// qo_indptr, kv_indptr, last_page_len, page_size: as BatchPrefillPagedWrapper::plan.
+  /// mask_indptr: host i32 [R + 1], column blocks per block row (offsets into run()'s
+  /// mask_indices); block_rows (Br), block_cols (Bc) >= 1.
+  void plan(const TensorView& qo_indptr, const TensorView& kv_indptr, const TensorView& last_page_len,
+            int64_t page_size, const TensorView& mask_indptr, int64_t block_rows, int64_t block_cols,
+            const PlanShape& shape, StreamHandle stream = nullptr);
+  /// q: [>= qo_indptr[B], Hq, D]; kv: the paged cache (kv.indices: the plan's pages); mask_indices:
+  /// i32 [>= mask_indptr[R]] column blocks, strictly increasing within a block row and below
+  /// ceil(kv_len_b / Bc) of the block row's request (device or pinned host memory, as
+  /// kv.indices); mask_flags: u8 [entries of mask_indices] (1: every pair of the block is visible,
+  /// the masks are skipped) on q's device, or undefined (every block masked); o like q; lse or undefined.
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& mask_indices, const TensorView& mask_flags,
+           const TensorView& o, const TensorView& lse = {}, StreamHandle stream = nullptr);
+  const PlanInfo& plan_info() const;
+
+ private:
+  std::unique_ptr<detail::AttentionRuntime> impl_;
+};
+
 /// Options of a BatchPODPagedWrapper.
 struct PodOptions {
   /// As RuntimeOptions::cuda_graph (the header comment's rules): the grid and both tiles are fixed

@@ -21,6 +21,7 @@ enum class KVFormatKind : int {
   kRagged = 0,       // RaggedKVParams: request b owns a range of rows of k/v (dense: one request)
   kPaged = 1,        // PagedKVParams: a page table per request (page ids, last page's length)
   kBlockSparse = 2,  // BlockSparseKVParams: "request" = query block row; its KV = listed column blocks
+                     // (of one k/v matrix, or, with block-row segments, of each request's paged KV)
 };
 
 /// Queries: element (row, head, d) is at data[row * row_stride + head * head_stride + d].
@@ -83,9 +84,22 @@ struct PagedKVParams {
   FastDivisor page_div;      // page_size as a divisor (FastDivisor::make(page_size))
 };
 
+/// One block row of block-sparse KV over a paged cache (BlockSparseKVParams::segments): the
+/// request it cuts from and where that request's KV is. Written by the runtime's plan.
+struct BlockRowSegment {
+  int32_t request;       // the request (the batch index the variant hooks see)
+  int32_t page_begin;    // the request's first entry of paged.indices
+  int32_t kv_len;        // the request's KV positions: listed columns at or past it are masked
+  int32_t q_pos_offset;  // position of the block row's first query: kv_len - qo_len + the row's
+                         // first query index within the request
+};
+
 /// Block-sparse KV over an M x N attention matrix (rows: queries, columns: keys) cut into Br x Bc
 /// blocks: block row r is the kernels' request r (query rows r*Br .. min(M, r*Br+Br)-1), and its
 /// KV is the listed column blocks, concatenated (column block c: columns c*Bc .. c*Bc+Bc-1).
+/// With `segments`, the block rows are those of a batch of requests over a paged cache instead:
+/// block row r has the query rows qo_indptr[r] .. qo_indptr[r+1]-1 and its columns are logical
+/// KV positions of request segments[r].request, found through paged.indices (PagedKVParams).
 template <typename IdT>
 struct BlockSparseKVParams {
   const IdT* indptr;           // [batch_size + 1] offsets into indices: block row r lists
@@ -102,6 +116,8 @@ struct BlockSparseKVParams {
   IdT num_indices;             // entries of indices (and block_flags): indptr entries are clamped to it
   IdT num_rows;                // M: query rows (rows of q and o)
   FastDivisor block_cols_div;  // block_cols as a divisor (FastDivisor::make(block_cols))
+  const BlockRowSegment* segments;  // [batch_size] block rows over paged KV, or nullptr: one matrix of
+                                    // k/v rows (num_rows, num_cols and block_rows describe it)
 };
 
 /// Everything an attention kernel reads besides its variant's parameters. QT, KVT, OT: element
@@ -151,6 +167,10 @@ struct RequestExtent {
   int32_t kv_begin;  // ragged: first row of k/v; paged: first entry of paged.indices; BSR: first
                      // entry of block_sparse.indices
   int32_t q_pos_offset;  // position of query 0: kv_len - qo_len (BSR: N - M + q_begin)
+  // Block-sparse KV only (the other formats leave them unset):
+  int32_t batch;       // the batch index of the variant hooks: 0 for one matrix, else the request
+  int32_t key_end;     // columns at or past it do not exist: N, or the request's KV length
+  int32_t page_begin;  // over paged KV: the request's first entry of paged.indices
 };
 
 /// Where logical KV position `pos` (0 <= pos < kv_len) of a request lives, as element offsets of
@@ -259,19 +279,47 @@ struct KVFormat<KVFormatKind::kBlockSparse> {
   static TESSERA_DEVICE RequestExtent request_extent(const Params& p, int32_t b) {
     const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
     RequestExtent e;
-    e.q_begin = b * bs.block_rows;
-    e.qo_len = min(bs.block_rows, bs.num_rows - e.q_begin);
+    if (bs.segments != nullptr) {
+      const BlockRowSegment s = bs.segments[b];
+      e = request_query_rows(p, b);
+      e.q_pos_offset = s.q_pos_offset;
+      e.batch = s.request;
+      e.key_end = s.kv_len;
+      e.page_begin = s.page_begin;
+    } else {
+      e.q_begin = b * bs.block_rows;
+      e.qo_len = min(bs.block_rows, bs.num_rows - e.q_begin);
+      e.q_pos_offset = bs.num_cols - bs.num_rows + e.q_begin;
+      e.batch = 0;
+      e.key_end = bs.num_cols;
+      e.page_begin = 0;
+    }
     const int32_t blocks = clamped_range(bs.indptr, b, bs.num_indices, e.kv_begin);
-    e.kv_len = blocks * bs.block_cols;  // columns past N inside the last block are masked
-    e.q_pos_offset = bs.num_cols - bs.num_rows + e.q_begin;
+    e.kv_len = blocks * bs.block_cols;  // columns past key_end inside the last block are masked
     return e;
   }
   template <typename Params>
-  static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent&, int32_t pos, int32_t block) {
+  static TESSERA_DEVICE KVRow row_in_block(const Params& p, const RequestExtent& e, int32_t pos, int32_t block) {
     const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
-    const int32_t column = block * bs.block_cols + bs.block_cols_div.mod(pos, bs.block_cols_div.div(pos));
-    const bool valid = block >= 0 && block < bs.num_blocks && column < bs.num_cols;
-    return KVRow{static_cast<int64_t>(column) * p.kv.k_row_stride, static_cast<int64_t>(column) * p.kv.v_row_stride,
+    // The block's range check comes before its multiplication, which a wild id would overflow.
+    const bool listed = block >= 0 && block < bs.num_blocks;
+    const int32_t column =
+        (listed ? block : 0) * bs.block_cols + bs.block_cols_div.mod(pos, bs.block_cols_div.div(pos));
+    const bool exists = listed && column < e.key_end;
+    if (bs.segments == nullptr) {
+      return KVRow{static_cast<int64_t>(column) * p.kv.k_row_stride, static_cast<int64_t>(column) * p.kv.v_row_stride,
+                   column, exists};
+    }
+    // Over paged KV the column is a logical position of the request: its page-table entry is read
+    // here, a dependent load after the block id's (which load_kv_block_id issued a tile ahead).
+    const int32_t page_index = p.paged.page_div.div(column);
+    const int32_t page = exists ? p.paged.indices[e.page_begin + page_index] : -1;
+    const int32_t slot = column - page_index * p.paged.page_size;
+    const bool valid = exists && page >= 0 && page < p.paged.num_pages;
+    return KVRow{static_cast<int64_t>(valid ? page : 0) * p.paged.k_page_stride +
+                     static_cast<int64_t>(slot) * p.kv.k_row_stride,
+                 static_cast<int64_t>(valid ? page : 0) * p.paged.v_page_stride +
+                     static_cast<int64_t>(slot) * p.kv.v_row_stride,
                  column, valid};
   }
   template <typename Params>

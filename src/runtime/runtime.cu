@@ -238,6 +238,10 @@ struct WorkspaceLayout {
   int64_t kv_indptr = 0;      // i32 [max_batch + 1]
   int64_t last_page_len = 0;  // i32 [max_batch]
   int64_t mask_indptr = 0;    // i32 [max_batch + 1]: a custom mask's byte offsets per request
+  // Block-sparse KV over a paged cache (BatchBlockSparsePagedWrapper); empty for other formats:
+  int64_t num_requests = 0;   // i32 scalar: the requests the block rows cut from
+  int64_t page_indptr = 0;    // i32 [max_batch + 1]: pages per request
+  int64_t segments = 0;       // BlockRowSegment [max_batch]: each block row's request
   int64_t merges = 0;         // PlannedMerge [max_merges]
   int64_t items = 0;          // PlannedItem [max_items]
   int64_t plan_end = 0;
@@ -254,11 +258,15 @@ struct WorkspaceLayout {
 
 /// The index array a run() reads page ids (paged) or column blocks (block-sparse) from.
 struct RunIds {
+  /// Whose ranges segment the array: the plan's KV ranges (pages per request, column blocks per
+  /// block row), or, for block-sparse KV over a paged cache, the pages of its requests.
+  enum class Ranges { kPlanKV, kRequestPages };
   const TensorView* view = nullptr;
   const char* name = "";
   const int32_t* device_data = nullptr;  // the address the kernels read it through
   int64_t bound = 0;                     // ids in [0, bound)
   bool increasing = false;               // block-sparse: strictly increasing within a block row
+  Ranges ranges = Ranges::kPlanKV;
 };
 
 }  // namespace
@@ -273,6 +281,12 @@ class AttentionRuntime {
     std::vector<int32_t> qo_len, kv_len;  // per request (BSR: block row)
     int64_t page_size = 0;               // paged: page size; BSR: Bc
     int64_t block_rows = 0, num_rows = 0, num_cols = 0;  // BSR
+    // BSR over a paged cache (empty otherwise): each block row's request and where its KV is, the
+    // pages of the requests ([requests + 1]), and each block row's bound on its column blocks.
+    std::vector<kernels::BlockRowSegment> segments;
+    std::vector<int32_t> page_indptr;
+    std::vector<int32_t> column_block_bounds;
+    int64_t paged_block_size = 0;  // BSR over a paged cache: the page size
   };
 
   /// shared_partials: null, or where the split states live instead of the workspace's end
@@ -400,6 +414,9 @@ class AttentionRuntime {
     const KVStorage kv = fp8_q ? KVStorage::kSame : kv_storage(kv_dtype, shape.dtype);
     const int64_t total_qo = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
     check_plan_bounds(batch, total_qo, heads);
+    TESSERA_CHECK_ARG(static_cast<int64_t>(in.page_indptr.size()) <= bounds_.max_batch_size + 1)
+        << "batch size " << static_cast<int64_t>(in.page_indptr.size()) - 1
+        << " exceeds bounds.max_batch_size = " << bounds_.max_batch_size;
     const int group = static_cast<int>(heads.num_qo_heads / heads.num_kv_heads);
     // sm_scale is checked here, not first at run().
     const double sm_scale = shape.attention.sm_scale < 0 ? -1.0 : shape.attention.sm_scale;
@@ -474,6 +491,13 @@ class AttentionRuntime {
     if (!mask_indptr_host_.empty()) {
       std::memcpy(host + layout_.mask_indptr, mask_indptr_host_.data(), mask_indptr_host_.size() * sizeof(int32_t));
     }
+    if (!in.segments.empty() || !in.page_indptr.empty()) {
+      const int32_t requests = static_cast<int32_t>(in.page_indptr.size()) - 1;
+      std::memcpy(host + layout_.num_requests, &requests, sizeof(requests));
+      std::memcpy(host + layout_.page_indptr, in.page_indptr.data(), in.page_indptr.size() * sizeof(int32_t));
+      std::memcpy(host + layout_.segments, in.segments.data(),
+                  in.segments.size() * sizeof(kernels::BlockRowSegment));
+    }
     std::memcpy(host + layout_.merges, plan.merges.data(), plan.merges.size() * sizeof(runtime::MergeItem));
     std::memcpy(host + layout_.items, plan.items.data(), plan.items.size() * sizeof(runtime::WorkItem));
     const int64_t plan_bytes = layout_.items + static_cast<int64_t>(plan.items.size() * sizeof(runtime::WorkItem));
@@ -481,6 +505,9 @@ class AttentionRuntime {
 
     planned_ = true;
     kv_indptr_host_ = in.kv_indptr;
+    page_indptr_host_ = in.page_indptr;
+    column_block_bounds_ = in.column_block_bounds;
+    paged_block_size_ = in.paged_block_size;
     shape_ = shape;
     kv_dtype_ = kv_dtype;
     keep_variant(variant);
@@ -549,6 +576,13 @@ class AttentionRuntime {
   PrefillHeadDims bounds_dims() const { return head_dims_of(bounds_.head_dim, bounds_.head_dim_vo); }
 
   int64_t page_size() const { return page_size_; }
+  /// Block-sparse KV over a paged cache: the plan's page size, and its pages (page_indptr[last]).
+  int64_t paged_block_size() const { return paged_block_size_; }
+  int64_t total_pages() const { return page_indptr_host_.empty() ? 0 : page_indptr_host_.back(); }
+  /// Block-sparse KV over a paged cache: where the plan keeps its block rows' segments.
+  const kernels::BlockRowSegment* device_segments() const {
+    return reinterpret_cast<const kernels::BlockRowSegment*>(workspace_ + layout_.segments);
+  }
   int64_t total_kv_units() const { return total_kv_units_; }
   int64_t num_cols() const { return num_cols_; }
   int64_t num_rows() const { return num_rows_; }
@@ -585,20 +619,26 @@ class AttentionRuntime {
   /// run() was given, checked on the host first or, inside a capture, by a captured device check
   /// (check_run_ids_on_host, enqueue_run_ids_check).
   template <typename T, typename KVT, typename OT>
-  void launch(const kernels::AttentionParams<T, KVT, OT>& p, const RunIds* ids, StreamHandle stream) {
-    launch_ordered(ids, stream, [&](cudaStream_t s) { launch_kernels(p, s); });
+  void launch(const kernels::AttentionParams<T, KVT, OT>& p, const RunIds* ids, StreamHandle stream,
+              const RunIds* more_ids = nullptr) {
+    launch_ordered(ids, stream, [&](cudaStream_t s) { launch_kernels(p, s); }, more_ids);
   }
 
   /// Enqueues enqueue(stream) as this runtime's run: after the checks of `ids` (see launch), the
   /// last plan upload and the last run, and recorded as the last run. The POD wrapper nests two
   /// runtimes' calls around its one launch.
+  /// more_ids: a second index array of the run (block-sparse KV over a paged cache: the pages).
   template <typename F>
-  void launch_ordered(const RunIds* ids, StreamHandle stream, F&& enqueue) {
+  void launch_ordered(const RunIds* ids, StreamHandle stream, F&& enqueue, const RunIds* more_ids = nullptr) {
     const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
     const bool capturing = PlanChannel::capturing(s);
-    if (ids != nullptr && !capturing) check_run_ids_on_host(*ids);
+    for (const RunIds* i : {ids, more_ids}) {
+      if (i != nullptr && !capturing) check_run_ids_on_host(*i);
+    }
     channel_->order_run(s, capturing);
-    if (capturing && ids != nullptr) enqueue_run_ids_check(*ids, stream);
+    for (const RunIds* i : {ids, more_ids}) {
+      if (capturing && i != nullptr) enqueue_run_ids_check(*i, stream);
+    }
     enqueue(s);
     channel_->record_run(s, capturing);
   }
@@ -642,11 +682,14 @@ class AttentionRuntime {
   /// device memory after a device-wide synchronisation (validation.cpp's checked mode).
   void check_run_ids_on_host(const RunIds& ids) const {
     if (!ids.view->device.is_host() && !checked_mode()) return;
-    const std::vector<int32_t> values = read_index_values(*ids.view, ids.name, total_kv_units_);
+    const bool request_pages = ids.ranges == RunIds::Ranges::kRequestPages;
+    const std::vector<int32_t>& indptr = request_pages ? page_indptr_host_ : kv_indptr_host_;
+    const std::vector<int32_t> values = read_index_values(*ids.view, ids.name, indptr.empty() ? 0 : indptr.back());
     if (ids.increasing) {
-      check_column_blocks(kv_indptr_host_, values.data(), ids.bound, ids.name);
+      check_column_blocks(indptr, values.data(), ids.bound, ids.name,
+                          column_block_bounds_.empty() ? nullptr : &column_block_bounds_);
     } else {
-      check_page_ids(kv_indptr_host_, values.data(), ids.bound, ids.name);
+      check_page_ids(indptr, values.data(), ids.bound, ids.name);
     }
   }
 
@@ -655,10 +698,12 @@ class AttentionRuntime {
   /// reports through device_errors.h.
   void enqueue_run_ids_check(const RunIds& ids, StreamHandle stream) const {
     if (!ids.view->device.is_host() && !checked_mode()) return;
+    const bool request_pages = ids.ranges == RunIds::Ranges::kRequestPages;
     SegmentedIds c;
     c.ids = ids.device_data;
-    c.indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
-    c.num_segments = reinterpret_cast<const int32_t*>(workspace_ + layout_.num_segments);
+    c.indptr = reinterpret_cast<const int32_t*>(workspace_ + (request_pages ? layout_.page_indptr : layout_.kv_indptr));
+    c.num_segments =
+        reinterpret_cast<const int32_t*>(workspace_ + (request_pages ? layout_.num_requests : layout_.num_segments));
     c.max_segments = layout_.max_batch;
     c.capacity = ids.view->shape[0];
     c.bound = ids.bound;
@@ -881,7 +926,8 @@ class AttentionRuntime {
     if (!planned_) return;
     TESSERA_CHECK_ARG(shape.num_qo_heads == shape_.num_qo_heads && shape.attention.causal == shape_.attention.causal &&
                       shape.attention.sm_scale == shape_.attention.sm_scale && in.page_size == page_size_ &&
-                      in.block_rows == block_rows_ && in.num_rows == num_rows_ && in.num_cols == num_cols_)
+                      in.block_rows == block_rows_ && in.num_rows == num_rows_ && in.num_cols == num_cols_ &&
+                      in.paged_block_size == paged_block_size_)
         << "cuda_graph: this plan changes num_qo_heads, causal, sm_scale, the page size or the block-sparse "
            "shape, which a captured run() has baked in (first plan: num_qo_heads = "
         << shape_.num_qo_heads << ", causal = " << shape_.attention.causal << ", page_size = " << page_size_
@@ -950,6 +996,10 @@ class AttentionRuntime {
     l.kv_indptr = section((l.max_batch + 1) * sizeof(int32_t));
     l.last_page_len = section(l.max_batch * sizeof(int32_t));
     l.mask_indptr = section((l.max_batch + 1) * sizeof(int32_t));
+    const bool paged_blocks = format == KVFormatKind::kBlockSparse;
+    l.num_requests = section(paged_blocks ? sizeof(int32_t) : 0);
+    l.page_indptr = section(paged_blocks ? (l.max_batch + 1) * sizeof(int32_t) : 0);
+    l.segments = section(paged_blocks ? l.max_batch * sizeof(kernels::BlockRowSegment) : 0);
     l.merges = section(l.max_merges * sizeof(kernels::PlannedMerge));
     l.items = section(l.max_items * sizeof(kernels::PlannedItem));
     l.plan_end = at;
@@ -974,6 +1024,11 @@ class AttentionRuntime {
   bool planned_ = false;
   std::vector<int32_t> kv_indptr_host_;  // the plan's page (block) ranges, for run()'s id checks
   std::vector<int32_t> mask_indptr_host_;  // the plan's custom-mask byte offsets (empty: no mask)
+  // Block-sparse KV over a paged cache (else empty / 0): the plan's pages per request, each block
+  // row's bound on its column blocks, the page size.
+  std::vector<int32_t> page_indptr_host_;
+  std::vector<int32_t> column_block_bounds_;
+  int64_t paged_block_size_ = 0;
   PlanShape shape_;
   DType kv_dtype_ = DType::kBF16;  // K/V's dtype in the last plan (shape_.kv_dtype resolved)
   ResolvedVariant variant_;
@@ -1021,7 +1076,10 @@ void check_plan_kv_dtype(const AttentionRuntime& rt, const TensorView& k, const 
       << " K/V (shape.kv_dtype)";
 }
 
-void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv) {
+/// run()'s paged cache against the plan (page_size and total_pages: the plan's; block-sparse KV
+/// over a paged cache keeps them apart from its column blocks).
+void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv, int64_t page_size,
+                       int64_t total_pages) {
   TESSERA_CHECK_ARG(kv.layout == Layout::kNHD || kv.layout == Layout::kHND)
       << "kv.layout = " << static_cast<int>(kv.layout) << ", expected NHD or HND";
   check_kv_operand(kv.k, "kv.k", 4, q);
@@ -1033,13 +1091,13 @@ void check_paged_cache(const AttentionRuntime& rt, const TensorView& q, const Pa
   check_same_device(q, "q", kv.v, "kv.v");
   for (int d = 0; d < 3; ++d) check_size(kv.v, "kv.v", d, kv.k.shape[d]);
   const int slot_axis = kv.layout == Layout::kNHD ? 1 : 2;
-  TESSERA_CHECK_ARG(kv.k.shape[slot_axis] == rt.page_size())
+  TESSERA_CHECK_ARG(kv.k.shape[slot_axis] == page_size)
       << "kv.k has page size " << kv.k.shape[slot_axis] << " (shape[" << slot_axis << "]), but the plan was made for "
-      << rt.page_size();
+      << page_size;
   rt.check_run_kv_heads(kv.k, "kv.k", kv.layout == Layout::kNHD ? 2 : 1);
   rt.check_run_kv_heads(kv.v, "kv.v", kv.layout == Layout::kNHD ? 2 : 1, /*is_v=*/true);
   TESSERA_CHECK_ARG(kv.k.shape[0] < INT32_MAX) << "kv.k has " << kv.k.shape[0] << " pages, expected < 2^31";
-  check_run_index_array(kv.indices, "kv.indices", q, rt.total_kv_units(), "kv_indptr[B]");
+  check_run_index_array(kv.indices, "kv.indices", q, total_pages, "kv_indptr[B]");
 }
 
 template <typename Params>
@@ -1078,7 +1136,7 @@ void with_run_params(AttentionRuntime& rt, const TensorView& q, const TensorView
 void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv, const TensorView& o,
                const TensorView& lse, StreamHandle stream) {
   rt.check_run_queries(q, o, lse);
-  check_paged_cache(rt, q, kv);
+  check_paged_cache(rt, q, kv, rt.page_size(), rt.total_kv_units());
   RunIds ids;
   ids.view = &kv.indices;
   ids.name = "kv.indices";
@@ -1309,6 +1367,120 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
 }
 
 const PlanInfo& BlockSparseWrapper::plan_info() const { return impl_->info(); }
+
+// --- BatchBlockSparsePagedWrapper ------------------------------------------------------------
+
+namespace {
+/// Column blocks of Bc columns that int32 columns can number: a listed id past a request's own
+/// blocks is masked in the kernels (its columns are past the request's KV), so this bound, not the
+/// plan's, is what a captured run() bakes in.
+int64_t max_column_blocks(int64_t block_cols) { return (INT32_MAX - block_cols) / block_cols; }
+}  // namespace
+
+BatchBlockSparsePagedWrapper::BatchBlockSparsePagedWrapper(const TensorView& workspace, const RuntimeBounds& bounds,
+                                                           const RuntimeOptions& options)
+    : impl_(std::make_unique<AttentionRuntime>(KVFormatKind::kBlockSparse, false, workspace, bounds, options)) {}
+BatchBlockSparsePagedWrapper::~BatchBlockSparsePagedWrapper() = default;
+BatchBlockSparsePagedWrapper::BatchBlockSparsePagedWrapper(BatchBlockSparsePagedWrapper&&) noexcept = default;
+BatchBlockSparsePagedWrapper& BatchBlockSparsePagedWrapper::operator=(BatchBlockSparsePagedWrapper&&) noexcept =
+    default;
+
+int64_t BatchBlockSparsePagedWrapper::workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::workspace_size(KVFormatKind::kBlockSparse, false, bounds, options);
+}
+int64_t BatchBlockSparsePagedWrapper::min_workspace_size(const RuntimeBounds& bounds, const RuntimeOptions& options) {
+  return AttentionRuntime::min_workspace_size(KVFormatKind::kBlockSparse, false, bounds, options);
+}
+
+void BatchBlockSparsePagedWrapper::plan(const TensorView& qo_indptr, const TensorView& kv_indptr,
+                                        const TensorView& last_page_len, int64_t page_size,
+                                        const TensorView& mask_indptr, int64_t block_rows, int64_t block_cols,
+                                        const PlanShape& shape, StreamHandle stream) {
+  TESSERA_CHECK_ARG(block_rows >= 1 && block_rows < INT32_MAX) << "block_rows = " << block_rows << ", expected >= 1";
+  TESSERA_CHECK_ARG(block_cols >= 1 && block_cols < INT32_MAX) << "block_cols = " << block_cols << ", expected >= 1";
+  const std::vector<int32_t> q_indptr = detail::read_host_indptr(qo_indptr, "qo_indptr");
+  const int64_t batch = static_cast<int64_t>(q_indptr.size()) - 1;
+  const detail::PagedLengths paged = detail::read_paged_lengths(kv_indptr, last_page_len, page_size, batch);
+  AttentionRuntime::PlanInput in;
+  in.kv_indptr = detail::read_host_indptr(mask_indptr, "mask_indptr");
+  int64_t rows = 0;
+  for (int64_t b = 0; b < batch; ++b) rows += (q_indptr[b + 1] - q_indptr[b] + block_rows - 1) / block_rows;
+  TESSERA_CHECK_ARG(static_cast<int64_t>(in.kv_indptr.size()) == rows + 1)
+      << "mask_indptr has " << in.kv_indptr.size() << " entries, expected " << rows + 1
+      << " (the block rows of the requests, sum of ceil(qo_len / block_rows) = " << rows << ", plus one)";
+  // The block rows, request by request: their query rows tile each request's, so their offsets
+  // are an indptr over q's rows (the kernels' qo_indptr).
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t qo_len = q_indptr[b + 1] - q_indptr[b], kv_len = paged.kv_len[b];
+    for (int64_t first = 0; first < qo_len; first += block_rows) {
+      const size_t g = in.qo_len.size();
+      const int64_t kv = static_cast<int64_t>(in.kv_indptr[g + 1] - in.kv_indptr[g]) * block_cols;
+      TESSERA_CHECK_ARG(kv < INT32_MAX) << "block row " << g << " sees " << kv << " KV columns, expected < 2^31";
+      in.qo_indptr.push_back(static_cast<int32_t>(q_indptr[b] + first));
+      in.qo_len.push_back(static_cast<int32_t>(std::min(block_rows, qo_len - first)));
+      in.kv_len.push_back(static_cast<int32_t>(kv));
+      in.segments.push_back(kernels::BlockRowSegment{static_cast<int32_t>(b), paged.kv_indptr[b],
+                                                     static_cast<int32_t>(kv_len),
+                                                     static_cast<int32_t>(kv_len - qo_len + first)});
+      in.column_block_bounds.push_back(static_cast<int32_t>((kv_len + block_cols - 1) / block_cols));
+    }
+  }
+  in.qo_indptr.push_back(q_indptr[batch]);
+  in.page_size = block_cols;
+  in.block_rows = block_rows;
+  in.page_indptr = paged.kv_indptr;
+  in.paged_block_size = page_size;
+  impl_->plan(in, shape, stream);
+}
+
+void BatchBlockSparsePagedWrapper::run(const TensorView& q, const PagedKVCache& kv, const TensorView& mask_indices,
+                                       const TensorView& mask_flags, const TensorView& o, const TensorView& lse,
+                                       StreamHandle stream) {
+  AttentionRuntime& rt = *impl_;
+  rt.check_run_queries(q, o, lse);
+  detail::check_paged_cache(rt, q, kv, rt.paged_block_size(), rt.total_pages());
+  detail::RunIds pages;
+  pages.view = &kv.indices;
+  pages.name = "kv.indices";
+  pages.device_data = rt.device_ids(kv.indices, pages.name);
+  pages.bound = kv.k.shape[0];
+  pages.ranges = detail::RunIds::Ranges::kRequestPages;
+  detail::check_run_index_array(mask_indices, "mask_indices", q, rt.total_kv_units(), "mask_indptr[R]");
+  detail::RunIds blocks;
+  blocks.view = &mask_indices;
+  blocks.name = "mask_indices";
+  blocks.device_data = rt.device_ids(mask_indices, blocks.name);
+  blocks.bound = max_column_blocks(rt.page_size());
+  blocks.increasing = true;
+  if (mask_flags.defined()) {
+    check_ndim(mask_flags, "mask_flags", 1);
+    check_dtype(mask_flags, "mask_flags", {DType::kU8});
+    check_same_device(q, "q", mask_flags, "mask_flags");
+    TESSERA_CHECK_ARG(mask_flags.shape[0] == mask_indices.shape[0] && (mask_flags.shape[0] <= 1 || mask_flags.strides[0] == 1))
+        << "mask_flags has " << mask_flags.shape[0] << " entries (stride " << mask_flags.strides[0]
+        << "), expected " << mask_indices.shape[0] << " contiguous entries (one per entry of mask_indices)";
+  }
+  // f16 / bf16 q only: plan() refuses FP8 attention over block-sparse KV.
+  TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
+  TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "kv.k", KVT, [&] {
+    kernels::AttentionParams<T, KVT> p = rt.query_part<T, KVT>(q, o, lse);
+    detail::paged_cache_params(p, kv);
+    p.paged.indices = pages.device_data;
+    kernels::BlockSparseKVParams<int32_t>& bs = p.block_sparse;
+    bs.indices = blocks.device_data;
+    bs.block_flags = mask_flags.defined() ? mask_flags.data_as<const uint8_t>() : nullptr;
+    bs.num_indices = static_cast<int32_t>(mask_indices.shape[0]);
+    bs.num_blocks = static_cast<int32_t>(blocks.bound);
+    bs.block_cols = static_cast<int32_t>(rt.page_size());
+    bs.block_cols_div = kernels::FastDivisor::make(rt.page_size());
+    bs.block_rows = static_cast<int32_t>(rt.block_rows());
+    bs.segments = rt.device_segments();
+    rt.launch(p, &blocks, stream, &pages);
+  });
+  });
+}
+
+const PlanInfo& BatchBlockSparsePagedWrapper::plan_info() const { return impl_->info(); }
 
 // --- BatchPODPagedWrapper --------------------------------------------------------------------
 // Two runtimes over halves of one workspace, each planning one side of the batch (the other
@@ -1575,7 +1747,7 @@ void BatchPODPagedWrapper::run(const TensorView& q, const PagedKVCache& kv, cons
   AttentionRuntime& decode = *m.decode;
   prefill.check_run_queries(q, o, lse);
   TESSERA_CHECK_ARG(m.planned) << "run() before plan(): call plan() with this batch's index arrays first";
-  detail::check_paged_cache(prefill, q, kv);
+  detail::check_paged_cache(prefill, q, kv, prefill.page_size(), prefill.total_kv_units());
   detail::RunIds ids;
   ids.view = &kv.indices;
   ids.name = "kv.indices";

@@ -147,6 +147,8 @@ TEST_F(NoGpu, RuntimeWrappers) {
   EXPECT_TRUE(FailsForWantOfAGpu([&] { BatchPrefillRaggedWrapper w(workspace, bounds); }));
   EXPECT_TRUE(FailsForWantOfAGpu([&] { BlockSparseWrapper::workspace_size(bounds); }));
   EXPECT_TRUE(FailsForWantOfAGpu([&] { BlockSparseWrapper w(workspace, bounds); }));
+  EXPECT_TRUE(FailsForWantOfAGpu([&] { BatchBlockSparsePagedWrapper::workspace_size(bounds); }));
+  EXPECT_TRUE(FailsForWantOfAGpu([&] { BatchBlockSparsePagedWrapper w(workspace, bounds); }));
 }
 
 TEST_F(NoGpu, BuildBlockMask) {

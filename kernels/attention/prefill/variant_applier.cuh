@@ -77,8 +77,8 @@ struct VariantApplier {
   const VariantParams& vp;
   const PrefillWork& w;
   const FragmentCoords<Traits>& c;
-  // The batch index the variant hooks see: block-sparse KV is one sequence whose block rows are
-  // this kernel's "requests".
+  // The batch index the variant hooks see: block-sparse KV's "requests" are block rows, of one
+  // sequence (batch 0) or of the request their segment names.
   const int batch;
   const float logits_input_scale;
   const bool zero_reference;
@@ -96,7 +96,7 @@ struct VariantApplier {
         vp(vp_),
         w(w_),
         c(c_),
-        batch(kFormat == KVFormatKind::kBlockSparse ? 0 : w_.request),
+        batch(kFormat == KVFormatKind::kBlockSparse ? w_.e.batch : w_.request),
         logits_input_scale(Variant::logits_input_scale(vp_, p_.sm_scale)),
         zero_reference(kMayUseZeroReference && Variant::logits_exponent_bound(vp_) <= kZeroReferenceMaxExponent),
         q_pos_first(w_.e.q_pos_offset + w_.packed_begin / p_.group_size),
@@ -194,7 +194,7 @@ struct VariantApplier {
         const int entry = w.e.kv_begin + bs.block_cols_div.div(pos);
         const int32_t block = bs.indices[entry];
         full = bs.block_flags[entry] != 0 && block >= 0 &&
-               static_cast<int64_t>(block + 1) * bs.block_cols <= bs.num_cols;
+               static_cast<int64_t>(block + 1) * bs.block_cols <= w.e.key_end;
       }
       needs = !full;
     }

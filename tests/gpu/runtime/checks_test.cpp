@@ -37,20 +37,6 @@ using namespace tessera_test::attn;
 constexpr int64_t kHkv = 2, kGroup = 4, kHq = kHkv * kGroup, kD = 128, kPage = 16;
 constexpr DType kDType = DType::kBF16;
 
-/// Pinned host memory (kCUDAHost views).
-struct PinnedI32 {
-  int32_t* ptr = nullptr;
-  int64_t count = 0;
-  explicit PinnedI32(const std::vector<int32_t>& values) : count(static_cast<int64_t>(values.size())) {
-    cudaHostAlloc(reinterpret_cast<void**>(&ptr), values.size() * sizeof(int32_t), cudaHostAllocDefault);
-    std::memcpy(ptr, values.data(), values.size() * sizeof(int32_t));
-  }
-  ~PinnedI32() { cudaFreeHost(ptr); }
-  PinnedI32(const PinnedI32&) = delete;
-  PinnedI32& operator=(const PinnedI32&) = delete;
-  TensorView view() const { return TensorView(ptr, DType::kI32, {count}, Device{DeviceType::kCUDAHost, 0}); }
-};
-
 /// Checked mode and device-check reports are process-wide: every test starts and ends with checked
 /// mode off and no report pending.
 class Checks : public ::testing::Test {

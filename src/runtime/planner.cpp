@@ -367,35 +367,40 @@ void run_lpt(Candidate& c, int32_t num_ctas, Scratch& s) {
   assign_greedy(c, num_ctas, s);
 }
 
-/// c.order (the LPT order: cost descending, ties in generation order) regrouped by request:
-/// requests in decreasing total cost (ties: lower request first), each request's items in their
-/// LPT order. A stable counting sort of the LPT order on the request's rank.
-void order_by_request(Candidate& c, int32_t num_requests, Scratch& s) {
+/// c.order (the LPT order: cost descending, ties in generation order) regrouped by request (by
+/// KV group, kv_group): groups in decreasing total cost (ties: lower group first), each group's
+/// items in their LPT order. A stable counting sort of the LPT order on the group's rank.
+void order_by_request(Candidate& c, int32_t num_requests, const int32_t* kv_group, Scratch& s) {
   const size_t n = c.items.size();
   const size_t B = static_cast<size_t>(num_requests);
+  const auto group = [&](size_t i) {
+    const int32_t r = c.items[i].request;
+    return kv_group != nullptr ? kv_group[r] : r;
+  };
   s.request_total.assign(B, 0);
   s.counts.assign(B + 1, 0);
-  for (size_t i = 0; i < n; ++i) s.request_total[c.items[i].request] += c.cost[i];
-  sort_by_cost_desc(s.request_total, s.request_rank_order, s);  // rank -> request
+  for (size_t i = 0; i < n; ++i) s.request_total[group(i)] += c.cost[i];
+  sort_by_cost_desc(s.request_total, s.request_rank_order, s);  // rank -> group
   s.request_rank.resize(B);
   for (size_t k = 0; k < B; ++k) s.request_rank[s.request_rank_order[k]] = static_cast<int32_t>(k);
-  for (size_t i = 0; i < n; ++i) ++s.counts[s.request_rank[c.items[i].request] + 1];
+  for (size_t i = 0; i < n; ++i) ++s.counts[s.request_rank[group(i)] + 1];
   for (size_t k = 0; k < B; ++k) s.counts[k + 1] += s.counts[k];  // first position of each rank
   s.saved_order.swap(c.order);
   c.order.resize(n);
   for (size_t k = 0; k < n; ++k) {
     const int32_t i = s.saved_order[k];
-    c.order[s.counts[s.request_rank[c.items[i].request]]++] = i;
+    c.order[s.counts[s.request_rank[group(i)]]++] = i;
   }
 }
 
 /// The request-grouped assignment (see planner.h, PlannerConfig::group_by_request) of an LPT
 /// candidate: kept when its makespan is at most 1/32 above the LPT one and it stays within 10% of
 /// the lower bound whenever the LPT plan is; else the LPT assignment is restored.
-void regroup_by_request(Candidate& c, int32_t num_ctas, int32_t num_requests, int64_t lb, Scratch& s) {
+void regroup_by_request(Candidate& c, int32_t num_ctas, int32_t num_requests, const int32_t* kv_group, int64_t lb,
+                        Scratch& s) {
   s.saved_cta.assign(c.cta.begin(), c.cta.end());
   const int64_t lpt_makespan = c.makespan;
-  order_by_request(c, num_requests, s);  // the LPT order moves to s.saved_order
+  order_by_request(c, num_requests, kv_group, s);  // the LPT order moves to s.saved_order
   assign_greedy(c, num_ctas, s);
   const bool keep = c.makespan - lpt_makespan <= lpt_makespan / 32 &&
                     (within_10_percent(c.makespan, lb) || !within_10_percent(lpt_makespan, lb));
@@ -692,6 +697,11 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
                                  << ": the plan's cost up to request " << b << " overflows int64";
     num_tiles += tiles;
     shared_kv |= tiles >= 2;
+    if (config.kv_group != nullptr) {
+      TESSERA_CHECK_ARG(config.kv_group[b] >= 0 && config.kv_group[b] < B)
+          << "config.kv_group[" << b << "] = " << config.kv_group[b] << ", expected in [0, " << B << ")";
+      shared_kv |= b > 0 && config.kv_group[b] == config.kv_group[b - 1];
+    }
   }
   TESSERA_CHECK_ARG(num_tiles <= INT32_MAX)
       << "batch of " << B << " requests has " << num_tiles << " query tiles, expected <= " << INT32_MAX;
@@ -764,7 +774,7 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
       break;
   }
   if (config.group_by_request && shared_kv && !chosen->fill && C > 1) {
-    regroup_by_request(*chosen, config.num_ctas, B, plan.lower_bound, s);
+    regroup_by_request(*chosen, config.num_ctas, B, config.kv_group, plan.lower_bound, s);
   }
   emit_plan(*chosen, config, s, plan);
   plan.grouped_by_request = chosen->grouped;

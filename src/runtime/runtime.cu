@@ -452,6 +452,14 @@ class AttentionRuntime {
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
     config.alpha = cost_alpha(q_tile);
     config.group_by_request = plan_group_by_request();
+    // Block rows over a paged cache: a request's block rows read its K/V, so they are grouped
+    // (the groups numbered densely, in the block rows' request order).
+    std::vector<int32_t> kv_group;
+    for (size_t g = 0; g < in.segments.size(); ++g) {
+      const bool same = g > 0 && in.segments[g].request == in.segments[g - 1].request;
+      kv_group.push_back(g == 0 ? 0 : kv_group.back() + (same ? 0 : 1));
+    }
+    if (!kv_group.empty()) config.kv_group = kv_group.data();
     int64_t tile_pairs = 0;
     for (const int32_t qo : in.qo_len) {
       tile_pairs += (static_cast<int64_t>(qo) * group + config.q_tile_rows - 1) / config.q_tile_rows;

@@ -227,11 +227,14 @@ std::string check_plan(const std::vector<int32_t>& qo, const std::vector<int32_t
     const RefTile& tile = rt.tiles[rt.first[it.request] + it.packed_begin / cfg.q_tile_rows];
     return cfg.alpha * tile.rows + cfg.beta * (int64_t{it.kv_end} - it.kv_begin);
   };
-  // Order within a CTA: decreasing cost, or with grouped_by_request requests in decreasing total
-  // cost (ties: lower request first), then decreasing cost.
+  // Order within a CTA: decreasing cost, or with grouped_by_request requests (their KV groups,
+  // cfg.kv_group) in decreasing total cost (ties: lower group first), then decreasing cost.
+  auto group_of = [&](int32_t r) { return cfg.kv_group != nullptr ? cfg.kv_group[r] : r; };
   std::vector<int64_t> request_total(qo.size(), 0);
-  for (const WorkItem& it : plan.items) request_total[it.request] += cost_of(it);
+  for (const WorkItem& it : plan.items) request_total[group_of(it.request)] += cost_of(it);
   auto request_before = [&](int32_t a, int32_t b) {
+    a = group_of(a);
+    b = group_of(b);
     return request_total[a] > request_total[b] || (request_total[a] == request_total[b] && a < b);
   };
   if (plan.grouped_by_request && !cfg.group_by_request) return "grouped_by_request set but not asked for";
@@ -242,7 +245,7 @@ std::string check_plan(const std::vector<int32_t>& qo, const std::vector<int32_t
       const int64_t cost = cost_of(plan.items[i]);
       if (i > plan.cta_indptr[c]) {
         const WorkItem& prev = plan.items[i - 1];
-        const bool same_request = prev.request == plan.items[i].request;
+        const bool same_request = group_of(prev.request) == group_of(plan.items[i].request);
         const bool in_order = plan.grouped_by_request
                                   ? (same_request ? cost <= cost_of(prev) : request_before(prev.request, plan.items[i].request))
                                   : cost <= cost_of(prev);
@@ -480,6 +483,38 @@ TEST(Planner, RequestGroupedKeepsTilesOfARequestTogether) {
     EXPECT_LE(requests_at(g, k), 2u) << "item " << k;
     EXPECT_EQ(requests_at(l, k), 16u) << "item " << k;
   }
+}
+
+TEST(Planner, KvGroupsKeepTheBlockRowsOfARequestTogether) {
+  // Block-sparse KV over a paged cache: 8 requests of 32 causal block rows of 128 queries (group 4,
+  // Tq 128: 4 tiles each), block row j listing j + 1 blocks of 128 keys, 33 CTAs. Grouped by block
+  // row, the heaviest rows of all 8 requests run first (all 8 requests' KV live at once); with
+  // kv_group naming each row's request, a CTA's k-th item comes from few requests.
+  std::vector<int32_t> qo, kv, group;
+  for (int32_t b = 0; b < 8; ++b) {
+    for (int32_t j = 0; j < 32; ++j) {
+      qo.push_back(128);
+      kv.push_back((j + 1) * 128);
+      group.push_back(b);
+    }
+  }
+  PlannerConfig cfg = config(4, 128, 128, 33, false, SplitMode::kNone);
+  const Plan rows = plan_checked(qo, kv, cfg);
+  cfg.kv_group = group.data();
+  const Plan requests = plan_checked(qo, kv, cfg);
+  EXPECT_TRUE(requests.grouped_by_request);
+  auto requests_at = [&](const Plan& p, int32_t k) {
+    std::set<int32_t> r;
+    for (size_t c = 0; c + 1 < p.cta_indptr.size(); ++c) {
+      if (p.cta_indptr[c] + k < p.cta_indptr[c + 1]) r.insert(group[p.items[p.cta_indptr[c] + k].request]);
+    }
+    return r.size();
+  };
+  EXPECT_EQ(requests_at(rows, 0), 8u);
+  for (int32_t k = 0; k < 8; ++k) EXPECT_LE(requests_at(requests, k), 2u) << "item " << k;
+  // A group outside [0, B) is a named error.
+  group[5] = 9999;
+  EXPECT_THROW(plan_work(qo, kv, cfg), tessera::Error);
 }
 
 TEST(Planner, RequestGroupedYieldsToLptWhenItPacksWorse) {

@@ -380,6 +380,17 @@ int64_t workspace_bytes_on(int device, F&& size) {
   return bytes;
 }
 
+/// A runtime binding's plan() call, plan(), run with GPU `device` current (the plan uploads to the
+/// workspace there), the GIL released, and its failure raised as a Python exception.
+template <typename F>
+void plan_on(int device, F&& plan) {
+  TensorView probe;
+  probe.device = tessera::Device::cuda(device);
+  DeviceGuard guard(probe);
+  nb::gil_scoped_release release;
+  checked(plan);
+}
+
 /// The Python exception of each StatusCode (the table in python/tessera/__init__.py's docstring).
 /// Decided by the code alone: a message's wording never changes the type.
 PyObject* exception_type(StatusCode code) {
@@ -872,11 +883,7 @@ void bind_paged_prefill_plan_run(nb::class_<W>& cls) {
             std::optional<tessera::VariantSpec> user;
             tessera::VariantOptions variant = variant_options(variant_args, user);
             set_custom_mask(variant, custom_mask, custom_mask_indptr);
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            nb::gil_scoped_release release;
-            checked([&] {
+            plan_on(device, [&] {
               w.plan(qi, ip, lp, page_size,
                      plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
                                 head_dim_vo),
@@ -1543,11 +1550,7 @@ void bind_decode_wrapper(nb::module_& m) {
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             std::optional<tessera::VariantSpec> user;
             const tessera::VariantOptions variant = variant_options(variant_args, user);
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            nb::gil_scoped_release release;
-            checked([&] {
+            plan_on(device, [&] {
               w.plan(ip, lp, page_size,
                      plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false, variant, kv_dtype, scales),
                      to_stream(stream));
@@ -1634,11 +1637,7 @@ void bind_prefill_ragged_wrapper(nb::module_& m) {
             std::optional<tessera::VariantSpec> user;
             tessera::VariantOptions variant = variant_options(variant_args, user);
             set_custom_mask(variant, custom_mask, custom_mask_indptr);
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            nb::gil_scoped_release release;
-            checked([&] {
+            plan_on(device, [&] {
               w.plan(qi, ki,
                      plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
                                 head_dim_vo),
@@ -1686,11 +1685,7 @@ void bind_mla_wrapper(nb::module_& m) {
              bool causal, uintptr_t stream, int device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "kv_indptr"),
                              lp = to_view(last_page_len, "last_page_len");
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            nb::gil_scoped_release release;
-            checked([&] {
+            plan_on(device, [&] {
               w.plan(qi, ip, lp, page_size, tessera::MlaPlanShape{num_heads, dtype, sm_scale, causal},
                      to_stream(stream));
             });
@@ -1775,11 +1770,7 @@ void bind_cascade_wrapper(nb::module_& m) {
             const tessera::KVScales scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
             std::optional<tessera::VariantSpec> user;
             const tessera::VariantOptions variant = variant_options(variant_args, user);
-            TensorView probe;
-            probe.device = tessera::Device::cuda(device);
-            DeviceGuard guard(probe);
-            nb::gil_scoped_release release;
-            checked([&] {
+            plan_on(device, [&] {
               w.plan(levels, page_size,
                      plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal, variant, kv_dtype, scales,
                                 head_dim_vo),
@@ -1817,6 +1808,61 @@ void bind_cascade_wrapper(nb::module_& m) {
           "-> o [rows, Hq, D], lse [rows, Hq] (base 2).");
 }
 
+/// The plan/run runtime: tessera::BatchBlockSparsePagedWrapper. plan() and run() take
+/// BatchPrefillPagedWrapper's arguments (bind_paged_prefill_plan_run) with the block mask added:
+/// its block rows' offsets and block shape in plan(), its column blocks and flags in run().
+void bind_block_sparse_paged_wrapper(nb::module_& m) {
+  using W = tessera::BatchBlockSparsePagedWrapper;
+  nb::class_<W> cls(m, "BatchBlockSparsePagedWrapper",
+                    "tessera::BatchBlockSparsePagedWrapper (paged KV under a block mask at each request's logical "
+                    "positions; bounds.max_batch_size bounds both the requests and the block rows).");
+  bind_common(cls);
+  cls.def(
+         "plan",
+         [](W& w, const RunArray& qo_indptr, const RunArray& kv_indptr, const RunArray& last_page_len,
+            int64_t page_size, const RunArray& mask_indptr, int64_t block_rows, int64_t block_cols,
+            int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, bool causal,
+            uintptr_t stream, int device, const VariantArgs* variant_args, const std::optional<DType>& kv_dtype,
+            double k_scale, double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
+           const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "paged_kv_indptr"),
+                            lp = to_view(last_page_len, "paged_kv_last_page_len"),
+                            mi = to_view(mask_indptr, "mask_indptr");
+           std::optional<tessera::VariantSpec> user;  // the plan's user variant, alive for the call
+           const tessera::PlanShape shape =
+               plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, causal,
+                          variant_options(variant_args, user), kv_dtype,
+                          kv_scales(k_scale, v_scale, k_scale_device, v_scale_device));
+           plan_on(device,
+                   [&] { w.plan(qi, ip, lp, page_size, mi, block_rows, block_cols, shape, to_stream(stream)); });
+         },
+         "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "mask_indptr"_a, "block_rows"_a,
+         "block_cols"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a, "sm_scale"_a, "causal"_a,
+         "stream"_a, "device"_a, nb::kw_only(), "variant"_a.none() = nb::none(), "kv_dtype"_a.none() = nb::none(),
+         "k_scale"_a = 1.0, "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(),
+         "v_scale_device"_a.none() = nb::none(),
+         "Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] (pages), last_page_len [B] and mask_indptr "
+         "[R + 1] (column blocks per block row; R = sum over requests of ceil(qo_len / block_rows)). Keyword "
+         "options as for BatchDecodeWrapper.plan.")
+      .def(
+          "run",
+          [](W& w, const RunArray& q, const OptRunArray& k, const OptRunArray& v, const OptRunArray& kv,
+             Layout layout, const RunArray& indices, const RunArray& mask_indices, const OptRunArray& mask_flags,
+             const RunArray& o, const OptRunArray& lse, uintptr_t stream, const std::optional<DType>& kv_dtype) {
+            const TensorView tq = to_view(q, "q"), to = to_view(o, "out"), tl = to_view(lse, "lse"),
+                             mi = to_view(mask_indices, "mask_indices"), mf = to_view(mask_flags, "mask_flags");
+            const tessera::PagedKVCache cache = paged_cache(k, v, kv, layout, to_view(indices, "indices"), kv_dtype);
+            DeviceGuard guard(tq);
+            nb::gil_scoped_release release;
+            checked([&] { w.run(tq, cache, mi, mf, to, tl, to_stream(stream)); });
+          },
+          "q"_a, "k"_a.none(), "v"_a.none(), "kv"_a.none(), "layout"_a, "indices"_a, "mask_indices"_a,
+          "mask_flags"_a.none(), "o"_a, "lse"_a.none(), "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(),
+          "Runs the planned step: q [rows, Hq, D] over the paged cache ((k, v) or kv, and indices, the page ids, "
+          "as for BatchPrefillPagedWrapper.run) under the block mask: mask_indices, int32 [>= mask_indptr[R]] "
+          "column blocks (device or pinned host memory), mask_flags, u8 of as many entries on q's device (1: the "
+          "block is fully visible) or None -> o [rows, Hq, D], lse [rows, Hq] (base 2).");
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -1840,4 +1886,5 @@ NB_MODULE(_C, m) {
   bind_prefill_ragged_wrapper(m);
   bind_mla_wrapper(m);
   bind_cascade_wrapper(m);
+  bind_block_sparse_paged_wrapper(m);
 }

@@ -620,3 +620,40 @@ class BatchCascadePagedWrapper:
         """
         Runs the planned step: q [rows, Hq, D] over one paged cache per level, each a tuple (k, v, kv, layout, indices) with (k, v) or kv given as for BatchPrefillPagedWrapper.run and indices that level's page ids -> o [rows, Hq, D], lse [rows, Hq] (base 2).
         """
+
+class BatchBlockSparsePagedWrapper:
+    """
+    tessera::BatchBlockSparsePagedWrapper (paged KV under a block mask at each request's logical positions; bounds.max_batch_size bounds both the requests and the block rows).
+    """
+
+    def __init__(self, workspace: NDArray, bounds: RuntimeBounds, options: RuntimeOptions = ...) -> None:
+        """
+        Builds the wrapper over a caller-owned device workspace of at least min_workspace_size(bounds, options) bytes (below workspace_size it splits KV less; needs a GPU).
+        """
+
+    @staticmethod
+    def workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        Bytes of device workspace a wrapper with these bounds needs on GPU `device`.
+        """
+
+    @staticmethod
+    def min_workspace_size(bounds: RuntimeBounds, options: RuntimeOptions = ..., device: int = 0) -> int:
+        """
+        The smallest workspace a wrapper with these bounds takes on GPU `device` (below workspace_size it splits KV less).
+        """
+
+    def plan_info(self) -> dict:
+        """
+        What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, mask_indptr: NDArray, block_rows: int, block_cols: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
+        """
+        Plans a step from HOST int32 qo_indptr, kv_indptr [B + 1] (pages), last_page_len [B] and mask_indptr [R + 1] (column blocks per block row; R = sum over requests of ceil(qo_len / block_rows)). Keyword options as for BatchDecodeWrapper.plan.
+        """
+
+    def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, mask_indices: NDArray, mask_flags: NDArray | None, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
+        """
+        Runs the planned step: q [rows, Hq, D] over the paged cache ((k, v) or kv, and indices, the page ids, as for BatchPrefillPagedWrapper.run) under the block mask: mask_indices, int32 [>= mask_indptr[R]] column blocks (device or pinned host memory), mask_flags, u8 of as many entries on q's device (1: the block is fully visible) or None -> o [rows, Hq, D], lse [rows, Hq] (base 2).
+        """

@@ -63,7 +63,7 @@ from .rope import (
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from .sparse import BlockSparseAttentionWrapper
+from .sparse import BlockSparseAttentionWrapper, BlockSparsePagedAttentionWrapper
 from .variant import VariantSpec
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
@@ -81,6 +81,7 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BlockSparseAttentionWrapper",
+    "BlockSparsePagedAttentionWrapper",
     "BatchMLAPagedAttentionWrapper",
     "single_decode_with_kv_cache",
     "batch_decode_with_ragged_kv_cache",

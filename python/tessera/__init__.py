@@ -63,7 +63,7 @@ from .rope import (
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from .sparse import BlockSparseAttentionWrapper, BlockSparsePagedAttentionWrapper
+from .sparse import BlockSparseAttentionWrapper, BlockSparsePagedAttentionWrapper, paged_block_mask
 from .variant import VariantSpec
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
@@ -82,6 +82,7 @@ __all__ = [
     "BatchPrefillWithRaggedKVCacheWrapper",
     "BlockSparseAttentionWrapper",
     "BlockSparsePagedAttentionWrapper",
+    "paged_block_mask",
     "BatchMLAPagedAttentionWrapper",
     "single_decode_with_kv_cache",
     "batch_decode_with_ragged_kv_cache",

@@ -26,7 +26,7 @@ from .prefill import _check_causal
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["BlockSparseAttentionWrapper", "BlockSparsePagedAttentionWrapper"]
+__all__ = ["BlockSparseAttentionWrapper", "BlockSparsePagedAttentionWrapper", "paged_block_mask"]
 
 
 class BlockSparseAttentionWrapper:
@@ -321,6 +321,7 @@ class BlockSparsePagedAttentionWrapper(R._RuntimeWrapper):
         kv_data_type: Optional[Union[str, "torch.dtype"]] = None,
         fixed_split_size: Optional[int] = None,
         disable_split_kv: bool = False,
+        variant: Optional[Any] = None,
     ) -> None:
         """Plans one batch shape and block mask; every layer's :meth:`run` reuses it.
 
@@ -360,12 +361,19 @@ class BlockSparsePagedAttentionWrapper(R._RuntimeWrapper):
                 :meth:`run`).
             fixed_split_size: split long block rows at multiples of this many keys (a multiple of
                 128; batch-invariant results). disable_split_kv: never split.
+            variant: None or a softmax :class:`tessera.VariantSpec`, e.g.
+                :func:`tessera.flex_variant` of the mask_mod of a block mask (evaluated in the
+                blocks not flagged full) and a score_mod; as for the paged prefill wrapper, its
+                ``b`` is the request and ``q_idx`` the query's position ``kv_len - qo_len + i``.
+                :func:`paged_block_mask` turns a FlexAttention block mask into this plan's mask
+                arrays.
 
         The options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
         torch = U._torch()
-        options = U.resolve_variant("NONE", window_left, logits_soft_cap, None, None)
+        options = U.resolve_variant("NONE", window_left, logits_soft_cap, None, None, variant=variant)
+        options.check_runtime()
         causal = _check_causal(causal)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type)
         kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
@@ -573,3 +581,73 @@ def _check_block_ids(ids: "torch.Tensor", indptr: "torch.Tensor", num_col_blocks
         i = int(bad.nonzero()[0]) + 1
         raise ValueError(f"{name}[{i}] = {int(ids[i])} does not increase within its block row "
                          f"(previous {int(ids[i - 1])}); list each row's column blocks in increasing order")
+
+
+def paged_block_mask(block_mask: Any, qo_indptr: "torch.Tensor", paged_kv_indptr: "torch.Tensor",
+                     paged_kv_last_page_len: "torch.Tensor",
+                     page_size: int) -> Tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+    """The mask arrays of :meth:`BlockSparsePagedAttentionWrapper.plan` from a FlexAttention block
+    mask (:func:`tessera.create_block_mask`'s, or torch's) over key POSITIONS: block row r of the
+    mask is queries at positions ``r * Q_BLOCK .. r * Q_BLOCK + Q_BLOCK - 1``, as in a prefill of
+    ``Q_LEN = KV_LEN`` tokens.
+
+    Request b (batch entry b of the mask, or entry 0 when the mask's batch is 1) has its queries at
+    positions ``kv_len - qo_len .. kv_len - 1``; that offset must be a multiple of ``Q_BLOCK`` (so the
+    request's block rows are whole rows of the mask: a prefill, or a chunk of one cut at block
+    boundaries) and ``kv_len`` at most ``Q_LEN`` and ``KV_LEN``. The request's block rows are the
+    mask's rows from ``(kv_len - qo_len) // Q_BLOCK`` on, each with the mask's column blocks below
+    ``ceil(kv_len / KV_BLOCK)`` (the union over the mask's heads), flagged full where the mask's
+    block is full for every head. Plan with ``block_rows, block_cols = block_mask.BLOCK_SIZE`` and
+    ``variant=tessera.flex_variant(mask_mod=block_mask.mask_mod)`` (unless it is ``noop_mask``), so
+    the blocks not flagged full evaluate the mask_mod.
+
+    Args:
+        block_mask: the block mask (batch 1 or ``batch_size``).
+        qo_indptr, paged_kv_indptr, paged_kv_last_page_len, page_size: the batch, as for
+            :meth:`BlockSparsePagedAttentionWrapper.plan`.
+
+    Returns:
+        ``(mask_indptr, mask_indices, mask_flags)``: int32 on the CPU, int32 and uint8 on the
+        block mask's device.
+    """
+    from .flex import _block_states_for_kernel
+
+    torch = U._torch()
+    q_block, kv_block = (int(x) for x in block_mask.BLOCK_SIZE)
+    q_len, kv_len_max = (int(x) for x in block_mask.seq_lengths)
+    page_size = U.check_positive_int("page_size", page_size)
+    qo_host = U.to_host_int32("qo_indptr", qo_indptr)
+    U.check_indptr_values("qo_indptr", qo_host)
+    batch = int(qo_host.shape[0]) - 1
+    kv_host = U.to_host_int32("paged_kv_indptr", paged_kv_indptr, batch + 1)
+    U.check_indptr_values("paged_kv_indptr", kv_host)
+    last_host = U.to_host_int32("paged_kv_last_page_len", paged_kv_last_page_len, batch)
+    states = _block_states_for_kernel(block_mask)  # [B, H, num_q_blocks, num_kv_blocks]
+    if states.shape[0] not in (1, batch):
+        raise ValueError(f"paged_block_mask: the block mask has batch {states.shape[0]}, expected 1 or the "
+                         f"batch size {batch}")
+    visible = (states > 0).any(dim=1)  # [B, num_q_blocks, num_kv_blocks]: union over the heads
+    full = (states == 2).all(dim=1)
+    indptr, indices, flags = [0], [], []
+    for b in range(batch):
+        qo = int(qo_host[b + 1] - qo_host[b])
+        pages = int(kv_host[b + 1] - kv_host[b])
+        kv = (pages - 1) * page_size + int(last_host[b]) if pages > 0 else 0
+        if qo == 0:
+            continue
+        offset = kv - qo
+        if offset < 0 or offset % q_block != 0 or kv > q_len or kv > kv_len_max:
+            raise ValueError(
+                f"paged_block_mask: request {b} has {qo} queries over {kv} keys: its queries must start at a "
+                f"multiple of the mask's Q_BLOCK = {q_block} (kv_len - qo_len = {offset}) and kv_len must be at "
+                f"most the mask's Q_LEN = {q_len} and KV_LEN = {kv_len_max}")
+        entry = 0 if states.shape[0] == 1 else b
+        r0, rows, cols = offset // q_block, -(-qo // q_block), -(-kv // kv_block)
+        vis = visible[entry, r0:r0 + rows, :cols]
+        indptr += (indptr[-1] + vis.sum(dim=1).cumsum(0).cpu()).tolist()
+        indices.append(vis.nonzero()[:, 1].to(torch.int32))
+        flags.append(full[entry, r0:r0 + rows, :cols][vis].to(torch.uint8))
+    device = states.device
+    mask_indices = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.int32, device=device)
+    mask_flags = torch.cat(flags) if flags else torch.zeros(0, dtype=torch.uint8, device=device)
+    return torch.tensor(indptr, dtype=torch.int32), mask_indices, mask_flags

@@ -76,7 +76,7 @@ def test_signature():
         "qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len", "mask_indptr", "mask_indices",
         "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "block_rows", "block_cols", "mask_flags", "causal",
         "sm_scale", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type", "fixed_split_size",
-        "disable_split_kv"]
+        "disable_split_kv", "variant"]
     assert params(W.run) == ["q", "paged_kv_cache", "out", "lse", "return_lse", "k_scale", "v_scale"]
     keyword_only = lambda f: [n for n, p in inspect.signature(f).parameters.items()  # noqa: E731
                               if p.kind == inspect.Parameter.KEYWORD_ONLY]
@@ -88,7 +88,9 @@ def test_signature():
 def test_exported_and_documented():
     assert "BlockSparsePagedAttentionWrapper" in tessera.__all__
     assert tessera.sparse.BlockSparsePagedAttentionWrapper is W
-    assert tessera.sparse.__all__ == ["BlockSparseAttentionWrapper", "BlockSparsePagedAttentionWrapper"]
+    assert tessera.sparse.__all__ == ["BlockSparseAttentionWrapper", "BlockSparsePagedAttentionWrapper",
+                                      "paged_block_mask"]
+    assert "paged_block_mask" in tessera.__all__ and inspect.getdoc(tessera.paged_block_mask)
     assert inspect.getdoc(W)
     for name, member in inspect.getmembers(W):
         if (not name.startswith("_") or name == "__init__") and (callable(member) or isinstance(member, property)):
@@ -617,3 +619,83 @@ def test_cuda_graph_replays_after_replans():
                       f"step {step} ({len(qo_lens)} requests, {mask.indptr.numel() - 1} block rows, "
                       f"{mask.indices.numel()} blocks)")
     assert w._holder.builds == 1
+
+
+# --- FlexAttention block masks over a paged batch (paged_block_mask, variant=flex_variant) ----------
+
+
+def _flex_mask(nq, nkv, blk, states):
+    """A tessera.BlockMask on the CPU of one batch entry and one head from int states [nq, nkv]
+    (0 absent, 1 partial, 2 full), lengths nq * blk x nkv * blk."""
+    states = torch.tensor(states, dtype=torch.int8)
+    def part(value):
+        dense = states == value
+        num = dense.sum(-1, dtype=torch.int32)
+        idx = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return num[None, None], idx[None, None]
+    (pn, pi), (fn, fi) = part(1), part(2)
+    return tessera.BlockMask((nq * blk, nkv * blk), (blk, blk), pn, pi, fn, fi, None)
+
+
+def test_paged_block_mask_cuts_each_request_out_of_the_mask():
+    # A 4 x 4 mask of 16-position blocks; request 0 is a prefill of 40 keys (block rows 0-2, column
+    # blocks below ceil(40 / 16) = 3), request 1 a chunk of 16 queries after 32 keys (mask row 2,
+    # 48 keys: 3 column blocks), request 2 has no query.
+    bm = _flex_mask(4, 4, 16, [[2, 0, 0, 0], [1, 2, 0, 1], [0, 1, 1, 0], [2, 2, 2, 1]])
+    qo_indptr, kv_indptr, last = _i32([0, 40, 56, 56]), _i32([0, 3, 6, 7]), _i32([8, 16, 5])
+    indptr, indices, flags = tessera.paged_block_mask(bm, qo_indptr, kv_indptr, last, 16)
+    assert indptr.tolist() == [0, 1, 3, 5, 7]
+    assert indices.tolist() == [0, 0, 1, 1, 2, 1, 2]
+    assert flags.tolist() == [1, 0, 1, 0, 0, 0, 0]
+
+
+def test_paged_block_mask_errors_name_the_request():
+    bm = _flex_mask(4, 4, 16, [[2, 0, 0, 0]] * 4)
+    # 10 queries after 30 keys: they start at position 30, not a multiple of 16.
+    with pytest.raises(ValueError, match="request 1 has 10 queries over 40 keys"):
+        tessera.paged_block_mask(bm, _i32([0, 16, 26]), _i32([0, 1, 4]), _i32([16, 8]), 16)
+    # 80 keys: past the mask's 64 positions.
+    with pytest.raises(ValueError, match="kv_len must be at most the mask's Q_LEN = 64"):
+        tessera.paged_block_mask(bm, _i32([0, 80]), _i32([0, 5]), _i32([16]), 16)
+    with pytest.raises(ValueError, match="expected 1 or the batch size 2"):
+        two = tessera.BlockMask((64, 64), (16, 16), bm.kv_num_blocks.repeat(3, 1, 1), bm.kv_indices.repeat(3, 1, 1, 1),
+                                None, None, None)
+        tessera.paged_block_mask(two, _i32([0, 16, 32]), _i32([0, 1, 2]), _i32([16, 16]), 16)
+
+
+@gpu
+def test_flex_block_mask_with_its_mask_mod(workspace):
+    """create_block_mask of a sliding-window causal mask_mod over positions, cut per request by
+    paged_block_mask (prefills and chunks that start at a block boundary), its mask_mod evaluated
+    in the partial blocks through flex_variant: against the reference of the mask_mod itself."""
+    gen = torch.Generator().manual_seed(77)
+    hkv, hq, d, ps, dtype, blk, window = 2, 8, 128, 16, torch.bfloat16, 64, 200
+    qo_lens, kv_lens = [300, 64, 1, 128], [300, 256, 1, 384]  # query offsets 0, 192, 0, 256
+
+    def sliding_causal(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    length = max(kv_lens)
+    bm = tessera.create_block_mask(sliding_causal, None, None, length, length, device="cuda", BLOCK_SIZE=blk)
+    cache = _Paged(kv_lens, ps, hkv, d, dtype, "NHD", False, gen)
+    qo_indptr = _i32([0] + torch.tensor(qo_lens).cumsum(0).tolist())
+    mask_indptr, mask_indices, mask_flags = tessera.paged_block_mask(bm, qo_indptr, cache.indptr,
+                                                                     cache.last_page_len, ps)
+    assert bool(mask_flags.any()) and bool((mask_flags == 0).any()), "full and partial blocks both"
+    listed = int(mask_indptr[-1])
+    every = sum(-(-qo // blk) * -(-kv // blk) for qo, kv in zip(qo_lens, kv_lens))
+    assert listed < every, "the window must leave blocks out"
+    q = torch.randn(int(qo_indptr[-1]), hq, d, generator=gen).to(dtype).cuda()
+    w = W(workspace)
+    w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, mask_indptr, mask_indices, hq, hkv, d, ps,
+           blk, blk, mask_flags=mask_flags, q_data_type=dtype, variant=tessera.flex_variant(mask_mod=sliding_causal))
+    out, lse = w.run(q, cache.cache, return_lse=True)
+
+    class Dense:
+        dense = []
+
+    for qo, kv in zip(qo_lens, kv_lens):
+        pos, j = kv - qo + torch.arange(qo)[:, None], torch.arange(kv)[None, :]
+        Dense.dense.append((j <= pos) & (pos - j < window))
+    ref_o, ref_lse = _reference(q, qo_indptr, cache, Dense, d ** -0.5)
+    _assert_close(out, lse, ref_o, ref_lse, dtype, "flex block mask with its mask_mod")

@@ -135,6 +135,48 @@ class _Need:
         )
 
 
+_PLAIN_TYPES: Optional[frozenset] = None
+
+
+def _plain_types() -> frozenset:
+    """The argument types _ArgsMemo keeps keys of: values whose == means "the checks give the same
+    result" (a bool is never taken for an int, nor a float for an int: the types are compared too)."""
+    global _PLAIN_TYPES
+    if _PLAIN_TYPES is None:
+        _PLAIN_TYPES = frozenset((int, float, bool, str, type(None), type(U._torch().float16)))
+    return _PLAIN_TYPES
+
+
+class _ArgsMemo:
+    """The result of a call's checks over its scalar arguments, kept for the next call with the
+    same ones: a serving loop plans every step with the same head counts, dtypes, page size and
+    options, and only its page table changes. get(key) gives the kept value when `key` has the same
+    types and values as the key it was put under, else None (the caller then checks again and puts
+    the result). put() keeps a value only when every element of its key is of a _plain_types()
+    type (int, float, bool, str, None, torch.dtype): a tensor, a numpy scalar or an object as an
+    argument is checked at every call. The value must be the same for equal keys: a pure function
+    of them, never modified."""
+
+    __slots__ = ("key", "types", "value")
+
+    def __init__(self) -> None:
+        self.key: Optional[Tuple[Any, ...]] = None
+        self.types: Optional[Tuple[type, ...]] = None
+        self.value: Any = None
+
+    def get(self, key: Tuple[Any, ...]) -> Any:
+        # Types first (so a tensor is never compared with ==), then the values.
+        if self.types is not None and tuple(map(type, key)) == self.types and key == self.key:
+            return self.value
+        return None
+
+    def put(self, key: Tuple[Any, ...], value: Any) -> None:
+        types = tuple(map(type, key))
+        plain = _plain_types()
+        if all(t in plain for t in types):
+            self.key, self.types, self.value = key, types, value
+
+
 def _bounds(C: Any, batch: int, total_qo: int, hq: int, hkv: int, d: int, d_vo: int = 0) -> Any:
     b = C.RuntimeBounds()
     b.max_batch_size = int(batch)

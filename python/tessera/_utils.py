@@ -927,17 +927,29 @@ class HostPageIds:
 
     def __init__(self, name: str, indices: "torch.Tensor", count: int) -> None:
         self.name = name
-        self.ids = indices[:count] if indices.is_cpu else None
+        # The tensor and the count, sliced (ids) only when a run() checks them: every plan makes one
+        # of these, and a slice costs about a microsecond.
+        self._host = indices if indices.is_cpu else None
+        self._count = count
         self._checked_page_counts: set = set()
 
+    @property
+    def ids(self) -> Optional["torch.Tensor"]:
+        """indices[:count] when they were given in host memory, else None."""
+        host = self._host
+        if host is None or host.shape[0] == self._count:
+            return host
+        return host[: self._count]
+
     def check(self, num_cache_pages: int) -> None:
-        if self.ids is None or num_cache_pages in self._checked_page_counts:
+        if self._host is None or num_cache_pages in self._checked_page_counts:
             return
-        bad = ((self.ids < 0) | (self.ids >= num_cache_pages)).nonzero()
+        ids = self.ids
+        bad = ((ids < 0) | (ids >= num_cache_pages)).nonzero()
         if bad.numel() > 0:
             i = int(bad[0, 0])
             raise ValueError(
-                f"{self.name}[{i}] = {int(self.ids[i])} is out of range [0, {num_cache_pages}) "
+                f"{self.name}[{i}] = {int(ids[i])} is out of range [0, {num_cache_pages}) "
                 f"(the paged_kv_cache has {num_cache_pages} pages)"
             )
         self._checked_page_counts.add(num_cache_pages)

@@ -344,6 +344,9 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         self._rope_offsets = _RopeOffsets(self._use_cuda_graph, self._fixed_batch_size)
         self._graph_q_len: Optional[int] = None  # use_cuda_graph: q_len_per_req, fixed by the first plan
         self._graph_views = _PrefixViews()  # use_cuda_graph: the buffers' prefixes plan() fills
+        # The configuration of the last plan() / fast_decode_plan() and the arguments it came from.
+        self._plan_config = R._ArgsMemo()
+        self._fast_plan_config = R._ArgsMemo()
         # torch.compile: the handle of the custom op tessera::decode_run (tessera/_ops.py); the
         # workspace and the preallocated page ids keep their addresses (static for CUDA graphs).
         self._handle = R.enable_compile(self, ws, paged_kv_indices_buffer if self._use_cuda_graph else None)
@@ -450,38 +453,42 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
-        U.check_none("block_tables", block_tables)
-        U.check_none("seq_lens", seq_lens)
-        options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
-                                    low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
-                                    old_context_len=old_context_len, num_sink_tokens=num_sink_tokens,
-                                    use_sigmoid=use_sigmoid, sigmoid_bias=sigmoid_bias, variant=variant)
-        self._plan_step(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, options,
-                        U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type),
-                        kv_data_type if kv_data_type is not None else data_type, sm_scale, non_blocking,
-                        fixed_split_size, disable_split_kv, q_len_per_req, q_rope_offset, k_rope_offset)
+        # Every argument but the page table and the RoPE offsets, checked and resolved once
+        # (_DecodePlanConfig) and kept for the next plan() with the same ones (a serving loop's).
+        key = (block_tables, seq_lens, pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+               low_freq_factor, high_freq_factor, old_context_len, num_sink_tokens, use_sigmoid, sigmoid_bias,
+               variant, q_data_type, kv_data_type, data_type, o_data_type, num_qo_heads, num_kv_heads, head_dim,
+               page_size, sm_scale, fixed_split_size, disable_split_kv, q_len_per_req)
+        config = self._plan_config.get(key)
+        if config is None:
+            U.check_none("block_tables", block_tables)
+            U.check_none("seq_lens", seq_lens)
+            options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+                                        low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+                                        old_context_len=old_context_len, num_sink_tokens=num_sink_tokens,
+                                        use_sigmoid=use_sigmoid, sigmoid_bias=sigmoid_bias, variant=variant)
+            dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
+            config = _DecodePlanConfig(options, dtype, kv_data_type if kv_data_type is not None else data_type,
+                                       num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, fixed_split_size,
+                                       disable_split_kv, q_len_per_req)
+            self._plan_config.put(key, config)
+        self._plan_step(config, indptr, indices, last_page_len, non_blocking, q_rope_offset, k_rope_offset)
 
     begin_forward = plan
 
     def _plan_step(
-        self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: Any, num_kv_heads: Any, head_dim: Any,
-        page_size: Any, options: U.Variant, dtype: "torch.dtype", kv_data_type: Any, sm_scale: Any,
-        non_blocking: bool, fixed_split_size: Any, disable_split_kv: Any, q_len_per_req: Any, q_rope_offset: Any,
-        k_rope_offset: Any, indptr_host: Any = None, last_page_len_host: Any = None,
+        self, config: "_DecodePlanConfig", indptr: Any, indices: Any, last_page_len: Any, non_blocking: bool,
+        q_rope_offset: Any, k_rope_offset: Any, indptr_host: Any = None, last_page_len_host: Any = None,
         fill_graph_page_table: bool = True,
     ) -> None:
-        """plan() and fast_decode_plan() after their own checks. indptr_host / last_page_len_host:
+        """plan() and fast_decode_plan() after their own checks and their arguments' configuration
+        (_DecodePlanConfig): the page table's checks and the plan. indptr_host / last_page_len_host:
         host copies the caller already has (fast_decode_plan), used instead of copying indptr /
         last_page_len; fill_graph_page_table: with use_cuda_graph, also write indptr and
         last_page_len into the preallocated buffers (run() reads neither: the plan keeps its own
         copies in the workspace; fast_decode_plan skips them, as FlashInfer's does)."""
-        options.check_runtime()
-        kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
-        hq, hkv, d = U.check_heads(num_qo_heads, num_kv_heads, head_dim)
-        page_size = U.check_positive_int("page_size", page_size)
-        scale = U.resolve_sm_scale(sm_scale, d)
-        split, split_size = split_options(fixed_split_size, disable_split_kv, page_size)
-        q_len = U.check_positive_int("q_len_per_req", q_len_per_req)
+        options, dtype, kv_dtype, q_len = config.options, config.dtype, config.kv_dtype, config.q_len
+        hq, hkv, d, page_size, scale = config.hq, config.hkv, config.d, config.page_size, config.scale
 
         if indptr_host is None:
             indptr_host = U.to_host_int32("indptr", indptr)
@@ -521,19 +528,18 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         self._planned = None
         # q_len_per_req > 1 runs on the prefill runtime. The two runtimes would share the workspace,
         # so the old one is dropped first: its destructor waits for its last run.
-        runtime_class = "BatchDecodeWrapper" if q_len == 1 else "BatchPrefillPagedWrapper"
-        if self._holder.cpp_class_name != runtime_class:
+        if self._holder.cpp_class_name != config.runtime_class:
             self._holder.cpp = None
-            self._holder = _RuntimeHolder(runtime_class, self._float_workspace_buffer, self._use_cuda_graph)
+            self._holder = _RuntimeHolder(config.runtime_class, self._float_workspace_buffer, self._use_cuda_graph)
         graph_rows = None
         if self._use_cuda_graph:
             assert self._fixed_batch_size is not None
             graph_rows = self._fixed_batch_size * q_len
         cpp = self._holder.ensure(
-            _Need(batch, batch * q_len, hq, hkv, d),
+            config.need(batch),
             dtype,
-            split,
-            split_size,
+            config.split,
+            config.split_size,
             graph_bounds=(self._fixed_batch_size, graph_rows) if self._use_cuda_graph else None,
             kv_dtype=kv_dtype,
         )
@@ -564,37 +570,28 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         self._alibi_slopes = U.alibi_slopes(hq, device) if options.alibi else None
         q_offset, k_offset = self._rope_offsets.plan_tensors(
             U.rope_offset_tensor(q_rope_offset, device), U.rope_offset_tensor(k_rope_offset, device), batch, device)
-        fp8 = U.is_fp8(kv_dtype)
-        if fp8 or not options.is_default():
+        plan_kwargs = config.plan_kwargs
+        if plan_kwargs is None:  # an fp8 cache or a variant: keywords with this plan's tensors
+            fp8 = U.is_fp8(kv_dtype)
             plan_kwargs = dict(kv_dtype=U.tessera_dtype(kv_dtype) if fp8 else None,
                                **(self._kv_scales.plan_kwargs(device) if fp8 else {}),
                                **options.kwargs(self._alibi_slopes, q_offset, k_offset))
-        else:
-            plan_kwargs = _DEFAULT_PLAN_KWARGS  # what the lines above give then
         device_index = device.index if device.index is not None else U.device_index(self._float_workspace_buffer)
         if q_len == 1:
-            cpp.plan(indptr_host, last_page_len_host, page_size, hq, hkv, d, U.tessera_dtype(dtype), scale, stream,
+            cpp.plan(indptr_host, last_page_len_host, page_size, hq, hkv, d, config.dtype_arg, scale, stream,
                      device_index, **plan_kwargs)
         else:
             qo_indptr_host = U._torch().arange(batch + 1, dtype=U._torch().int32) * q_len
-            cpp.plan(qo_indptr_host, indptr_host, last_page_len_host, page_size, hq, hkv, d, U.tessera_dtype(dtype),
+            cpp.plan(qo_indptr_host, indptr_host, last_page_len_host, page_size, hq, hkv, d, config.dtype_arg,
                      scale, True, stream, device_index, **plan_kwargs)
+        rows = graph_rows if graph_rows is not None else batch * q_len
         self._planned = {
             "batch": batch,
-            "q_len_per_req": q_len,
-            "rows": graph_rows if graph_rows is not None else batch * q_len,
-            "num_qo_heads": hq,
-            "num_kv_heads": hkv,
-            "head_dim": d,
-            "page_size": page_size,
-            "dtype": dtype,
-            "kv_dtype": kv_dtype,
+            "rows": rows,
             "indices": run_indices,
             "host_indices": U.HostPageIds("indices", indices, num_pages),
-            "sm_scale": scale,
-            "window_left": options.window_left,
-            **_run_fields(device, self._kv_layout, hkv, d, d, page_size, kv_dtype,
-                          (graph_rows if graph_rows is not None else batch * q_len) if q_len > 1 else None, dtype, hq),
+            # The entries that depend on the configuration, the device and the layout alone.
+            **config.planned(device, self._kv_layout, rows if q_len > 1 else None),
         }
         self._planned["run_fast"] = _paged_run_constants(self._planned, cpp)
 
@@ -692,6 +689,73 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
 
 # The plan keywords of a 16-bit cache and the default variant (never modified: passed as **kwargs).
 _DEFAULT_PLAN_KWARGS: Dict[str, Any] = {"kv_dtype": None}
+
+
+class _DecodePlanConfig:
+    """A decode plan's arguments other than the page table and the RoPE offsets, checked (in the
+    order plan() has always checked them: the first failing check raises) and resolved, with what
+    the plan derives from them alone. A pure function of those arguments (its fields never change;
+    need() and planned() only cache what they derive): plan() and fast_decode_plan() keep the last
+    one (R._ArgsMemo) for the next call with the same arguments, whose checks would pass the same
+    way."""
+
+    __slots__ = ("options", "dtype", "kv_dtype", "hq", "hkv", "d", "page_size", "scale", "split", "split_size",
+                 "q_len", "runtime_class", "dtype_arg", "plan_kwargs", "_needs", "_planned_key", "_planned")
+
+    def __init__(self, options: U.Variant, dtype: "torch.dtype", kv_data_type: Any, num_qo_heads: Any,
+                 num_kv_heads: Any, head_dim: Any, page_size: Any, sm_scale: Any, fixed_split_size: Any,
+                 disable_split_kv: Any, q_len_per_req: Any) -> None:
+        options.check_runtime()
+        self.options = options
+        self.dtype = dtype
+        self.kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
+        self.hq, self.hkv, self.d = U.check_heads(num_qo_heads, num_kv_heads, head_dim)
+        self.page_size = U.check_positive_int("page_size", page_size)
+        self.scale = U.resolve_sm_scale(sm_scale, self.d)
+        self.split, self.split_size = split_options(fixed_split_size, disable_split_kv, self.page_size)
+        self.q_len = U.check_positive_int("q_len_per_req", q_len_per_req)
+        # q_len_per_req > 1 runs on the prefill runtime.
+        self.runtime_class = "BatchDecodeWrapper" if self.q_len == 1 else "BatchPrefillPagedWrapper"
+        self.dtype_arg = U.tessera_dtype(dtype)
+        # The plan's keywords with a 16-bit cache and the default variant; None when they hold
+        # tensors (an fp8 cache's scale buffer, a variant's slopes or offsets): made at each plan.
+        self.plan_kwargs = (_DEFAULT_PLAN_KWARGS if not U.is_fp8(self.kv_dtype) and options.is_default()
+                            else None)
+        self._needs: Dict[int, _Need] = {}
+        self._planned_key: Any = None
+        self._planned: Any = None
+
+    def need(self, batch: int) -> _Need:
+        """What a plan of `batch` requests asks of the runtime's bounds (one _Need per batch size:
+        _Need is never modified)."""
+        need = self._needs.get(batch)
+        if need is None:
+            if len(self._needs) >= 256:
+                self._needs.clear()
+            need = self._needs[batch] = _Need(batch, batch * self.q_len, self.hq, self.hkv, self.d)
+        return need
+
+    def planned(self, device: Any, kv_layout: str, q_rows: Optional[int]) -> Dict[str, Any]:
+        """The plan dict's entries that depend on this configuration, the workspace's device, the
+        layout and the exact query rows (q_len_per_req > 1) alone; kept for the last (device,
+        layout, q_rows). The caller copies the entries, never modifies the dict."""
+        key = (device, kv_layout, q_rows)
+        if key != self._planned_key:
+            self._planned = {
+                "q_len_per_req": self.q_len,
+                "num_qo_heads": self.hq,
+                "num_kv_heads": self.hkv,
+                "head_dim": self.d,
+                "page_size": self.page_size,
+                "dtype": self.dtype,
+                "kv_dtype": self.kv_dtype,
+                "sm_scale": self.scale,
+                "window_left": self.options.window_left,
+                **_run_fields(device, kv_layout, self.hkv, self.d, self.d, self.page_size, self.kv_dtype, q_rows,
+                              self.dtype, self.hq),
+            }
+            self._planned_key = key
+        return self._planned
 
 
 @functools.lru_cache(maxsize=64)
@@ -812,11 +876,20 @@ def fast_decode_plan(
         torch = U._torch()
         batch = batch_hint if batch_hint is not None else int(U.check_index_tensor("indptr", indptr).shape[0]) - 1
         last_host = torch.ones(max(batch, 0), dtype=torch.int32)
-    self._plan_step(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, options,
-                    U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type),
-                    kv_data_type if kv_data_type is not None else data_type, sm_scale, non_blocking, fixed_split_size,
-                    disable_split_kv, q_len_per_req, None, None, indptr_host=global_override_indptr_cpu,
-                    last_page_len_host=last_host, fill_graph_page_table=False)
+    # The configuration is kept as plan()'s is (the checks above run at every call: they are cheap,
+    # and they come first).
+    key = (pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type, kv_data_type,
+           data_type, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, fixed_split_size, disable_split_kv,
+           q_len_per_req)
+    config = self._fast_plan_config.get(key)
+    if config is None:
+        config = _DecodePlanConfig(options, U.resolve_plan_dtypes(q_data_type, kv_data_type, data_type),
+                                   kv_data_type if kv_data_type is not None else data_type, num_qo_heads,
+                                   num_kv_heads, head_dim, page_size, sm_scale, fixed_split_size, disable_split_kv,
+                                   q_len_per_req)
+        self._fast_plan_config.put(key, config)
+    self._plan_step(config, indptr, indices, last_page_len, non_blocking, None, None,
+                    indptr_host=global_override_indptr_cpu, last_page_len_host=last_host, fill_graph_page_table=False)
 
 
 # --- shared run() checks of the paged wrappers ---------------------------------------------------

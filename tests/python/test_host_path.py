@@ -463,6 +463,140 @@ def test_a_replaced_bounds_object_is_noticed(stand_ins):
     assert holder.builds == 2
 
 
+# plan()'s arguments besides the page table (head counts, dtypes, page size, options) are checked
+# once and kept for the next plan() with the same ones (_DecodePlanConfig in an _ArgsMemo): a plan
+# whose arguments differ in value or in type is checked again, and says what the checks say.
+
+
+def _plan_summary(w):
+    """What a plan left: its dict (less the objects made per plan) and what the runtime received."""
+    planned = {k: _summary(v) for k, v in w._planned.items() if k not in ("host_indices", "run_fast")}
+    args, kwargs = w._holder.cpp.plans[-1]
+    plain = (int, float, bool, str, type(None), torch.dtype, _C.DType)
+    received = (_summary(args), {k: _summary(v) if isinstance(v, (torch.Tensor, *plain)) else type(v).__name__
+                                 for k, v in kwargs.items()})
+    return planned, received, w._holder.cpp_class_name
+
+
+PLAN_ARG_CASES = {
+    "the same": {},
+    "num_kv_heads a bool": dict(num_kv_heads=True),
+    "num_qo_heads a float": dict(num_qo_heads=8.0),
+    "head_dim a 0-d tensor": dict(head_dim=torch.tensor(128)),
+    "head_dim 64": dict(head_dim=64),
+    "head_dim 100": dict(head_dim=100),
+    "page_size 0": dict(page_size=0),
+    "page_size a bool": dict(page_size=True),
+    "sm_scale 0.5": dict(sm_scale=0.5),
+    "sm_scale nan": dict(sm_scale=float("nan")),
+    "sm_scale of 2 elements": dict(sm_scale=torch.tensor([1.0, 2.0])),
+    "q_data_type float32": dict(q_data_type="float32"),
+    "q_data_type bf16": dict(q_data_type="bf16"),
+    "q_data_type torch.float16": dict(q_data_type=torch.float16),
+    "kv_data_type fp8": dict(kv_data_type=torch.float8_e4m3fn),
+    "kv_data_type bf16": dict(kv_data_type=torch.bfloat16),
+    "o_data_type bf16": dict(o_data_type=torch.bfloat16),
+    "window_left -2": dict(window_left=-2),
+    "window_left 4": dict(window_left=4),
+    "rope": dict(pos_encoding_mode="ROPE_LLAMA", rope_theta=5e5),
+    "rope_theta without rope": dict(rope_theta=float("nan")),
+    "soft cap": dict(logits_soft_cap=30.0),
+    "sigmoid": dict(use_sigmoid=True),
+    "low_freq_factor without llama31": dict(low_freq_factor=2.0),
+    "block_tables": dict(block_tables=_i32([0, 1])),
+    "seq_lens": dict(seq_lens=_i32([1, 2])),
+    "fixed_split_size 3": dict(fixed_split_size=3),
+    "fixed_split_size 8": dict(fixed_split_size=8),
+    "disable_split_kv": dict(disable_split_kv=True),
+    "q_len_per_req 2": dict(q_len_per_req=2),
+    "q_len_per_req 2.0": dict(q_len_per_req=2.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_ARG_CASES))
+@pytest.mark.parametrize("wrapper", ["decode", "graph decode"])
+def test_a_kept_plan_configuration_says_what_the_checks_say(stand_ins, wrapper, name):
+    # Two wrappers planned alike; the second forgets its kept configuration: the next plan (these
+    # arguments) must end the same way on both.
+    from tessera import _runtime
+
+    outcomes = []
+    for forget in (False, True):
+        w = D(_ws()) if wrapper == "decode" else _graph_wrapper()
+        _decode_plan(w)
+        _decode_plan(w)  # the kept configuration's
+        if forget:
+            w._plan_config = _runtime._ArgsMemo()
+        outcome = _outcome(lambda: _decode_plan(w, **PLAN_ARG_CASES[name]))
+        outcomes.append((outcome, _plan_summary(w) if outcome[0] == "ok" else None))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_plans_with_the_same_arguments_skip_their_checks(stand_ins, monkeypatch):
+    w = D(_ws())
+    _decode_plan(w)
+    first = w._plan_config.value
+
+    def checked(*args, **kwargs):
+        raise AssertionError("checked again")
+
+    with monkeypatch.context() as m:
+        for name in ("check_heads", "resolve_variant", "resolve_plan_dtypes", "resolve_sm_scale", "check_none"):
+            m.setattr(U, name, checked)
+        _decode_plan(w, indptr=_i32([0, 1, 3]), last_page_len=_i32([16, 7]))  # another page table
+        assert w._plan_config.value is first and len(w._holder.cpp.plans) == 2
+        assert w._planned["batch"] == 2 and w._holder.cpp.plans[-1][0][1].tolist() == [16, 7]
+        with pytest.raises(AssertionError, match="checked again"):
+            _decode_plan(w, head_dim=128.0)  # an equal value of another type
+        with pytest.raises(AssertionError, match="checked again"):
+            _decode_plan(w, sm_scale=0.1)
+    # The page table is checked at every plan.
+    with pytest.raises(ValueError, match=r"indptr\[2\] = 1, expected >= 3"):
+        _decode_plan(w, indptr=_i32([0, 3, 1]))
+    with pytest.raises(ValueError, match=r"indices has 2 entries, expected >= indptr\[-1\] = 3"):
+        _decode_plan(w, indices=_i32([0, 1]))
+    # Tensor arguments are never kept (their values may change in place).
+    _decode_plan(w, head_dim=torch.tensor(128))
+    assert w._plan_config.value is first
+
+
+@pytest.mark.parametrize("case", [{}, dict(head_dim=128.0), dict(page_size=0), dict(q_data_type=None),
+                                  dict(q_data_type="float32"), dict(window_left=3), dict(fixed_split_size=3),
+                                  dict(q_len_per_req=2)])
+def test_fast_decode_plan_keeps_its_configuration_as_plan_does(stand_ins, case):
+    from tessera import _runtime
+
+    def fast_plan(w, **overrides):
+        args = dict(indptr=_i32([0, 2, 3]), indices=_i32([0, 1, 2]), last_page_len=_i32([5, 16]), num_qo_heads=8,
+                    num_kv_heads=2, head_dim=128, page_size=16, q_data_type=torch.float16)
+        args.update(overrides)
+        tessera.fast_decode_plan(w, **args)
+
+    outcomes = []
+    for forget in (False, True):
+        w = D(_ws())
+        fast_plan(w)
+        if forget:
+            w._fast_plan_config = _runtime._ArgsMemo()
+        outcome = _outcome(lambda: fast_plan(w, **case))
+        outcomes.append((outcome, _plan_summary(w) if outcome[0] == "ok" else None))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_args_memo_keeps_plain_keys_only():
+    from tessera import _runtime
+
+    memo = _runtime._ArgsMemo()
+    memo.put((1, 2.0, "a", None, torch.float16, False), "value")
+    assert memo.get((1, 2.0, "a", None, torch.float16, False)) == "value"
+    assert memo.get((True, 2.0, "a", None, torch.float16, False)) is None  # a bool is not an int
+    assert memo.get((1, 2, "a", None, torch.float16, False)) is None  # nor an int a float
+    assert memo.get((1, 2.0, "a", None, torch.float16, 0)) is None
+    assert memo.get((torch.tensor([1, 1]), 2.0, "a", None, torch.float16, False)) is None  # never compared
+    memo.put((torch.tensor(1),), "tensor")  # not kept: the last plain key stays
+    assert memo.get((torch.tensor(1),)) is None and memo.get((1, 2.0, "a", None, torch.float16, False)) == "value"
+
+
 # The graph-mode plan's page-table copies: one call of tessera._C._copy_index_arrays (host arrays
 # are copied with memcpy there, which is what the CPU stand-ins use), else a torch copy each.
 

@@ -452,13 +452,7 @@ class AttentionRuntime {
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
     config.alpha = cost_alpha(q_tile);
     config.group_by_request = plan_group_by_request();
-    // Block rows over a paged cache: a request's block rows read its K/V, so they are grouped
-    // (the groups numbered densely, in the block rows' request order).
-    std::vector<int32_t> kv_group;
-    for (size_t g = 0; g < in.segments.size(); ++g) {
-      const bool same = g > 0 && in.segments[g].request == in.segments[g - 1].request;
-      kv_group.push_back(g == 0 ? 0 : kv_group.back() + (same ? 0 : 1));
-    }
+    const std::vector<int32_t> kv_group = block_row_kv_groups(in);
     if (!kv_group.empty()) config.kv_group = kv_group.data();
     int64_t tile_pairs = 0;
     for (const int32_t qo : in.qo_len) {
@@ -485,32 +479,68 @@ class AttentionRuntime {
     TESSERA_CHECK(cols <= layout_.max_cols, StatusCode::kInternal)
         << "grid of " << cols << " columns exceeds the workspace's " << layout_.max_cols;
 
+    const int64_t plan_bytes = upload_plan(in, plan, stream);
+    keep_plan(in, shape, kv_dtype, variant, q_tile);
+    info_ = PlanInfo{};
+    info_.batch_size = batch;
+    info_.q_tile_rows = config.q_tile_rows;
+    info_.kv_tile_rows = config.kv_tile_rows;
+    info_.grid_cols = cols;
+    info_.heads_per_cta = grid.heads_per_cta;
+    info_.num_items = static_cast<int32_t>(plan.items.size());
+    info_.num_partials = plan.num_partials;
+    info_.num_merges = static_cast<int32_t>(plan.merges.size());
+    info_.chunk_size = plan.chunk_size;
+    info_.makespan = plan.makespan;
+    info_.lower_bound = plan.lower_bound;
+    info_.plan_bytes = plan_bytes;
+    info_.grouped_by_request = plan.grouped_by_request;
+  }
+
+  /// Block rows over a paged cache read their request's K/V: the planner groups them by it (the
+  /// groups numbered densely, in the block rows' request order). Empty for the other formats.
+  static std::vector<int32_t> block_row_kv_groups(const PlanInput& in) {
+    std::vector<int32_t> groups;
+    groups.reserve(in.segments.size());
+    for (size_t g = 0; g < in.segments.size(); ++g) {
+      const bool same = g > 0 && in.segments[g].request == in.segments[g - 1].request;
+      groups.push_back(g == 0 ? 0 : groups.back() + (same ? 0 : 1));
+    }
+    return groups;
+  }
+
+  /// Writes the plan and the index arrays it keeps into the staging buffer and uploads them into
+  /// the workspace's plan sections with one copy on `stream`; returns the bytes uploaded.
+  int64_t upload_plan(const PlanInput& in, const runtime::Plan& plan, StreamHandle stream) {
     char* host = channel_->staging();
+    const auto put = [&](int64_t section, const auto& values) {
+      if (!values.empty()) std::memcpy(host + section, values.data(), values.size() * sizeof(values[0]));
+    };
     const int32_t num_merges = static_cast<int32_t>(plan.merges.size());
     std::memcpy(host + layout_.num_merges, &num_merges, sizeof(num_merges));
-    const int32_t num_segments = static_cast<int32_t>(batch);
+    const int32_t num_segments = static_cast<int32_t>(in.qo_len.size());
     std::memcpy(host + layout_.num_segments, &num_segments, sizeof(num_segments));
-    std::memcpy(host + layout_.cta_indptr, plan.cta_indptr.data(), plan.cta_indptr.size() * sizeof(int32_t));
-    std::memcpy(host + layout_.qo_indptr, in.qo_indptr.data(), in.qo_indptr.size() * sizeof(int32_t));
-    std::memcpy(host + layout_.kv_indptr, in.kv_indptr.data(), in.kv_indptr.size() * sizeof(int32_t));
-    if (!in.last_page_len.empty()) {
-      std::memcpy(host + layout_.last_page_len, in.last_page_len.data(), in.last_page_len.size() * sizeof(int32_t));
-    }
-    if (!mask_indptr_host_.empty()) {
-      std::memcpy(host + layout_.mask_indptr, mask_indptr_host_.data(), mask_indptr_host_.size() * sizeof(int32_t));
-    }
+    put(layout_.cta_indptr, plan.cta_indptr);
+    put(layout_.qo_indptr, in.qo_indptr);
+    put(layout_.kv_indptr, in.kv_indptr);
+    put(layout_.last_page_len, in.last_page_len);
+    put(layout_.mask_indptr, mask_indptr_host_);
     if (!in.segments.empty() || !in.page_indptr.empty()) {
       const int32_t requests = static_cast<int32_t>(in.page_indptr.size()) - 1;
       std::memcpy(host + layout_.num_requests, &requests, sizeof(requests));
-      std::memcpy(host + layout_.page_indptr, in.page_indptr.data(), in.page_indptr.size() * sizeof(int32_t));
-      std::memcpy(host + layout_.segments, in.segments.data(),
-                  in.segments.size() * sizeof(kernels::BlockRowSegment));
+      put(layout_.page_indptr, in.page_indptr);
+      put(layout_.segments, in.segments);
     }
-    std::memcpy(host + layout_.merges, plan.merges.data(), plan.merges.size() * sizeof(runtime::MergeItem));
-    std::memcpy(host + layout_.items, plan.items.data(), plan.items.size() * sizeof(runtime::WorkItem));
+    put(layout_.merges, plan.merges);
+    put(layout_.items, plan.items);
     const int64_t plan_bytes = layout_.items + static_cast<int64_t>(plan.items.size() * sizeof(runtime::WorkItem));
     channel_->upload(plan_bytes, reinterpret_cast<cudaStream_t>(stream));
+    return plan_bytes;
+  }
 
+  /// What run() checks its arguments against and launches with, from the last plan.
+  void keep_plan(const PlanInput& in, const PlanShape& shape, DType kv_dtype, const ResolvedVariant& variant,
+                 QTile q_tile) {
     planned_ = true;
     kv_indptr_host_ = in.kv_indptr;
     page_indptr_host_ = in.page_indptr;
@@ -520,27 +550,13 @@ class AttentionRuntime {
     kv_dtype_ = kv_dtype;
     keep_variant(variant);
     q_tile_ = q_tile;
-    batch_ = batch;
-    total_qo_ = total_qo;
+    batch_ = static_cast<int64_t>(in.qo_len.size());
+    total_qo_ = in.qo_indptr.empty() ? 0 : in.qo_indptr.back();
     total_kv_units_ = in.kv_indptr.empty() ? 0 : in.kv_indptr.back();
     page_size_ = in.page_size;
     block_rows_ = in.block_rows;
     num_rows_ = in.num_rows;
     num_cols_ = in.num_cols;
-    info_ = PlanInfo{};
-    info_.batch_size = batch;
-    info_.q_tile_rows = config.q_tile_rows;
-    info_.kv_tile_rows = config.kv_tile_rows;
-    info_.grid_cols = cols;
-    info_.heads_per_cta = grid.heads_per_cta;
-    info_.num_items = static_cast<int32_t>(plan.items.size());
-    info_.num_partials = plan.num_partials;
-    info_.num_merges = num_merges;
-    info_.chunk_size = plan.chunk_size;
-    info_.makespan = plan.makespan;
-    info_.lower_bound = plan.lower_bound;
-    info_.plan_bytes = plan_bytes;
-    info_.grouped_by_request = plan.grouped_by_request;
   }
 
   /// The plan's variant for its runs, which compile and launch a user variant's kernel from its

@@ -1157,15 +1157,25 @@ void with_run_params(AttentionRuntime& rt, const TensorView& q, const TensorView
   });
 }
 
+/// run()'s index array `ids` (page ids, or increasing column blocks) as the checks and the kernels
+/// take it: its device address and the bound of its values.
+RunIds run_ids(const AttentionRuntime& rt, const TensorView& ids, const char* name, int64_t bound,
+               bool increasing = false, RunIds::Ranges ranges = RunIds::Ranges::kPlanKV) {
+  RunIds r;
+  r.view = &ids;
+  r.name = name;
+  r.device_data = rt.device_ids(ids, name);
+  r.bound = bound;
+  r.increasing = increasing;
+  r.ranges = ranges;
+  return r;
+}
+
 void run_paged(AttentionRuntime& rt, const TensorView& q, const PagedKVCache& kv, const TensorView& o,
                const TensorView& lse, StreamHandle stream) {
   rt.check_run_queries(q, o, lse);
   check_paged_cache(rt, q, kv, rt.page_size(), rt.total_kv_units());
-  RunIds ids;
-  ids.view = &kv.indices;
-  ids.name = "kv.indices";
-  ids.device_data = rt.device_ids(kv.indices, ids.name);
-  ids.bound = kv.k.shape[0];
+  const RunIds ids = run_ids(rt, kv.indices, "kv.indices", kv.k.shape[0]);
   with_run_params(rt, q, o, lse, "kv.k", [&](auto p) {
     paged_cache_params(p, kv);
     p.paged.indices = ids.device_data;
@@ -1373,12 +1383,8 @@ void BlockSparseWrapper::run(const TensorView& q, const TensorView& k, const Ten
   rt.check_run_kv_heads(v, "v", 1, /*is_v=*/true);
   check_size(k, "k", 0, rt.num_cols());
   detail::check_run_index_array(indices, "indices", q, rt.total_kv_units(), "indptr[last]");
-  detail::RunIds ids;
-  ids.view = &indices;
-  ids.name = "indices";
-  ids.device_data = rt.device_ids(indices, ids.name);
-  ids.bound = (rt.num_cols() + rt.page_size() - 1) / rt.page_size();
-  ids.increasing = true;
+  const detail::RunIds ids =
+      detail::run_ids(rt, indices, "indices", (rt.num_cols() + rt.page_size() - 1) / rt.page_size(), true);
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     TESSERA_DISPATCH_KV_DTYPE(rt.kv_dtype(), T, "k", KVT, [&] {
       // indptr and the batch bound come from the plan (query_part); no block flags (every tile masked).
@@ -1463,19 +1469,11 @@ void BatchBlockSparsePagedWrapper::run(const TensorView& q, const PagedKVCache& 
   AttentionRuntime& rt = *impl_;
   rt.check_run_queries(q, o, lse);
   detail::check_paged_cache(rt, q, kv, rt.paged_block_size(), rt.total_pages());
-  detail::RunIds pages;
-  pages.view = &kv.indices;
-  pages.name = "kv.indices";
-  pages.device_data = rt.device_ids(kv.indices, pages.name);
-  pages.bound = kv.k.shape[0];
-  pages.ranges = detail::RunIds::Ranges::kRequestPages;
+  const detail::RunIds pages = detail::run_ids(rt, kv.indices, "kv.indices", kv.k.shape[0], false,
+                                               detail::RunIds::Ranges::kRequestPages);
   detail::check_run_index_array(mask_indices, "mask_indices", q, rt.total_kv_units(), "mask_indptr[R]");
-  detail::RunIds blocks;
-  blocks.view = &mask_indices;
-  blocks.name = "mask_indices";
-  blocks.device_data = rt.device_ids(mask_indices, blocks.name);
-  blocks.bound = max_column_blocks(rt.page_size());
-  blocks.increasing = true;
+  const detail::RunIds blocks =
+      detail::run_ids(rt, mask_indices, "mask_indices", max_column_blocks(rt.page_size()), true);
   if (mask_flags.defined()) {
     check_ndim(mask_flags, "mask_flags", 1);
     check_dtype(mask_flags, "mask_flags", {DType::kU8});
@@ -1772,11 +1770,7 @@ void BatchPODPagedWrapper::run(const TensorView& q, const PagedKVCache& kv, cons
   prefill.check_run_queries(q, o, lse);
   TESSERA_CHECK_ARG(m.planned) << "run() before plan(): call plan() with this batch's index arrays first";
   detail::check_paged_cache(prefill, q, kv, prefill.page_size(), prefill.total_kv_units());
-  detail::RunIds ids;
-  ids.view = &kv.indices;
-  ids.name = "kv.indices";
-  ids.device_data = prefill.device_ids(kv.indices, ids.name);
-  ids.bound = kv.k.shape[0];
+  const detail::RunIds ids = detail::run_ids(prefill, kv.indices, "kv.indices", kv.k.shape[0]);
   const detail::PrefillHeadDims dims = prefill.plan_dims();
   TESSERA_DISPATCH_HALF_DTYPE(q.dtype, "q", T, [&] {
     kernels::AttentionParams<T, T> p = prefill.query_part<T, T>(q, o, lse);

@@ -10,6 +10,8 @@ calls one of these ops, which Dynamo puts into the graph as a single opaque node
 - ``tessera::prefill_ragged_run``  BatchPrefillWithRaggedKVCacheWrapper.run
 - ``tessera::flex_attention``      tessera.flex_attention (its mods traced while Dynamo traces)
 - ``tessera::mla_run``             BatchMLAPagedAttentionWrapper.run (q is q_nope: the output has its shape)
+- ``tessera::block_sparse_paged_run``  BlockSparsePagedAttentionWrapper.run (decode_run's arguments and
+  outputs; the block mask, mask_indices / mask_flags, comes from the plan, as the page-table ranges do)
 
 A custom op cannot take the wrapper (a Python object holding the C++ runtime): it takes the
 wrapper's integer handle and looks the wrapper up in tessera._runtime's table of weak references.
@@ -102,9 +104,11 @@ def _paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                kv_layout: str, indices: Tensor, out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool,
                k_scale: Optional[Tensor], v_scale: Optional[Tensor], k_scale_value: float,
                v_scale_value: float, q_scale: Optional[Tensor] = None, q_scale_value: float = 1.0,
-               o_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+               o_dtype: Optional[torch.dtype] = None, block_mask: bool = False) -> Tuple[Tensor, Tensor]:
     """What the eager run() of the paged wrappers does after its checks (decode.py). decode_run
-    passes no q_scale / o_dtype (its plans have a 16-bit q, and o of q's dtype)."""
+    passes no q_scale / o_dtype (its plans have a 16-bit q, and o of q's dtype). block_mask:
+    block_sparse_paged_run's runtime, which takes the plan's block mask (mask_indices, mask_flags)
+    after the page ids (sparse.py's eager run())."""
     from .decode import _run_kv_scales
 
     w, p = _planned(handle)
@@ -116,8 +120,9 @@ def _paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor],
     q_arg, q_scale_arg, q_kwargs = _q_kwargs(p, q, q_scale, q_scale_value)
     fp8 = _run_kv_scales(w._kv_scales, p, _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value),
                          w._use_cuda_graph, q_scale_arg)
+    mask = (p["mask_indices"], p["mask_flags"]) if block_mask else ()
     U.call(w._holder.cpp.run, q, q_arg, U.kv_arg(k), U.kv_arg(v), U.kv_arg(kv), U.check_kv_layout(kv_layout),
-           indices, o if out is None else out, (l if lse is None else lse) if return_lse else None,
+           indices, *mask, o if out is None else out, (l if lse is None else lse) if return_lse else None,
            U.current_stream(q.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None, **q_kwargs)
     return o, l
 
@@ -186,6 +191,24 @@ def _prefill_ragged_run_fake(handle, q, k, v, kv_layout, workspace, out, lse, re
     return _outputs(q, out, lse, return_lse, v, o_dtype)
 
 
+@torch.library.custom_op("tessera::block_sparse_paged_run", mutates_args=_MUTATES)
+def block_sparse_paged_run(handle: int, q: Tensor, k: Optional[Tensor], v: Optional[Tensor], kv: Optional[Tensor],
+                           kv_layout: str, indices: Tensor, workspace: Tensor, out: Optional[Tensor],
+                           lse: Optional[Tensor], return_lse: bool, k_scale: Optional[Tensor],
+                           v_scale: Optional[Tensor], k_scale_value: float,
+                           v_scale_value: float) -> Tuple[Tensor, Tensor]:
+    """BlockSparsePagedAttentionWrapper.run of the wrapper `handle` (see the module doc): its block
+    mask (mask_indices, mask_flags) is the plan's."""
+    return _paged_run(handle, q, k, v, kv, kv_layout, indices, out, lse, return_lse, k_scale, v_scale,
+                      k_scale_value, v_scale_value, block_mask=True)
+
+
+@block_sparse_paged_run.register_fake
+def _block_sparse_paged_run_fake(handle, q, k, v, kv, kv_layout, indices, workspace, out, lse, return_lse, k_scale,
+                                 v_scale, k_scale_value, v_scale_value):
+    return _outputs(q, out, lse, return_lse, v)
+
+
 @torch.library.custom_op("tessera::flex_attention", mutates_args=())
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, indptrs: List[Tensor], indices: List[Tensor],
                    flags: List[Tensor], q_block: int, kv_block: int, sm_scale: float, return_lse: bool,
@@ -234,5 +257,6 @@ def _mla_run_fake(handle, q_nope, q_pe, ckv, kpe, workspace, out, lse, return_ls
 DECODE_RUN = torch.ops.tessera.decode_run.default
 PREFILL_PAGED_RUN = torch.ops.tessera.prefill_paged_run.default
 PREFILL_RAGGED_RUN = torch.ops.tessera.prefill_ragged_run.default
+BLOCK_SPARSE_PAGED_RUN = torch.ops.tessera.block_sparse_paged_run.default
 FLEX_ATTENTION = torch.ops.tessera.flex_attention.default
 MLA_RUN = torch.ops.tessera.mla_run.default

@@ -901,7 +901,7 @@ def _paged_run_compiled(
 ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
     """run() of a paged wrapper while torch.compile traces it: the eager run()'s checks that depend
     only on the plan, shapes and dtypes (Dynamo traces them; a failing one raises at trace time),
-    then the custom op `op` (tessera::decode_run or tessera::prefill_paged_run), which allocates
+    then the custom op `op` (tessera::decode_run, prefill_paged_run or block_sparse_paged_run), which allocates
     out / lse when the caller passed none and does the rest (page ids plan() had on the host
     against this cache, an fp8 cache's scale values, the launch on the current stream). `extra`:
     the op's arguments after the K/V scales (tessera::prefill_paged_run's q scale and output

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 from . import _runtime as R
 from . import _utils as U
 from ._runtime import _KVScaleBuffer, _Need, split_options
-from .decode import PagedKVCache, _check_paged_cache, _check_run_queries, _run_fields, _run_kv_scales
+from .decode import (PagedKVCache, _check_paged_cache, _check_run_queries, _paged_run_compiled, _run_fields,
+                     _run_kv_scales)
 from .prefill import _check_causal
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -284,18 +285,22 @@ class BlockSparsePagedAttentionWrapper(R._RuntimeWrapper):
         self._mask_flags_buf: Optional["torch.Tensor"] = None
         self._max_batch: Optional[int] = None
         self._max_rows: Optional[int] = None
-        if not self._use_cuda_graph:
-            return
-        for name, buf in (("paged_kv_indices_buf", paged_kv_indices_buf), ("mask_indices_buf", mask_indices_buf)):
-            if buf is None:
-                raise ValueError(f"use_cuda_graph=True needs {name} (a preallocated int32 CUDA tensor)")
-            U.check_index_tensor(name, buf)
-            if buf.shape[0] < 1:
-                raise ValueError(f"{name} is empty, expected at least one entry")
-            U.check_same_device(name, buf, "float_workspace_buffer", ws)
-        assert mask_indices_buf is not None
-        self._mask_flags_buf = U._torch().zeros(mask_indices_buf.shape[0], dtype=U._torch().uint8,
-                                                device=mask_indices_buf.device)
+        if self._use_cuda_graph:
+            for name, buf in (("paged_kv_indices_buf", paged_kv_indices_buf), ("mask_indices_buf", mask_indices_buf)):
+                if buf is None:
+                    raise ValueError(f"use_cuda_graph=True needs {name} (a preallocated int32 CUDA tensor)")
+                U.check_index_tensor(name, buf)
+                if buf.shape[0] < 1:
+                    raise ValueError(f"{name} is empty, expected at least one entry")
+                U.check_same_device(name, buf, "float_workspace_buffer", ws)
+            assert mask_indices_buf is not None
+            self._mask_flags_buf = U._torch().zeros(mask_indices_buf.shape[0], dtype=U._torch().uint8,
+                                                    device=mask_indices_buf.device)
+        # torch.compile: the handle of the custom op tessera::block_sparse_paged_run (tessera/_ops.py);
+        # the workspace and the preallocated page ids and block mask keep their addresses (static for
+        # CUDA graphs).
+        graph_bufs = (paged_kv_indices_buf, mask_indices_buf, self._mask_flags_buf) if self._use_cuda_graph else ()
+        self._handle = R.enable_compile(self, ws, *graph_bufs)
 
     def plan(
         self,
@@ -546,6 +551,9 @@ class BlockSparsePagedAttentionWrapper(R._RuntimeWrapper):
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays and block mask first")
+        if R.compiling():  # torch.compile traces this run(): the checks, then tessera::block_sparse_paged_run
+            return _paged_run_compiled(R._OPS.BLOCK_SPARSE_PAGED_RUN, self, p, q, paged_kv_cache, k_scale, v_scale,
+                                       out, lse, return_lse)
         q, out, lse = _check_run_queries(q, out, lse, return_lse, p)
         k, v, kv = _check_paged_cache(paged_kv_cache, self._kv_layout, q, p)
         kv_dtype = None

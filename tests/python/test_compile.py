@@ -1,12 +1,15 @@
 """torch.compile of the plan/run wrappers' run(): the custom ops tessera::decode_run,
-tessera::prefill_paged_run and tessera::prefill_ragged_run (tessera/_ops.py).
+tessera::prefill_paged_run, tessera::prefill_ragged_run and tessera::block_sparse_paged_run
+(tessera/_ops.py).
 
 Without a GPU (these run everywhere):
 - the ops' schemas (what they mutate) and their fake implementations (output shapes and dtypes);
 - a function calling the ops on fake / meta tensors is captured by Dynamo as one graph, without
   running anything (fullgraph=True makes any graph break an error before the backend is called);
 - the wrappers' own run(), with the C++ runtime object replaced by a stand-in that computes a
-  deterministic function of its inputs on the CPU (plan() and run() are otherwise Tessera's code):
+  deterministic function of its inputs on the CPU (plan() and run() are otherwise Tessera's code;
+  the block-sparse runtime's stand-in binds each run to the binding's signature in _C.pyi and
+  folds the plan's block mask into its result):
   one graph with zero breaks, the compiled result equals the eager one, the stand-in receives the
   same arguments from the op as from the eager run(), a new plan of the same shapes does not
   recompile, torch.library.opcheck passes, the handle table does not keep wrappers alive;
@@ -15,10 +18,10 @@ Without a GPU (these run everywhere):
   one-element tensor) reaching the stand-in as in eager mode; a new tensor scale without
   recompiling, a new float one as a float k_scale does; the eager errors at trace time.
 
-With a GPU (skipped otherwise): each wrapper's step under torch._dynamo.explain (no graph break),
-torch.compile(fullgraph=True) against eager (FP8 attention plans of the prefill wrappers too, on
-sm_90), and mode="reduce-overhead" (a CUDA graph) with use_cuda_graph=True wrappers over several
-calls with new queries (decode: new plans too).
+With a GPU (skipped otherwise): each wrapper's step (the block-sparse one's too) under
+torch._dynamo.explain (no graph break), torch.compile(fullgraph=True) against eager (FP8
+attention plans of the prefill wrappers too, on sm_90), and mode="reduce-overhead" (a CUDA graph)
+with use_cuda_graph=True wrappers over several calls with new queries (decode: new plans too).
 """
 
 import gc
@@ -36,12 +39,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import tessera  # noqa: E402
 from tessera import _runtime as R  # noqa: E402
 from tessera import _utils as U  # noqa: E402
+from test_cascade import _stub_signatures  # noqa: E402  (the stub's signatures of a _C class)
 
 HAS_CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU (torch.cuda.is_available() is False): GPU tests skipped")
 
 D, P, RG = (tessera.BatchDecodeWithPagedKVCacheWrapper, tessera.BatchPrefillWithPagedKVCacheWrapper,
             tessera.BatchPrefillWithRaggedKVCacheWrapper)
+BS = tessera.BlockSparsePagedAttentionWrapper
 
 
 def _i32(values, device="cpu"):
@@ -65,7 +70,8 @@ PREFILL_EXTRA = ["q_scale", "q_scale_value", "o_dtype"]
 
 
 @pytest.mark.parametrize("name,args", [("decode_run", PAGED_ARGS), ("prefill_paged_run", PAGED_ARGS + PREFILL_EXTRA),
-                                       ("prefill_ragged_run", RAGGED_ARGS + PREFILL_EXTRA)])
+                                       ("prefill_ragged_run", RAGGED_ARGS + PREFILL_EXTRA),
+                                       ("block_sparse_paged_run", PAGED_ARGS)])
 def test_op_schemas(name, args):
     _ops()
     schema = getattr(torch.ops.tessera, name).default._schema
@@ -76,7 +82,7 @@ def test_op_schemas(name, args):
     types = {a.name: str(a.type) for a in schema.arguments}
     assert types["out"] == "Optional[Tensor]" and types["lse"] == "Optional[Tensor]" and types["kv_layout"] == "str"
     assert types["k_scale"] == types["v_scale"] == "Optional[Tensor]" and types["k_scale_value"] == "float"
-    if name != "decode_run":
+    if name.startswith("prefill"):
         assert types["q_scale"] == "Optional[Tensor]" and types["q_scale_value"] == "float"
         assert str(schema).endswith("Tensor? q_scale, float q_scale_value, ScalarType o_dtype) -> (Tensor, Tensor)")
         assert all(a.default_value is None for a in schema.arguments), "every argument is passed: no defaults"
@@ -96,7 +102,7 @@ def _ragged_op_args(q, k, v, out=None, lse=None, return_lse=True, handle=12345, 
     return (handle, q, k, v, "NHD", ws, out, lse, return_lse, None, None, 1.0, 1.0, None, 1.0, o_dtype or q.dtype)
 
 
-@pytest.mark.parametrize("name", ["decode_run", "prefill_paged_run", "prefill_ragged_run"])
+@pytest.mark.parametrize("name", ["decode_run", "prefill_paged_run", "prefill_ragged_run", "block_sparse_paged_run"])
 @pytest.mark.parametrize("given", ["none", "out", "out_lse", "no_lse"])
 def test_fake_outputs(name, given):
     # The fake implementations (what torch.compile traces with): a new out of q's shape and dtype
@@ -148,7 +154,7 @@ def test_fake_outputs_of_fp8_attention(name, o_dtype, given):
 
 
 def test_ops_are_one_graph_without_running():
-    # The three ops on meta tensors under fullgraph=True: a graph break would fail before the
+    # The four ops on meta tensors under fullgraph=True: a graph break would fail before the
     # backend is called; the backend records the graph and stops with a sentinel, so no op runs
     # (the handle belongs to no wrapper).
     _ops()
@@ -167,7 +173,8 @@ def test_ops_are_one_graph_without_running():
         torch.ops.tessera.prefill_paged_run(*_paged_op_args(q, (cache[:, 0], cache[:, 1]), out=out, return_lse=False,
                                                             prefill=True))
         o2, _ = torch.ops.tessera.prefill_ragged_run(*_ragged_op_args(q, k, v, return_lse=False))
-        return o + out + o2, lse
+        o3, _ = torch.ops.tessera.block_sparse_paged_run(*_paged_op_args(q, cache, return_lse=False))
+        return o + out + o2 + o3, lse
 
     meta = dict(dtype=torch.float16, device="meta")
     args = (torch.empty(4, 8, 128, **meta), torch.empty(5, 2, 16, 2, 128, **meta), torch.empty(9, 2, 128, **meta),
@@ -181,7 +188,8 @@ def test_ops_are_one_graph_without_running():
     assert isinstance(cause, Captured), f"the backend was not reached: {e.value!r}"
     assert len(graphs) == 1
     assert [t for t in graphs[0] if "tessera" in t] == ["tessera.decode_run", "tessera.prefill_paged_run",
-                                                        "tessera.prefill_ragged_run"], graphs[0]
+                                                        "tessera.prefill_ragged_run",
+                                                        "tessera.block_sparse_paged_run"], graphs[0]
 
 
 # --- the wrappers' run() with a stand-in for the C++ runtime (CPU) ----------------------------------------
@@ -232,14 +240,42 @@ class StubRuntime:
         })
 
 
+class StubBlockSparseRuntime(StubRuntime):
+    """Stands in for _C.BatchBlockSparsePagedWrapper: plan() and run() are bound to the binding's
+    signatures in _C.pyi (a TypeError when a call would not reach the C++ method, as in
+    test_sparse_paged.py's _StandIn); run() computes StubRuntime's paged result, then adds the
+    plan's block mask (its listed column blocks and flags, which the op takes from the plan), and
+    records the mask with the call."""
+
+    signatures = None
+
+    def _bind(self, name, *args, **kwargs):
+        if StubBlockSparseRuntime.signatures is None:
+            StubBlockSparseRuntime.signatures = _stub_signatures("BatchBlockSparsePagedWrapper")
+        StubBlockSparseRuntime.signatures[name].bind(self, *args, **kwargs)
+
+    def plan(self, *args, **kwargs):
+        self._bind("plan", *args, **kwargs)
+        super().plan(*args, **kwargs)
+
+    def run(self, q_arg, *args, **kwargs):
+        self._bind("run", q_arg, *args, **kwargs)
+        k, v, kv, layout, indices, blocks, flags, o, lse, stream = args
+        super().run(q_arg, k, v, kv, layout, indices, o, lse, stream, **kwargs)
+        o.add_(float(blocks.double().sum()) * 3 + (0.0 if flags is None else float(flags.double().sum()) * 5))
+        self.calls[-1]["mask"] = (blocks.tolist(), None if flags is None else (flags.dtype, flags.tolist()))
+
+
 @pytest.fixture
 def stub(monkeypatch):
-    """Plans build a StubRuntime in place of the C++ runtime; CPU tensors pass the CUDA checks."""
+    """Plans build a StubRuntime (StubBlockSparseRuntime for the block-sparse wrapper) in place of
+    the C++ runtime; CPU tensors pass the CUDA checks."""
     runtimes = []
 
     def ensure(holder, *args, **kwargs):
         if holder.cpp is None:
-            holder.cpp = StubRuntime()
+            sparse = holder.cpp_class_name == "BatchBlockSparsePagedWrapper"
+            holder.cpp = StubBlockSparseRuntime() if sparse else StubRuntime()
             runtimes.append(holder.cpp)
         return holder.cpp
 
@@ -254,6 +290,7 @@ def stub(monkeypatch):
 
 
 HQ, HKV, HD, PS = 8, 2, 128, 16
+BS_MASK = (_i32([0, 2, 4, 5]), _i32([0, 2, 1, 2, 1]))  # _setup's block-sparse plan: mask_indptr, mask_indices
 
 
 def _cache(num_pages, layout, combined, dtype, gen):
@@ -280,6 +317,13 @@ def _setup(kind, layout="NHD", combined=False, dtype=torch.bfloat16, kv_dtype=No
         w = P(ws, layout)
         w.plan(_i32([0, 3, 4]), _i32([0, 2, 3]), _i32([4, 0, 2]), _i32([5, 16]), HQ, HKV, HD, PS, causal=True, **opts)
         rows, kv = 4, (_cache(5, layout, combined, dtype, gen),)
+    elif kind == "block_sparse_paged":
+        # The paged prefill's batch (21 and 16 keys) in blocks of 2 x 8: block rows 0-1 are request
+        # 0's (3 column blocks), block row 2 request 1's (2 column blocks).
+        w = BS(ws, layout)
+        w.plan(_i32([0, 3, 4]), _i32([0, 2, 3]), _i32([4, 0, 2]), _i32([5, 16]), *BS_MASK, HQ, HKV, HD, PS, 2, 8,
+               mask_flags=torch.tensor([1, 0, 0, 0, 1], dtype=torch.uint8), causal=True, **opts)
+        rows, kv = 4, (_cache(5, layout, combined, dtype, gen),)
     else:
         w = RG(ws, layout)
         w.plan(_i32([0, 3, 4]), _i32([0, 20, 37]), HQ, HKV, HD, causal=True, **opts)
@@ -292,7 +336,8 @@ def _setup(kind, layout="NHD", combined=False, dtype=torch.bfloat16, kv_dtype=No
 
 
 OP_OF = {"decode": "tessera.decode_run.default", "prefill_paged": "tessera.prefill_paged_run.default",
-         "prefill_ragged": "tessera.prefill_ragged_run.default"}
+         "prefill_ragged": "tessera.prefill_ragged_run.default",
+         "block_sparse_paged": "tessera.block_sparse_paged_run.default"}
 
 CASES = [
     ("decode", "NHD", False, False, True),
@@ -303,6 +348,9 @@ CASES = [
     ("prefill_ragged", "NHD", False, False, True),
     ("prefill_ragged", "HND", False, True, True),
     ("prefill_ragged", "HND", False, False, False),
+    ("block_sparse_paged", "NHD", False, False, True),
+    ("block_sparse_paged", "HND", True, True, True),
+    ("block_sparse_paged", "NHD", False, True, False),
 ]
 
 
@@ -322,6 +370,8 @@ def test_wrapper_run_is_one_graph_and_matches_eager(stub, kind, layout, combined
         buffers["out"] = torch.full_like(q, float("nan"))
     eager = step(q)
     eager_call = stub[0].calls[-1]
+    if kind == "block_sparse_paged":  # the plan's block mask, on the workspace's device
+        assert eager_call["mask"] == ([0, 2, 1, 2, 1], (torch.uint8, [1, 0, 0, 0, 1]))
 
     graphs = []
 
@@ -344,7 +394,7 @@ def test_wrapper_run_is_one_graph_and_matches_eager(stub, kind, layout, combined
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
 
 
-@pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged"])
+@pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged", "block_sparse_paged"])
 def test_aot_eager_functionalized_matches_eager(stub, kind):
     # aot_eager functionalizes the graph: the mutated out (a view of a larger buffer) and the
     # workspace go through auto_functionalized, as under inductor.
@@ -363,7 +413,7 @@ def test_aot_eager_functionalized_matches_eager(stub, kind):
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
-@pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged"])
+@pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged", "block_sparse_paged"])
 def test_new_plan_of_the_same_shapes_does_not_recompile(stub, kind):
     from torch._dynamo.testing import CompileCounter
 
@@ -376,6 +426,10 @@ def test_new_plan_of_the_same_shapes_does_not_recompile(stub, kind):
         elif kind == "prefill_paged":
             w.plan(_i32([0, 1, 4]), _i32([0, 1, 3]), _i32([seed, 2, 4]), _i32([7, 1]), HQ, HKV, HD, PS,
                    q_data_type=torch.bfloat16)
+        elif kind == "block_sparse_paged":  # a new mask too (the op takes it from the plan): 1 + 2 block rows
+            w.plan(_i32([0, 1, 4]), _i32([0, 1, 3]), _i32([seed, 2, 4]), _i32([7, 1]), _i32([0, 1, 2, 2 + seed]),
+                   _i32([0, 0, 1, 2][:2 + seed]), HQ, HKV, HD, PS, 2, 8,
+                   mask_flags=torch.tensor([0, seed % 2, 1, 0], dtype=torch.uint8), q_data_type=torch.bfloat16)
         else:
             w.plan(_i32([0, 1, 4]), _i32([0, 30 - seed, 37]), HQ, HKV, HD, q_data_type=torch.bfloat16)
         assert torch.equal(step(q), w.run(q, *kv)), f"plan {seed}: compiled != eager"
@@ -399,7 +453,7 @@ def test_compiled_run_checks_like_eager(stub):
         torch.compile(lambda q: w.run(q, small), fullgraph=True, backend="aot_eager")(q)
 
 
-@pytest.mark.parametrize("kind", ["decode", "prefill_ragged"])
+@pytest.mark.parametrize("kind", ["decode", "prefill_ragged", "block_sparse_paged"])
 def test_fp8_cache_scales_under_compile(stub, kind):
     # An fp8 cache's run() scales: floats and one-element tensors, set by the op before the launch.
     w, kv, q = _setup(kind, kv_dtype=torch.float8_e4m3fn, seed=5)
@@ -610,7 +664,7 @@ def test_fp8_attention_opcheck_with_the_stand_in_runtime(stub, kind):
         op(*args[:-1], torch.bfloat16)
 
 
-@pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged"])
+@pytest.mark.parametrize("kind", ["decode", "prefill_paged", "prefill_ragged", "block_sparse_paged"])
 def test_opcheck_with_the_stand_in_runtime(stub, kind):
     w, kv, q = _setup(kind)
     ws = w._holder.workspace
@@ -622,9 +676,9 @@ def test_opcheck_with_the_stand_in_runtime(stub, kind):
             op = torch.ops.tessera.prefill_ragged_run.default
         else:
             k, v = kv[0]
-            op = torch.ops.tessera.decode_run.default if kind == "decode" else torch.ops.tessera.prefill_paged_run.default
+            op = getattr(torch.ops.tessera, OP_OF[kind].split(".")[1]).default
             args = (w._handle, q, k, v, None, "NHD", w._planned["indices"], ws, out, lse, return_lse, None, None, 1.0,
-                    1.0) + (() if kind == "decode" else (None, 1.0, q.dtype))
+                    1.0) + ((None, 1.0, q.dtype) if kind == "prefill_paged" else ())
         torch.library.opcheck(op, args)
 
 
@@ -654,6 +708,10 @@ def test_fixed_addresses_are_static_for_cuda_graphs():
     r.reset_workspace_buffer(ws3 := torch.zeros(1 << 16, dtype=torch.uint8))
     assert get_static_address_type(ws2) == "unguarded" and get_static_address_type(ws3) == "unguarded"
     assert w.is_cuda_graph_enabled
+    # The block-sparse wrapper's: its workspace, page ids, block ids and the flags buffer beside them.
+    ws4, pages, blocks = torch.zeros(1 << 16, dtype=torch.uint8), _i32([0] * 9), _i32([0] * 6)
+    b = BS(ws4, "NHD", True, paged_kv_indices_buf=pages, mask_indices_buf=blocks)
+    assert all(get_static_address_type(t) == "unguarded" for t in (ws4, pages, blocks, b._mask_flags_buf))
 
 
 # --- GPU: the real runtime ---------------------------------------------------------------------------------
@@ -740,6 +798,33 @@ def test_gpu_prefill_paged_compiles():
         return out, lse
 
     _check_explain_and_compile(step, (q,), "prefill paged")
+
+
+@needs_gpu
+def test_gpu_block_sparse_paged_compiles():
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    kv_lens, qo_lens, br, bc = [5, 40, 300], [5, 12, 1], 4, 32
+    indptr, indices, last, cache = _gpu_paged(kv_lens, seed=6, layout="HND")
+    qo_indptr = _i32([0, 5, 17, 18])
+    # Block rows of 4 queries (2, 3 and 1 per request), each listing every other column block of its
+    # request and its last one; flags on none.
+    mask_indptr, mask_indices = [0], []
+    for qo, kv in zip(qo_lens, kv_lens):
+        cols = math.ceil(kv / bc)
+        for r in range(math.ceil(qo / br)):
+            row = [c for c in range(cols) if (c + r) % 2 == 0 or c == cols - 1]
+            mask_indices += row
+            mask_indptr.append(mask_indptr[-1] + len(row))
+    w = BS(ws, "HND")
+    w.plan(qo_indptr, indptr, indices, last, _i32(mask_indptr), _i32(mask_indices), HQ, HKV, HD, PS, br, bc,
+           causal=True, q_data_type=torch.bfloat16)
+    q = torch.randn(18, HQ, HD, device="cuda").to(torch.bfloat16)
+
+    def step(q):
+        out, lse = w.run(q, cache, return_lse=True)
+        return out, lse
+
+    _check_explain_and_compile(step, (q,), "block-sparse paged")
 
 
 @needs_gpu

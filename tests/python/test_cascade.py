@@ -15,10 +15,8 @@ concatenation of its levels' keys (the shared levels fully visible, causal withi
 Tolerances as in test_gpu.py.
 """
 
-import ast
 import inspect
 import math
-import os
 
 import pytest
 
@@ -27,6 +25,7 @@ torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pi
 import tessera  # noqa: E402
 from tessera import _C  # noqa: E402
 from tessera import _utils as U  # noqa: E402
+from stand_ins import SignatureStandIn  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU (torch.cuda.is_available() is False): GPU test skipped")
@@ -133,46 +132,17 @@ def test_errors_name_the_argument():
 # --- CPU: what reaches the C++ runtime (a stand-in checked against the binding's signature) -------
 
 
-def _stub_signatures(class_name):
-    """inspect.Signature of each method of a class of _C.pyi (the generated stub of the bindings),
-    annotations dropped (they name classes defined elsewhere in the stub)."""
-    path = os.path.join(os.path.dirname(tessera.__file__), "_C.pyi")
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
-    namespace = {}
-    for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
-        for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
-            a.annotation = None
-        fn.returns, fn.decorator_list = None, []
-        code = compile(ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[])), path, "exec")
-        exec(code, namespace)
-    return {name: inspect.signature(f) for name, f in namespace.items() if inspect.isfunction(f)}
-
-
-class _CascadeStandIn:
+class _CascadeStandIn(SignatureStandIn):
     """Stands in for _C.BatchCascadePagedWrapper (which needs a GPU): binds every call to the
     binding's signature (a TypeError when the wrapper's call would not reach the C++ method) and
     records it."""
 
-    instances = []
-    signatures = None
+    cpp_class = "BatchCascadePagedWrapper"
 
     def __init__(self, workspace, num_levels, bounds, options):
         self._check("__init__", self, workspace, num_levels, bounds, options)
         self.workspace, self.levels, self.bounds, self.options = workspace, num_levels, bounds, options
-        self.plans, self.runs = [], []
-        type(self).instances.append(self)
-
-    @classmethod
-    def _check(cls, name, *args, **kwargs):
-        if cls.signatures is None:
-            cls.signatures = _stub_signatures("BatchCascadePagedWrapper")
-        cls.signatures[name].bind(*args, **kwargs)
-
-    @staticmethod
-    def workspace_size(*args, **kwargs):
-        _CascadeStandIn._check("workspace_size", *args, **kwargs)
-        return 0
+        self._register()
 
     def plan(self, *args, **kwargs):
         self._check("plan", self, *args, **kwargs)

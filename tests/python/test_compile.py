@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import tessera  # noqa: E402
 from tessera import _runtime as R  # noqa: E402
 from tessera import _utils as U  # noqa: E402
-from test_cascade import _stub_signatures  # noqa: E402  (the stub's signatures of a _C class)
+from stand_ins import stub_signatures  # noqa: E402  (the stub's signatures of a _C class)
 
 HAS_CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU (torch.cuda.is_available() is False): GPU tests skipped")
@@ -251,7 +251,7 @@ class StubBlockSparseRuntime(StubRuntime):
 
     def _bind(self, name, *args, **kwargs):
         if StubBlockSparseRuntime.signatures is None:
-            StubBlockSparseRuntime.signatures = _stub_signatures("BatchBlockSparsePagedWrapper")
+            StubBlockSparseRuntime.signatures = stub_signatures("BatchBlockSparsePagedWrapper")
         StubBlockSparseRuntime.signatures[name].bind(self, *args, **kwargs)
 
     def plan(self, *args, **kwargs):

@@ -15,10 +15,8 @@ reference written from the mathematics (softmax(q k^T * sm_scale) v, causal offs
 qo_len). Tolerances as in test_gpu.py.
 """
 
-import ast
 import inspect
 import math
-import os
 import random
 import types
 
@@ -29,6 +27,7 @@ torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pi
 import tessera  # noqa: E402
 from tessera import _C  # noqa: E402
 from tessera import _utils as U  # noqa: E402
+from stand_ins import SignatureStandIn  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU (torch.cuda.is_available() is False): GPU test skipped")
@@ -207,48 +206,22 @@ def test_plan_accepts_what_pod_runs(overrides):
 # --- CPU: what reaches the C++ runtime (a stand-in checked against the binding's signature) -------
 
 
-def _stub_signatures(class_name):
-    """inspect.Signature of each method of a class of _C.pyi (the generated stub of the bindings),
-    annotations dropped (they name classes defined elsewhere in the stub)."""
-    path = os.path.join(os.path.dirname(tessera.__file__), "_C.pyi")
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
-    namespace = {}
-    for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
-        for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
-            a.annotation = None
-        fn.returns, fn.decorator_list = None, []
-        code = compile(ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[])), path, "exec")
-        exec(code, namespace)
-    return {name: inspect.signature(f) for name, f in namespace.items() if inspect.isfunction(f)}
-
-
-class _PodStandIn:
+class _PodStandIn(SignatureStandIn):
     """Stands in for _C.BatchPODPagedWrapper (which needs a GPU): binds every call to the binding's
     signature (a TypeError when the wrapper's call would not reach the C++ method) and records it."""
 
-    instances = []
-    signatures = None
-    needed = 0  # workspace_size()'s answer
+    cpp_class = "BatchPODPagedWrapper"
 
     def __init__(self, workspace, bounds, options):
         self._check("__init__", self, workspace, bounds, options)
         assert isinstance(options, _C.PodOptions), f"options is a {type(options).__name__}, expected a PodOptions"
         self.workspace, self.bounds, self.options = workspace, bounds, options
-        self.plans, self.runs = [], []
-        type(self).instances.append(self)
-
-    @classmethod
-    def _check(cls, name, *args, **kwargs):
-        if cls.signatures is None:
-            cls.signatures = _stub_signatures("BatchPODPagedWrapper")
-        cls.signatures[name].bind(*args, **kwargs)
+        self._register()
 
     @classmethod
     def workspace_size(cls, *args, **kwargs):
-        cls._check("workspace_size", *args, **kwargs)
         assert isinstance(args[1], _C.PodOptions)
-        return cls.needed
+        return super().workspace_size(*args, **kwargs)
 
     def plan(self, *args, **kwargs):
         self._check("plan", self, *args, **kwargs)

@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pi
 import tessera  # noqa: E402
 from tessera import _C  # noqa: E402
 from tessera import _utils as U  # noqa: E402
-from test_cascade import _stub_signatures  # noqa: E402  (the stub's signatures of a _C class)
+from stand_ins import SignatureStandIn  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU (torch.cuda.is_available() is False): GPU test skipped")
@@ -156,35 +156,22 @@ def test_a_valid_plan_passes_the_host_checks():
 # --- CPU: what reaches the C++ runtime (a stand-in checked against the binding's signature) -------
 
 
-class _StandIn:
+class _StandIn(SignatureStandIn):
     """Stands in for _C.BatchBlockSparsePagedWrapper (which needs a GPU): binds every call to the
     binding's signature (a TypeError when the wrapper's call would not reach the C++ method) and
     records it."""
 
-    instances = []
-    signatures = None
+    cpp_class = "BatchBlockSparsePagedWrapper"
 
     def __init__(self, workspace, bounds, options):
         self._check("__init__", self, workspace, bounds, options)
         self.workspace, self.bounds, self.options = workspace, bounds, options
-        self.plans, self.runs = [], []
-        type(self).instances.append(self)
+        self._register()
 
     @classmethod
-    def _check(cls, name, *args, **kwargs):
-        if _StandIn.signatures is None:
-            _StandIn.signatures = _stub_signatures("BatchBlockSparsePagedWrapper")
-        _StandIn.signatures[name].bind(*args, **kwargs)
-
-    @staticmethod
-    def workspace_size(*args, **kwargs):
-        _StandIn._check("workspace_size", *args, **kwargs)
-        return 0
-
-    @staticmethod
-    def min_workspace_size(*args, **kwargs):
-        _StandIn._check("min_workspace_size", *args, **kwargs)
-        return 0
+    def min_workspace_size(cls, *args, **kwargs):
+        cls._check("min_workspace_size", *args, **kwargs)
+        return cls.needed
 
     def plan(self, *args, **kwargs):
         self._check("plan", self, *args, **kwargs)

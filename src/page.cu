@@ -2,12 +2,15 @@
 // (kernels/page/append.cuh).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/page/append.cuh"
+#include "kernels/page/index_copy.cuh"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/check.h"
@@ -341,6 +344,92 @@ void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& a
         <<<detail::grid_stride_blocks(threads, kThreads), kThreads, 0, stream>>>(p);
     TESSERA_CHECK_LAUNCH();
   });
+}
+
+
+namespace {
+
+/// One copy of copy_index_arrays, checked: `name` is "copies[i]".
+void check_index_copy(const IndexArrayCopy& c, const std::string& name, int device) {
+  TESSERA_CHECK_ARG(c.count >= 0 && c.count < (int64_t{1} << 31))
+      << name << ".count = " << c.count << ", expected 0 <= count < 2^31";
+  for (const auto& [t, which] : {std::pair<const TensorView*, const char*>{&c.dst, ".dst"}, {&c.src, ".src"}}) {
+    TESSERA_CHECK_ARG(t->ndim == 1 && t->dtype == DType::kI32 && t->shape[0] >= c.count)
+        << name << which << " is " << t->describe() << ", expected 1-D i32 with at least " << c.count << " entries";
+    TESSERA_CHECK_ARG(c.count <= 1 || t->strides[0] == 1)
+        << name << which << " has stride " << t->strides[0] << ", expected contiguous entries (stride 1)";
+    TESSERA_CHECK_ARG(c.count == 0 || t->data != nullptr) << name << which << " has no data";
+  }
+  TESSERA_CHECK_ARG(c.dst.device.type == DeviceType::kCUDA && c.dst.device.id == device)
+      << name << ".dst is on " << c.dst.device << ", expected the current GPU (cuda:" << device << ")";
+  TESSERA_CHECK_ARG(c.src.device.is_host() || c.src.device.id == device)
+      << name << ".src is on " << c.src.device << ", expected host memory or the current GPU (cuda:" << device << ")";
+}
+
+/// [begin, end) of `count` i32 entries at `data`.
+std::pair<uintptr_t, uintptr_t> index_range(const void* data, int64_t count) {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  return {begin, begin + static_cast<uintptr_t>(count) * 4};
+}
+
+bool ranges_overlap(std::pair<uintptr_t, uintptr_t> a, std::pair<uintptr_t, uintptr_t> b) {
+  return a.first < b.second && b.first < a.second;
+}
+
+}  // namespace
+
+bool copy_index_arrays(const IndexArrayCopy* copies, int num_copies, StreamHandle stream) {
+  TESSERA_CHECK_ARG(num_copies >= 0 && (num_copies == 0 || copies != nullptr))
+      << "num_copies = " << num_copies << ", expected >= 0 (and copies not null)";
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  int64_t host_entries = 0;
+  for (int i = 0; i < num_copies; ++i) {
+    const IndexArrayCopy& c = copies[i];
+    check_index_copy(c, str_cat("copies[", i, "]"), device);
+    if (c.count == 0 || c.dst.data == c.src.data) continue;
+    if (c.src.device.is_host()) host_entries += c.count;
+    for (int j = 0; j < num_copies; ++j) {
+      const IndexArrayCopy& o = copies[j];
+      const bool dst_clash = j != i && o.count > 0 && o.dst.data != o.src.data &&
+                             ranges_overlap(index_range(c.dst.data, c.count), index_range(o.dst.data, o.count));
+      const bool src_clash = o.count > 0 && o.src.device.type == DeviceType::kCUDA &&
+                             ranges_overlap(index_range(c.dst.data, c.count), index_range(o.src.data, o.count));
+      TESSERA_CHECK_ARG(!dst_clash && !src_clash)
+          << "copies[" << i << "].dst overlaps copies[" << j << (dst_clash ? "].dst" : "].src")
+          << ": destinations must not overlap each other or another copy's source";
+    }
+  }
+  using Traits = kernels::IndexCopyTraits;
+  if (num_copies > Traits::kMaxCopies || host_entries > Traits::kMaxHostEntries) return false;
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;
+
+  kernels::IndexCopyParams p{};
+  int64_t longest = 0;
+  int32_t host_used = 0;
+  for (int i = 0; i < num_copies; ++i) {
+    const IndexArrayCopy& c = copies[i];
+    if (c.count == 0 || c.dst.data == c.src.data) continue;
+    const int n = p.num_copies++;
+    p.dst[n] = c.dst.data_as<int32_t>();
+    p.count[n] = static_cast<int32_t>(c.count);
+    if (c.src.device.is_host()) {
+      std::memcpy(p.host + host_used, c.src.data, static_cast<size_t>(c.count) * 4);
+      p.host_offset[n] = host_used;
+      host_used += static_cast<int32_t>(c.count);
+    } else {
+      p.src[n] = c.src.data_as<const int32_t>();
+    }
+    longest = std::max(longest, c.count);
+  }
+  if (p.num_copies == 0) return true;
+  constexpr int kThreads = Traits::kThreadsPerBlock;
+  kernels::copy_index_arrays_kernel<<<detail::grid_stride_blocks(longest, kThreads), kThreads, 0, s>>>(p);
+  TESSERA_CHECK_LAUNCH();
+  return true;
 }
 
 }  // namespace tessera

@@ -73,4 +73,32 @@ TESSERA_API void append_paged_mla_kv_cache(const TensorView& append_ckv, const T
                                            const TensorView& kv_indptr, const TensorView& kv_indices,
                                            const TensorView& kv_last_page_len, StreamHandle stream = nullptr);
 
+/// One copy of copy_index_arrays: src[0, count) into dst[0, count).
+struct IndexArrayCopy {
+  TensorView dst;     ///< i32, 1-D, contiguous, at least `count` entries, on the current GPU
+  TensorView src;     ///< i32, 1-D, contiguous, at least `count` entries, in host memory or on the current GPU
+  int64_t count = 0;  ///< entries to copy, in [0, 2^31)
+};
+
+/// Most copies of one copy_index_arrays call, and most entries all its host sources may hold.
+inline constexpr int kMaxIndexArrayCopies = 4;
+inline constexpr int64_t kMaxIndexArrayHostEntries = 896;
+
+/// Copies up to kMaxIndexArrayCopies small int32 index arrays (page ids, indptr arrays) into device
+/// buffers in ONE kernel launch on `stream`: what a CUDA-graph serving step does before replaying,
+/// to refresh the fixed buffers its captured runs read, for the host cost of one launch where a
+/// cudaMemcpyAsync per array costs several. Host sources (pageable or pinned) are read during the
+/// call and their values travel in the launch's parameters, so the caller may modify or free them
+/// as soon as it returns; device sources are read when the kernel runs (stream order). A copy with
+/// dst == src or count == 0 copies nothing. Destination ranges must not overlap each other or
+/// another copy's source range.
+///
+/// Returns true when the copies are enqueued; false, with nothing enqueued, when they do not fit
+/// one launch (more than kMaxIndexArrayCopies copies, or more than kMaxIndexArrayHostEntries
+/// entries from host memory in all) or `stream` is capturing (a captured launch would replay
+/// this call's host values, not the arrays' later ones): the caller then copies another way.
+/// Bad arguments (dtype, shape, device, overlapping ranges) throw tessera::Error (kInvalidArgument)
+/// naming the copy and what was expected.
+TESSERA_API bool copy_index_arrays(const IndexArrayCopy* copies, int num_copies, StreamHandle stream = nullptr);
+
 }  // namespace tessera

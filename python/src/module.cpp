@@ -22,12 +22,14 @@
 
 #include <type_traits>
 #include <utility>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -85,60 +87,69 @@ struct RunArray {
 using OptRunArray = std::optional<RunArray>;
 
 /// The part of DLPack's DLPackExchangeAPI (dlpack.h >= 1.3, which this build's DLPack header may
-/// predate) that is read here: the header and the function table's order. Only
-/// dltensor_from_py_object_no_sync is called.
+/// predate) that is read here: the header and the function table, in dlpack.h's order.
 struct DLPackExchangeApiHeaderV1 {
   uint32_t major, minor;
   DLPackExchangeApiHeaderV1* prev_api;
 };
+/// DLManagedTensorVersioned of DLPack 1.x (the header this builds against may be 0.x).
+struct DLManagedTensorVersionedV1 {
+  uint32_t major, minor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersionedV1* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
 struct DLPackExchangeApiV1 {
   DLPackExchangeApiHeaderV1 header;
-  void* managed_tensor_allocator;
+  /// Allocates a framework tensor like `prototype` (dtype, ndim, shape, device); 0 on success.
+  int (*managed_tensor_allocator)(DLTensor* prototype, DLManagedTensorVersionedV1** out, void* error_ctx,
+                                  void (*set_error)(void* error_ctx, const char* kind, const char* message));
   void* managed_tensor_from_py_object_no_sync;
-  void* managed_tensor_to_py_object_no_sync;
+  /// Wraps `tensor` (ownership taken) as a new reference to a framework tensor; 0 on success.
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersionedV1* tensor, void** out_py_object);
   int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);
-  void* current_work_stream;
+  /// The framework's current stream of a device; 0 on success.
+  int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void** out_current_stream);
 };
 
-/// Fills `out` (the direct form) from `o` when `o` is a torch.Tensor (exactly that type) and this
-/// PyTorch exports it through torch.Tensor.__dlpack_c_exchange_api__ (DLPack major version 1,
-/// with dltensor_from_py_object_no_sync): the non-owning export PyTorch itself offers for calls
-/// like this one (DLPack's "N0" use: the data is used during the call, on the current stream).
-/// False otherwise, with no Python error left set (the caller then converts `o` as a TorchArray:
-/// sparse tensors, more than TensorView::kMaxDims dims, older PyTorch releases). torch is looked
-/// up in sys.modules (never imported here) until it is there; the table is kept for the process.
-bool torch_dltensor(PyObject* o, RunArray& out) {
-  static PyTypeObject* tensor_type = nullptr;
-  static int (*from_py)(void*, DLTensor*) = nullptr;
+/// torch.Tensor and its DLPack exchange table (torch.Tensor.__dlpack_c_exchange_api__, DLPack
+/// major version 1), or nulls when this PyTorch has none. torch is looked up in sys.modules (never
+/// imported here) until it is there; both are kept for the life of the process (DLPack's rule for
+/// the table; a newer major version may chain older ones).
+struct TorchExchange {
+  PyTypeObject* tensor_type = nullptr;
+  const DLPackExchangeApiV1* api = nullptr;
+};
+
+const TorchExchange& torch_exchange() {
+  static TorchExchange found;
   static bool resolved = false;
   if (!resolved) {
     PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
-    if (torch == nullptr) return false;
+    if (torch == nullptr) return found;
     resolved = true;
     PyObject* tensor = PyObject_GetAttrString(torch, "Tensor");
     PyObject* api = tensor != nullptr ? PyObject_GetAttrString(tensor, "__dlpack_c_exchange_api__") : nullptr;
     if (tensor != nullptr && PyType_Check(tensor) && api != nullptr && PyCapsule_IsValid(api, "dlpack_exchange_api")) {
-      // The table lives for the process (DLPack's rule); a newer major version may chain older ones.
       auto* header = static_cast<DLPackExchangeApiHeaderV1*>(PyCapsule_GetPointer(api, "dlpack_exchange_api"));
       while (header != nullptr && header->major != 1) header = header->prev_api;
       if (header != nullptr) {
-        from_py = reinterpret_cast<DLPackExchangeApiV1*>(header)->dltensor_from_py_object_no_sync;
-        if (from_py != nullptr) {
-          tensor_type = reinterpret_cast<PyTypeObject*>(tensor);  // kept for the life of the process
-          tensor = nullptr;
-        }
+        found.api = reinterpret_cast<const DLPackExchangeApiV1*>(header);
+        found.tensor_type = reinterpret_cast<PyTypeObject*>(tensor);  // kept for the life of the process
+        tensor = nullptr;
       }
     }
     Py_XDECREF(tensor);
     Py_XDECREF(api);
     PyErr_Clear();
   }
-  if (tensor_type == nullptr || Py_TYPE(o) != tensor_type) return false;
-  DLTensor t{};
-  if (from_py(o, &t) != 0) {
-    PyErr_Clear();
-    return false;
-  }
+  return found;
+}
+
+/// Fills `out` (the direct form) from the DLTensor `t`: false when `t` has more than
+/// TensorView::kMaxDims dimensions or no shape.
+bool fill_run_array(const DLTensor& t, RunArray& out) {
   if (t.ndim < 0 || t.ndim > TensorView::kMaxDims || (t.ndim > 0 && t.shape == nullptr)) return false;
   out.direct = true;
   out.data = t.data;
@@ -153,6 +164,26 @@ bool torch_dltensor(PyObject* o, RunArray& out) {
     out.strides[d] = out.has_strides ? t.strides[d] : 0;
   }
   return true;
+}
+
+/// Fills `out` (the direct form) from `o` when `o` is a torch.Tensor (exactly that type) and this
+/// PyTorch exports it through its exchange table's dltensor_from_py_object_no_sync: the
+/// non-owning export PyTorch itself offers for calls like this one (DLPack's "N0" use: the data is
+/// used during the call, on the current stream). False otherwise, with no Python error left set
+/// (the caller then converts `o` as a TorchArray: sparse tensors, more than TensorView::kMaxDims
+/// dims, older PyTorch releases).
+bool torch_dltensor(PyObject* o, RunArray& out) {
+  const TorchExchange& torch = torch_exchange();
+  if (torch.api == nullptr || torch.api->dltensor_from_py_object_no_sync == nullptr ||
+      Py_TYPE(o) != torch.tensor_type) {
+    return false;
+  }
+  DLTensor t{};
+  if (torch.api->dltensor_from_py_object_no_sync(o, &t) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return fill_run_array(t, out);
 }
 
 /// A DLPack capsule of `o` when it is a torch.Tensor (exactly that type), from
@@ -729,10 +760,46 @@ bool copyable(const IndexCopy& c, int device) {
   return d == s || d + bytes <= s || s + bytes <= d;
 }
 
+/// The copies of `copies` into host memory (memmove: a pair's ranges may be the same).
+void copy_to_host(const std::vector<IndexCopy>& copies) {
+  for (const IndexCopy& c : copies) {
+    if (c.dst.device.is_host() && c.n > 0 && c.dst.data != c.src.data) {
+      std::memmove(c.dst.data, c.src.data, static_cast<size_t>(c.n) * 4);
+    }
+  }
+}
+
+/// The copies of `copies` into device memory as one launch of tessera::copy_index_arrays (host
+/// values in the launch's parameters: no staging, no event), with GPU `device` current: false,
+/// with nothing enqueued, when they do not fit one launch or break its stricter rules (pairs whose
+/// ranges overlap another pair's); a CUDA error is raised.
+bool launch_index_copies(const std::vector<IndexCopy>& copies, cudaStream_t stream) {
+  std::vector<tessera::IndexArrayCopy> device_copies;
+  for (const IndexCopy& c : copies) {
+    if (c.dst.device.is_host() || c.n == 0 || c.dst.data == c.src.data) continue;
+    device_copies.push_back({c.dst, c.src, c.n});
+  }
+  struct Ctx {
+    const std::vector<tessera::IndexArrayCopy>* copies;
+    cudaStream_t stream;
+    bool done;
+  } ctx{&device_copies, stream, false};
+  const tessera::Status status = tessera::call_catching(
+      [](void* p) {
+        auto* x = static_cast<Ctx*>(p);
+        x->done = tessera::copy_index_arrays(x->copies->data(), static_cast<int>(x->copies->size()),
+                                             reinterpret_cast<tessera::StreamHandle>(x->stream));
+      },
+      &ctx);
+  if (status.code == StatusCode::kInvalidArgument) return false;
+  if (!status.ok()) throw tessera::Error(status.code, std::string("_copy_index_arrays: ") + status.message);
+  return ctx.done;
+}
+
 /// The graph-mode page-table copies of a plan (python/tessera/decode.py, prefill.py): up to four
-/// (dst, src, n) copies on `stream` of GPU `device`, in one call instead of a torch copy_ each. Host sources
-/// go through pinned staging (HostStaging), device sources device to device, host destinations by
-/// memcpy. All or nothing: false, with nothing copied, when a pair does not meet `copyable`, the
+/// (dst, src, n) copies on `stream` of GPU `device`, in one call instead of a torch copy_ each: one
+/// kernel launch when they fit it (launch_index_copies), else host sources through pinned staging
+/// (HostStaging) and device sources device to device; host destinations by memmove. All or nothing: false, with nothing copied, when a pair does not meet `copyable`, the
 /// host sources do not fit a staging slot, the staging cannot be made, or the stream is capturing
 /// (a captured copy would read the staging slot at every replay); the caller then copies with
 /// PyTorch. n must be >= 0 (ValueError).
@@ -766,6 +833,10 @@ bool copy_index_arrays(uintptr_t stream, int device, const std::vector<IndexCopy
       throw_cuda(err, "cudaStreamIsCapturing");
     }
     if (capture != cudaStreamCaptureStatusNone) return false;
+    if (launch_index_copies(copies, s)) {
+      copy_to_host(copies);
+      return true;
+    }
     if (staged > 0) {
       lock.lock();
       st = host_staging(device);
@@ -778,11 +849,7 @@ bool copy_index_arrays(uintptr_t stream, int device, const std::vector<IndexCopy
       }
     }
   }
-  for (const IndexCopy& c : copies) {
-    if (c.dst.device.is_host() && c.n > 0 && c.dst.data != c.src.data) {
-      std::memmove(c.dst.data, c.src.data, static_cast<size_t>(c.n) * 4);
-    }
-  }
+  copy_to_host(copies);
   if (!to_device) return true;
   size_t offset = 0;
   cudaError_t failed = cudaSuccess;
@@ -857,6 +924,217 @@ tessera::ApplyLlama31RopeOptions llama31_rope_options(int64_t rotary_dim, bool i
   o.high_freq_factor = high_freq_factor;
   o.old_context_len = old_context_len;
   return o;
+}
+
+/// The view of a direct RunArray, or false (nothing raised) when the library refuses it (a dtype
+/// or layout it has no view of): the fast run's "not the common case".
+bool try_view(const RunArray& a, TensorView& view) {
+  if (!a.direct) return false;
+  DLTensor t{};
+  t.data = a.data;
+  t.device.device_type = static_cast<DLDeviceType>(a.device_type);
+  t.device.device_id = a.device_id;
+  t.ndim = a.ndim;
+  t.dtype = a.dtype;
+  t.shape = const_cast<int64_t*>(a.shape);
+  t.strides = a.has_strides ? const_cast<int64_t*>(a.strides) : nullptr;
+  t.byte_offset = a.byte_offset;
+  struct Ctx {
+    DLTensor* t;
+    TensorView* view;
+  } ctx{&t, &view};
+  return tessera::call_catching([](void* c) {
+           auto* x = static_cast<Ctx*>(c);
+           *x->view = tessera::from_dlpack(*x->t);
+         },
+         &ctx)
+      .ok();
+}
+
+/// A paged runtime wrapper's run(q, paged_kv_cache[, out]) in its common case, in one call of the
+/// bindings (W12: the host time of run() is the step time of small batches without CUDA Graphs):
+/// made by plan() (python/tessera/decode.py, _paged_fast_run) with what the plan fixes (dtypes,
+/// head counts and dims, a page's shape in the layout, the page ids run() reads) and called with
+/// run()'s arguments. It reads the tensors through PyTorch's DLPack exchange table, allocates a
+/// missing `out` with torch.empty_like (what the Python path does) and launches on PyTorch's
+/// current stream of the plan's GPU (the exchange table's current_work_stream).
+///
+/// It returns out, or None with nothing done when anything is not the common case: an argument
+/// that is not exactly a torch.Tensor (or a (k, v) tuple of them), a dtype, shape or device other
+/// than the plan's, a PyTorch without the exchange table, a failed allocation. The Python path
+/// then checks the arguments and names what is wrong. What the library checks itself (strides,
+/// page ids on the GPU in checked mode) raises here as there.
+class PagedFastRun {
+ public:
+  /// Runs the wrapper `wrapper` (the C++ object `owner` holds, kept alive) with q, the cache and o
+  /// on `stream`. Constructed with torch.empty_like and torch.contiguous_format (allocate_out).
+  using RunFn = void (*)(void* wrapper, const TensorView& q, const tessera::PagedKVCache& kv, const TensorView& o,
+                         tessera::StreamHandle stream);
+
+  PagedFastRun(nb::object owner, void* wrapper, RunFn run, nb::object indices, nb::object host_ids, int device,
+               DType dtype, DType kv_dtype, int64_t num_qo_heads, int64_t head_dim, int64_t head_dim_vo,
+               int64_t q_rows, std::array<int64_t, 3> k_page, std::array<int64_t, 3> v_page, Layout layout,
+               nb::object empty_like, nb::object contiguous_format)
+      : owner_(std::move(owner)), wrapper_(wrapper), run_(run), indices_(std::move(indices)),
+        host_ids_(std::move(host_ids)), device_(device), dtype_(dtype), kv_dtype_(kv_dtype), hq_(num_qo_heads),
+        d_(head_dim), dv_(head_dim_vo), q_rows_(q_rows), k_page_(k_page), v_page_(v_page), layout_(layout),
+        empty_like_(std::move(empty_like)), contiguous_format_(std::move(contiguous_format)),
+        memory_format_kwnames_(nb::make_tuple("memory_format")), new_empty_name_(nb::str("new_empty")) {
+    indices_view_ = to_view(nb::cast<RunArray>(indices_), "indices");
+    TensorView probe;
+    probe.dtype = dtype_;
+    checked([&] { out_dtype_ = tessera::to_dlpack(probe).dtype; });
+  }
+
+  nb::object operator()(nb::handle q, nb::handle cache, nb::handle out) {
+    const TorchExchange& torch = torch_exchange();
+    if (torch.api == nullptr || torch.api->current_work_stream == nullptr) return nb::none();
+    TensorView tq, to;
+    if (!tensor(q, tq) || tq.dtype != dtype_ || tq.ndim != 3 || tq.shape[1] != hq_ || tq.shape[2] != d_ ||
+        (q_rows_ >= 0 && tq.shape[0] != q_rows_)) {
+      return nb::none();
+    }
+    const int64_t rows = tq.shape[0];
+    const bool allocate = out.is_none();
+    if (!allocate && (!tensor(out, to) || to.dtype != dtype_ || to.ndim != 3 || to.shape[0] != rows ||
+                      to.shape[1] != hq_ || to.shape[2] != dv_)) {
+      return nb::none();
+    }
+    tessera::PagedKVCache kv;
+    if (!paged_cache(cache, kv)) return nb::none();
+    const int64_t num_pages = kv.k.shape[0];
+    if (!host_ids_.is_none() && num_pages != checked_pages_) {
+      host_ids_.attr("check")(num_pages);  // page ids plan() had on the host, against this cache (raises)
+      checked_pages_ = num_pages;
+    }
+    void* stream = nullptr;
+    if (torch.api->current_work_stream(kDLCUDA, device_, &stream) != 0) {
+      PyErr_Clear();
+      return nb::none();
+    }
+    nb::object result = nb::borrow(out);
+    if (allocate && !allocate_out(q, rows, result, to)) return nb::none();
+    DeviceGuard guard(tq);
+    nb::gil_scoped_release release;
+    checked([&] { run_(wrapper_, tq, kv, to, reinterpret_cast<tessera::StreamHandle>(stream)); });
+    return result;
+  }
+
+ private:
+  /// The view of `o` when it is exactly a torch.Tensor on the plan's GPU.
+  bool tensor(nb::handle o, TensorView& view) const {
+    RunArray a;
+    return torch_dltensor(o.ptr(), a) && try_view(a, view) && view.device.type == tessera::DeviceType::kCUDA &&
+           view.device.id == device_;
+  }
+
+  /// One page of K (V) in the layout: shape[first..first + 2] == page.
+  static bool page_is(const TensorView& t, int first, const std::array<int64_t, 3>& page) {
+    return t.shape[first] == page[0] && t.shape[first + 1] == page[1] && t.shape[first + 2] == page[2];
+  }
+
+  /// The cache as (k, v) of the plan's page shapes, or one [pages, 2, ...] tensor where K and V
+  /// pages have one shape.
+  bool paged_cache(nb::handle cache, tessera::PagedKVCache& kv) const {
+    if (PyTuple_CheckExact(cache.ptr()) && PyTuple_GET_SIZE(cache.ptr()) == 2) {
+      TensorView k, v;
+      if (!tensor(PyTuple_GET_ITEM(cache.ptr(), 0), k) || !tensor(PyTuple_GET_ITEM(cache.ptr(), 1), v) ||
+          k.dtype != kv_dtype_ || v.dtype != kv_dtype_ || k.ndim != 4 || v.ndim != 4 || v.shape[0] != k.shape[0] ||
+          !page_is(k, 1, k_page_) || !page_is(v, 1, v_page_)) {
+        return false;
+      }
+      kv.k = k;
+      kv.v = v;
+      kv.layout = layout_;
+      kv.indices = indices_view_;
+      return true;
+    }
+    TensorView combined;
+    if (k_page_ != v_page_ || !tensor(cache, combined) || combined.dtype != kv_dtype_ || combined.ndim != 5 ||
+        combined.shape[1] != 2 || !page_is(combined, 2, k_page_)) {
+      return false;
+    }
+    struct Ctx {
+      const TensorView* combined;
+      const PagedFastRun* self;
+      tessera::PagedKVCache* kv;
+    } ctx{&combined, this, &kv};
+    return tessera::call_catching(
+               [](void* c) {
+                 auto* x = static_cast<Ctx*>(c);
+                 *x->kv = tessera::PagedKVCache::from_combined(*x->combined, x->self->layout_, x->self->indices_view_);
+               },
+               &ctx)
+        .ok();
+  }
+
+  /// A new contiguous [rows, Hq, Dv] output of q's dtype on q's device, as torch.empty_like(q,
+  /// memory_format=torch.contiguous_format) makes it (q.new_empty((rows, Hq, Dv)) when Dv != D), in
+  /// `result`, and its view in `view`; false, with no Python error set, when that fails (the
+  /// Python path then allocates and reports). Called through the Python C API rather than the
+  /// exchange table's allocator: its DLPack round trip (export, import with a deleter) measured
+  /// slower than the call (W12, bench/results/LOG.md, session 37).
+  bool allocate_out(nb::handle q, int64_t rows, nb::object& result, TensorView& view) const {
+    PyObject* made = nullptr;
+    if (dv_ == d_) {
+      PyObject* args[2] = {q.ptr(), contiguous_format_.ptr()};
+      made = PyObject_Vectorcall(empty_like_.ptr(), args, 1, memory_format_kwnames_.ptr());
+    } else {
+      nb::object shape = nb::make_tuple(rows, hq_, dv_);
+      PyObject* args[2] = {q.ptr(), shape.ptr()};
+      made = PyObject_VectorcallMethod(new_empty_name_.ptr(), args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    }
+    if (made == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    result = nb::steal(made);
+    return tensor(result, view);
+  }
+
+  nb::object owner_;
+  void* wrapper_;
+  RunFn run_;
+  nb::object indices_;       // the page ids run() reads (kept alive)
+  TensorView indices_view_;  // [pages of the plan], int32, on the GPU (or pinned host memory)
+  nb::object host_ids_;      // tessera._utils.HostPageIds of ids given on the host, or None
+  int64_t checked_pages_ = -1;
+  int device_;
+  DType dtype_, kv_dtype_;
+  DLDataType out_dtype_{};  // dtype_ in DLPack's terms
+  int64_t hq_, d_, dv_, q_rows_;  // q_rows_ -1: any
+  std::array<int64_t, 3> k_page_, v_page_;
+  Layout layout_;
+  nb::object empty_like_, contiguous_format_;  // torch.empty_like, torch.contiguous_format
+  nb::object memory_format_kwnames_, new_empty_name_;
+};
+
+/// W's run() as a PagedFastRun::RunFn.
+template <typename W>
+void run_paged_wrapper(void* w, const TensorView& q, const tessera::PagedKVCache& kv, const TensorView& o,
+                       tessera::StreamHandle stream) {
+  static_cast<W*>(w)->run(q, kv, o, TensorView{}, stream);
+}
+
+/// W.fast_run(...): the PagedFastRun of the plan just made.
+template <typename W>
+void bind_fast_run(nb::class_<W>& cls) {
+  cls.def(
+      "fast_run",
+      [](nb::object self, nb::object indices, nb::object host_ids, int device, DType dtype, DType kv_dtype,
+         int64_t num_qo_heads, int64_t head_dim, int64_t head_dim_vo, int64_t q_rows, std::array<int64_t, 3> k_page,
+         std::array<int64_t, 3> v_page, Layout layout, nb::object empty_like, nb::object contiguous_format) {
+        W* w = nb::cast<W*>(self);
+        return PagedFastRun(self, w, &run_paged_wrapper<W>, std::move(indices), std::move(host_ids), device, dtype,
+                            kv_dtype, num_qo_heads, head_dim, head_dim_vo, q_rows, k_page, v_page, layout,
+                            std::move(empty_like), std::move(contiguous_format));
+      },
+      "indices"_a, "host_ids"_a.none(), "device"_a, "dtype"_a, "kv_dtype"_a, "num_qo_heads"_a, "head_dim"_a,
+      "head_dim_vo"_a, "q_rows"_a, "k_page"_a, "v_page"_a, "layout"_a, "empty_like"_a, "contiguous_format"_a,
+      "Private (python/tessera/decode.py): the PagedFastRun of this plan: run(q, paged_kv_cache[, out]) in one "
+      "call for 16-bit q and K/V of these dtypes and shapes (q_rows -1: any), the page ids `indices` (kept alive), "
+      "host_ids (an object whose check(num_pages) checks page ids given on the host) or None; outputs from "
+      "empty_like(q, memory_format=contiguous_format) (torch's).");
 }
 
 }  // namespace
@@ -1535,10 +1813,21 @@ void bind_block_sparse_and_flex(nb::module_& m) {
 }
 
 /// The plan/run runtime: tessera::BatchDecodeWrapper.
+/// PagedFastRun (the paged wrappers' fast_run()).
+void bind_fast_run_class(nb::module_& m) {
+  nb::class_<PagedFastRun>(m, "PagedFastRun",
+                           "Private: a paged plan's run(q, paged_kv_cache[, out]) in one call (W12); made by a "
+                           "paged wrapper's fast_run().")
+      .def("__call__", &PagedFastRun::operator(), "q"_a, "paged_kv_cache"_a, "out"_a.none() = nb::none(),
+           "Runs the plan and returns out (allocated when None), or None with nothing done when an argument is "
+           "not the plan's common case (exact torch.Tensors of its dtypes, shapes and GPU).");
+}
+
 void bind_decode_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchDecodeWrapper> decode(m, "BatchDecodeWrapper",
                                                  "tessera::BatchDecodeWrapper (paged KV, one query per request).");
   bind_common(decode);
+  bind_fast_run(decode);
   decode
       .def(
           "plan",
@@ -1584,6 +1873,7 @@ void bind_prefill_paged_wrapper(nb::module_& m) {
       m, "BatchPrefillPagedWrapper", "tessera::BatchPrefillPagedWrapper (paged KV, any query length).");
   bind_common(prefill_paged);
   bind_paged_prefill_plan_run(prefill_paged);
+  bind_fast_run(prefill_paged);
 }
 
 /// The plan/run runtime: tessera::BatchPODPagedWrapper.
@@ -1615,6 +1905,7 @@ void bind_pod_wrapper(nb::module_& m) {
           "plan_info", [](const Pod& w) { return w.plan_info(); },
           "What the last plan() decided, as a PodPlanInfo (a copy; for tests, benchmarks and logs).");
   bind_paged_prefill_plan_run(pod);
+  bind_fast_run(pod);
 }
 
 /// The plan/run runtime: tessera::BatchPrefillRaggedWrapper.
@@ -1880,6 +2171,7 @@ NB_MODULE(_C, m) {
   bind_rope(m);
   bind_mla(m);
   bind_block_sparse_and_flex(m);
+  bind_fast_run_class(m);
   bind_decode_wrapper(m);
   bind_prefill_paged_wrapper(m);
   bind_pod_wrapper(m);

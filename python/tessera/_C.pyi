@@ -420,6 +420,16 @@ def build_block_mask(mask_source: str, mask_function: str, params: Sequence[tupl
     tessera::build_block_mask: evaluates the mask function on the GPU over a q_len x kv_len grid cut into (block_rows, block_cols) blocks and writes the BSR of the blocks with a visible pair (indptr i32 [row blocks + 1], indices i32, block_flags u8 1 = full).
     """
 
+class PagedFastRun:
+    """
+    Private: a paged plan's run(q, paged_kv_cache[, out]) in one call (W12); made by a paged wrapper's fast_run().
+    """
+
+    def __call__(self, q: object, paged_kv_cache: object, out: object | None = None) -> object:
+        """
+        Runs the plan and returns out (allocated when None), or None with nothing done when an argument is not the plan's common case (exact torch.Tensors of its dtypes, shapes and GPU).
+        """
+
 class BatchDecodeWrapper:
     """tessera::BatchDecodeWrapper (paged KV, one query per request)."""
 
@@ -443,6 +453,11 @@ class BatchDecodeWrapper:
     def plan_info(self) -> dict:
         """
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def fast_run(self, indices: object, host_ids: object | None, device: int, dtype: DType, kv_dtype: DType, num_qo_heads: int, head_dim: int, head_dim_vo: int, q_rows: int, k_page: Sequence[int], v_page: Sequence[int], layout: Layout, empty_like: object, contiguous_format: object) -> PagedFastRun:
+        """
+        Private (python/tessera/decode.py): the PagedFastRun of this plan: run(q, paged_kv_cache[, out]) in one call for 16-bit q and K/V of these dtypes and shapes (q_rows -1: any), the page ids `indices` (kept alive), host_ids (an object whose check(num_pages) checks page ids given on the host) or None; outputs from empty_like(q, memory_format=contiguous_format) (torch's).
         """
 
     def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
@@ -490,6 +505,11 @@ class BatchPrefillPagedWrapper:
         Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2). FP8 attention: q as u8 with q_dtype e4m3, o f16/bf16.
         """
 
+    def fast_run(self, indices: object, host_ids: object | None, device: int, dtype: DType, kv_dtype: DType, num_qo_heads: int, head_dim: int, head_dim_vo: int, q_rows: int, k_page: Sequence[int], v_page: Sequence[int], layout: Layout, empty_like: object, contiguous_format: object) -> PagedFastRun:
+        """
+        Private (python/tessera/decode.py): the PagedFastRun of this plan: run(q, paged_kv_cache[, out]) in one call for 16-bit q and K/V of these dtypes and shapes (q_rows -1: any), the page ids `indices` (kept alive), host_ids (an object whose check(num_pages) checks page ids given on the host) or None; outputs from empty_like(q, memory_format=contiguous_format) (torch's).
+        """
+
 class BatchPODPagedWrapper:
     """
     tessera::BatchPODPagedWrapper (paged KV, a batch mixing prefill chunks and decode requests in one launch whose CTAs are divided between the two; the default variant, 16-bit K/V of q's dtype, equal head dims).
@@ -519,6 +539,11 @@ class BatchPODPagedWrapper:
     def run(self, q: NDArray, k: NDArray | None, v: NDArray | None, kv: NDArray | None, layout: Layout, indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None, q_dtype: DType | None = None) -> None:
         """
         Runs the planned step: q [rows, Hq, D] -> o, lse [rows, Hq] (base 2). FP8 attention: q as u8 with q_dtype e4m3, o f16/bf16.
+        """
+
+    def fast_run(self, indices: object, host_ids: object | None, device: int, dtype: DType, kv_dtype: DType, num_qo_heads: int, head_dim: int, head_dim_vo: int, q_rows: int, k_page: Sequence[int], v_page: Sequence[int], layout: Layout, empty_like: object, contiguous_format: object) -> PagedFastRun:
+        """
+        Private (python/tessera/decode.py): the PagedFastRun of this plan: run(q, paged_kv_cache[, out]) in one call for 16-bit q and K/V of these dtypes and shapes (q_rows -1: any), the page ids `indices` (kept alive), host_ids (an object whose check(num_pages) checks page ids given on the host) or None; outputs from empty_like(q, memory_format=contiguous_format) (torch's).
         """
 
 class BatchPrefillRaggedWrapper:

@@ -593,7 +593,7 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
             # The entries that depend on the configuration, the device and the layout alone.
             **config.planned(device, self._kv_layout, rows if q_len > 1 else None),
         }
-        self._planned["run_fast"] = _paged_run_constants(self._planned, cpp)
+        self._planned["run_fast"] = _paged_fast_run(self._planned, cpp)
 
     def run(
         self,
@@ -634,14 +634,14 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
             ``out`` or ``(out, lse)``.
         """
         p = self._planned
-        # The common call (q, the cache, perhaps out; nothing else) on a plan with a 16-bit cache:
-        # _paged_run_fast, or None when anything differs from what the plan expects (the path below
-        # then checks and names it).
+        # The common call (q, the cache, perhaps out; nothing else) on a plan with a 16-bit cache: the
+        # plan's PagedFastRun (_paged_fast_run), which returns None when anything differs from what
+        # the plan expects (the path below then checks and names it).
         if (p is not None and not args and q_scale is None and k_scale is None and v_scale is None and not return_lse
                 and window_left is None and (R._OPS is None or not R._IS_COMPILING())):
             fast = p.get("run_fast")
             if fast is not None:
-                result = _paged_run_fast(fast, q, paged_kv_cache, out)
+                result = fast(q, paged_kv_cache, out)
                 if result is not None:
                     return result
         if args:
@@ -766,8 +766,8 @@ def _run_fields(device: Any, kv_layout: str, num_kv_heads: int, head_dim: int, h
     plan dict): the workspace's device (q, the cache and out must be on it), v's / o's head dim, the
     exact query rows when the plan fixes them (q_len_per_req > 1) or None, a page's K and V shape
     in the layout (paged wrappers), the layout and K/V dtype as the bindings take them; with q's
-    dtype and num_qo_heads given, a paged plan's run_static: the part of _paged_run_fast's
-    constants (_paged_run_constants) that depends on these alone, None for an fp8 cache. Memoised
+    dtype and num_qo_heads given, a paged plan's run_static: the arguments of the C++ wrapper's
+    fast_run() (_paged_fast_run) that depend on these alone, None for an fp8 cache. Memoised
     (plans repeat their shapes): the caller copies the entries, never modifies the dict."""
     fp8 = U.is_fp8(kv_dtype)
     if page_size is None:
@@ -778,10 +778,8 @@ def _run_fields(device: Any, kv_layout: str, num_kv_heads: int, head_dim: int, h
         k_page, v_page = (num_kv_heads, page_size, head_dim), (num_kv_heads, page_size, head_dim_vo)
     run_static = None
     if k_page is not None and dtype is not None and num_qo_heads is not None and not fp8:
-        torch = U._torch()
-        run_static = (torch.Tensor, device, dtype, num_qo_heads, head_dim, head_dim_vo, q_rows, k_page, v_page,
-                      k_page == v_page, kv_dtype, U.check_kv_layout(kv_layout), torch.empty_like,
-                      torch.contiguous_format)
+        run_static = (device.index, U.tessera_dtype(dtype), U.tessera_dtype(kv_dtype), num_qo_heads, head_dim,
+                      head_dim_vo, -1 if q_rows is None else q_rows, k_page, v_page, U.check_kv_layout(kv_layout))
     return {
         "run_static": run_static,
         "device": device,
@@ -939,71 +937,22 @@ def _paged_run(
     return (out, lse) if return_lse else out
 
 
-def _paged_run_constants(p: Dict[str, Any], cpp: Any) -> Optional[Tuple[Any, ...]]:
-    """What _paged_run_fast compares and passes, once per plan (decode or paged prefill): the
-    plan's run_static (_run_fields) and its page ids, host page-id check and C++ runtime's bound
-    run method; None when the plan has no run_static (an fp8 cache, whose run() fills the scale
-    buffer). The bound method is safe to keep: a wrapper replaces its runtime only in plan(), which
-    makes a new plan (and these) or leaves none."""
+def _paged_fast_run(p: Dict[str, Any], cpp: Any) -> Any:
+    """The plan's tessera._C.PagedFastRun (decode or paged prefill): run(q, paged_kv_cache[, out])
+    in one call of the bindings for exact torch.Tensors of the plan's dtypes, shapes and device
+    (out allocated there when None), returning None with nothing done for anything else (the
+    full path then checks and names it). Made from the plan's run_static (_run_fields), its page
+    ids and the host page-id check (HostPageIds, passed only for ids given on the host); None when
+    the plan has no run_static (an fp8 cache, whose run() fills the scale buffer). It keeps the C++
+    runtime alive: a wrapper replaces its runtime only in plan(), which makes a new plan (and
+    this) or leaves none."""
     static = p["run_static"]
     if static is None:
         return None
-    return static + (p["indices"], p["host_indices"], cpp.run)
-
-
-def _paged_run_fast(f: Tuple[Any, ...], q: Any, paged_kv_cache: Any, out: Any) -> Any:
-    """run(q, paged_kv_cache[, out=out]) of a paged wrapper in its common case, in as few operations
-    as it takes: q, out and the cache of exactly torch.Tensor (subclasses take the full path), of
-    the plan's dtypes, shapes (a page's shape in the layout; q's rows when the plan fixes them) and
-    device. Returns out, or None with nothing done when anything differs (then the full path, which
-    names what is wrong, runs; the page-id check below raises its own error, as the full path's).
-    The conditions are those of _check_run_queries' and _paged_cache_fast's fast paths, for one
-    cache of 16-bit K/V (f from _paged_run_constants) and no lse."""
-    (tensor, device, dtype, hq, d, dv, q_rows, k_page, v_page, one_tensor_ok, kv_dtype, layout_arg, empty_like,
-     contiguous, indices, host_ids, run) = f
-    if type(q) is not tensor or q.dtype != dtype or q.device != device:
-        return None
-    s = q.shape
-    if len(s) != 3 or s[1] != hq or s[2] != d or (q_rows is not None and s[0] != q_rows):
-        return None
-    if out is not None:
-        if type(out) is not tensor or out.dtype != dtype or out.device != device:
-            return None
-        os = out.shape
-        if len(os) != 3 or os[0] != s[0] or os[1] != hq or os[2] != dv:
-            return None
-    if type(paged_kv_cache) is tuple and len(paged_kv_cache) == 2:
-        k, v = paged_kv_cache
-        if type(k) is not tensor or type(v) is not tensor:
-            return None
-        ks, vs = k.shape, v.shape
-        if not (len(ks) == 4 and len(vs) == 4 and ks[1] == k_page[0] and ks[2] == k_page[1] and ks[3] == k_page[2]
-                and vs[0] == ks[0] and vs[1] == v_page[0] and vs[2] == v_page[1] and vs[3] == v_page[2]
-                and k.dtype == kv_dtype and v.dtype == kv_dtype and k.device == device and v.device == device):
-            return None
-        kv = None
-        num_pages = ks[0]
-    elif type(paged_kv_cache) is tensor and one_tensor_ok:
-        kv = paged_kv_cache
-        cs = kv.shape
-        if not (len(cs) == 5 and cs[1] == 2 and cs[2] == k_page[0] and cs[3] == k_page[1] and cs[4] == k_page[2]
-                and kv.dtype == kv_dtype and kv.device == device):
-            return None
-        k = v = None
-        num_pages = cs[0]
-    else:
-        return None
-    host_ids.check(num_pages)  # page ids plan() had on the host, against this cache
-    if out is None:
-        # q's shape, dtype and device, contiguous: torch.empty((rows, hq, d), dtype, device) in fewer steps.
-        out = (empty_like(q, memory_format=contiguous) if dv == d
-               else U._torch().empty((s[0], hq, dv), dtype=dtype, device=device))
-    stream = U.current_stream(device)
-    try:
-        run(q, k, v, kv, layout_arg, indices, out, None, stream, kv_dtype=None)
-    except TypeError:  # the binding refused an argument: as U.launch
-        U.call(run, q, q, k, v, kv, layout_arg, indices, out, None, stream, kv_dtype=None)
-    return out
+    host_ids = p["host_indices"]
+    torch = U._torch()
+    return cpp.fast_run(p["indices"], host_ids if host_ids.ids is not None else None, *static, torch.empty_like,
+                        torch.contiguous_format)
 
 
 def _detached(t: Any) -> Any:

@@ -43,8 +43,7 @@ from .decode import (
     _op_scale,
     _paged_run,
     _paged_run_compiled,
-    _paged_run_constants,
-    _paged_run_fast,
+    _paged_fast_run,
     _run_fields,
     _run_kv_scales,
 )
@@ -765,7 +764,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             **_run_fields(device, self._kv_layout, hkv, d, dv, page_size, kv_dtype, None, dtype, hq),
             **_fp8_plan_fields(fp8_q, o_dtype),
         }
-        self._planned["run_fast"] = _paged_run_constants(self._planned, cpp)
+        self._planned["run_fast"] = _paged_fast_run(self._planned, cpp)
 
     begin_forward = plan
 
@@ -811,7 +810,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 and window_left is None and (R._OPS is None or not R._IS_COMPILING())):
             fast = p.get("run_fast")
             if fast is not None:
-                result = _paged_run_fast(fast, q, paged_kv_cache, out)
+                result = fast(q, paged_kv_cache, out)
                 if result is not None:
                     return result
         if args:

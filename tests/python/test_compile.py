@@ -210,6 +210,10 @@ class StubRuntime:
         self.scales = (kwargs.get("k_scale_device"), kwargs.get("v_scale_device"))
         self.q_scale = kwargs.get("q_scale_device")
 
+    def fast_run(self, *args):
+        """The C++ fast run needs a GPU: this one declines every call (conftest.RecordingRuntime)."""
+        return lambda q, paged_kv_cache, out=None: None
+
     def run(self, q_arg, *args, kv_dtype=None, q_dtype=None):
         q = q_arg
         if q_dtype is not None:

@@ -413,21 +413,29 @@ def test_fast_path_only_for_the_common_call(stand_ins):
     assert w._planned["run_fast"] is None
 
 
-def test_fast_path_retries_through_call_when_the_binding_refuses(stand_ins):
-    # As U.launch: a TypeError of the binding (an argument it does not convert) is retried through
-    # U.call, which detaches tensors that require grad.
+def test_plan_hands_the_fast_run_its_constants(stand_ins):
+    # What each plan passes to the C++ wrapper's fast_run() (tessera._C.PagedFastRun): the page ids
+    # run() reads, the host ids' check (ids given on the host only), the device, dtypes, head
+    # counts and dims, the rows a q_len_per_req plan fixes (-1: any), a page's K and V shape in
+    # the layout, and the layout.
     w = D(_ws())
     _decode_plan(w)
-    seen = []
-
-    def run(*args, **kwargs):
-        seen.append(args)
-        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            raise TypeError("incompatible function arguments")
-
-    w._planned["run_fast"] = w._planned["run_fast"][:-1] + (run,)
-    w.run(_q().requires_grad_(), _pages())
-    assert len(seen) == 2 and not seen[1][0].requires_grad
+    indices, host_ids, *static = w._holder.cpp.fast_runs[-1]
+    assert indices is w._planned["indices"] and host_ids is w._planned["host_indices"]
+    dev = w._planned["device"].index  # the workspace's GPU (None here: the stand-ins plan on the CPU)
+    assert static == [dev, _C.DType.f16, _C.DType.f16, 8, 128, 128, -1, (16, 2, 128), (16, 2, 128), _C.Layout.NHD,
+                      torch.empty_like, torch.contiguous_format]
+    _decode_plan(w, q_len_per_req=3, q_data_type=torch.bfloat16)
+    assert w._holder.cpp.fast_runs[-1][2:] == (dev, _C.DType.bf16, _C.DType.bf16, 8, 128, 128, 6, (16, 2, 128),
+                                               (16, 2, 128), _C.Layout.NHD, torch.empty_like, torch.contiguous_format)
+    hnd = P(_ws(), "HND")
+    _paged_plan(hnd, head_dim_qk=192, head_dim_vo=128)
+    assert hnd._holder.cpp.fast_runs[-1][2:] == (dev, _C.DType.f16, _C.DType.f16, 8, 192, 128, -1, (2, 16, 192),
+                                                 (2, 16, 128), _C.Layout.HND, torch.empty_like, torch.contiguous_format)
+    # fp8 caches have no fast run: fast_run() is not called.
+    cpp, n = w._holder.cpp, len(w._holder.cpp.fast_runs)
+    _decode_plan(w, kv_data_type=torch.float8_e4m3fn)
+    assert len(w._holder.cpp.fast_runs) == (n if w._holder.cpp is cpp else 0) and w._planned["run_fast"] is None
 
 
 def test_bounds_key_says_what_fits_says():

@@ -71,6 +71,19 @@ def install_stand_ins(torch, tessera):
             def run(self, q, k, v, kv, layout, indices, o, lse, stream, kv_dtype=None):
                 probe(q, k, v, kv, layout, indices, o, lse, stream, kv_dtype=kv_dtype)
 
+        def fast_run(self, indices, host_ids, device, dtype, kv_dtype, hq, d, dv, q_rows, k_page, v_page, layout,
+                     empty_like, contiguous_format):
+            """The C++ PagedFastRun (one binding call: the tensors' import, the checks, the
+            allocation, the launch) stood in for by one call of the probe after the allocation."""
+            def call(q, cache, out=None):
+                if out is None:
+                    out = empty_like(q, memory_format=contiguous_format)
+                k, v = cache if type(cache) is tuple else (cache, None)
+                if probe is not None:
+                    probe(q, k, v, None, layout, indices, out, None, 0)
+                return out
+            return call
+
     class RaggedStandIn(RuntimeStandIn):
         if probe is not None:
             def run(self, q, k, v, o, lse, stream, kv_dtype=None):

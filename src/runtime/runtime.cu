@@ -645,10 +645,11 @@ class AttentionRuntime {
   template <typename T, typename KVT, typename OT>
   void launch(const kernels::AttentionParams<T, KVT, OT>& p, const RunIds* ids, StreamHandle stream,
               const RunIds* more_ids = nullptr) {
-    launch_ordered(ids, stream, [&](cudaStream_t s) { launch_kernels(p, s); }, more_ids);
+    launch_ordered(
+        ids, stream, [&](cudaStream_t s, bool capturing) { launch_kernels(p, s, capturing); }, more_ids);
   }
 
-  /// Enqueues enqueue(stream) as this runtime's run: after the checks of `ids` (see launch), the
+  /// Enqueues enqueue(stream, capturing) as this runtime's run: after the checks of `ids` (see launch), the
   /// last plan upload and the last run, and recorded as the last run. The POD wrapper nests two
   /// runtimes' calls around its one launch.
   /// more_ids: a second index array of the run (block-sparse KV over a paged cache: the pages).
@@ -663,12 +664,13 @@ class AttentionRuntime {
     for (const RunIds* i : {ids, more_ids}) {
       if (capturing && i != nullptr) enqueue_run_ids_check(*i, stream);
     }
-    enqueue(s);
+    enqueue(s, capturing);
     channel_->record_run(s, capturing);
   }
 
   /// The last plan's persistent launch: its work in the workspace, its grid and its contraction.
-  PersistentLaunch persistent_launch() const {
+  /// `capturing`: the launch is being captured into a CUDA graph.
+  PersistentLaunch persistent_launch(bool capturing) const {
     PersistentLaunch launch;
     launch.work.cta_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.cta_indptr);
     launch.work.items = reinterpret_cast<const kernels::PlannedItem*>(workspace_ + layout_.items);
@@ -678,8 +680,10 @@ class AttentionRuntime {
     launch.work.partial_lse = reinterpret_cast<float*>(partials_ + (layout_.partial_lse - layout_.plan_end));
     launch.work.heads_per_cta = info_.heads_per_cta;
     launch.grid_cols = info_.grid_cols;
-    // A captured launch must also contract for later plans that split.
-    const int64_t merge_threads = static_cast<int64_t>(options_.cuda_graph ? layout_.max_merges : info_.num_merges) *
+    // A captured launch must also contract for later plans that split (a replay runs the plan
+    // current then); an eager one contracts this plan's splits only, none when it has none.
+    const int64_t merges = options_.cuda_graph && capturing ? layout_.max_merges : info_.num_merges;
+    const int64_t merge_threads = merges *
                                   shape_.num_kv_heads * info_.q_tile_rows * (plan_dims().vo / 8);
     launch.contraction_blocks =
         merge_threads == 0 ? 0 : grid_stride_blocks(merge_threads, kernels::ContractionTraits::kThreadsPerBlock);
@@ -739,18 +743,18 @@ class AttentionRuntime {
   /// The plan's persistent kernel (and contraction): the configuration table's tile, or for FP8
   /// attention (an fp8 q) its tile of the plan's head dim.
   template <typename Params>
-  void launch_kernels(const Params& p, cudaStream_t s) {
+  void launch_kernels(const Params& p, cudaStream_t s, bool capturing) {
     using T = typename Params::QType;
     using KVT = typename Params::KVType;
     if constexpr (kernels::IsFp8<T>::value) {
-      launch_fp8_attention_persistent(p, format_, plan_dims().qk, persistent_launch(), s);
+      launch_fp8_attention_persistent(p, format_, plan_dims().qk, persistent_launch(capturing), s);
     } else {
-      launch_table_kernels<T, KVT>(p, s);
+      launch_table_kernels<T, KVT>(p, s, capturing);
     }
   }
   template <typename T, typename KVT>
-  void launch_table_kernels(const kernels::AttentionParams<T, KVT>& p, cudaStream_t s) {
-    const PersistentLaunch launch = persistent_launch();
+  void launch_table_kernels(const kernels::AttentionParams<T, KVT>& p, cudaStream_t s, bool capturing) {
+    const PersistentLaunch launch = persistent_launch(capturing);
     with_prefill_head_dim(plan_dims(), [&](auto head_dims_tag) {
       constexpr int kHeadDim = decltype(head_dims_tag)::kQk, kHeadDimVo = decltype(head_dims_tag)::kVo;
       constexpr PrefillHeadDims kDims(kHeadDim, kHeadDimVo);
@@ -1776,11 +1780,11 @@ void BatchPODPagedWrapper::run(const TensorView& q, const PagedKVCache& kv, cons
     kernels::AttentionParams<T, T> p = prefill.query_part<T, T>(q, o, lse);
     detail::paged_cache_params(p, kv);
     p.paged.indices = ids.device_data;
-    const detail::PodLaunch launch{prefill.persistent_launch(), decode.persistent_launch()};
     // The decode side's run is ordered inside the prefill side's: one launch waits for both plans'
     // uploads and both sides' last runs, and is recorded as the last run of each.
-    prefill.launch_ordered(&ids, stream, [&](cudaStream_t s) {
-      decode.launch_ordered(nullptr, stream, [&](cudaStream_t) {
+    prefill.launch_ordered(&ids, stream, [&](cudaStream_t s, bool capturing) {
+      const detail::PodLaunch launch{prefill.persistent_launch(capturing), decode.persistent_launch(capturing)};
+      decode.launch_ordered(nullptr, stream, [&](cudaStream_t, bool) {
         detail::with_prefill_head_dim(dims, [&](auto head_dims_tag) {
           constexpr int kQk = decltype(head_dims_tag)::kQk, kVo = decltype(head_dims_tag)::kVo;
           if constexpr (kQk == kVo) {

@@ -662,27 +662,23 @@ Candidate* plan_auto(const PlannerConfig& config, int64_t lb, int64_t sum_kv, in
   return best;
 }
 
-}  // namespace
-
-Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len, const PlannerConfig& config) {
-  validate(qo_len, kv_len, config);
-  thread_local Scratch scratch;
-  Scratch& s = scratch;
-
-  const int64_t C = config.num_ctas;
-  const int64_t Tq = config.q_tile_rows;
-  const int64_t G = config.group_size;
-  const int64_t kvt = config.kv_tile_rows;
-  const int64_t alpha = config.alpha;
-  const int64_t beta = config.beta;
-
-  // Overflow guard, per request: no plan has more than ceil(kv_len / kv_tile_rows) chunks for a tile
-  // (kAuto and kFixed chunks and fill pieces hold >= kv_tile_rows keys except a tile's last), so
-  // worst_total bounds every total and load computed below, which then need no checks.
-  const int32_t B = static_cast<int32_t>(qo_len.size());
-  int64_t worst_total = 0;
+/// The batch's query-tile count and whether some tiles share their KV (a request with two or more
+/// tiles, or consecutive requests of one kv_group), after the overflow guard: no plan has more
+/// than ceil(kv_len / kv_tile_rows) chunks for a tile (kAuto and kFixed chunks and fill pieces
+/// hold >= kv_tile_rows keys except a tile's last), so the worst total checked here bounds every
+/// total and load computed later, which then need no checks.
+struct TileCount {
   int64_t num_tiles = 0;
-  bool shared_kv = false;  // some request has two query tiles, which read the same KV
+  bool shared_kv = false;
+};
+
+TileCount count_tiles(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len,
+                      const PlannerConfig& config) {
+  const int64_t Tq = config.q_tile_rows, G = config.group_size, kvt = config.kv_tile_rows;
+  const int64_t alpha = config.alpha, beta = config.beta;
+  const int32_t B = static_cast<int32_t>(qo_len.size());
+  TileCount count;
+  int64_t worst_total = 0;
   for (int32_t b = 0; b < B; ++b) {
     const int64_t kv = kv_len[b];
     const int64_t tiles = ceil_div(int64_t{qo_len[b]} * G, Tq);
@@ -695,27 +691,38 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
     overflow |= __builtin_add_overflow(worst_total, request_worst, &worst_total);
     TESSERA_CHECK_ARG(!overflow) << "config.alpha = " << alpha << ", config.beta = " << beta
                                  << ": the plan's cost up to request " << b << " overflows int64";
-    num_tiles += tiles;
-    shared_kv |= tiles >= 2;
+    count.num_tiles += tiles;
+    count.shared_kv |= tiles >= 2;
     if (config.kv_group != nullptr) {
       TESSERA_CHECK_ARG(config.kv_group[b] >= 0 && config.kv_group[b] < B)
           << "config.kv_group[" << b << "] = " << config.kv_group[b] << ", expected in [0, " << B << ")";
-      shared_kv |= b > 0 && config.kv_group[b] == config.kv_group[b - 1];
+      count.shared_kv |= b > 0 && config.kv_group[b] == config.kv_group[b - 1];
     }
   }
-  TESSERA_CHECK_ARG(num_tiles <= INT32_MAX)
-      << "batch of " << B << " requests has " << num_tiles << " query tiles, expected <= " << INT32_MAX;
+  TESSERA_CHECK_ARG(count.num_tiles <= INT32_MAX)
+      << "batch of " << B << " requests has " << count.num_tiles << " query tiles, expected <= " << INT32_MAX;
+  return count;
+}
 
-  // Tiles, the unsplit cost U and the lower bound.
-  s.tiles.resize(static_cast<size_t>(num_tiles));
-  Tile* tile = s.tiles.data();
-  int64_t U = 0;
-  int64_t largest_indivisible = 0;
+/// What the search needs of the tiles besides the tiles themselves.
+struct TileTotals {
+  int64_t unsplit_cost = 0;         // U: every tile unsplit
+  int64_t largest_indivisible = 0;  // the costliest tile's first kv_tile_rows keys
   int64_t sum_kv = 0;
   int64_t max_kv = 0;
+};
+
+/// Fills s.tiles (num_tiles of them, request by request) with each query tile's rows and KV end
+/// (clipped to what its last query sees under a causal mask) and returns their totals.
+TileTotals build_tiles(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len,
+                       const PlannerConfig& config, int64_t num_tiles, Scratch& s) {
+  const int64_t Tq = config.q_tile_rows, G = config.group_size, kvt = config.kv_tile_rows;
+  s.tiles.resize(static_cast<size_t>(num_tiles));
+  Tile* tile = s.tiles.data();
+  TileTotals totals;
   const int64_t step_q = Tq / G;  // causal: a full tile moves its last query by Tq / G, Tq % G
   const int64_t step_r = Tq % G;
-  for (int32_t b = 0; b < B; ++b) {
+  for (int32_t b = 0; b < static_cast<int32_t>(qo_len.size()); ++b) {
     const int64_t qo = qo_len[b];
     const int64_t kv = kv_len[b];
     const int64_t packed = qo * G;
@@ -736,16 +743,30 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
         }
       }
       *tile++ = Tile{b, static_cast<int32_t>(begin), static_cast<int32_t>(rows), static_cast<int32_t>(kv_end)};
-      const int64_t q_cost = alpha * rows;
-      U += q_cost + beta * kv_end;
-      largest_indivisible = std::max(largest_indivisible, q_cost + beta * std::min(kv_end, kvt));
-      sum_kv += kv_end;
-      max_kv = std::max(max_kv, kv_end);
+      const int64_t q_cost = config.alpha * rows;
+      totals.unsplit_cost += q_cost + config.beta * kv_end;
+      totals.largest_indivisible =
+          std::max(totals.largest_indivisible, q_cost + config.beta * std::min(kv_end, kvt));
+      totals.sum_kv += kv_end;
+      totals.max_kv = std::max(totals.max_kv, kv_end);
     }
   }
+  return totals;
+}
+
+}  // namespace
+
+Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len, const PlannerConfig& config) {
+  validate(qo_len, kv_len, config);
+  thread_local Scratch scratch;
+  Scratch& s = scratch;
+  const TileCount count = count_tiles(qo_len, kv_len, config);
+  const TileTotals totals = build_tiles(qo_len, kv_len, config, count.num_tiles, s);
 
   Plan plan;
-  plan.lower_bound = s.tiles.empty() ? 0 : std::max(ceil_div(U, C), largest_indivisible);
+  plan.lower_bound = s.tiles.empty()
+                         ? 0
+                         : std::max(ceil_div(totals.unsplit_cost, int64_t{config.num_ctas}), totals.largest_indivisible);
   // Item indices are int32 (cta_indptr): a plan has (tiles - split tiles) + partials items, so
   // capping the partials at INT32_MAX - tiles keeps every plan indexable.
   const int64_t max_partials =
@@ -770,11 +791,12 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
       run_lpt(*chosen, config.num_ctas, s);
       break;
     case SplitMode::kAuto:
-      chosen = plan_auto(config, plan.lower_bound, sum_kv, max_kv, max_partials, s);
+      chosen = plan_auto(config, plan.lower_bound, totals.sum_kv, totals.max_kv, max_partials, s);
       break;
   }
-  if (config.group_by_request && shared_kv && !chosen->fill && C > 1) {
-    regroup_by_request(*chosen, config.num_ctas, B, config.kv_group, plan.lower_bound, s);
+  if (config.group_by_request && count.shared_kv && !chosen->fill && config.num_ctas > 1) {
+    regroup_by_request(*chosen, config.num_ctas, static_cast<int32_t>(qo_len.size()), config.kv_group,
+                       plan.lower_bound, s);
   }
   emit_plan(*chosen, config, s, plan);
   plan.grouped_by_request = chosen->grouped;

@@ -211,21 +211,19 @@ void append_paged_kv_cache_at(const TensorView& append_k, const TensorView& appe
   dispatch_append<kernels::AppendTargetMode::kExplicit>(targets, append_k, append_v, cache, scales, stream);
 }
 
-void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& append_kpe,
-                               const TensorView& batch_indices, const TensorView& positions,
-                               const TensorView& ckv_cache, const TensorView& kpe_cache, const TensorView& kv_indptr,
-                               const TensorView& kv_indices, const TensorView& kv_last_page_len, StreamHandle stream) {
-  // The cache: two page tensors of one 16-bit dtype, the same pages and page size.
+namespace {
+
+/// append_paged_mla_kv_cache's cache: two page tensors of one 16-bit dtype, the same pages and page size.
+void check_mla_cache(const TensorView& ckv_cache, const TensorView& kpe_cache) {
   check_latent_tensor(ckv_cache, "ckv_cache", 3, "[num_pages, page_size, ckv_dim]");
   check_dtype(ckv_cache, "ckv_cache", {DType::kF16, DType::kBF16});
-  const DType dtype = ckv_cache.dtype;
   TESSERA_CHECK_ARG(ckv_cache.shape[1] >= 1)
       << "ckv_cache.shape[1] = " << ckv_cache.shape[1] << ", expected >= 1 (page_size)";
   check_latent_width(ckv_cache, "ckv_cache", 2);
   detail::check_vector_aligned(ckv_cache, "ckv_cache");
   check_latent_tensor(kpe_cache, "kpe_cache", 3, "[num_pages, page_size, kpe_dim]");
-  TESSERA_CHECK_ARG(kpe_cache.dtype == dtype)
-      << "kpe_cache.dtype = " << kpe_cache.dtype << ", expected " << dtype << " (the dtype of ckv_cache)";
+  TESSERA_CHECK_ARG(kpe_cache.dtype == ckv_cache.dtype)
+      << "kpe_cache.dtype = " << kpe_cache.dtype << ", expected " << ckv_cache.dtype << " (the dtype of ckv_cache)";
   check_same_device(ckv_cache, "ckv_cache", kpe_cache, "kpe_cache");
   TESSERA_CHECK_ARG(kpe_cache.shape[0] == ckv_cache.shape[0])
       << "kpe_cache.shape[0] = " << kpe_cache.shape[0] << ", expected " << ckv_cache.shape[0]
@@ -235,27 +233,112 @@ void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& a
       << " (page_size: ckv_cache.shape[1])";
   check_latent_width(kpe_cache, "kpe_cache", 2);
   detail::check_vector_aligned(kpe_cache, "kpe_cache");
-  const int64_t num_pages = ckv_cache.shape[0], page_size = ckv_cache.shape[1];
-  const int64_t ckv_dim = ckv_cache.shape[2], kpe_dim = kpe_cache.shape[2];
+}
 
-  // The appended rows: the cache's dtype and widths.
+/// The appended rows: the cache's dtype and widths, one row count.
+void check_mla_rows(const TensorView& append_ckv, const TensorView& append_kpe, const TensorView& ckv_cache,
+                    const TensorView& kpe_cache) {
   check_latent_tensor(append_ckv, "append_ckv", 2, "[nnz, ckv_dim]");
   check_latent_tensor(append_kpe, "append_kpe", 2, "[nnz, kpe_dim]");
   for (const auto& [t, name] : {std::pair<const TensorView&, const char*>{append_ckv, "append_ckv"},
                                 {append_kpe, "append_kpe"}}) {
-    TESSERA_CHECK_ARG(t.dtype == dtype)
-        << name << ".dtype = " << t.dtype << ", expected " << dtype << " (the dtype of ckv_cache)";
+    TESSERA_CHECK_ARG(t.dtype == ckv_cache.dtype)
+        << name << ".dtype = " << t.dtype << ", expected " << ckv_cache.dtype << " (the dtype of ckv_cache)";
     check_same_device(ckv_cache, "ckv_cache", t, name);
   }
   const int64_t nnz = append_ckv.shape[0];
-  TESSERA_CHECK_ARG(append_ckv.shape[1] == ckv_dim)
-      << "append_ckv.shape[1] = " << append_ckv.shape[1] << ", expected " << ckv_dim << " (ckv_dim: ckv_cache.shape[2])";
+  TESSERA_CHECK_ARG(append_ckv.shape[1] == ckv_cache.shape[2])
+      << "append_ckv.shape[1] = " << append_ckv.shape[1] << ", expected " << ckv_cache.shape[2]
+      << " (ckv_dim: ckv_cache.shape[2])";
   TESSERA_CHECK_ARG(append_kpe.shape[0] == nnz)
       << "append_kpe.shape[0] = " << append_kpe.shape[0] << ", expected " << nnz << " (nnz: append_ckv.shape[0])";
-  TESSERA_CHECK_ARG(append_kpe.shape[1] == kpe_dim)
-      << "append_kpe.shape[1] = " << append_kpe.shape[1] << ", expected " << kpe_dim << " (kpe_dim: kpe_cache.shape[2])";
+  TESSERA_CHECK_ARG(append_kpe.shape[1] == kpe_cache.shape[2])
+      << "append_kpe.shape[1] = " << append_kpe.shape[1] << ", expected " << kpe_cache.shape[2]
+      << " (kpe_dim: kpe_cache.shape[2])";
   detail::check_vector_aligned(append_ckv, "append_ckv");
   detail::check_vector_aligned(append_kpe, "append_kpe");
+}
+
+/// Checked mode (tessera/validate.h; host_indptr is empty otherwise): the page table's values and
+/// every row's target, which the kernel would otherwise skip silently.
+void check_mla_targets(const std::vector<int32_t>& host_indptr, const TensorView& kv_indices,
+                       const TensorView& kv_last_page_len, const TensorView& batch_indices,
+                       const TensorView& positions, int64_t num_pages, int64_t page_size, int64_t nnz) {
+  if (host_indptr.empty()) return;
+  const int64_t batch_size = static_cast<int64_t>(host_indptr.size()) - 1;
+  const std::vector<int32_t> ids = detail::read_index_values(kv_indices, "kv_indices", host_indptr.back());
+  detail::check_page_ids(host_indptr, ids.data(), num_pages, "kv_indices");
+  const std::vector<int32_t> last = detail::read_index_values(kv_last_page_len, "kv_last_page_len", batch_size);
+  std::vector<int64_t> kv_len(static_cast<size_t>(batch_size), 0);
+  for (int64_t b = 0; b < batch_size; ++b) {
+    const int64_t pages = host_indptr[b + 1] - host_indptr[b];
+    if (pages == 0) continue;  // an empty request's last_page_len is ignored
+    TESSERA_CHECK_ARG(last[b] >= 1 && last[b] <= page_size)
+        << "kv_last_page_len[" << b << "] = " << last[b] << " is out of range [1, " << page_size
+        << "] for a request with " << pages << (pages == 1 ? " page" : " pages");
+    kv_len[b] = (pages - 1) * page_size + last[b];
+  }
+  const std::vector<int32_t> rows_b = detail::read_index_values(batch_indices, "batch_indices", nnz);
+  const std::vector<int32_t> rows_pos = detail::read_index_values(positions, "positions", nnz);
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int32_t b = rows_b[i];
+    TESSERA_CHECK_ARG(b >= 0 && b < batch_size)
+        << "batch_indices[" << i << "] = " << b << " is out of range [0, " << batch_size
+        << ") (batch_size = kv_indptr.shape[0] - 1)";
+    TESSERA_CHECK_ARG(rows_pos[i] >= 0 && rows_pos[i] < kv_len[b])
+        << "positions[" << i << "] = " << rows_pos[i] << " is out of range [0, " << kv_len[b]
+        << ") (the KV length of request " << b
+        << " from kv_indptr and kv_last_page_len: the page table must include the appended rows)";
+  }
+}
+
+/// The append kernel over checked arguments (nnz >= 1 rows).
+template <typename T>
+void launch_append_mla(const TensorView& append_ckv, const TensorView& append_kpe, const TensorView& batch_indices,
+                       const TensorView& positions, const TensorView& ckv_cache, const TensorView& kpe_cache,
+                       const TensorView& kv_indptr, const TensorView& kv_indices, const TensorView& kv_last_page_len,
+                       StreamHandle stream) {
+  kernels::AppendMlaParams<T> p{};
+  p.append_ckv = append_ckv.data_as<const T>();
+  p.append_kpe = append_kpe.data_as<const T>();
+  p.ckv_row_stride = append_ckv.strides[0];
+  p.kpe_row_stride = append_kpe.strides[0];
+  p.batch_indices = batch_indices.data_as<const int32_t>();
+  p.positions = positions.data_as<const int32_t>();
+  kernels::AppendMlaCacheDesc<T>& c = p.cache;
+  c.ckv = ckv_cache.data_as<T>();
+  c.kpe = kpe_cache.data_as<T>();
+  c.ckv_page_stride = ckv_cache.strides[0];
+  c.ckv_slot_stride = ckv_cache.strides[1];
+  c.kpe_page_stride = kpe_cache.strides[0];
+  c.kpe_slot_stride = kpe_cache.strides[1];
+  c.page_indptr = kv_indptr.data_as<const int32_t>();
+  c.page_indices = kv_indices.data_as<const int32_t>();
+  c.last_page_len = kv_last_page_len.data_as<const int32_t>();
+  c.batch_size = static_cast<int32_t>(kv_indptr.shape[0] - 1);
+  c.page_size = static_cast<int32_t>(ckv_cache.shape[1]);
+  c.num_pages = static_cast<int32_t>(ckv_cache.shape[0]);
+  c.num_indices = static_cast<int32_t>(kv_indices.shape[0]);
+  p.nnz = static_cast<int32_t>(append_ckv.shape[0]);
+  p.ckv_vecs = static_cast<int32_t>(ckv_cache.shape[2] / kernels::vec_elems<T>());
+  p.kpe_vecs = static_cast<int32_t>(kpe_cache.shape[2] / kernels::vec_elems<T>());
+  constexpr int kThreads = kernels::AppendMlaTraits::kThreadsPerBlock;
+  const long long threads = static_cast<long long>(p.nnz) * (p.ckv_vecs + p.kpe_vecs);
+  kernels::append_paged_mla_kv_cache_kernel<T>
+      <<<detail::grid_stride_blocks(threads, kThreads), kThreads, 0, stream>>>(p);
+  TESSERA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& append_kpe,
+                               const TensorView& batch_indices, const TensorView& positions,
+                               const TensorView& ckv_cache, const TensorView& kpe_cache, const TensorView& kv_indptr,
+                               const TensorView& kv_indices, const TensorView& kv_last_page_len, StreamHandle stream) {
+  check_mla_cache(ckv_cache, kpe_cache);
+  check_mla_rows(append_ckv, append_kpe, ckv_cache, kpe_cache);
+  const int64_t num_pages = ckv_cache.shape[0], page_size = ckv_cache.shape[1];
+  const int64_t nnz = append_ckv.shape[0];
 
   // Per-row targets and the page table, all on the cache's device.
   check_latent_index_array(batch_indices, "batch_indices", ckv_cache);
@@ -271,6 +354,7 @@ void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& a
   TESSERA_CHECK_ARG(kv_last_page_len.shape[0] == batch_size)
       << "kv_last_page_len.shape[0] = " << kv_last_page_len.shape[0] << ", expected " << batch_size
       << " (batch_size = kv_indptr.shape[0] - 1)";
+  const int64_t ckv_dim = ckv_cache.shape[2], kpe_dim = kpe_cache.shape[2];
   if (nnz > INT32_MAX) {
     throw_error(StatusCode::kInvalidArgument, "append_ckv.shape[0] = " + std::to_string(nnz) + " exceeds 2^31 - 1 rows");
   }
@@ -283,69 +367,13 @@ void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& a
                   std::to_string(page_size) + ", kv_indices.shape[0] = " + std::to_string(kv_indices.shape[0]) +
                   ", expected each < 2^31");
   }
-
-  // Checked mode (the index arrays were read above): the page table and every row's target, which
-  // the kernel would otherwise skip silently.
-  if (!host_indptr.empty()) {
-    const std::vector<int32_t> ids = detail::read_index_values(kv_indices, "kv_indices", host_indptr.back());
-    detail::check_page_ids(host_indptr, ids.data(), num_pages, "kv_indices");
-    const std::vector<int32_t> last = detail::read_index_values(kv_last_page_len, "kv_last_page_len", batch_size);
-    std::vector<int64_t> kv_len(static_cast<size_t>(batch_size), 0);
-    for (int64_t b = 0; b < batch_size; ++b) {
-      const int64_t pages = host_indptr[b + 1] - host_indptr[b];
-      if (pages == 0) continue;  // an empty request's last_page_len is ignored
-      TESSERA_CHECK_ARG(last[b] >= 1 && last[b] <= page_size)
-          << "kv_last_page_len[" << b << "] = " << last[b] << " is out of range [1, " << page_size
-          << "] for a request with " << pages << (pages == 1 ? " page" : " pages");
-      kv_len[b] = (pages - 1) * page_size + last[b];
-    }
-    const std::vector<int32_t> rows_b = detail::read_index_values(batch_indices, "batch_indices", nnz);
-    const std::vector<int32_t> rows_pos = detail::read_index_values(positions, "positions", nnz);
-    for (int64_t i = 0; i < nnz; ++i) {
-      const int32_t b = rows_b[i];
-      TESSERA_CHECK_ARG(b >= 0 && b < batch_size)
-          << "batch_indices[" << i << "] = " << b << " is out of range [0, " << batch_size
-          << ") (batch_size = kv_indptr.shape[0] - 1)";
-      TESSERA_CHECK_ARG(rows_pos[i] >= 0 && rows_pos[i] < kv_len[b])
-          << "positions[" << i << "] = " << rows_pos[i] << " is out of range [0, " << kv_len[b] << ") (the KV length of request "
-          << b << " from kv_indptr and kv_last_page_len: the page table must include the appended rows)";
-    }
-  }
+  check_mla_targets(host_indptr, kv_indices, kv_last_page_len, batch_indices, positions, num_pages, page_size, nnz);
   if (nnz == 0) return;
-
-  TESSERA_DISPATCH_HALF_DTYPE(dtype, "ckv_cache", T, [&] {
-    kernels::AppendMlaParams<T> p{};
-    p.append_ckv = append_ckv.data_as<const T>();
-    p.append_kpe = append_kpe.data_as<const T>();
-    p.ckv_row_stride = append_ckv.strides[0];
-    p.kpe_row_stride = append_kpe.strides[0];
-    p.batch_indices = batch_indices.data_as<const int32_t>();
-    p.positions = positions.data_as<const int32_t>();
-    kernels::AppendMlaCacheDesc<T>& c = p.cache;
-    c.ckv = ckv_cache.data_as<T>();
-    c.kpe = kpe_cache.data_as<T>();
-    c.ckv_page_stride = ckv_cache.strides[0];
-    c.ckv_slot_stride = ckv_cache.strides[1];
-    c.kpe_page_stride = kpe_cache.strides[0];
-    c.kpe_slot_stride = kpe_cache.strides[1];
-    c.page_indptr = kv_indptr.data_as<const int32_t>();
-    c.page_indices = kv_indices.data_as<const int32_t>();
-    c.last_page_len = kv_last_page_len.data_as<const int32_t>();
-    c.batch_size = static_cast<int32_t>(batch_size);
-    c.page_size = static_cast<int32_t>(page_size);
-    c.num_pages = static_cast<int32_t>(num_pages);
-    c.num_indices = static_cast<int32_t>(kv_indices.shape[0]);
-    p.nnz = static_cast<int32_t>(nnz);
-    p.ckv_vecs = static_cast<int32_t>(ckv_dim / kernels::vec_elems<T>());
-    p.kpe_vecs = static_cast<int32_t>(kpe_dim / kernels::vec_elems<T>());
-    constexpr int kThreads = kernels::AppendMlaTraits::kThreadsPerBlock;
-    const long long threads = static_cast<long long>(nnz) * (p.ckv_vecs + p.kpe_vecs);
-    kernels::append_paged_mla_kv_cache_kernel<T>
-        <<<detail::grid_stride_blocks(threads, kThreads), kThreads, 0, stream>>>(p);
-    TESSERA_CHECK_LAUNCH();
+  TESSERA_DISPATCH_HALF_DTYPE(ckv_cache.dtype, "ckv_cache", T, [&] {
+    launch_append_mla<T>(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indptr,
+                         kv_indices, kv_last_page_len, stream);
   });
 }
-
 
 namespace {
 

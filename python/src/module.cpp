@@ -331,8 +331,8 @@ TensorView to_view(const OptArray& a, const char* name) { return a ? to_view(*a,
 
 /// A view of a runtime binding's array argument (no copy): the same view, and the same errors, as
 /// to_view of the array converted through DLPack's capsule.
-TensorView to_view(const RunArray& a, const char* name) {
-  if (!a.direct) return to_view(a.array, name);
+/// The DLTensor of a direct RunArray (pointing into it for the shape and strides).
+DLTensor dl_tensor_of(const RunArray& a) {
   DLTensor t{};
   t.data = a.data;
   t.device.device_type = static_cast<DLDeviceType>(a.device_type);
@@ -342,6 +342,12 @@ TensorView to_view(const RunArray& a, const char* name) {
   t.shape = const_cast<int64_t*>(a.shape);
   t.strides = a.has_strides ? const_cast<int64_t*>(a.strides) : nullptr;
   t.byte_offset = a.byte_offset;
+  return t;
+}
+
+TensorView to_view(const RunArray& a, const char* name) {
+  if (!a.direct) return to_view(a.array, name);
+  const DLTensor t = dl_tensor_of(a);
   TensorView view;
   checked([&] { view = tessera::from_dlpack(t); }, name);
   return view;
@@ -930,17 +936,9 @@ tessera::ApplyLlama31RopeOptions llama31_rope_options(int64_t rotary_dim, bool i
 /// or layout it has no view of): the fast run's "not the common case".
 bool try_view(const RunArray& a, TensorView& view) {
   if (!a.direct) return false;
-  DLTensor t{};
-  t.data = a.data;
-  t.device.device_type = static_cast<DLDeviceType>(a.device_type);
-  t.device.device_id = a.device_id;
-  t.ndim = a.ndim;
-  t.dtype = a.dtype;
-  t.shape = const_cast<int64_t*>(a.shape);
-  t.strides = a.has_strides ? const_cast<int64_t*>(a.strides) : nullptr;
-  t.byte_offset = a.byte_offset;
+  const DLTensor t = dl_tensor_of(a);
   struct Ctx {
-    DLTensor* t;
+    const DLTensor* t;
     TensorView* view;
   } ctx{&t, &view};
   return tessera::call_catching([](void* c) {

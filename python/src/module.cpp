@@ -805,7 +805,8 @@ bool launch_index_copies(const std::vector<IndexCopy>& copies, cudaStream_t stre
 /// The graph-mode page-table copies of a plan (python/tessera/decode.py, prefill.py): up to four
 /// (dst, src, n) copies on `stream` of GPU `device`, in one call instead of a torch copy_ each: one
 /// kernel launch when they fit it (launch_index_copies), else host sources through pinned staging
-/// (HostStaging) and device sources device to device; host destinations by memmove. All or nothing: false, with nothing copied, when a pair does not meet `copyable`, the
+/// (HostStaging) and device sources device to device; host destinations by memmove. All or
+/// nothing: false, with nothing copied, when a pair does not meet `copyable`, the
 /// host sources do not fit a staging slot, the staging cannot be made, or the stream is capturing
 /// (a captured copy would read the staging slot at every replay); the caller then copies with
 /// PyTorch. n must be >= 0 (ValueError).
@@ -965,14 +966,14 @@ bool try_view(const RunArray& a, TensorView& view) {
 class PagedFastRun {
  public:
   /// Runs the wrapper `wrapper` (the C++ object `owner` holds, kept alive) with q, the cache and o
-  /// on `stream`. Constructed with torch.empty_like and torch.contiguous_format (allocate_out).
+  /// on `stream`.
   using RunFn = void (*)(void* wrapper, const TensorView& q, const tessera::PagedKVCache& kv, const TensorView& o,
                          tessera::StreamHandle stream);
 
   PagedFastRun(nb::object owner, void* wrapper, RunFn run, nb::object indices, nb::object host_ids, int device,
                DType dtype, DType kv_dtype, int64_t num_qo_heads, int64_t head_dim, int64_t head_dim_vo,
                int64_t q_rows, std::array<int64_t, 3> k_page, std::array<int64_t, 3> v_page, Layout layout,
-               nb::object empty_like, nb::object contiguous_format)
+               nb::object empty_like, nb::object contiguous_format)  // torch's, for allocate_out
       : owner_(std::move(owner)), wrapper_(wrapper), run_(run), indices_(std::move(indices)),
         host_ids_(std::move(host_ids)), device_(device), dtype_(dtype), kv_dtype_(kv_dtype), hq_(num_qo_heads),
         d_(head_dim), dv_(head_dim_vo), q_rows_(q_rows), k_page_(k_page), v_page_(v_page), layout_(layout),

@@ -130,14 +130,15 @@ struct PlanShape {
   /// Of k and v: unset means dtype; e4m3 / e5m2 for an fp8 cache (head dims 64, 128, 256; the
   /// mma.sync tiles dequantize it with attention.kv_scales, on every GPU).
   std::optional<DType> kv_dtype;
-  /// sm_scale, causal and the variant: the built-in softmax variants (window_left,
-  /// num_sink_tokens, logits_soft_cap, alibi_slopes, rope) and custom masks (tree attention) are
+  /// sm_scale, causal and the variant: the built-in variants (window_left, num_sink_tokens,
+  /// logits_soft_cap, alibi_slopes, rope, sigmoid) and custom masks (tree attention) are
   /// supported, JIT-compiled on first use, and so are user variants (variant.user, e.g. a
   /// FlexAttention mod traced by the Python front end) whose hooks transform q, k, v or the
-  /// logits or mask them. Split chunks are merged by their log-sum-exp, so sigmoid attention and
-  /// user variants with use_softmax = false are kUnsupported here, and a user output_transform
-  /// fails the variant's JIT compile (at the first run()) with a message naming it; they run
-  /// through the one-shot entry points of tessera/attention.h. plan() keeps a copy of the user
+  /// logits or mask them. Split chunks are merged by their log-sum-exp: attention without softmax
+  /// (sigmoid, user variants with use_softmax = false) has none, so its plans never split KV
+  /// (one work item per query tile, whatever options.split_kv says) and its LSE output is NaN; a
+  /// user output_transform fails the variant's JIT compile (at the first run()) with a message
+  /// naming it (the one-shot entry points of tessera/attention.h run it). plan() keeps a copy of the user
   /// variant's spec (its tensor parameters stay the caller's). A custom mask's bits (variant.custom_mask, u8 on the device, request b's
   /// [qo_len_b, kv_len_b] bit matrix from byte custom_mask_indptr[b]) stay where they are, but
   /// variant.custom_mask_indptr is a HOST i32 [B + 1] array here, as FlashInfer's plan computes
@@ -217,6 +218,13 @@ class TESSERA_API BatchDecodeWrapper {
   /// q: [B, Hq, D]; o: [B, Hq, D]; lse: [B, Hq] or undefined.
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse = {},
            StreamHandle stream = nullptr);
+  /// New values for the parameters of the plan's user variant (shape.attention.variant.user), used
+  /// by the runs that follow until the next plan() (which takes its spec's values again), as
+  /// FlashInfer's JIT variants take theirs at run(): one entry per parameter of the planned spec,
+  /// same names, kinds and tensor dtypes, in its order; tensors on the workspace's device and kept
+  /// alive by the caller. kInvalidArgument without a user variant, for a mismatch naming the entry,
+  /// and with cuda_graph for changed values once a run() was captured (they are baked in).
+  void set_variant_params(const std::vector<VariantParam>& params);
   const PlanInfo& plan_info() const;
 
  private:
@@ -241,6 +249,13 @@ class TESSERA_API BatchPrefillPagedWrapper {
   /// q: [>= qo_indptr[B], Hq, D]; o like q; lse [rows of q, Hq] or undefined.
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& o, const TensorView& lse = {},
            StreamHandle stream = nullptr);
+  /// New values for the parameters of the plan's user variant (shape.attention.variant.user), used
+  /// by the runs that follow until the next plan() (which takes its spec's values again), as
+  /// FlashInfer's JIT variants take theirs at run(): one entry per parameter of the planned spec,
+  /// same names, kinds and tensor dtypes, in its order; tensors on the workspace's device and kept
+  /// alive by the caller. kInvalidArgument without a user variant, for a mismatch naming the entry,
+  /// and with cuda_graph for changed values once a run() was captured (they are baked in).
+  void set_variant_params(const std::vector<VariantParam>& params);
   const PlanInfo& plan_info() const;
 
  private:
@@ -273,6 +288,13 @@ class TESSERA_API BatchPrefillRaggedWrapper {
   /// q: [>= qo_indptr[B], Hq, D]; k, v: [>= kv_indptr[B], Hkv, D]; o like q; lse or undefined.
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
            const TensorView& lse = {}, StreamHandle stream = nullptr);
+  /// New values for the parameters of the plan's user variant (shape.attention.variant.user), used
+  /// by the runs that follow until the next plan() (which takes its spec's values again), as
+  /// FlashInfer's JIT variants take theirs at run(): one entry per parameter of the planned spec,
+  /// same names, kinds and tensor dtypes, in its order; tensors on the workspace's device and kept
+  /// alive by the caller. kInvalidArgument without a user variant, for a mismatch naming the entry,
+  /// and with cuda_graph for changed values once a run() was captured (they are baked in).
+  void set_variant_params(const std::vector<VariantParam>& params);
   const PlanInfo& plan_info() const;
 
  private:

@@ -446,7 +446,11 @@ class AttentionRuntime {
     config.kv_tile_rows = kv_tile_rows(head_dim, q_tile);
     config.num_ctas = std::max(1, cols);  // a POD side without CTAs has no requests either
     config.causal = shape.attention.causal && format_ != KVFormatKind::kBlockSparse;
-    config.split_mode = options_.split_kv == SplitKV::kAuto    ? runtime::SplitMode::kAuto
+    // Split chunks are merged by their log-sum-exp, which softmax-free attention (sigmoid, user
+    // variants with use_softmax = false) does not have: such a plan gives each query tile its whole
+    // KV range in one item, whatever options.split_kv says.
+    config.split_mode = !variant.use_softmax                  ? runtime::SplitMode::kNone
+                        : options_.split_kv == SplitKV::kAuto  ? runtime::SplitMode::kAuto
                         : options_.split_kv == SplitKV::kFixed ? runtime::SplitMode::kFixed
                                                                : runtime::SplitMode::kNone;
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
@@ -666,6 +670,47 @@ class AttentionRuntime {
     }
     enqueue(s, capturing);
     channel_->record_run(s, capturing);
+    captured_ = captured_ || capturing;
+  }
+
+  /// New values of the last plan's user-variant parameters for the runs that follow (FlashInfer's
+  /// JIT variants take them at run()): the names, kinds and tensor dtypes of the planned spec, in
+  /// its order. With cuda_graph, once a run was captured the values are baked in: changing them
+  /// is an error.
+  void set_variant_params(const std::vector<VariantParam>& params) {
+    raise_device_error(device_);
+    TESSERA_CHECK_ARG(planned_) << "set_variant_params() before plan(): plan with the variant first";
+    TESSERA_CHECK_ARG(user_variant_ != nullptr)
+        << "set_variant_params(): the plan has no user variant (shape.attention.variant.user is null)";
+    const VariantSpec& spec = *user_variant_;
+    const std::vector<VariantParam>& planned = spec.params;
+    TESSERA_CHECK_ARG(params.size() == planned.size())
+        << "params has " << params.size() << " entries, expected " << planned.size() << " (variant '" << spec.name
+        << "' of the plan)";
+    for (size_t i = 0; i < params.size(); ++i) {
+      const VariantParam& a = params[i];
+      const VariantParam& b = planned[i];
+      TESSERA_CHECK_ARG(a.name == b.name && a.kind == b.kind &&
+                        (a.kind != VariantParam::Kind::kTensor || a.tensor.dtype == b.tensor.dtype))
+          << "params[" << i << "] is '" << a.name << "' (kind " << static_cast<int>(a.kind) << "), expected '"
+          << b.name << "' (kind " << static_cast<int>(b.kind)
+          << (b.kind == VariantParam::Kind::kTensor ? std::string(", dtype ") + dtype_name(b.tensor.dtype) : "")
+          << ") as variant '" << spec.name << "' of the plan declares it";
+    }
+    TensorView on_device;  // the tensors must be on the workspace's device
+    on_device.device = Device::cuda(device_);
+    kernels::VariantParams next = variant_.params;
+    fill_param_slots(params, "variant '" + spec.name + "'", "variant param ", on_device, "the workspace", next.extra);
+    TESSERA_CHECK_ARG(!(options_.cuda_graph && captured_) ||
+                      std::memcmp(next.extra, variant_.params.extra, sizeof(next.extra)) == 0)
+        << "cuda_graph: set_variant_params() changes the values of variant '" << spec.name
+        << "', which a captured run() has baked in (keep the values; change a tensor's contents instead)";
+    variant_.params = next;
+    auto kept = std::make_shared<VariantSpec>(spec);
+    kept->params = params;
+    user_variant_ = std::move(kept);
+    variant_.user = user_variant_.get();
+    shape_.attention.variant.user = variant_.user;
   }
 
   /// The last plan's persistent launch: its work in the workspace, its grid and its contraction.
@@ -794,23 +839,16 @@ class AttentionRuntime {
     return q_tile;
   }
 
-  /// The plan's variant. Split KV tiles are merged by their log-sum-exp, so only softmax variants
-  /// without an output transform qualify: the built-in masks and logit transforms, RoPE, custom
-  /// masks, and user variants whose hooks transform q, k, v or the logits or mask them (one that
-  /// defines output_transform fails its JIT compile with a message naming the hook).
+  /// The plan's variant: the built-in masks and logit transforms, RoPE, custom masks, sigmoid
+  /// attention, and user variants whose hooks transform q, k, v or the logits or mask them (one
+  /// that defines output_transform fails its JIT compile with a message naming the hook: split KV
+  /// tiles are merged by their log-sum-exp, which a transformed output no longer carries).
   ResolvedVariant plan_variant(const PlanShape& shape, const HeadConfig& heads, int64_t batch, const PlanInput& in) {
     mask_indptr_host_.clear();
     const VariantOptions& given = shape.attention.variant;
     if (given.is_default()) return ResolvedVariant{};  // plan() is a hot path: nothing to resolve
     VariantOptions v = given;
     if (v.custom_mask.defined()) v.custom_mask_indptr = plan_custom_mask(given, in);
-    TESSERA_CHECK(!v.sigmoid, StatusCode::kUnsupported)
-        << "shape.attention.variant.sigmoid: softmax-free attention cannot be merged across split KV chunks; "
-           "use the one-shot entry points of tessera/attention.h";
-    TESSERA_CHECK(v.user == nullptr || v.user->use_softmax, StatusCode::kUnsupported)
-        << "shape.attention.variant.user: variant '" << v.user->name
-        << "' has use_softmax = false: softmax-free attention cannot be merged across split KV chunks; use "
-           "the one-shot entry points of tessera/attention.h";
     int device = 0;
     TESSERA_CUDA_CHECK(cudaGetDevice(&device));
     TensorView on_device;  // stands for the tensors of run(): variant tensors must be on this device
@@ -1061,6 +1099,7 @@ class AttentionRuntime {
   DType kv_dtype_ = DType::kBF16;  // K/V's dtype in the last plan (shape_.kv_dtype resolved)
   ResolvedVariant variant_;
   std::shared_ptr<const VariantSpec> user_variant_;  // the last plan's user variant, owned
+  bool captured_ = false;                             // a run() was captured into a CUDA graph
   QTile q_tile_ = QTile::k16;
   int64_t batch_ = 0, total_qo_ = 0, total_kv_units_ = 0;
   int64_t page_size_ = 0, block_rows_ = 0, num_rows_ = 0, num_cols_ = 0;
@@ -1238,6 +1277,9 @@ void BatchDecodeWrapper::run(const TensorView& q, const PagedKVCache& kv, const 
 }
 
 const PlanInfo& BatchDecodeWrapper::plan_info() const { return impl_->info(); }
+void BatchDecodeWrapper::set_variant_params(const std::vector<VariantParam>& params) {
+  impl_->set_variant_params(params);
+}
 
 // --- BatchPrefillPagedWrapper ----------------------------------------------------------------
 
@@ -1281,6 +1323,9 @@ void BatchPrefillPagedWrapper::run(const TensorView& q, const PagedKVCache& kv, 
 }
 
 const PlanInfo& BatchPrefillPagedWrapper::plan_info() const { return impl_->info(); }
+void BatchPrefillPagedWrapper::set_variant_params(const std::vector<VariantParam>& params) {
+  impl_->set_variant_params(params);
+}
 
 // --- BatchPrefillRaggedWrapper ---------------------------------------------------------------
 
@@ -1329,6 +1374,9 @@ void BatchPrefillRaggedWrapper::run(const TensorView& q, const TensorView& k, co
 }
 
 const PlanInfo& BatchPrefillRaggedWrapper::plan_info() const { return impl_->info(); }
+void BatchPrefillRaggedWrapper::set_variant_params(const std::vector<VariantParam>& params) {
+  impl_->set_variant_params(params);
+}
 
 // --- BlockSparseWrapper ----------------------------------------------------------------------
 

@@ -89,18 +89,27 @@ const char* param_type(const VariantParam& p) {
 
 std::string user_epilogue() {
   std::ostringstream s;
-  s << "struct Missing {};\n";
+  // A hook may also take the request's lengths as a last argument (`const Request& request`): the
+  // detectors and callers try that form first (tag Pri2), then the plain one (Pri1), then the
+  // fallback (Pri0).
+  s << "struct Missing {};\n"
+    << "struct Pri0 {};\nstruct Pri1 : Pri0 {};\nstruct Pri2 : Pri1 {};\n";
   for (const HookDesc& h : kHooks) {
-    s << "template <class P> auto detect_" << h.name << "(const P& params, int) -> decltype((void)" << h.name
+    s << "template <class P> auto detect_" << h.name << "(const P& params, Pri2) -> decltype((void)" << h.name
+      << "(params, " << h.declvals << ", tessera_declval<const Request&>()), true);\n"
+      << "template <class P> auto detect_" << h.name << "(const P& params, Pri1) -> decltype((void)" << h.name
       << "(params, " << h.declvals << "), true);\n"
-      << "template <class P> Missing detect_" << h.name << "(const P&, long);\n"
+      << "template <class P> Missing detect_" << h.name << "(const P&, Pri0);\n"
       << "constexpr bool k_has_" << h.name << " = !TesseraSameType<decltype(detect_" << h.name
-      << "(tessera_declval<const Params&>(), 0)), Missing>::value;\n"
+      << "(tessera_declval<const Params&>(), Pri2{})), Missing>::value;\n"
       << "template <class P> __forceinline__ auto call_" << h.name << "(const P& params, " << h.params
-      << ", int) -> decltype(" << h.name << "(params, " << h.args << ")) {\n  return " << h.name << "(params, "
-      << h.args << ");\n}\n"
+      << ", const Request& request, Pri2) -> decltype(" << h.name << "(params, " << h.args << ", request)) {\n"
+      << "  return " << h.name << "(params, " << h.args << ", request);\n}\n"
+      << "template <class P> __forceinline__ auto call_" << h.name << "(const P& params, " << h.params
+      << ", const Request&, Pri1) -> decltype(" << h.name << "(params, " << h.args << ")) {\n"
+      << "  return " << h.name << "(params, " << h.args << ");\n}\n"
       << "template <class P> __forceinline__ " << h.ret << " call_" << h.name << "(const P& params, " << h.params
-      << ", long) {\n  return " << h.fallback << ";\n}\n";
+      << ", const Request&, Pri0) {\n  return " << h.fallback << ";\n}\n";
   }
   s << "}  // namespace tessera_user\n";
   return s.str();
@@ -132,29 +141,36 @@ std::string adapter(const ResolvedVariant& v, const VariantKernelRequest& reques
          "their log-sum-exp before the row's output is whole (use the one-shot entry points)\");\n";
   }
   s << "  static __device__ __forceinline__ const tessera_user::Params& user(const VP& vp) {\n"
-    << "    return *reinterpret_cast<const tessera_user::Params*>(vp.extra);\n  }\n";
+    << "    return *reinterpret_cast<const tessera_user::Params*>(vp.extra);\n  }\n"
+    << "  static __device__ __forceinline__ tessera_user::Request request(const RE& e) {\n"
+    << "    return tessera_user::Request{e.qo_len, e.kv_len};\n  }\n";
   for (const char* name : {"query_transform", "key_transform", "value_transform"}) {
     s << "  static __device__ __forceinline__ float2 " << name
       << "(const VP& vp, const RE& e, float2 x, int batch, int qo_idx, int kv_idx, int qo_head, int kv_head, int dim, "
          "int head_dim) {\n"
       << "    x = Base::" << name << "(vp, e, x, batch, qo_idx, kv_idx, qo_head, kv_head, dim, head_dim);\n"
-      << "    return tessera_user::call_" << name << "(user(vp), x, batch, qo_idx, kv_idx, qo_head, kv_head, dim, 0);\n"
+      << "    return tessera_user::call_" << name
+      << "(user(vp), x, batch, qo_idx, kv_idx, qo_head, kv_head, dim, request(e), tessera_user::Pri2{});\n"
       << "  }\n";
   }
   s << "  static __device__ __forceinline__ float logits_transform(const VP& vp, const RE& e, float x, int batch, "
        "int qo_idx, int kv_idx, int qo_head, int kv_head) {\n"
     << "    x = Base::logits_transform(vp, e, x, batch, qo_idx, kv_idx, qo_head, kv_head);\n"
-    << "    return tessera_user::call_logits_transform(user(vp), x, batch, qo_idx, kv_idx, qo_head, kv_head, 0);\n"
+    << "    return tessera_user::call_logits_transform(user(vp), x, batch, qo_idx, kv_idx, qo_head, kv_head, "
+       "request(e),\n"
+    << "                                               tessera_user::Pri2{});\n"
     << "  }\n"
     << "  static __device__ __forceinline__ bool logits_mask(const VP& vp, const RE& e, int batch, int qo_idx, "
        "int kv_idx, int qo_head, int kv_head) {\n"
     << "    return Base::logits_mask(vp, e, batch, qo_idx, kv_idx, qo_head, kv_head) &&\n"
-    << "           tessera_user::call_logits_mask(user(vp), batch, qo_idx, kv_idx, qo_head, kv_head, 0);\n"
+    << "           tessera_user::call_logits_mask(user(vp), batch, qo_idx, kv_idx, qo_head, kv_head, request(e),\n"
+    << "                                          tessera_user::Pri2{});\n"
     << "  }\n"
     << "  static __device__ __forceinline__ float output_transform(const VP& vp, const RE& e, float value, int batch, "
        "int qo_idx, int qo_head, int dim) {\n"
     << "    value = Base::output_transform(vp, e, value, batch, qo_idx, qo_head, dim);\n"
-    << "    return tessera_user::call_output_transform(user(vp), value, batch, qo_idx, qo_head, dim, 0);\n"
+    << "    return tessera_user::call_output_transform(user(vp), value, batch, qo_idx, qo_head, dim, request(e),\n"
+    << "                                               tessera_user::Pri2{});\n"
     << "  }\n"
     << "  static __device__ __forceinline__ bool tile_unmasked(const VP& vp, int q_first, int q_last, int kv_begin, "
        "int kv_last) {\n"
@@ -186,6 +202,8 @@ std::string user_params_prologue(const std::vector<VariantParam>& params) {
     << "template <class T> T&& tessera_declval() noexcept;\n"
     << "using tessera::kernels::int32_t;\nusing tessera::kernels::int64_t;\nusing tessera::kernels::uint8_t;\n"
     << "using tessera::kernels::uint32_t;\nusing tessera::kernels::uint64_t;\n"
+    << "// The request a hook's call is for (its optional last argument, tessera/variant.h).\n"
+    << "struct Request {\n  int qo_len;\n  int kv_len;\n};\n"
     << "// The variant's extra parameters, one 8-byte slot each (VariantParams::extra).\n"
     << "struct Params {\n";
   for (const VariantParam& p : params) s << "  alignas(8) " << param_type(p) << " " << p.name << ";\n";

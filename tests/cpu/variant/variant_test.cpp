@@ -260,6 +260,43 @@ TEST(VariantJit, UserVariantWithEveryHookCompiles) {
   EXPECT_NE(text.find("alignas(8) const float* table;"), std::string::npos);
 }
 
+// Hooks that take the request's lengths as a last argument are detected and called with them; a
+// hook without it next to them still is.
+TEST(VariantJit, HooksWithTheRequestCompileAndAreDetected) {
+  TensorView q = fake_device_tensor(DType::kBF16, 1);
+  VariantSpec spec;
+  spec.name = "with_request";
+  spec.source =
+      "float logits_transform(const Params& params, float logits, int batch, int qo_idx, int kv_idx, int qo_head,\n"
+      "                       int kv_head, const Request& request) {\n"
+      "  return logits * static_cast<float>(request.kv_len - kv_idx);\n"
+      "}\n"
+      "bool logits_mask(const Params& params, int batch, int qo_idx, int kv_idx, int qo_head, int kv_head,\n"
+      "                 const Request& request) {\n"
+      "  return qo_idx - (request.kv_len - request.qo_len) >= 0;\n"
+      "}\n"
+      "float2 key_transform(const Params& params, float2 value, int batch, int qo_idx, int kv_idx, int qo_head,\n"
+      "                     int kv_head, int dim) {\n"
+      "  return value;\n"
+      "}\n";
+  spec.use_softmax = false;
+  VariantOptions o;
+  o.user = &spec;
+  const ResolvedVariant v = detail::resolve_variant(o, context(q));
+  for (const char* format : {"kRagged", "kPaged"}) {
+    detail::VariantSource src = detail::variant_source(v, prefill_request("__half", format));
+    src.text += "static_assert(tessera_user::k_has_logits_transform && tessera_user::k_has_logits_mask &&\n"
+                "              tessera_user::k_has_key_transform && !tessera_user::k_has_value_transform,\n"
+                "              \"the hooks with and without the request are detected\");\n";
+    jit::CompileRequest req;
+    req.name = std::string("variant test with request ") + format;
+    req.source = jit::GeneratedSource{src.text, src.has_user_snippet};
+    req.arch = "90a";
+    req.name_expressions = {src.name_expression};
+    EXPECT_FALSE(jit::compile_to_cubin(req).cubin.empty()) << format;
+  }
+}
+
 TEST(VariantJit, SnippetErrorCarriesUserLine) {
   TensorView q = fake_device_tensor(DType::kBF16, 1);
   VariantSpec spec;

@@ -594,9 +594,10 @@ TEST(VariantErrors, RuntimeRejectsUnsupportedVariants) {
   shape.head_dim = 128;
   shape.dtype = DType::kF16;
 
+  // Softmax-free variants plan (without split KV; gpu_runtime_tests' RuntimeSoftmaxFree runs them).
   tessera::PlanShape sig = shape;
   sig.attention.variant.sigmoid = true;
-  expect_error_any([&] { w.plan(h_indptr, h_last, 16, sig); }, {"variant.sigmoid"}, StatusCode::kUnsupported);
+  EXPECT_NO_THROW(w.plan(h_indptr, h_last, 16, sig));
   tessera::VariantSpec spec;
   spec.name = "test_runtime_user";
   spec.source = "float logits_transform(const Params& params, float logits, int batch, int qo_idx, int kv_idx,\n"
@@ -608,7 +609,7 @@ TEST(VariantErrors, RuntimeRejectsUnsupportedVariants) {
   no_softmax.name = "test_runtime_no_softmax";
   no_softmax.use_softmax = false;
   usr.attention.variant.user = &no_softmax;
-  expect_error_any([&] { w.plan(h_indptr, h_last, 16, usr); }, {"use_softmax = false"}, StatusCode::kUnsupported);
+  EXPECT_NO_THROW(w.plan(h_indptr, h_last, 16, usr));
   // An output_transform needs the whole row's output: its persistent kernel does not compile.
   tessera::VariantSpec out_transform;
   out_transform.name = "test_runtime_output_transform";

@@ -62,6 +62,22 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
+enum class SoftmaxFree { kNone, kSigmoid, kUserWeights };
+constexpr double kSigmoidBias = -1.5;
+
+/// A user variant without softmax whose weights are the built-in sigmoid's with kSigmoidBias.
+const tessera::VariantSpec& sigmoid_weights_variant() {
+  static const tessera::VariantSpec spec = [] {
+    tessera::VariantSpec v;
+    v.name = "test_runtime_sigmoid_weights";
+    v.source = "float logits_transform(const Params& params, float logits, int batch, int qo_idx, int kv_idx,\n"
+               "                       int qo_head, int kv_head) { return 1.f / (1.f + expf(-(logits - 1.5f))); }\n";
+    v.use_softmax = false;
+    return v;
+  }();
+  return spec;
+}
+
 struct RuntimeCase {
   Wrapper wrapper = Wrapper::kDecode;
   DType dtype = DType::kBF16;
@@ -89,6 +105,9 @@ struct RuntimeCase {
   /// Prefill: a random tree mask per request (attn::tree_masks: the prefix, the query's ancestors
   /// among the new tokens, itself), given to plan() as a custom mask.
   bool tree_mask = false;
+  /// Softmax-free attention: the built-in sigmoid (bias kSigmoidBias), or a user variant with
+  /// use_softmax = false whose logits_transform computes the same weights (the oracle's sigmoid).
+  SoftmaxFree softmax_free = SoftmaxFree::kNone;
   std::string name;
 
   DType kv_dtype() const { return fp8 == Fp8KV::kE4M3 ? DType::kE4M3 : fp8 == Fp8KV::kE5M2 ? DType::kE5M2 : dtype; }
@@ -135,6 +154,10 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
   const tessera_ref::HeadConfig heads{hq, hkv, d, dv};
   tessera_ref::Options opts;
   opts.causal = c.causal;
+  if (c.softmax_free != SoftmaxFree::kNone) {
+    opts.use_softmax = false;
+    opts.sigmoid_bias = kSigmoidBias;
+  }
   const size_t batch = c.qo.size();
   if (c.wrapper == Wrapper::kBlockSparse) {
     const int64_t m = c.qo[0], n = c.kv[0];
@@ -254,6 +277,12 @@ tessera::PlanShape shape_for(const RuntimeCase& c) {
     s.attention.kv_scales.v = kFp8VScale;
   }
   if (c.fp8_q) s.attention.kv_scales.q = kFp8QScale;
+  if (c.softmax_free == SoftmaxFree::kSigmoid) {
+    s.attention.variant.sigmoid = true;
+    s.attention.variant.sigmoid_bias = kSigmoidBias;
+  } else if (c.softmax_free == SoftmaxFree::kUserWeights) {
+    s.attention.variant.user = &sigmoid_weights_variant();
+  }
   return s;
 }
 
@@ -773,6 +802,62 @@ TEST(RuntimeUserVariant, FlexMaskAndScoreModMatchOracle_sanitize) {
     run_user_variant_case(false, split, rng);
   }
   run_user_variant_case(true, SplitKV::kAuto, rng);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax-free attention (sigmoid, user variants with use_softmax = false) has no log-sum-exp to
+// merge split chunks by: its plans never split, whatever options.split_kv asks, and match the
+// oracle. Each case is long enough that the same plan with softmax splits (checked first).
+
+TEST(RuntimeSoftmaxFree, SigmoidAndUserWeightsNeverSplitAndMatchOracle_sanitize) {
+  std::mt19937_64 rng(test_seed());
+  std::vector<RuntimeCase> cases;
+  RuntimeCase c;
+  c.with_lse = false;
+  c.wrapper = Wrapper::kDecode;
+  c.qo = {1, 1, 1};
+  c.kv = {20000, 3, 1500};
+  cases.push_back(named(c, "sigmoid_free"));
+  c.wrapper = Wrapper::kPrefillPaged;
+  c.qo = {5, 1, 33};
+  c.kv = {17000, 1, 700};
+  c.page_size = 1;
+  c.causal = true;
+  c.dtype = DType::kF16;
+  cases.push_back(named(c, "sigmoid_free"));
+  c.wrapper = Wrapper::kPrefillRagged;
+  c.qo = {3, 70};
+  c.kv = {18000, 300};
+  c.num_kv_heads = 1;
+  c.group = 5;
+  c.head_dim = 64;
+  cases.push_back(named(c, "sigmoid_free"));
+  for (const SplitKV split : {SplitKV::kAuto, SplitKV::kFixed}) {
+    for (RuntimeCase base : cases) {
+      base.split = split;
+      base.fixed_split = split == SplitKV::kFixed ? 1024 : 0;
+      for (const SoftmaxFree kind : {SoftmaxFree::kSigmoid, SoftmaxFree::kUserWeights}) {
+        RuntimeCase k = base;
+        k.softmax_free = kind;
+        SCOPED_TRACE(k.name + (kind == SoftmaxFree::kSigmoid ? " sigmoid" : " user weights") +
+                     (split == SplitKV::kFixed ? " fixed split" : " auto split"));
+        Prepared p = prepare(k, rng);
+        const auto bounds = bounds_for(k, p.rows);
+        const auto options = options_for(k);
+        Workspace ws(AnyWrapper::workspace_size(k, bounds, options));
+        AnyWrapper w(k, ws.view, bounds, options);
+        w.plan(p, shape_for(base));  // the same batch with softmax: split
+        ASSERT_GT(w.info().num_partials, 0) << "the case must split with softmax";
+        w.plan(p, shape_for(k));
+        EXPECT_EQ(w.info().num_partials, 0);
+        EXPECT_EQ(w.info().num_merges, 0);
+        w.run(p, false);
+        ASSERT_CUDA_OK(cudaDeviceSynchronize());
+        check_against_oracle(k, p, k.name);
+        EXPECT_EQ(padding_changes(p.o), 0u);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -683,6 +683,20 @@ void bind_common(nb::class_<W>& cls) {
       "What the last plan() decided, as a dict (for tests, benchmarks and logs).");
 }
 
+/// set_variant_params(params) of the wrappers that take FlashInfer's JIT variants' run() arguments.
+template <typename W>
+void bind_set_variant_params(nb::class_<W>& cls) {
+  cls.def(
+      "set_variant_params",
+      [](W& w, const VariantParamList& params) {
+        const std::vector<tessera::VariantParam> vp = variant_params(params);
+        checked([&] { w.set_variant_params(vp); });
+      },
+      "params"_a,
+      "New values of the plan's user-variant parameters ((name, int | float | device array) pairs, the plan's "
+      "names and kinds in its order) for the runs until the next plan().");
+}
+
 /// A view's fields, for tests: (data, device type, device id, dtype, shape, strides).
 nb::tuple view_info(const TensorView& v) {
   nb::list shape, strides;
@@ -1826,6 +1840,7 @@ void bind_decode_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchDecodeWrapper> decode(m, "BatchDecodeWrapper",
                                                  "tessera::BatchDecodeWrapper (paged KV, one query per request).");
   bind_common(decode);
+  bind_set_variant_params(decode);
   bind_fast_run(decode);
   decode
       .def(
@@ -1871,6 +1886,7 @@ void bind_prefill_paged_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchPrefillPagedWrapper> prefill_paged(
       m, "BatchPrefillPagedWrapper", "tessera::BatchPrefillPagedWrapper (paged KV, any query length).");
   bind_common(prefill_paged);
+  bind_set_variant_params(prefill_paged);
   bind_paged_prefill_plan_run(prefill_paged);
   bind_fast_run(prefill_paged);
 }
@@ -1912,6 +1928,7 @@ void bind_prefill_ragged_wrapper(nb::module_& m) {
   nb::class_<tessera::BatchPrefillRaggedWrapper> prefill_ragged(
       m, "BatchPrefillRaggedWrapper", "tessera::BatchPrefillRaggedWrapper (ragged KV, any query length).");
   bind_common(prefill_ragged);
+  bind_set_variant_params(prefill_ragged);
   prefill_ragged
       .def(
           "plan",

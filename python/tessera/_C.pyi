@@ -455,6 +455,11 @@ class BatchDecodeWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
+    def set_variant_params(self, params: Sequence[tuple[str, object]]) -> None:
+        """
+        New values of the plan's user-variant parameters ((name, int | float | device array) pairs, the plan's names and kinds in its order) for the runs until the next plan().
+        """
+
     def fast_run(self, indices: object, host_ids: object | None, device: int, dtype: DType, kv_dtype: DType, num_qo_heads: int, head_dim: int, head_dim_vo: int, q_rows: int, k_page: Sequence[int], v_page: Sequence[int], layout: Layout, empty_like: object, contiguous_format: object) -> PagedFastRun:
         """
         Private (python/tessera/decode.py): the PagedFastRun of this plan: run(q, paged_kv_cache[, out]) in one call for 16-bit q and K/V of these dtypes and shapes (q_rows -1: any), the page ids `indices` (kept alive), host_ids (an object whose check(num_pages) checks page ids given on the host) or None; outputs from empty_like(q, memory_format=contiguous_format) (torch's).
@@ -493,6 +498,11 @@ class BatchPrefillPagedWrapper:
     def plan_info(self) -> dict:
         """
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def set_variant_params(self, params: Sequence[tuple[str, object]]) -> None:
+        """
+        New values of the plan's user-variant parameters ((name, int | float | device array) pairs, the plan's names and kinds in its order) for the runs until the next plan().
         """
 
     def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, q_scale: float = 1.0, q_scale_device: NDArray | None = None) -> None:
@@ -569,6 +579,11 @@ class BatchPrefillRaggedWrapper:
     def plan_info(self) -> dict:
         """
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
+        """
+
+    def set_variant_params(self, params: Sequence[tuple[str, object]]) -> None:
+        """
+        New values of the plan's user-variant parameters ((name, int | float | device array) pairs, the plan's names and kinds in its order) for the runs until the next plan().
         """
 
     def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None, head_dim_vo: int = 0, custom_mask: NDArray | None = None, custom_mask_indptr: NDArray | None = None, q_scale: float = 1.0, q_scale_device: NDArray | None = None) -> None:

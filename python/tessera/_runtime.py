@@ -19,6 +19,7 @@ import weakref
 from typing import Any, Dict, Optional, Tuple
 
 from . import _utils as U
+from ._jit_args import jit_variant
 
 __all__: list = []  # private module
 
@@ -369,7 +370,7 @@ class _RuntimeWrapper:
         """The constructor's common checks and state; returns the workspace tensor."""
         U.check_kv_layout(kv_layout)
         U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
-        U.check_jit_args(jit_args)
+        self._jit = jit_variant(jit_args, type(self).__name__)
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if not ws.is_contiguous():
             raise ValueError("float_workspace_buffer must be contiguous")
@@ -408,6 +409,46 @@ class _RuntimeWrapper:
     def plan_info(self) -> Dict[str, Any]:
         """What the last plan decided (batch size, query tile, grid, work items, splits, ...)."""
         return self._holder.plan_info()
+
+    def _jit_plan_args(self, variant: Any, sm_scale: Any) -> Tuple[Any, Any]:
+        """plan()'s (variant, sm_scale): with jit_args the JIT variant (for the workspace's device)
+        and 1 (its hooks scale the logits themselves), which exclude a VariantSpec or an sm_scale of
+        the caller's; else the two as given."""
+        if self._jit is None:
+            return variant, sm_scale
+        if variant is not None:
+            raise ValueError(f"{type(self).__name__}.plan: variant={variant!r} with jit_args; the wrapper runs the "
+                             "JIT variant of its constructor's jit_args, expected variant=None")
+        if sm_scale is not None:
+            raise ValueError(f"{type(self).__name__}.plan: sm_scale = {sm_scale!r} with jit_args; the JIT variant "
+                             "scales its logits itself (pass the scale as one of its additional scalars), expected "
+                             "None")
+        return self._jit.spec(self._float_workspace_buffer.device), 1.0
+
+    def _jit_planned(self) -> None:
+        """After plan(): a JIT variant with additional parameters takes their values at each run(),
+        so the plan's one-call fast run (which has only the placeholders) is dropped."""
+        if self._jit is not None and self._jit.num_args and self._planned is not None:
+            self._planned["run_fast"] = None
+
+    def _set_jit_args(self, args: Any) -> None:
+        """run()'s additional arguments: the JIT variant's parameter values for this run (an error
+        without jit_args, as FlashInfer's default modules take none). Set before run()'s other
+        checks: a run that then fails leaves them set (the next run sets its own)."""
+        if self._jit is None:
+            U.check_no_extra_args(args)
+            return
+        cpp = self._holder.cpp
+        if cpp is None or self._planned is None:
+            raise RuntimeError("run() before plan(): call plan() with this step's batch first")
+        if compiling():
+            raise NotImplementedError(f"{type(self).__name__}.run with jit_args under torch.compile: the JIT "
+                                      "variant's arguments are set on the host before the launch; call run() "
+                                      "outside the compiled region")
+        device = self._float_workspace_buffer.device
+        params = self._jit.run_params(type(self).__name__, args, device)
+        cpp.set_variant_params(params)
+        self._jit.remember(device, params)
 
 
 def split_options(fixed_split_size: Any, disable_split_kv: Any, unit: int, name: str = "fixed_split_size") -> Tuple[str, int]:

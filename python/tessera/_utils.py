@@ -157,27 +157,19 @@ class Variant:
         return (self.pos_encoding_mode == "NONE" and self.window_left < 0 and self.logits_soft_cap == 0.0
                 and not self.sigmoid and self.user is None)
 
-    def check_return_lse(self, return_lse: bool) -> None:
-        """return_lse with a variant that has no softmax (the C++ library would write NaN) is an error."""
-        if return_lse and not self.use_softmax:
-            what = "use_sigmoid=True" if self.sigmoid else f"variant={self.user!r} (use_softmax=False)"
-            raise ValueError(f"return_lse=True with {what}: attention without softmax has no log-sum-exp "
-                             "(pass return_lse=False)")
+    def no_lse_reason(self) -> Optional[str]:
+        """None, or why return_lse=True is refused: a variant without softmax has no log-sum-exp
+        (the C++ library would write NaN). The plan/run wrappers keep it in their plan dict."""
+        if self.use_softmax:
+            return None
+        what = "use_sigmoid=True" if self.sigmoid else f"variant={self.user!r} (use_softmax=False)"
+        return f"return_lse=True with {what}: attention without softmax has no log-sum-exp (pass return_lse=False)"
 
-    def check_runtime(self) -> None:
-        """The plan/run runtime merges split KV chunks by their log-sum-exp: sigmoid attention and
-        user variants with use_softmax=False are NotImplementedError in the wrappers' plan() (the
-        C++ runtime raises kUnsupported for them too). Softmax user variants run (a user
-        output_transform fails its kernel's compile at the first run(), naming the hook)."""
-        single = "use single_decode_with_kv_cache / single_prefill_with_kv_cache (one request per call)"
-        if self.sigmoid:
-            raise NotImplementedError(
-                "use_sigmoid=True is not supported by the plan/run wrappers: sigmoid attention has no log-sum-exp by "
-                f"which the runtime merges split KV chunks (supported: use_sigmoid=False); {single}")
-        if self.user is not None and not self.user.use_softmax:
-            raise NotImplementedError(
-                f"variant={self.user!r} has use_softmax=False, which the plan/run wrappers do not support: the "
-                f"runtime merges split KV chunks by their log-sum-exp (supported: softmax variants); {single}")
+    def check_return_lse(self, return_lse: bool) -> None:
+        """return_lse with a variant that has no softmax is a ValueError (no_lse_reason)."""
+        reason = self.no_lse_reason() if return_lse else None
+        if reason is not None:
+            raise ValueError(reason)
 
     def check_tensors(self, q_rope_offset: Any, k_rope_offset: Any, batch: int, device: Any) -> None:
         """The RoPE offsets (check_rope_offset) and a user variant's tensor parameters, against a
@@ -513,29 +505,14 @@ class _DeviceOnly:
         self.device = device
 
 
-# What the Python wrappers offer in place of FlashInfer's JIT variants (jit_args, extra run()
-# arguments): one text for every message that refuses them.
-_VARIANTS_SUPPORTED = (
-    "the built-in variant options pos_encoding_mode, window_left and logits_soft_cap of plan() and of the "
-    "single-request functions, and custom_mask / packed_custom_mask in single_prefill_with_kv_cache; "
-    "user-defined variants in CUDA C++ as tessera.VariantSpec (the C++ tessera::VariantSpec) through the "
-    "single-request functions' variant= argument, and masks and score mods as Python functions through "
-    "tessera.flex_attention"
-)
-
-
-def check_jit_args(jit_args: Any) -> None:
-    """FlashInfer's JIT variants (jit_args) have no Python equivalent yet: only None."""
-    check_none("jit_args", jit_args,
-               f"None; JIT variants are not in the Python API yet, which has {_VARIANTS_SUPPORTED}")
-
-
 def check_no_extra_args(args: Sequence[Any]) -> None:
-    """FlashInfer forwards extra positional run() arguments to JIT variants; Tessera has none."""
+    """FlashInfer forwards extra positional run() arguments to JIT variants: a wrapper without
+    jit_args takes none."""
     if args:
         raise NotImplementedError(
             f"run() got {len(args)} extra positional argument(s), which FlashInfer passes to JIT attention variants; "
-            f"Tessera's wrappers do not support JIT variants yet (supported: no extra arguments; {_VARIANTS_SUPPORTED})"
+            "this wrapper was built without jit_args (supported: no extra arguments, or jit_args=... in the "
+            "constructor, whose additional tensors and scalars run() then takes)"
         )
 
 

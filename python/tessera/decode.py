@@ -313,7 +313,12 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
                 preallocated int32 CUDA buffers, required with ``use_cuda_graph``.
             backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (FlashInfer's names; each runs Tessera's
                 kernels for the device; ``"fa3"`` needs an sm_90 GPU).
-            jit_args: not supported (must be ``None``).
+            jit_args: FlashInfer's customized-module arguments (a 12- or 13-entry tuple: uri,
+                dtypes, head dim(s), additional tensor and scalar names and dtypes, variant_name,
+                variant_decl): the wrapper runs that variant (FlashInfer's FA2 variant form,
+                compiled by Tessera's JIT; docs/api-python.md, "JIT variants from FlashInfer's
+                jit_args"), plan() takes no ``variant`` or ``sm_scale`` with it, and ``run(q,
+                paged_kv_cache, *args)`` takes its additional tensors, then scalars.
         """
         ws = self._init_runtime(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
         self._use_tensor_cores = bool(use_tensor_cores)
@@ -441,18 +446,19 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
                 k_rope_offset[b]``. The wrapper keeps them (with ``use_cuda_graph`` copied into a
                 buffer of its own) for the runs of the plan.
             num_sink_tokens: attention sinks with the sliding window (``window_left >= 0``).
-            variant: a softmax :class:`tessera.VariantSpec` (CUDA C++ hooks, or
+            variant: a :class:`tessera.VariantSpec` (CUDA C++ hooks, or
                 :func:`tessera.flex_variant` of a score_mod / mask_mod, whose ``b`` is the request
                 and ``q_idx`` the query's position in its sequence); compiled at the first run.
-                One with ``use_softmax=False`` is NotImplementedError, and one that defines
-                ``output_transform`` fails its compile (the runtime merges split KV chunks by their
-                log-sum-exp); :func:`single_decode_with_kv_cache` runs them.
-            use_sigmoid, sigmoid_bias: NotImplementedError unless left at their defaults (no
-                log-sum-exp to merge by; :func:`single_decode_with_kv_cache` runs them).
+                One that defines ``output_transform`` fails its compile (the runtime merges split
+                KV chunks by their log-sum-exp; :func:`single_decode_with_kv_cache` runs it).
+            use_sigmoid, sigmoid_bias: sigmoid attention (as :func:`single_decode_with_kv_cache`).
+                Without softmax (this, or a variant with ``use_softmax=False``) the plan never
+                splits KV, and ``run(return_lse=True)`` is a ValueError.
 
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
+        variant, sm_scale = self._jit_plan_args(variant, sm_scale)
         # Every argument but the page table and the RoPE offsets, checked and resolved once
         # (_DecodePlanConfig) and kept for the next plan() with the same ones (a serving loop's).
         key = (block_tables, seq_lens, pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
@@ -471,8 +477,12 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
             config = _DecodePlanConfig(options, dtype, kv_data_type if kv_data_type is not None else data_type,
                                        num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, fixed_split_size,
                                        disable_split_kv, q_len_per_req)
+            if self._jit is not None:
+                self._jit.check_plan("BatchDecodeWithPagedKVCacheWrapper", options, dtype, config.kv_dtype,
+                                     config.d, config.d)
             self._plan_config.put(key, config)
         self._plan_step(config, indptr, indices, last_page_len, non_blocking, q_rope_offset, k_rope_offset)
+        self._jit_planned()
 
     begin_forward = plan
 
@@ -644,12 +654,14 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
                 result = fast(q, paged_kv_cache, out)
                 if result is not None:
                     return result
-        if args:
+        if args and self._jit is None:
             U.check_no_extra_args(args)
         if q_scale is not None:
             U.check_scale("q_scale", q_scale)
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this step's page table first")
+        if self._jit is not None:
+            self._set_jit_args(args)
         if window_left is not None:
             U.check_run_window_left(window_left, p["window_left"])
         if R.compiling():
@@ -705,7 +717,6 @@ class _DecodePlanConfig:
     def __init__(self, options: U.Variant, dtype: "torch.dtype", kv_data_type: Any, num_qo_heads: Any,
                  num_kv_heads: Any, head_dim: Any, page_size: Any, sm_scale: Any, fixed_split_size: Any,
                  disable_split_kv: Any, q_len_per_req: Any) -> None:
-        options.check_runtime()
         self.options = options
         self.dtype = dtype
         self.kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
@@ -751,6 +762,7 @@ class _DecodePlanConfig:
                 "kv_dtype": self.kv_dtype,
                 "sm_scale": self.scale,
                 "window_left": self.options.window_left,
+                "no_lse": self.options.no_lse_reason(),
                 **_run_fields(device, kv_layout, self.hkv, self.d, self.d, self.page_size, self.kv_dtype, q_rows,
                               self.dtype, self.hq),
             }
@@ -859,6 +871,9 @@ def fast_decode_plan(
     """
     if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
         raise TypeError(f"fast_decode_plan: self must be a BatchDecodeWithPagedKVCacheWrapper, got {type(self).__name__}")
+    if self._jit is not None:
+        raise NotImplementedError("fast_decode_plan of a wrapper with jit_args: its variant is planned by "
+                                  "BatchDecodeWithPagedKVCacheWrapper.plan (supported: wrappers without jit_args)")
     if q_data_type is None and data_type is None:
         q_data_type = "float16"
     options = U.resolve_variant(pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta)
@@ -1025,6 +1040,8 @@ def _check_run_queries(
     """run()'s q / out / lse checks; out and lse (with return_lse) are allocated when None unless
     `allocate` is False (under torch.compile the op allocates them)."""
     torch = U._torch()
+    if return_lse and p.get("no_lse") is not None:
+        raise ValueError(p["no_lse"])
     hq, d, dtype = p["num_qo_heads"], p["head_dim"], p["dtype"]
     # o's dtype: q's, except in an FP8 attention plan (a 16-bit o for an e4m3 q).
     o_dtype = p.get("o_dtype", dtype)

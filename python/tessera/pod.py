@@ -145,14 +145,16 @@ class PODWithPagedKVCacheWrapper(BatchPrefillWithPagedKVCacheWrapper):
                 workspace: it holds both sides' plans and split states. plan() raises ValueError
                 with the bytes it needs when it is too small.
             kv_layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf,
-                paged_kv_last_page_len_buf, backend, jit_args: as for
+                paged_kv_last_page_len_buf, backend: as for
                 :class:`BatchPrefillWithPagedKVCacheWrapper`.
+            jit_args: only ``None`` (POD runs the default variant).
             custom_mask_buf, mask_indptr_buf: only ``None`` (POD runs no custom masks).
         """
+        U.check_none("jit_args", jit_args, f"None (POD runs the default variant); {_OTHERS}")
         U.check_none("custom_mask_buf", custom_mask_buf, f"None (no custom masks); {_OTHERS}")
         U.check_none("mask_indptr_buf", mask_indptr_buf, f"None (no custom masks); {_OTHERS}")
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf,
-                         paged_kv_indices_buf, paged_kv_last_page_len_buf, None, None, backend, jit_args)
+                         paged_kv_indices_buf, paged_kv_last_page_len_buf, None, None, backend, None)
         self._holder = _PodHolder(self._float_workspace_buffer, self._use_cuda_graph)
 
     def plan(  # type: ignore[override]

@@ -513,7 +513,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             custom_mask_buf: with ``use_cuda_graph`` and custom masks, a uint8 CUDA buffer large
                 enough for any plan's packed masks (the captured run() reads them there);
                 mask_indptr_buf: accepted (the plan uploads its own offsets).
-            backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90). jit_args: only ``None``.
+            backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
+            jit_args: FlashInfer's customized-module arguments; the wrapper then runs that variant
+                (as :class:`tessera.BatchDecodeWithPagedKVCacheWrapper` describes), ``run(q, ...,
+                *args)`` taking its additional tensors, then scalars.
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
                         mask_indptr_buf, backend, jit_args)
@@ -649,24 +652,24 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 ``j + k_rope_offset[b]``; kept by the wrapper for the runs of the plan (with
                 ``use_cuda_graph`` copied into a buffer of its own).
             num_sink_tokens: attention sinks with the sliding window (``window_left >= 0``).
-            variant: a softmax :class:`tessera.VariantSpec` (CUDA C++ hooks, or
+            variant: a :class:`tessera.VariantSpec` (CUDA C++ hooks, or
                 :func:`tessera.flex_variant` of a score_mod / mask_mod, whose ``b`` is the request
                 and ``q_idx`` the query's position in its sequence); compiled at the first run.
-                One with ``use_softmax=False`` is NotImplementedError, and one that defines
-                ``output_transform`` fails its compile (the runtime merges split KV chunks by their
-                log-sum-exp); :func:`single_prefill_with_kv_cache` runs them.
-            use_sigmoid, sigmoid_bias: NotImplementedError unless left at their defaults (no
-                log-sum-exp to merge by; :func:`single_prefill_with_kv_cache` runs them).
+                One that defines ``output_transform`` fails its compile (the runtime merges split
+                KV chunks by their log-sum-exp; :func:`single_prefill_with_kv_cache` runs it).
+            use_sigmoid, sigmoid_bias: sigmoid attention (as :func:`single_prefill_with_kv_cache`).
+                Without softmax (this, or a variant with ``use_softmax=False``) the plan never
+                splits KV, and ``run(return_lse=True)`` is a ValueError.
 
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
+        variant, sm_scale = self._jit_plan_args(variant, sm_scale)
         options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                          rope_scale, rope_theta, low_freq_factor=low_freq_factor,
                                          high_freq_factor=high_freq_factor, old_context_len=old_context_len,
                                          num_sink_tokens=num_sink_tokens, use_sigmoid=use_sigmoid,
                                          sigmoid_bias=sigmoid_bias, variant=variant)
-        options.check_runtime()
         for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                             ("max_item_len_ptr", max_item_len_ptr), ("seq_lens", seq_lens),
                             ("seq_lens_q", seq_lens_q), ("block_tables", block_tables),
@@ -679,6 +682,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         dtype, kv_dtype, o_dtype = U.resolve_prefill_plan_dtypes(q_data_type, kv_data_type, o_data_type)
         fp8_q = U.is_fp8(dtype)
         hq, hkv, d, dv = U.check_prefill_head_dims(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+        if self._jit is not None:
+            self._jit.check_plan(type(self).__name__, options, dtype, kv_dtype, d, dv)
         if fp8_q:
             _check_fp8_plan(options, d, dv, custom_mask, packed_custom_mask, self._use_cuda_graph)
         _check_split_head_dims_options(dv, d, options, kv_dtype)
@@ -761,10 +766,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             "causal": causal,
             "sm_scale": scale,
             "window_left": options.window_left,
+            "no_lse": options.no_lse_reason(),
             **_run_fields(device, self._kv_layout, hkv, d, dv, page_size, kv_dtype, None, dtype, hq),
             **_fp8_plan_fields(fp8_q, o_dtype),
         }
         self._planned["run_fast"] = _paged_fast_run(self._planned, cpp)
+        self._jit_planned()
 
     begin_forward = plan
 
@@ -813,10 +820,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 result = fast(q, paged_kv_cache, out)
                 if result is not None:
                     return result
-        if args:
+        if args and self._jit is None:
             U.check_no_extra_args(args)
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        if self._jit is not None:
+            self._set_jit_args(args)
         fp8_q = "o_dtype" in p  # FP8 attention: q_scale is q's dequantization scale
         if q_scale is not None and not fp8_q:
             U.check_scale("q_scale", q_scale)
@@ -890,7 +899,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             custom_mask_buf: with ``use_cuda_graph`` and custom masks, a uint8 CUDA buffer large
                 enough for any plan's packed masks (the captured run() reads them there);
                 mask_indptr_buf: accepted (the plan uploads its own offsets). backend: ``"auto"``, ``"fa2"`` or ``"fa3"`` (Tessera's kernels for the device; ``"fa3"`` needs sm_90).
-            jit_args: only ``None``.
+            jit_args: FlashInfer's customized-module arguments; the wrapper then runs that variant
+                (as :class:`tessera.BatchDecodeWithPagedKVCacheWrapper` describes), ``run(q, ...,
+                *args)`` taking its additional tensors, then scalars.
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
                         mask_indptr_buf, backend, jit_args)
@@ -992,12 +1003,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         The variant options are fixed by the plan: every :meth:`run` of it uses them (with
         ``use_cuda_graph``, the first plan fixes them for the life of the wrapper).
         """
+        variant, sm_scale = self._jit_plan_args(variant, sm_scale)
         options = _check_prefill_options(pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
                                          rope_scale, rope_theta, low_freq_factor=low_freq_factor,
                                          high_freq_factor=high_freq_factor, old_context_len=old_context_len,
                                          num_sink_tokens=num_sink_tokens, use_sigmoid=use_sigmoid,
                                          sigmoid_bias=sigmoid_bias, variant=variant)
-        options.check_runtime()
         for name, value in (("prefix_len_ptr", prefix_len_ptr), ("token_pos_in_items_ptr", token_pos_in_items_ptr),
                             ("max_item_len_ptr", max_item_len_ptr)):
             U.check_none(name, value)
@@ -1007,6 +1018,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         dtype, kv_dtype, o_dtype = U.resolve_prefill_plan_dtypes(q_data_type, kv_data_type, o_data_type)
         fp8_q = U.is_fp8(dtype)
         hq, hkv, d, dv = U.check_prefill_head_dims(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo)
+        if self._jit is not None:
+            self._jit.check_plan(type(self).__name__, options, dtype, kv_dtype, d, dv)
         if fp8_q:
             _check_fp8_plan(options, d, dv, custom_mask, packed_custom_mask, self._use_cuda_graph)
         _check_split_head_dims_options(dv, d, options, kv_dtype)
@@ -1059,6 +1072,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             "causal": causal,
             "sm_scale": scale,
             "window_left": options.window_left,
+            "no_lse": options.no_lse_reason(),
             **_run_fields(device, self._kv_layout, hkv, d, dv, None, kv_dtype),
             **_fp8_plan_fields(fp8_q, o_dtype),
         }
@@ -1094,11 +1108,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         Returns:
             ``out`` or ``(out, lse)`` (LSE base 2, float32 ``[rows, num_qo_heads]``).
         """
-        if args:
+        if args and self._jit is None:
             U.check_no_extra_args(args)
         p = self._planned
         if p is None:
             raise RuntimeError("run() before plan(): call plan() with this batch's index arrays first")
+        if self._jit is not None:
+            self._set_jit_args(args)
         fp8_q = "o_dtype" in p  # FP8 attention: q_scale is q's dequantization scale
         if q_scale is not None and not fp8_q:
             U.check_scale("q_scale", q_scale)

@@ -4,14 +4,16 @@ A :class:`VariantSpec` is the Python form of the C++ ``tessera::VariantSpec``
 (include/tessera/variant.h): CUDA C++ source that defines any subset of the variant hooks as free
 device functions, extra parameters the hooks read as ``params.<name>``, and whether the logits go
 through a softmax. Pass it as ``variant=`` to :func:`tessera.single_decode_with_kv_cache` or
-:func:`tessera.single_prefill_with_kv_cache` (Tessera's keyword; FlashInfer's ``jit_args``
-describe FlashInfer's own JIT modules, whose semantics differ). Its source is compiled with NVRTC
-for the current GPU on first use and cached in memory and on disk (docs/jit-cache.md), the path
-the FlexAttention front end's traced mods take (tessera.flex: the extension builds the same C++
-``VariantSpec`` from the name, source and parameter list). The plan/run wrappers take softmax
-user variants as ``plan(variant=...)`` (the runtime merges split KV chunks by their log-sum-exp:
-``use_softmax=False`` raises ``NotImplementedError`` there and an ``output_transform`` fails its
-kernel's compile); :func:`tessera.flex_variant` builds one from FlexAttention-style mods.
+:func:`tessera.single_prefill_with_kv_cache` (Tessera's keyword; the plan/run wrappers
+also take FlashInfer's own variant form through ``jit_args``: tessera._jit_args). Its source is
+compiled with NVRTC for the current GPU on first use and cached in memory and on disk
+(docs/jit-cache.md), the path the FlexAttention front end's traced mods take (tessera.flex: the
+extension builds the same C++ ``VariantSpec`` from the name, source and parameter list). The
+plan/run wrappers take it as ``plan(variant=...)`` (without softmax their plans never split KV: the
+runtime merges split chunks by their log-sum-exp; an ``output_transform`` fails its kernel's
+compile there); :func:`tessera.flex_variant` builds one from FlexAttention-style mods. Any hook
+may take one more, last argument ``const Request& request`` (``request.qo_len``,
+``request.kv_len``: the request's query rows and KV length).
 
 The hooks (every index an ``int``; ``Params`` is the struct generated from ``params``):
 

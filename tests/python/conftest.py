@@ -47,6 +47,10 @@ class RecordingRuntime:
     def run(self, *args, **kwargs):
         self.runs.append((args, kwargs))
 
+    def set_variant_params(self, params):
+        """A jit_args run()'s values for the plan's variant (recorded in `variant_params`)."""
+        self.__dict__.setdefault("variant_params", []).append(list(params))
+
     def fast_run(self, *args):
         """The paged wrappers' tessera._C.PagedFastRun reads tensors through PyTorch's DLPack
         exchange table and launches: it needs a GPU. The stand-in's declines every call (None, as

@@ -241,19 +241,30 @@ def test_option_errors(entry, opts, error, message):
 
 
 @pytest.mark.parametrize("entry", WRAPPERS, ids=[e[0] for e in WRAPPERS])
-def test_wrappers_refuse_attention_without_softmax(entry):
-    # The runtime merges split KV chunks by their LSE: no sigmoid attention, no user variant without
-    # softmax; a softmax user variant gets as far as the first GPU step.
+def test_plans_without_softmax_reach_the_runtime(entry):
+    # Sigmoid attention and user variants without softmax run through the runtime (which never splits
+    # their KV: there is no log-sum-exp to merge by); their plans get as far as the first GPU step.
     _, call, first_gpu_step = entry
-    with pytest.raises(NotImplementedError, match=r"^use_sigmoid=True is not supported by the plan/run wrappers.*"
-                       r"single_decode_with_kv_cache / single_prefill_with_kv_cache"):
-        call(use_sigmoid=True, sigmoid_bias=1.0)
-    weights = tessera.VariantSpec("weights", "", use_softmax=False)
-    with pytest.raises(NotImplementedError, match=r"^variant=VariantSpec\('weights'.* has use_softmax=False, which "
-                       r"the plan/run wrappers do not support"):
-        call(variant=weights)
-    with pytest.raises(ValueError, match=first_gpu_step):
-        call(variant=tessera.VariantSpec("mine", ""))
+    for opts in ({"use_sigmoid": True, "sigmoid_bias": 1.0}, {"variant": tessera.VariantSpec("weights", "",
+                                                                                             use_softmax=False)},
+                 {"variant": tessera.VariantSpec("mine", "")}):
+        with pytest.raises(ValueError, match=first_gpu_step):
+            call(**opts)
+
+
+def test_plan_dicts_refuse_lse_without_softmax():
+    # run(return_lse=True) of such a plan is a ValueError before any device work (the plan dict keeps
+    # the reason; the C++ runtime would write NaN).
+    from tessera import _utils as U
+    sig = U.resolve_variant("NONE", -1, None, None, None, use_sigmoid=True)
+    assert sig.no_lse_reason() == ("return_lse=True with use_sigmoid=True: attention without softmax has no "
+                                   "log-sum-exp (pass return_lse=False)")
+    weights = U.resolve_variant("NONE", -1, None, None, None, variant=tessera.VariantSpec("w", "", use_softmax=False))
+    assert "(use_softmax=False): attention without softmax" in weights.no_lse_reason()
+    assert U.resolve_variant("NONE", -1, None, None, None).no_lse_reason() is None
+    from tessera.decode import _check_run_queries
+    with pytest.raises(ValueError, match=r"^return_lse=True with use_sigmoid=True"):
+        _check_run_queries(None, None, None, True, {"no_lse": sig.no_lse_reason()})
 
 
 @pytest.mark.parametrize("entry", SINGLE, ids=[e[0] for e in SINGLE])
@@ -459,12 +470,6 @@ def test_variant_spec_limits_match_cpp():
     tessera.VariantSpec("v", "", {"lo": -(2**63), "hi": 2**63 - 1, "f": math.pi})
 
 
-def test_jit_args_error_points_at_the_python_variant_api():
-    with pytest.raises(NotImplementedError, match="jit_args") as e:
-        D(_ws(), jit_args=["x"])
-    assert "tessera.VariantSpec" in str(e.value) and "variant=" in str(e.value)
-
-
 # --- what the wrappers hand the C++ runtime (stand-ins for the runtime classes) ---------------------
 
 
@@ -542,3 +547,57 @@ def test_graph_plans_point_at_fixed_offset_rows(runtime_stand_ins):
         assert variant["rope_k_offset"].tolist() == offsets and variant["rope_q_offset"] is None
         pointers.add(variant["rope_k_offset"].data_ptr())
     assert len(pointers) == 1, "a captured run() reads the offsets at one address"
+
+
+JIT_SIGMOID = r"""
+struct FlashSigmoid {
+  static constexpr bool use_softmax = false;
+  template <typename Params>
+  __device__ __host__ FlashSigmoid(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr) {}
+  template <typename Params, typename T>
+  __device__ __forceinline__ T LogitsTransform(const Params& params, T logits, uint32_t batch_idx, uint32_t qo_idx,
+                                               uint32_t kv_idx, uint32_t qo_head_idx, uint32_t kv_head_idx) {
+    return math::ptx_rcp(1.f + math::ptx_exp2(-float(logits * params.logits_scale + params.sigmoid_bias)));
+  }
+};
+"""
+
+
+def test_jit_args_plan_and_run_reach_the_runtime(runtime_stand_ins):
+    decode = runtime_stand_ins["BatchDecodeWrapper"]
+    jit = ("sigmoid_uri", torch.float16, torch.float16, torch.float16, torch.int32, 128, [], [],
+           ["logits_scale", "sigmoid_bias"], ["float", "double"], "FlashSigmoid", JIT_SIGMOID)
+    w = D(_ws(), jit_args=jit)
+    _decode_plan(w)
+    runtime = decode.instances[0]
+    args, kwargs = runtime.plans[-1]
+    assert args[7] == 1.0  # sm_scale: the variant scales its logits itself
+    variant = kwargs["variant"]
+    assert variant["user_name"] == "FlashSigmoid (jit_args sigmoid_uri)" and variant["user_use_softmax"] is False
+    assert variant["user_params"] == [("logits_scale", 0.0), ("sigmoid_bias", 0.0)]  # placeholders until a run
+    assert "float logits_transform(" in variant["user_source"] and JIT_SIGMOID in variant["user_source"]
+    q, kv = torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(3, 2, 16, 2, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"return_lse=True with variant=.*use_softmax=False"):
+        w.run(q, kv, 0.1, 0.0, return_lse=True)
+    w.run(q, kv, 0.125, 1)  # an int for a float scalar is converted
+    assert runtime.variant_params[-1] == [("logits_scale", 0.125), ("sigmoid_bias", 1.0)]
+    assert isinstance(runtime.variant_params[-1][1][1], float) and len(runtime.runs) == 1
+    with pytest.raises(TypeError, match=r"got 1 additional argument\(s\) after the KV cache, expected 2 "
+                                        r"\(logits_scale, sigmoid_bias\)"):
+        w.run(q, kv, 0.1)
+    with pytest.raises(TypeError, match=r"additional scalar 'sigmoid_bias' = True, expected a Python number"):
+        w.run(q, kv, 0.1, True)
+    # A plan after runs keeps their values (a CUDA-graph wrapper's captured run has them baked in).
+    _decode_plan(w)
+    assert runtime.plans[-1][1]["variant"]["user_params"] == [("logits_scale", 0.125), ("sigmoid_bias", 1.0)]
+    with pytest.raises(ValueError, match=r"sm_scale = 0.5 with jit_args"):
+        _decode_plan(w, sm_scale=0.5)
+    with pytest.raises(ValueError, match=r"variant=.* with jit_args"):
+        _decode_plan(w, variant=tessera.VariantSpec("mine", ""))
+    with pytest.raises(NotImplementedError, match=r"with jit_args the variant is the JIT module's"):
+        _decode_plan(w, window_left=3)
+    with pytest.raises(ValueError, match=r"head_dim_qk = 64, but jit_args declares 128"):
+        _decode_plan(w, head_dim=64)
+    with pytest.raises(NotImplementedError, match=r"fast_decode_plan of a wrapper with jit_args"):
+        tessera.fast_decode_plan(w, _i32([0, 2, 3]), _i32([0, 1, 2]), _i32([5, 16]), 8, 2, 128, 16)
+

@@ -307,10 +307,12 @@ def test_sinks_with_rope_and_alibi(workspace):
           "single_prefill sinks + ALiBi")
 
 
-# --- sigmoid attention (single-request functions) ------------------------------------------------------
+# --- sigmoid attention ----------------------------------------------------------------------------------
+# Every entry point; the plan/run wrappers never split KV for it (no log-sum-exp to merge by), even
+# in the cases that ask for a fixed split.
 
 
-@pytest.mark.parametrize("c", cases("sigmoid", ENTRIES[:2]) + cases("sigmoid_window", ENTRIES[:2]), ids=case_id)
+@pytest.mark.parametrize("c", cases("sigmoid") + cases("sigmoid_window", ENTRIES[:2]), ids=case_id)
 def test_sigmoid(c, workspace):
     options = {"use_sigmoid": True, "sigmoid_bias": -1.5}
     if c["name"] == "sigmoid_window":
@@ -322,10 +324,11 @@ def test_sigmoid(c, workspace):
     # ... and the output is not softmax attention's.
     for out, _, inputs in results:
         soft, _ = reference(**inputs, options={k: v for k, v in options.items() if "sigmoid" not in k})
-        assert (out.float() - soft).norm() > 10 * REL_TOL[c["dtype"]] * soft.norm()
+        if soft.norm() > 0:  # requests without keys: both are 0
+            assert (out.float() - soft).norm() > 10 * REL_TOL[c["dtype"]] * soft.norm()
 
 
-# --- user variants (tessera.VariantSpec, single-request functions) -------------------------------------
+# --- user variants (tessera.VariantSpec; without softmax in every entry point) -------------------------
 
 BIAS_MASK_SOURCE = r"""
 // a temperature, a per-head linear position bias from a tensor, and a periodic key mask
@@ -367,7 +370,7 @@ class UserRef:
         return torch.ones(pos_q.shape[0], pos_k.shape[0], dtype=torch.bool, device=pos_q.device)
 
 
-@pytest.mark.parametrize("c", cases("user", ENTRIES[:2]) + cases("user_weights", ENTRIES[:2]), ids=case_id)
+@pytest.mark.parametrize("c", cases("user", ENTRIES[:2]) + cases("user_weights"), ids=case_id)
 def test_user_variant(c, workspace):
     hq = 2 * c["group"]
     softmax = c["name"] == "user"
@@ -387,7 +390,8 @@ def test_user_variant(c, workspace):
         ref_o, ref_lse = reference(**inputs, options={}, user=user)
         assert_close(out, lse, ref_o, ref_lse, c["dtype"], f"{c['entry']} {spec.name}")
         plain, _ = reference(**inputs, options={})
-        changes.append((ref_o - plain).norm().item() / ref_o.norm().item())
+        if ref_o.norm().item() > 0:  # requests without keys: both are 0
+            changes.append((ref_o - plain).norm().item() / ref_o.norm().item())
     assert max(changes) > 10 * REL_TOL[c["dtype"]], f"{spec.name}: the variant barely changes the result"
 
 

@@ -1,0 +1,272 @@
+"""GPU tests of FlashInfer's ``jit_args`` in the plan/run wrappers (decode, paged and ragged
+prefill): variants written as FlashInfer writes them (its FA2 form: QueryTransform folding the
+scale, and the newer AttentionVariantBase / REGISTER_ macros with sm_scale_log2), with additional
+scalars and tensors passed to run(), against a PyTorch fp32 reference written here from FlashInfer's
+semantics:
+
+- s = QueryTransform(q) . k (raw q . k without one), then LogitsTransform(s) with FlashInfer's
+  indices (qo_idx counts the request's new tokens from 0, kv_idx the key's position);
+- softmax variants: weights 2^(LogitsTransform(s) * sm_scale_log2) (1 without that member) over
+  the keys LogitsMask keeps, normalised; base-2 LSE; softmax-free ones: the transformed logits
+  are the weights.
+
+Also: new additional-argument values at every run(), a CUDA Graph capture of a JIT variant's run
+(changed values after the capture are refused), and the run()-time errors. Skipped (with the
+reason) when torch.cuda.is_available() is False.
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pip install torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU (torch.cuda.is_available() is False): GPU tests skipped", allow_module_level=True)
+
+import tessera  # noqa: E402
+from test_gpu import DEV, Paged, assert_close, poisoned  # noqa: E402
+
+LOG2E = 1.0 / math.log(2.0)
+
+# FlashInfer's FA2 form: the query carries the scale (in log2 units), no softmax.
+FLASH_SIGMOID = r"""
+struct FlashSigmoid {
+  static constexpr bool use_softmax = false;
+  uint32_t window_left, qo_len, kv_len;
+  float sigmoid_bias_log2e;
+  template <typename Params>
+  __device__ __host__ FlashSigmoid(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr) {
+    qo_len = params.get_qo_len(batch_idx);
+    kv_len = params.get_kv_len(batch_idx);
+    window_left = kv_len;
+    sigmoid_bias_log2e = params.sigmoid_bias * math::log2e;
+  }
+  template <typename Params, typename T>
+  __device__ __forceinline__ T QueryTransform(const Params& params, T q) {
+    return float(q) * params.logits_scale * math::log2e;
+  }
+  template <typename Params, typename T>
+  __device__ __forceinline__ T LogitsTransform(const Params& params, T logits, uint32_t batch_idx, uint32_t qo_idx,
+                                               uint32_t kv_idx, uint32_t qo_head_idx, uint32_t kv_head_idx) {
+    return math::ptx_rcp(1.f + math::ptx_exp2(-float(logits + sigmoid_bias_log2e)));
+  }
+};
+"""
+
+# The newer form: AttentionVariantBase, the REGISTER_ macros, sm_scale_log2 applied by the softmax; a
+# soft-cap on the raw logits, a per-head bias from an additional tensor, and a causal mask written
+# from FlashInfer's indices and lengths (qo_idx from 0 among the new tokens).
+CAPPED_CAUSAL = r"""
+struct CappedCausal : AttentionVariantBase {
+  float sm_scale_log2;
+  float cap;
+  uint32_t qo_len, kv_len;
+  template <typename Params>
+  __device__ __host__ CappedCausal(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr) {
+    sm_scale_log2 = params.sm_scale * math::log2e;
+    cap = params.soft_cap;
+    qo_len = params.get_qo_len(batch_idx);
+    kv_len = params.get_kv_len(batch_idx);
+  }
+  REGISTER_LOGITS_TRANSFORM(params, logits, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx, {
+    return cap * math::tanh(logits / cap) + params.head_bias[qo_head_idx];
+  })
+  REGISTER_LOGITS_MASK(params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx, {
+    return kv_idx + qo_len <= qo_idx + kv_len;
+  })
+};
+"""
+
+
+def jit_args(name, decl, dtype, head_dim, tensors, scalars, thirteen=False):
+    head_dims = (head_dim, head_dim) if thirteen else (head_dim,)
+    return (f"test_{name}", dtype, dtype, dtype, torch.int32, *head_dims, [n for n, _ in tensors],
+            [t for _, t in tensors], [n for n, _ in scalars], [t for _, t in scalars], name, decl)
+
+
+def sigmoid_ref(q, k, v, causal, scale, bias):
+    """FlashSigmoid over one request: q [qo, Hq, D], k / v [kv, Hkv, D] -> out fp32."""
+    q, k, v = q.float(), k.float(), v.float()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    w = torch.sigmoid(torch.einsum("qhd,khd->hqk", q, k) * scale + bias)
+    if causal:
+        qo, kv = q.shape[0], k.shape[0]
+        w = w * (torch.arange(kv, device=DEV)[None, :] <= torch.arange(qo, device=DEV)[:, None] + kv - qo)
+    return torch.einsum("hqk,khd->qhd", w, v)
+
+
+def capped_ref(q, k, v, sm_scale, cap, head_bias):
+    """CappedCausal over one request -> (out fp32, base-2 lse)."""
+    q, k, v = q.float(), k.float(), v.float()
+    qo, kv = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k)
+    x = (cap * torch.tanh(s / cap) + head_bias.float()[:, None, None]) * sm_scale
+    visible = torch.arange(kv, device=DEV)[None, :] <= torch.arange(qo, device=DEV)[:, None] + kv - qo
+    x = x.masked_fill(~visible[None], float("-inf"))
+    lse = torch.logsumexp(x, dim=-1)  # natural, [H, qo]
+    p = torch.exp(x - lse[..., None]).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p, v), (lse * LOG2E).transpose(0, 1)
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    return torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+
+
+def rand(gen, *shape, dtype):
+    return torch.randn(*shape, generator=gen).to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("wrapper", ("decode", "paged", "ragged"))
+def test_flash_sigmoid(wrapper, dtype, workspace):
+    gen = torch.Generator().manual_seed(7 + len(wrapper))
+    hq, hkv, d = 8, 2, 128
+    args = jit_args("FlashSigmoid", FLASH_SIGMOID, dtype, d, [], [("logits_scale", "float"), ("sigmoid_bias", "float")])
+    kv_lens = [300, 1, 2100, 77]
+    qo_lens = [1] * 4 if wrapper == "decode" else [17, 1, 64, 5]
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = rand(gen, int(qo_indptr[-1]), hq, d, dtype=dtype)
+    causal = wrapper != "decode"
+    if wrapper == "ragged":
+        kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
+        k, v = rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype), rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype)
+        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa2", jit_args=args)
+        w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype, fixed_split_size=256)
+        cache = (k, v)
+        request_kv = [(k[kv_indptr[b]:kv_indptr[b + 1]], v[kv_indptr[b]:kv_indptr[b + 1]]) for b in range(4)]
+    else:
+        paged = Paged(kv_lens, 16, hkv, d, dtype, "NHD", False, gen)
+        if wrapper == "decode":
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", jit_args=args)
+            w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, q_data_type=dtype)
+        else:
+            w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", jit_args=args)
+            w.plan(qo_indptr, paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, causal=causal,
+                   q_data_type=dtype)
+        cache = paged.cache
+        request_kv = [paged.request_kv(b) for b in range(4)]
+    assert w.plan_info()["num_partials"] == 0, "a softmax-free plan must not split KV"
+    for scale, bias in ((1 / math.sqrt(d), 0.25), (0.05, -1.0)):  # new values at each run
+        out = poisoned(q.shape, dtype)
+        w.run(q, *(cache if wrapper == "ragged" else (cache,)), scale, bias, out=out)
+        for b in range(4):
+            rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            ref = sigmoid_ref(q[rows], *request_kv[b], causal, scale, bias)
+            assert_close(out[rows], None, ref, None, dtype, f"{wrapper} FlashSigmoid request {b} bias {bias}")
+    with pytest.raises(ValueError, match="return_lse=True with variant=.*use_softmax=False"):
+        w.run(q, *(cache if wrapper == "ragged" else (cache,)), 0.1, 0.0, return_lse=True)
+
+
+@pytest.mark.parametrize("wrapper", ("decode", "paged", "ragged"))
+def test_register_macros_tensor_parameter_and_lengths(wrapper, workspace):
+    dtype, hq, hkv, d = torch.bfloat16, 8, 1, 64
+    gen = torch.Generator().manual_seed(31 + len(wrapper))
+    args = jit_args("CappedCausal", CAPPED_CAUSAL, dtype, d, [("head_bias", "float")],
+                    [("sm_scale", "double"), ("soft_cap", "float")], thirteen=True)
+    kv_lens = [513, 40, 3000]
+    qo_lens = [1, 1, 1] if wrapper == "decode" else [33, 40, 7]
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = rand(gen, int(qo_indptr[-1]), hq, d, dtype=dtype)
+    # The mask of the variant is the causal one: plan non-causal, so only the variant masks.
+    if wrapper == "ragged":
+        kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
+        k, v = rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype), rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype)
+        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", jit_args=args)
+        w.plan(qo_indptr, kv_indptr, hq, hkv, d, q_data_type=dtype)
+        cache = (k, v)
+        request_kv = [(k[kv_indptr[b]:kv_indptr[b + 1]], v[kv_indptr[b]:kv_indptr[b + 1]]) for b in range(3)]
+    else:
+        paged = Paged(kv_lens, 1, hkv, d, dtype, "HND", True, gen)
+        if wrapper == "decode":
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND", jit_args=args)
+            w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 1, q_data_type=dtype)
+        else:
+            w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", jit_args=args)
+            w.plan(qo_indptr, paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 1, q_data_type=dtype)
+        cache = paged.cache
+        request_kv = [paged.request_kv(b) for b in range(3)]
+    for seed in range(2):  # a new bias tensor and new scalars at each run
+        head_bias = torch.linspace(-2.0, 2.0, hq, device=DEV) * (1 - 2 * seed)
+        sm_scale, cap = (1 / math.sqrt(d), 30.0) if seed == 0 else (0.3, 5.0)
+        out, lse = w.run(q, *(cache if wrapper == "ragged" else (cache,)), head_bias, sm_scale, cap, return_lse=True)
+        for b in range(3):
+            rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            ref_o, ref_lse = capped_ref(q[rows], *request_kv[b], sm_scale, cap, head_bias)
+            assert_close(out[rows], lse[rows], ref_o, ref_lse, dtype, f"{wrapper} CappedCausal request {b} run {seed}")
+
+
+def test_run_arguments_are_checked(workspace):
+    dtype, hq, hkv, d = torch.float16, 4, 4, 128
+    args = jit_args("CappedCausal", CAPPED_CAUSAL, dtype, d, [("head_bias", "float")],
+                    [("sm_scale", "float"), ("soft_cap", "float")])
+    paged = Paged([40, 9], 16, hkv, d, dtype, "NHD", False, torch.Generator().manual_seed(3))
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", jit_args=args)
+    with pytest.raises(ValueError, match=r"sm_scale = 0.1 with jit_args"):
+        w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, q_data_type=dtype, sm_scale=0.1)
+    with pytest.raises(ValueError, match=r"q_data_type = torch.bfloat16, but jit_args declares torch.float16"):
+        w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, q_data_type=torch.bfloat16)
+    w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, q_data_type=dtype)
+    q = torch.randn(2, hq, d, dtype=dtype, device=DEV)
+    bias = torch.zeros(hq, device=DEV)
+    with pytest.raises(TypeError, match=r"got 0 additional argument\(s\) after the KV cache, expected 3 "
+                                        r"\(head_bias, sm_scale, soft_cap\)"):
+        w.run(q, paged.cache)
+    with pytest.raises(ValueError, match=r"additional tensor 'head_bias' is torch.float16 on cuda:0, expected "
+                                         r"torch.float32"):
+        w.run(q, paged.cache, bias.half(), 0.1, 30.0)
+    with pytest.raises(TypeError, match=r"additional scalar 'soft_cap' = 'x', expected a Python number"):
+        w.run(q, paged.cache, bias, 0.1, "x")
+    with pytest.raises(ValueError, match=r"variant param soft_cap"):  # the C++ layer's check: finite
+        w.run(q, paged.cache, bias, 0.1, float("inf"))
+    assert torch.isfinite(w.run(q, paged.cache, bias, 0.1, 30.0)).all()
+
+
+def test_cuda_graph_capture_of_a_jit_variant(workspace):
+    dtype, hq, hkv, d, ps, batch = torch.float16, 8, 2, 128, 16, 4
+    gen = torch.Generator().manual_seed(11)
+    args = jit_args("FlashSigmoid", FLASH_SIGMOID, dtype, d, [], [("logits_scale", "float"), ("sigmoid_bias", "float")])
+    bufs = dict(paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=DEV),
+                paged_kv_indices_buffer=torch.zeros(256, dtype=torch.int32, device=DEV),
+                paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=DEV))
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=True, jit_args=args, **bufs)
+    paged = Paged([100, 7, 300, 33], ps, hkv, d, dtype, "NHD", False, gen)
+    w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, ps, q_data_type=dtype)
+    q = rand(gen, batch, hq, d, dtype=dtype)
+    out = torch.empty_like(q)
+    scale, bias = 1 / math.sqrt(d), 0.5
+    w.run(q, paged.cache, scale, bias, out=out)  # warm-up: compiles the variant outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, paged.cache, scale, bias, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for b in range(batch):
+        ref = sigmoid_ref(q[b:b + 1], *paged.request_kv(b), False, scale, bias)
+        assert_close(out[b:b + 1], None, ref, None, dtype, f"graph replay request {b}")
+    # A re-plan (another batch over the same pool) keeps the run's values: the replay reads it.
+    lens = [40, 300, 1, 16]
+    pages = [math.ceil(n / ps) for n in lens]
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
+    indices = paged.indices.flip(0)[: int(indptr[-1])].contiguous()
+    last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, pages)], dtype=torch.int32)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=dtype)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    k_pool, v_pool = paged.cache
+    for b in range(batch):
+        ids = indices[int(indptr[b]):int(indptr[b + 1])].long()
+        k, v = (t[ids].reshape(-1, hkv, d)[: lens[b]] for t in (k_pool, v_pool))
+        ref = sigmoid_ref(q[b:b + 1], k, v, False, scale, bias)
+        assert_close(out[b:b + 1], None, ref, None, dtype, f"graph replay after a re-plan, request {b}")
+    # The captured launch has the values baked in: other values are refused, the same ones run.
+    with pytest.raises(ValueError, match=r"cuda_graph: set_variant_params\(\) changes the values"):
+        w.run(q, paged.cache, scale, bias + 1.0, out=out)
+    w.run(q, paged.cache, scale, bias, out=out)
+    torch.cuda.synchronize()

@@ -98,8 +98,11 @@ inline constexpr int kMaxVariantParams = 16;
 /// `kv_idx <= qo_idx` for prefill, decode and append alike); for block-sparse attention it is
 /// N - M + row and kv_idx the column. batch is the request (block-sparse: 0, one sequence).
 /// Any hook may take one more, last argument `const Request& request` (a generated struct with
-/// `int qo_len, kv_len`: the request's query rows and KV length; in block-sparse attention the
-/// block row's rows and its listed columns); a hook defined both ways is called with it.
+/// `int qo_len, kv_len`: the request's query rows and KV length, in block-sparse attention the
+/// block row's rows and its listed columns; and `bool padding_row`: the logits hooks' call is for
+/// a padding row of the request's last query tile, whose qo_idx is the last real row's and whose
+/// result is never stored, so a hook with side effects skips it); a hook defined both ways is
+/// called with it.
 /// Functions are device functions (NVRTC compiles with -default-device); <cuda_fp16.h>,
 /// <cuda_bf16.h> and the CUDA math functions are available.
 struct VariantSpec {

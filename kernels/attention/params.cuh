@@ -171,6 +171,9 @@ struct RequestExtent {
   int32_t batch;       // the batch index of the variant hooks: 0 for one matrix, else the request
   int32_t key_end;     // columns at or past it do not exist: N, or the request's KV length
   int32_t page_begin;  // over paged KV: the request's first entry of paged.indices
+  // Variant hooks only (Variant::kReadsPaddingRow): the call is for a padding row of the
+  // request's last query tile, whose qo_idx is the last real row's (VariantApplier).
+  bool padding_row = false;
 };
 
 /// Where logical KV position `pos` (0 <= pos < kv_len) of a request lives, as element offsets of

@@ -110,6 +110,8 @@ struct BuiltinVariant {
   static constexpr bool kHasLogitsTransform = kSoftCap || kAlibi || kSigmoid;
   static constexpr bool kHasMask = kWindow || kCustomMask;
   static constexpr bool kHasOutputTransform = false;
+  // Whether the logits hooks read RequestExtent::padding_row (user variants' Request does).
+  static constexpr bool kReadsPaddingRow = false;
 
   static TESSERA_DEVICE float2 query_transform(const VariantParams& vp, const RequestExtent&, float2 x, int batch,
                                                int qo_pos, int /*kv_idx*/, int /*qo_head*/, int /*kv_head*/, int dim,

@@ -130,7 +130,8 @@ std::string adapter(const ResolvedVariant& v, const VariantKernelRequest& reques
     << "  using VP = tessera::kernels::VariantParams;\n"
     << "  using RE = tessera::kernels::RequestExtent;\n"
     << "  static constexpr bool kUseSoftmax = Base::kUseSoftmax && " << (v.user->use_softmax ? "true" : "false")
-    << ";\n";
+    << ";\n"
+    << "  static constexpr bool kReadsPaddingRow = true;  // Request::padding_row\n";
   for (const HookDesc& h : kHooks) {
     s << "  static constexpr bool " << h.trait << " = Base::" << h.trait << " || tessera_user::k_has_" << h.name
       << ";\n";
@@ -143,7 +144,7 @@ std::string adapter(const ResolvedVariant& v, const VariantKernelRequest& reques
   s << "  static __device__ __forceinline__ const tessera_user::Params& user(const VP& vp) {\n"
     << "    return *reinterpret_cast<const tessera_user::Params*>(vp.extra);\n  }\n"
     << "  static __device__ __forceinline__ tessera_user::Request request(const RE& e) {\n"
-    << "    return tessera_user::Request{e.qo_len, e.kv_len};\n  }\n";
+    << "    return tessera_user::Request{e.qo_len, e.kv_len, e.padding_row};\n  }\n";
   for (const char* name : {"query_transform", "key_transform", "value_transform"}) {
     s << "  static __device__ __forceinline__ float2 " << name
       << "(const VP& vp, const RE& e, float2 x, int batch, int qo_idx, int kv_idx, int qo_head, int kv_head, int dim, "
@@ -203,7 +204,7 @@ std::string user_params_prologue(const std::vector<VariantParam>& params) {
     << "using tessera::kernels::int32_t;\nusing tessera::kernels::int64_t;\nusing tessera::kernels::uint8_t;\n"
     << "using tessera::kernels::uint32_t;\nusing tessera::kernels::uint64_t;\n"
     << "// The request a hook's call is for (its optional last argument, tessera/variant.h).\n"
-    << "struct Request {\n  int qo_len;\n  int kv_len;\n};\n"
+    << "struct Request {\n  int qo_len;\n  int kv_len;\n  bool padding_row;\n};\n"
     << "// The variant's extra parameters, one 8-byte slot each (VariantParams::extra).\n"
     << "struct Params {\n";
   for (const VariantParam& p : params) s << "  alignas(8) " << param_type(p) << " " << p.name << ";\n";

@@ -256,21 +256,33 @@ struct VariantApplier {
           // Padding rows of the request's last query tile are never stored; the hooks see the
           // last real row instead, so a custom mask or a user table indexed by the query never
           // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
+          // Hooks that must tell them apart (side effects) read RequestExtent::padding_row.
           const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
-          const int qo_head = r.head;
-          if constexpr (kTransformLogits && !kSplitKeyBias) {
-            const float x = kPrescaleQuery ? s[mq][n][i] : s[mq][n][i] * logits_input_scale;
-            s[mq][n][i] = Variant::logits_transform(vp, w.e, x, batch, qo_pos, key, qo_head, w.kv_head);
-          }
-          if constexpr (kMasked) {
-            // 0 <= key < key_end in one unsigned compare (key_end >= 0; per row, hoisted).
-            const int key_end = p.causal ? max(qo_pos + 1, 0) : 0x7fffffff;
-            const bool visible =
-                static_cast<uint32_t>(key) < static_cast<uint32_t>(key_end) &&
-                (!Variant::kHasMask || Variant::logits_mask(vp, w.e, batch, qo_pos, key, qo_head, w.kv_head));
-            if (!visible) s[mq][n][i] = kSoftmax ? -INFINITY : 0.f;
+          if constexpr (Variant::kReadsPaddingRow) {
+            RequestExtent e = w.e;
+            e.padding_row = r.qo_idx >= w.e.qo_len;
+            transform_and_mask_logit<kMasked>(s[mq][n][i], e, qo_pos, key, r.head);
+          } else {
+            transform_and_mask_logit<kMasked>(s[mq][n][i], w.e, qo_pos, key, r.head);
           }
         }
+  }
+
+  /// One logit of transform_and_mask_tile: the variant's transform, then the masks.
+  template <bool kMasked>
+  TESSERA_DEVICE void transform_and_mask_logit(float& s, const RequestExtent& e, int qo_pos, int key,
+                                               int qo_head) const {
+    if constexpr (kTransformLogits && !kSplitKeyBias) {
+      const float x = kPrescaleQuery ? s : s * logits_input_scale;
+      s = Variant::logits_transform(vp, e, x, batch, qo_pos, key, qo_head, w.kv_head);
+    }
+    if constexpr (kMasked) {
+      // 0 <= key < key_end in one unsigned compare (key_end >= 0; per row, hoisted).
+      const int key_end = p.causal ? max(qo_pos + 1, 0) : 0x7fffffff;
+      const bool visible = static_cast<uint32_t>(key) < static_cast<uint32_t>(key_end) &&
+                           (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head, w.kv_head));
+      if (!visible) s = kSoftmax ? -INFINITY : 0.f;
+    }
   }
 };
 

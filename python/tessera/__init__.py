@@ -209,4 +209,4 @@ def build_info() -> Dict[str, Any]:
     }
 
 
-from . import cascade, decode, page, pod, prefill, quantization, rope  # noqa: E402,F401  (FlashInfer-style submodules)
+from . import cascade, decode, jit, page, pod, prefill, quantization, rope, utils  # noqa: E402,F401  (FlashInfer-style submodules)

@@ -238,10 +238,11 @@ class JitVariant:
         make = ("  TesseraJitParams p = tessera_jit_params(params, request);\n"
                 f"  {name} variant(p, static_cast<uint32_t>(batch), nullptr);")
         # qo_idx: Tessera passes the query's position in the sequence; FlashInfer's is its index among
-        # the request's new tokens.
-        fi_indices = ("static_cast<uint32_t>(batch), static_cast<uint32_t>(qo_idx - (request.kv_len - "
-                      "request.qo_len)), static_cast<uint32_t>(kv_idx), static_cast<uint32_t>(qo_head), "
-                      "static_cast<uint32_t>(kv_head)")
+        # the request's new tokens, qo_len or more for a padding row of the last query tile (where
+        # Tessera passes the last real row's position and marks the call: Request::padding_row).
+        fi_indices = ("static_cast<uint32_t>(batch), static_cast<uint32_t>(request.padding_row ? request.qo_len : "
+                      "qo_idx - (request.kv_len - request.qo_len)), static_cast<uint32_t>(kv_idx), "
+                      "static_cast<uint32_t>(qo_head), static_cast<uint32_t>(kv_head)")
         if has["QueryTransform"]:
             lines += ["float2 query_transform(const Params& params, float2 value, int batch, int qo_idx, int kv_idx, "
                       "int qo_head, int kv_head, int dim, const Request& request) {", make,
@@ -333,6 +334,22 @@ class JitVariant:
                 raise TypeError(f"{wrapper}.run: additional scalar {n!r} = {value!r}, expected an int ({t})")
             out.append((n, _SCALAR_TYPES[t](value)))
         return out
+
+
+    def call_spec(self, name: str, q: Any, k: Any, v: Any, args: Sequence[Any]) -> VariantSpec:
+        """A one-shot call's variant (FlashInfer's single-request functions with a customized
+        module): q / k / v against the module's dtypes and head dims, `args` its additional
+        tensors and scalars (run_params), which the returned spec carries."""
+        torch = U._torch()
+        for what, t, dtype, dim in (("q", q, self.dtype_q, self.head_dim_qk), ("k", k, self.dtype_kv, self.head_dim_qk),
+                                    ("v", v, self.dtype_kv, self.head_dim_vo)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: {what} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != dtype or t.shape[-1] != dim:
+                raise ValueError(f"{name}: {what} is {t.dtype} with head dim {t.shape[-1]}, but the module declares "
+                                 f"{dtype} and {dim}")
+        params = self.run_params(name, args, q.device)
+        return VariantSpec(f"{self.name} (jit_args {self.uri})", self.source, dict(params), use_softmax=self.use_softmax)
 
 
 def jit_variant(jit_args: Any, wrapper: str) -> Optional[JitVariant]:

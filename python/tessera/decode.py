@@ -61,6 +61,7 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "fast_decode_plan",
+    "single_decode_with_kv_cache_with_jit_module",
 ]
 
 PagedKVCache = Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]
@@ -267,6 +268,42 @@ def batch_decode_with_ragged_kv_cache(
            **options.kwargs(slopes, U.rope_offset_tensor(q_rope_offset, q.device),
                             U.rope_offset_tensor(k_rope_offset, q.device)))
     return (out, lse) if return_lse else out
+
+
+def single_decode_with_kv_cache_with_jit_module(
+    jit_module: Any,
+    q: "torch.Tensor",
+    k: "torch.Tensor",
+    v: "torch.Tensor",
+    *args: Any,
+    kv_layout: str = "NHD",
+    window_left: int = -1,
+    return_lse: bool = False,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """FlashInfer's single decode with a customized module (from
+    :func:`tessera.jit.attention.gen_customize_single_decode_module`): ``q`` ``[num_qo_heads,
+    head_dim]``, ``k`` / ``v`` as :func:`single_decode_with_kv_cache`, ``args`` the module's
+    additional tensors then scalars. The variant scales its own logits (no sm_scale);
+    ``window_left`` only -1 (NotImplementedError otherwise: a mask belongs in the variant's
+    LogitsMask). Returns ``out`` or ``(out, lse)`` (base 2; ValueError for a variant without
+    softmax)."""
+    name = "single_decode_with_kv_cache_with_jit_module"
+    spec = _jit_module_spec(jit_module, "decode", name, q, k, v, args, window_left)
+    return single_decode_with_kv_cache(q, k, v, kv_layout=kv_layout, sm_scale=1.0, return_lse=return_lse,
+                                       variant=spec)
+
+
+def _jit_module_spec(jit_module: Any, kind: str, name: str, q: Any, k: Any, v: Any, args: Any,
+                     window_left: Any) -> VariantSpec:
+    """The VariantSpec of a one-shot call with a customized module (tessera.jit.attention)."""
+    from .jit.attention import JitModule
+
+    if not isinstance(jit_module, JitModule) or jit_module.kind != kind:
+        raise TypeError(f"{name}: jit_module must come from tessera.jit.attention.gen_customize_single_{kind}_module, "
+                        f"got {jit_module!r}")
+    if window_left != -1:
+        raise U.unsupported(f"{name}: window_left", window_left, "-1 (a customized module masks in its LogitsMask)")
+    return jit_module.variant.call_spec(name, q, k, v, args)
 
 
 class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):

@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
+    "single_prefill_with_kv_cache_with_jit_module",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
 ]
@@ -419,6 +420,35 @@ def single_prefill_with_kv_cache_return_lse(
     """``single_prefill_with_kv_cache(..., return_lse=True)``."""
     kwargs["return_lse"] = True
     return single_prefill_with_kv_cache(q, k, v, *args, **kwargs)  # type: ignore[return-value]
+
+
+def single_prefill_with_kv_cache_with_jit_module(
+    jit_module: Any,
+    q: "torch.Tensor",
+    k: "torch.Tensor",
+    v: "torch.Tensor",
+    *args: Any,
+    kv_layout: str = "NHD",
+    mask_mode: int = 0,
+    window_left: int = -1,
+    return_lse: bool = False,
+) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
+    """FlashInfer's single prefill with a customized module (from
+    :func:`tessera.jit.attention.gen_customize_single_prefill_module`): ``q`` ``[qo_len,
+    num_qo_heads, head_dim]``, ``k`` / ``v`` as :func:`single_prefill_with_kv_cache`, ``args`` the
+    module's additional tensors then scalars. ``mask_mode``: ``tessera.utils.MaskMode``'s
+    ``NON_CAUSAL`` (0) or ``CAUSAL`` (1, offset ``kv_len - qo_len``); others NotImplementedError
+    (a custom mask belongs in the variant's LogitsMask). ``window_left`` only -1. The variant
+    scales its own logits (no sm_scale). Returns ``out`` or ``(out, lse)`` (base 2; ValueError for
+    a variant without softmax)."""
+    from .decode import _jit_module_spec
+
+    name = "single_prefill_with_kv_cache_with_jit_module"
+    if isinstance(mask_mode, bool) or mask_mode not in (0, 1):
+        raise U.unsupported(f"{name}: mask_mode", mask_mode, "MaskMode.NON_CAUSAL (0) or MaskMode.CAUSAL (1)")
+    spec = _jit_module_spec(jit_module, "prefill", name, q, k, v, args, window_left)
+    return single_prefill_with_kv_cache(q, k, v, causal=mask_mode == 1, kv_layout=kv_layout, sm_scale=1.0,
+                                        return_lse=return_lse, variant=spec)
 
 
 class _PrefillBase(R._RuntimeWrapper):

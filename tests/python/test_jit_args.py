@@ -107,3 +107,32 @@ def test_wrappers_take_jit_args(cls):
 def test_pod_refuses_jit_args():
     with pytest.raises(NotImplementedError, match="jit_args"):
         tessera.PODWithPagedKVCacheWrapper(_ws(), "NHD", jit_args=args12())
+
+
+def test_customized_single_modules():
+    from tessera.decode import single_decode_with_kv_cache_with_jit_module
+    from tessera.jit.attention import JitModule, gen_customize_single_decode_module, gen_customize_single_prefill_module
+    from tessera.utils import MaskMode
+
+    assert (MaskMode.NON_CAUSAL.value, MaskMode.CAUSAL.value, MaskMode.CUSTOM.value) == (0, 1, 2)
+    f16 = torch.float16
+    # One head dim (FlashInfer's older signature) or head_dim_qk and head_dim_vo.
+    m = gen_customize_single_decode_module("u", f16, f16, f16, 128, [], [], ["s"], ["float"], "FlashSigmoid", SIGMOID)
+    assert isinstance(m, JitModule) and m.build_and_load() is m and m.kind == "decode"
+    assert (m.variant.head_dim_qk, m.variant.head_dim_vo, m.variant.num_args) == (128, 128, 1)
+    p = gen_customize_single_prefill_module("fa2", "u", f16, f16, f16, 192, 128, [], [], ["s"], ["float"],
+                                            "FlashSigmoid", SIGMOID)
+    assert (p.kind, p.variant.head_dim_qk, p.variant.head_dim_vo) == ("prefill", 192, 128)
+    with pytest.raises(NotImplementedError, match=r"use_sliding_window=True is not supported"):
+        gen_customize_single_decode_module("u", f16, f16, f16, 128, [], [], [], [], "FlashSigmoid", SIGMOID,
+                                           use_sliding_window=True)
+    with pytest.raises(NotImplementedError, match=r"backend='cutlass' is not supported"):
+        gen_customize_single_prefill_module("cutlass", "u", f16, f16, f16, 128, [], [], [], [], "FlashSigmoid", SIGMOID)
+    q, kv = torch.zeros(8, 128, dtype=f16), torch.zeros(10, 8, 128, dtype=f16)
+    with pytest.raises(TypeError, match=r"jit_module must come from tessera.jit.attention."
+                                        r"gen_customize_single_decode_module"):
+        single_decode_with_kv_cache_with_jit_module(p, q, kv, kv, 1.0)
+    with pytest.raises(NotImplementedError, match=r"window_left=5 is not supported"):
+        single_decode_with_kv_cache_with_jit_module(m, q, kv, kv, 1.0, window_left=5)
+    with pytest.raises(TypeError, match=r"got 0 additional argument"):
+        single_decode_with_kv_cache_with_jit_module(m, q, kv, kv)

@@ -28,27 +28,24 @@ from test_gpu import DEV, Paged, assert_close, poisoned  # noqa: E402
 
 LOG2E = 1.0 / math.log(2.0)
 
-# FlashInfer's FA2 form: the query carries the scale (in log2 units), no softmax.
+# FlashInfer's FA2 form (as its FlashSigmoid example is written): QueryTransform folds the scale into
+# q in log2 units, no softmax, the weights a sigmoid of the logits plus a bias.
 FLASH_SIGMOID = r"""
 struct FlashSigmoid {
   static constexpr bool use_softmax = false;
-  uint32_t window_left, qo_len, kv_len;
-  float sigmoid_bias_log2e;
+  float bias_log2;  // the bias in the logits' log2 units
   template <typename Params>
-  __device__ __host__ FlashSigmoid(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr) {
-    qo_len = params.get_qo_len(batch_idx);
-    kv_len = params.get_kv_len(batch_idx);
-    window_left = kv_len;
-    sigmoid_bias_log2e = params.sigmoid_bias * math::log2e;
-  }
+  __device__ __host__ FlashSigmoid(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr)
+      : bias_log2(params.sigmoid_bias * math::log2e) {}
   template <typename Params, typename T>
   __device__ __forceinline__ T QueryTransform(const Params& params, T q) {
-    return float(q) * params.logits_scale * math::log2e;
+    return float(q) * (params.logits_scale * math::log2e);
   }
   template <typename Params, typename T>
   __device__ __forceinline__ T LogitsTransform(const Params& params, T logits, uint32_t batch_idx, uint32_t qo_idx,
                                                uint32_t kv_idx, uint32_t qo_head_idx, uint32_t kv_head_idx) {
-    return math::ptx_rcp(1.f + math::ptx_exp2(-float(logits + sigmoid_bias_log2e)));
+    const float e = math::ptx_exp2(-(float(logits) + bias_log2));
+    return math::ptx_rcp(1.f + e);
   }
 };
 """
@@ -270,3 +267,82 @@ def test_cuda_graph_capture_of_a_jit_variant(workspace):
         w.run(q, paged.cache, scale, bias + 1.0, out=out)
     w.run(q, paged.cache, scale, bias, out=out)
     torch.cuda.synchronize()
+
+
+# --- FlashInfer's single-request functions with customized modules --------------------------------
+
+# Softmax with the scale folded into q, a mask from a packed bit tensor over the keys, and the
+# logits written out through an additional tensor (FlashInfer's tensors are writable).
+BITMASK_DUMP = r"""
+struct BitmaskDump {
+  static constexpr bool use_softmax = true;
+  uint32_t rows, keys;
+  template <typename Params>
+  __device__ __host__ BitmaskDump(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr)
+      : rows(params.get_qo_len(batch_idx)), keys(params.get_kv_len(batch_idx)) {}
+  template <typename Params, typename T>
+  __device__ __forceinline__ T QueryTransform(const Params& params, T q) {
+    return float(q) * params.scale * math::log2e;
+  }
+  template <typename Params, typename T>
+  __device__ __forceinline__ T LogitsTransform(const Params& params, T logits, uint32_t batch_idx, uint32_t qo_idx,
+                                               uint32_t kv_idx, uint32_t qo_head_idx, uint32_t kv_head_idx) {
+    if (qo_idx < rows && kv_idx < keys) {
+      params.logits_out[(qo_head_idx * rows + qo_idx) * keys + kv_idx] = float(logits) * math::loge2;
+    }
+    return logits;
+  }
+  template <typename Params>
+  __device__ __forceinline__ bool LogitsMask(const Params& params, uint32_t batch_idx, uint32_t qo_idx,
+                                             uint32_t kv_idx, uint32_t qo_head_idx, uint32_t kv_head_idx) {
+    return (params.keep[kv_idx >> 3] >> (kv_idx & 7)) & 1;
+  }
+};
+"""
+
+
+def test_flashinfer_single_functions_with_customized_modules():
+    import tessera as flashinfer  # FlashInfer's module paths, only the import changed
+    from tessera.decode import single_decode_with_kv_cache_with_jit_module
+    from tessera.jit.attention import gen_customize_single_decode_module, gen_customize_single_prefill_module
+    from tessera.prefill import single_prefill_with_kv_cache_with_jit_module
+    from tessera.utils import MaskMode
+
+    gen = torch.Generator().manual_seed(5)
+    h, d = 8, 128
+    # Decode: the bitmask and a logit dump (one query row per head).
+    module = gen_customize_single_decode_module(
+        "test_single_decode_bitmask", torch.float16, torch.float16, torch.float16, d, ["logits_out", "keep"],
+        ["float", "uint8_t"], ["scale"], ["float"], "BitmaskDump", BITMASK_DUMP)
+    kv_len = 254
+    q = rand(gen, h, d, dtype=torch.float16)
+    k, v = rand(gen, kv_len, h, d, dtype=torch.float16), rand(gen, kv_len, h, d, dtype=torch.float16)
+    keep = torch.randint(0, 2, (kv_len,), generator=gen).to(DEV)
+    keep[0] = 1
+    packed = flashinfer.packbits(keep.to(torch.uint8), bitorder="little")
+    logits = torch.full((h, 1, kv_len), float("nan"), device=DEV)
+    scale = 1 / math.sqrt(d)
+    out, lse = single_decode_with_kv_cache_with_jit_module(module, q, k, v, logits, packed, scale, return_lse=True)
+    s = torch.einsum("hd,nhd->hn", q.float(), k.float()) * scale
+    torch.testing.assert_close(logits[:, 0], s, rtol=2e-2, atol=2e-2)
+    x = s.masked_fill(~keep.bool()[None], float("-inf"))
+    ref_lse = torch.logsumexp(x, -1)
+    ref = torch.einsum("hn,nhd->hd", torch.exp(x - ref_lse[:, None]), v.float())
+    assert_close(out[None], lse[None], ref[None], (ref_lse / math.log(2.0))[None], torch.float16, "single decode")
+    # Prefill: FlashSigmoid, causal and not (MaskMode), against the sigmoid reference.
+    module = gen_customize_single_prefill_module(
+        "fa2", "test_single_prefill_sigmoid", torch.bfloat16, torch.bfloat16, torch.bfloat16, d, [], [],
+        ["logits_scale", "sigmoid_bias"], ["float", "float"], "FlashSigmoid", FLASH_SIGMOID).build_and_load()
+    q = rand(gen, 100, h, d, dtype=torch.bfloat16)
+    k, v = rand(gen, 1027, 2, d, dtype=torch.bfloat16), rand(gen, 1027, 2, d, dtype=torch.bfloat16)
+    for mode in (MaskMode.NON_CAUSAL, MaskMode.CAUSAL):
+        out = single_prefill_with_kv_cache_with_jit_module(module, q, k, v, scale, 0.25, mask_mode=mode.value)
+        ref = sigmoid_ref(q, k, v, mode == MaskMode.CAUSAL, scale, 0.25)
+        assert_close(out, None, ref, None, torch.bfloat16, f"single prefill sigmoid {mode.name}")
+    with pytest.raises(NotImplementedError, match=r"mask_mode=2 is not supported"):
+        single_prefill_with_kv_cache_with_jit_module(module, q, k, v, scale, 0.25, mask_mode=MaskMode.CUSTOM.value)
+    with pytest.raises(ValueError, match=r"q is torch.float16 with head dim 128, but the module declares "
+                                         r"torch.bfloat16"):
+        single_prefill_with_kv_cache_with_jit_module(module, q.half(), k, v, scale, 0.25)
+    with pytest.raises(ValueError, match=r"return_lse=True with variant="):
+        single_prefill_with_kv_cache_with_jit_module(module, q, k, v, scale, 0.25, return_lse=True)

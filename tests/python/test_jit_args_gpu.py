@@ -117,79 +117,68 @@ def rand(gen, *shape, dtype):
     return torch.randn(*shape, generator=gen).to(dtype).to(DEV)
 
 
-@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
-@pytest.mark.parametrize("wrapper", ("decode", "paged", "ragged"))
-def test_flash_sigmoid(wrapper, dtype, workspace):
-    gen = torch.Generator().manual_seed(7 + len(wrapper))
-    hq, hkv, d = 8, 2, 128
-    args = jit_args("FlashSigmoid", FLASH_SIGMOID, dtype, d, [], [("logits_scale", "float"), ("sigmoid_bias", "float")])
-    kv_lens = [300, 1, 2100, 77]
-    qo_lens = [1] * 4 if wrapper == "decode" else [17, 1, 64, 5]
+def planned_batch(wrapper, args, workspace, gen, qo_lens, kv_lens, heads, dtype, page_size, layout, causal,
+                  **plan_kwargs):
+    """One of the three wrappers with jit_args, planned over random K/V of `kv_lens` (ragged, or a
+    paged cache of `page_size` in `layout`) -> (wrapper, q, qo_indptr, the cache arguments of run(),
+    each request's (k, v) [kv_len, Hkv, D])."""
+    hq, hkv, d = heads
     qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
     q = rand(gen, int(qo_indptr[-1]), hq, d, dtype=dtype)
-    causal = wrapper != "decode"
     if wrapper == "ragged":
         kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
         k, v = rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype), rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype)
         w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa2", jit_args=args)
-        w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype, fixed_split_size=256)
-        cache = (k, v)
-        request_kv = [(k[kv_indptr[b]:kv_indptr[b + 1]], v[kv_indptr[b]:kv_indptr[b + 1]]) for b in range(4)]
+        w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype, **plan_kwargs)
+        request_kv = [(k[kv_indptr[b]:kv_indptr[b + 1]], v[kv_indptr[b]:kv_indptr[b + 1]]) for b in range(len(kv_lens))]
+        return w, q, qo_indptr, (k, v), request_kv
+    paged = Paged(kv_lens, page_size, hkv, d, dtype, layout, layout == "HND", gen)
+    if wrapper == "decode":
+        w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, layout, jit_args=args)
+        w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, page_size, q_data_type=dtype)
     else:
-        paged = Paged(kv_lens, 16, hkv, d, dtype, "NHD", False, gen)
-        if wrapper == "decode":
-            w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", jit_args=args)
-            w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, q_data_type=dtype)
-        else:
-            w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", jit_args=args)
-            w.plan(qo_indptr, paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 16, causal=causal,
-                   q_data_type=dtype)
-        cache = paged.cache
-        request_kv = [paged.request_kv(b) for b in range(4)]
+        w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, layout, jit_args=args)
+        w.plan(qo_indptr, paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, page_size, causal=causal,
+               q_data_type=dtype)
+    return w, q, qo_indptr, (paged.cache,), [paged.request_kv(b) for b in range(len(kv_lens))]
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("wrapper", ("decode", "paged", "ragged"))
+def test_flash_sigmoid(wrapper, dtype, workspace):
+    d = 128
+    args = jit_args("FlashSigmoid", FLASH_SIGMOID, dtype, d, [], [("logits_scale", "float"), ("sigmoid_bias", "float")])
+    qo_lens = [1] * 4 if wrapper == "decode" else [17, 1, 64, 5]
+    causal = wrapper != "decode"
+    w, q, qo_indptr, cache, request_kv = planned_batch(
+        wrapper, args, workspace, torch.Generator().manual_seed(7 + len(wrapper)), qo_lens, [300, 1, 2100, 77],
+        (8, 2, d), dtype, 16, "NHD", causal, **({"fixed_split_size": 256} if wrapper == "ragged" else {}))
     assert w.plan_info()["num_partials"] == 0, "a softmax-free plan must not split KV"
     for scale, bias in ((1 / math.sqrt(d), 0.25), (0.05, -1.0)):  # new values at each run
         out = poisoned(q.shape, dtype)
-        w.run(q, *(cache if wrapper == "ragged" else (cache,)), scale, bias, out=out)
+        w.run(q, *cache, scale, bias, out=out)
         for b in range(4):
             rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
             ref = sigmoid_ref(q[rows], *request_kv[b], causal, scale, bias)
             assert_close(out[rows], None, ref, None, dtype, f"{wrapper} FlashSigmoid request {b} bias {bias}")
     with pytest.raises(ValueError, match="return_lse=True with variant=.*use_softmax=False"):
-        w.run(q, *(cache if wrapper == "ragged" else (cache,)), 0.1, 0.0, return_lse=True)
+        w.run(q, *cache, 0.1, 0.0, return_lse=True)
 
 
 @pytest.mark.parametrize("wrapper", ("decode", "paged", "ragged"))
 def test_register_macros_tensor_parameter_and_lengths(wrapper, workspace):
-    dtype, hq, hkv, d = torch.bfloat16, 8, 1, 64
-    gen = torch.Generator().manual_seed(31 + len(wrapper))
+    dtype, hq, d = torch.bfloat16, 8, 64
     args = jit_args("CappedCausal", CAPPED_CAUSAL, dtype, d, [("head_bias", "float")],
                     [("sm_scale", "double"), ("soft_cap", "float")], thirteen=True)
-    kv_lens = [513, 40, 3000]
     qo_lens = [1, 1, 1] if wrapper == "decode" else [33, 40, 7]
-    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=torch.int32)
-    q = rand(gen, int(qo_indptr[-1]), hq, d, dtype=dtype)
     # The mask of the variant is the causal one: plan non-causal, so only the variant masks.
-    if wrapper == "ragged":
-        kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=torch.int32)
-        k, v = rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype), rand(gen, int(kv_indptr[-1]), hkv, d, dtype=dtype)
-        w = tessera.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", jit_args=args)
-        w.plan(qo_indptr, kv_indptr, hq, hkv, d, q_data_type=dtype)
-        cache = (k, v)
-        request_kv = [(k[kv_indptr[b]:kv_indptr[b + 1]], v[kv_indptr[b]:kv_indptr[b + 1]]) for b in range(3)]
-    else:
-        paged = Paged(kv_lens, 1, hkv, d, dtype, "HND", True, gen)
-        if wrapper == "decode":
-            w = tessera.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND", jit_args=args)
-            w.plan(paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 1, q_data_type=dtype)
-        else:
-            w = tessera.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND", jit_args=args)
-            w.plan(qo_indptr, paged.indptr, paged.indices, paged.last_page_len, hq, hkv, d, 1, q_data_type=dtype)
-        cache = paged.cache
-        request_kv = [paged.request_kv(b) for b in range(3)]
+    w, q, qo_indptr, cache, request_kv = planned_batch(
+        wrapper, args, workspace, torch.Generator().manual_seed(31 + len(wrapper)), qo_lens, [513, 40, 3000],
+        (hq, 1, d), dtype, 1, "HND", False)
     for seed in range(2):  # a new bias tensor and new scalars at each run
         head_bias = torch.linspace(-2.0, 2.0, hq, device=DEV) * (1 - 2 * seed)
         sm_scale, cap = (1 / math.sqrt(d), 30.0) if seed == 0 else (0.3, 5.0)
-        out, lse = w.run(q, *(cache if wrapper == "ragged" else (cache,)), head_bias, sm_scale, cap, return_lse=True)
+        out, lse = w.run(q, *cache, head_bias, sm_scale, cap, return_lse=True)
         for b in range(3):
             rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
             ref_o, ref_lse = capped_ref(q[rows], *request_kv[b], sm_scale, cap, head_bias)

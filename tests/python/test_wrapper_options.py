@@ -549,24 +549,12 @@ def test_graph_plans_point_at_fixed_offset_rows(runtime_stand_ins):
     assert len(pointers) == 1, "a captured run() reads the offsets at one address"
 
 
-JIT_SIGMOID = r"""
-struct FlashSigmoid {
-  static constexpr bool use_softmax = false;
-  template <typename Params>
-  __device__ __host__ FlashSigmoid(const Params& params, uint32_t batch_idx, uint8_t* smem_ptr) {}
-  template <typename Params, typename T>
-  __device__ __forceinline__ T LogitsTransform(const Params& params, T logits, uint32_t batch_idx, uint32_t qo_idx,
-                                               uint32_t kv_idx, uint32_t qo_head_idx, uint32_t kv_head_idx) {
-    return math::ptx_rcp(1.f + math::ptx_exp2(-float(logits * params.logits_scale + params.sigmoid_bias)));
-  }
-};
-"""
-
-
 def test_jit_args_plan_and_run_reach_the_runtime(runtime_stand_ins):
     decode = runtime_stand_ins["BatchDecodeWrapper"]
+    from test_jit_args import SIGMOID
+
     jit = ("sigmoid_uri", torch.float16, torch.float16, torch.float16, torch.int32, 128, [], [],
-           ["logits_scale", "sigmoid_bias"], ["float", "double"], "FlashSigmoid", JIT_SIGMOID)
+           ["s", "sigmoid_bias"], ["float", "double"], "FlashSigmoid", SIGMOID)
     w = D(_ws(), jit_args=jit)
     _decode_plan(w)
     runtime = decode.instances[0]
@@ -574,22 +562,22 @@ def test_jit_args_plan_and_run_reach_the_runtime(runtime_stand_ins):
     assert args[7] == 1.0  # sm_scale: the variant scales its logits itself
     variant = kwargs["variant"]
     assert variant["user_name"] == "FlashSigmoid (jit_args sigmoid_uri)" and variant["user_use_softmax"] is False
-    assert variant["user_params"] == [("logits_scale", 0.0), ("sigmoid_bias", 0.0)]  # placeholders until a run
-    assert "float logits_transform(" in variant["user_source"] and JIT_SIGMOID in variant["user_source"]
+    assert variant["user_params"] == [("s", 0.0), ("sigmoid_bias", 0.0)]  # placeholders until a run
+    assert "float logits_transform(" in variant["user_source"] and SIGMOID in variant["user_source"]
     q, kv = torch.zeros(2, 8, 128, dtype=torch.float16), torch.zeros(3, 2, 16, 2, 128, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"return_lse=True with variant=.*use_softmax=False"):
         w.run(q, kv, 0.1, 0.0, return_lse=True)
     w.run(q, kv, 0.125, 1)  # an int for a float scalar is converted
-    assert runtime.variant_params[-1] == [("logits_scale", 0.125), ("sigmoid_bias", 1.0)]
+    assert runtime.variant_params[-1] == [("s", 0.125), ("sigmoid_bias", 1.0)]
     assert isinstance(runtime.variant_params[-1][1][1], float) and len(runtime.runs) == 1
     with pytest.raises(TypeError, match=r"got 1 additional argument\(s\) after the KV cache, expected 2 "
-                                        r"\(logits_scale, sigmoid_bias\)"):
+                                        r"\(s, sigmoid_bias\)"):
         w.run(q, kv, 0.1)
     with pytest.raises(TypeError, match=r"additional scalar 'sigmoid_bias' = True, expected a Python number"):
         w.run(q, kv, 0.1, True)
     # A plan after runs keeps their values (a CUDA-graph wrapper's captured run has them baked in).
     _decode_plan(w)
-    assert runtime.plans[-1][1]["variant"]["user_params"] == [("logits_scale", 0.125), ("sigmoid_bias", 1.0)]
+    assert runtime.plans[-1][1]["variant"]["user_params"] == [("s", 0.125), ("sigmoid_bias", 1.0)]
     with pytest.raises(ValueError, match=r"sm_scale = 0.5 with jit_args"):
         _decode_plan(w, sm_scale=0.5)
     with pytest.raises(ValueError, match=r"variant=.* with jit_args"):

@@ -136,7 +136,8 @@ struct PlanShape {
   /// FlexAttention mod traced by the Python front end) whose hooks transform q, k, v or the
   /// logits or mask them. Split chunks are merged by their log-sum-exp: attention without softmax
   /// (sigmoid, user variants with use_softmax = false) has none, so its plans never split KV
-  /// (one work item per query tile, whatever options.split_kv says) and its LSE output is NaN; a
+  /// (one work item per query tile, whatever options.split_kv says; not over block-sparse KV yet:
+  /// kUnsupported) and its LSE output is NaN; a
   /// user output_transform fails the variant's JIT compile (at the first run()) with a message
   /// naming it (the one-shot entry points of tessera/attention.h run it). plan() keeps a copy of the user
   /// variant's spec (its tensor parameters stay the caller's). A custom mask's bits (variant.custom_mask, u8 on the device, request b's

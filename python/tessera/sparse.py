@@ -378,6 +378,10 @@ class BlockSparsePagedAttentionWrapper(R._RuntimeWrapper):
         """
         torch = U._torch()
         options = U.resolve_variant("NONE", window_left, logits_soft_cap, None, None, variant=variant)
+        if not options.use_softmax:  # as the C++ runtime: not yet tested over block-sparse KV
+            raise NotImplementedError(
+                f"variant={variant!r} has use_softmax=False, which BlockSparsePagedAttentionWrapper does not support "
+                "yet (supported: softmax variants; the decode and prefill wrappers run it over paged KV)")
         causal = _check_causal(causal)
         dtype = U.resolve_plan_dtypes(q_data_type, kv_data_type)
         kv_dtype = U.resolve_plan_kv_dtype(dtype, kv_data_type)
@@ -468,7 +472,6 @@ class BlockSparsePagedAttentionWrapper(R._RuntimeWrapper):
             "mask_flags": run_flags,
             "causal": causal,
             "sm_scale": scale,
-            "no_lse": options.no_lse_reason(),
             **_run_fields(device, self._kv_layout, hkv, d, d, page_size, kv_dtype),
         }
 

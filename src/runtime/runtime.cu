@@ -860,7 +860,14 @@ class AttentionRuntime {
     ctx.head_dim = heads.head_dim;
     ctx.sm_scale = resolved_sm_scale(shape.attention, heads.head_dim);
     ctx.block_sparse = format_ == KVFormatKind::kBlockSparse;
-    return resolve_variant(v, ctx);
+    const ResolvedVariant resolved = resolve_variant(v, ctx);
+    // Not yet run against the oracle over block-sparse KV (the other formats are): refused rather
+    // than offered untested.
+    TESSERA_CHECK(resolved.use_softmax || format_ != KVFormatKind::kBlockSparse, StatusCode::kUnsupported)
+        << "shape.attention.variant: attention without softmax (sigmoid, or a user variant with use_softmax = "
+           "false) over block-sparse KV is not supported by the runtime yet (supported: softmax variants; the "
+           "decode and prefill wrappers run it over ragged and paged KV)";
+    return resolved;
   }
 
   /// A custom mask's byte offsets come to plan() on the host, as FlashInfer's plan computes them:

@@ -136,10 +136,12 @@ def test_constructor_errors():
     (dict(window_left=-2), ValueError, "window_left"),
     (dict(q_data_type=torch.float32), TypeError, "q_data_type = torch.float32"),
     (dict(fixed_split_size=100), ValueError, "a positive multiple of 128"),
+    (dict(variant=tessera.VariantSpec("weights", "", use_softmax=False)), NotImplementedError,
+     r"use_softmax=False, which BlockSparsePagedAttentionWrapper does not support yet"),
 ], ids=["mask_indptr_length", "mask_indptr_decreasing", "mask_indices_short", "mask_indices_past_request",
         "mask_indices_past_row", "mask_indices_order", "mask_indices_dtype", "mask_flags_dtype", "mask_flags_short",
         "mask_flags_ndim", "block_rows", "block_cols", "paged_kv_indices_short", "paged_kv_last_page_len",
-        "heads", "causal", "window_left", "q_data_type", "fixed_split_size"])
+        "heads", "causal", "window_left", "q_data_type", "fixed_split_size", "no_softmax"])
 def test_plan_errors_name_the_argument(overrides, error, match):
     with pytest.raises(error, match=match):
         W(_ws()).plan(**_batch(**overrides))

@@ -446,13 +446,7 @@ class AttentionRuntime {
     config.kv_tile_rows = kv_tile_rows(head_dim, q_tile);
     config.num_ctas = std::max(1, cols);  // a POD side without CTAs has no requests either
     config.causal = shape.attention.causal && format_ != KVFormatKind::kBlockSparse;
-    // Split chunks are merged by their log-sum-exp, which softmax-free attention (sigmoid, user
-    // variants with use_softmax = false) does not have: such a plan gives each query tile its whole
-    // KV range in one item, whatever options.split_kv says.
-    config.split_mode = !variant.use_softmax                  ? runtime::SplitMode::kNone
-                        : options_.split_kv == SplitKV::kAuto  ? runtime::SplitMode::kAuto
-                        : options_.split_kv == SplitKV::kFixed ? runtime::SplitMode::kFixed
-                                                               : runtime::SplitMode::kNone;
+    config.split_mode = plan_split_mode(variant);
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
     config.alpha = cost_alpha(q_tile);
     config.group_by_request = plan_group_by_request();
@@ -499,6 +493,16 @@ class AttentionRuntime {
     info_.lower_bound = plan.lower_bound;
     info_.plan_bytes = plan_bytes;
     info_.grouped_by_request = plan.grouped_by_request;
+  }
+
+  /// options.split_kv as the planner's mode. Split chunks are merged by their log-sum-exp, which
+  /// softmax-free attention (sigmoid, user variants with use_softmax = false) does not have: such
+  /// a plan gives each query tile its whole KV range in one item, whatever split_kv says.
+  runtime::SplitMode plan_split_mode(const ResolvedVariant& variant) const {
+    if (!variant.use_softmax) return runtime::SplitMode::kNone;
+    return options_.split_kv == SplitKV::kAuto    ? runtime::SplitMode::kAuto
+           : options_.split_kv == SplitKV::kFixed ? runtime::SplitMode::kFixed
+                                                  : runtime::SplitMode::kNone;
   }
 
   /// Block rows over a paged cache read their request's K/V: the planner groups them by it (the

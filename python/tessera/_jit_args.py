@@ -352,6 +352,27 @@ class JitVariant:
         return VariantSpec(f"{self.name} (jit_args {self.uri})", self.source, dict(params), use_softmax=self.use_softmax)
 
 
+# FlashInfer's keyword options of a customized module, with their defaults (the only values
+# Tessera takes: its variant is the declaration alone).
+_MODULE_FLAGS = {"pos_encoding_mode": 0, "use_sliding_window": False, "use_logits_soft_cap": False,
+                 "use_fp16_qk_reduction": False}
+
+
+def check_jit_kwargs(name: str, jit_kwargs: Any) -> None:
+    """None, or a dict of FlashInfer's module flags at their defaults (NotImplementedError for
+    another value, TypeError for another key or type)."""
+    if jit_kwargs is None:
+        return
+    if not isinstance(jit_kwargs, dict):
+        raise TypeError(f"{name} must be a dict of keyword options or None, got {type(jit_kwargs).__name__}")
+    for key, value in jit_kwargs.items():
+        if key not in _MODULE_FLAGS:
+            raise TypeError(f"{name}: unknown option {key!r} (FlashInfer's: {', '.join(_MODULE_FLAGS)})")
+        if value != _MODULE_FLAGS[key] or isinstance(value, bool) != isinstance(_MODULE_FLAGS[key], bool):
+            raise U.unsupported(f"{name}[{key!r}]", value, f"{_MODULE_FLAGS[key]!r}: a customized module's variant is "
+                                                          "its declaration alone")
+
+
 def jit_variant(jit_args: Any, wrapper: str) -> Optional[JitVariant]:
     """None for None, else the checked JitVariant."""
     return None if jit_args is None else JitVariant(jit_args, wrapper)

@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Dict, Optional, Tuple
 
 from . import _utils as U
-from ._jit_args import jit_variant
+from ._jit_args import check_jit_kwargs, jit_variant
 
 __all__: list = []  # private module
 
@@ -366,10 +366,11 @@ class _RuntimeWrapper:
         return ()
 
     def _init_runtime(self, float_workspace_buffer: Any, kv_layout: str, use_cuda_graph: bool, backend: str,
-                      jit_args: Any) -> Any:
+                      jit_args: Any, jit_kwargs: Any = None) -> Any:
         """The constructor's common checks and state; returns the workspace tensor."""
         U.check_kv_layout(kv_layout)
         U.check_backend(backend, getattr(float_workspace_buffer, "device", None))
+        check_jit_kwargs(f"{type(self).__name__}: jit_kwargs", jit_kwargs)
         self._jit = jit_variant(jit_args, type(self).__name__)
         ws = U.check_tensor("float_workspace_buffer", float_workspace_buffer, ndim=1)
         if not ws.is_contiguous():

@@ -464,8 +464,9 @@ class _PrefillBase(R._RuntimeWrapper):
         mask_indptr_buf: Any,
         backend: str,
         jit_args: Any,
+        jit_kwargs: Any = None,
     ) -> None:
-        self._init_runtime(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args)
+        self._init_runtime(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs)
         if custom_mask_buf is not None:
             U.check_tensor("custom_mask_buf", custom_mask_buf, ndim=1, dtypes=(U._torch().uint8,))
             U.check_cuda("custom_mask_buf", custom_mask_buf)
@@ -531,6 +532,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         mask_indptr_buf: Optional["torch.Tensor"] = None,
         backend: str = "auto",
         jit_args: Optional[Any] = None,
+        jit_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         """Creates the wrapper; the C++ runtime is built by the first :meth:`plan`.
 
@@ -547,9 +549,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             jit_args: FlashInfer's customized-module arguments; the wrapper then runs that variant
                 (as :class:`tessera.BatchDecodeWithPagedKVCacheWrapper` describes), ``run(q, ...,
                 *args)`` taking its additional tensors, then scalars.
+            jit_kwargs: FlashInfer's keyword options of the customized module (``None`` or a dict
+                of ``pos_encoding_mode``, ``use_sliding_window``, ``use_logits_soft_cap``,
+                ``use_fp16_qk_reduction`` at their defaults: the variant is its declaration alone).
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
-                        mask_indptr_buf, backend, jit_args)
+                        mask_indptr_buf, backend, jit_args, jit_kwargs)
         self._paged_kv_indptr_buf = paged_kv_indptr_buf
         self._paged_kv_indices_buf = paged_kv_indices_buf
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
@@ -916,6 +921,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         mask_indptr_buf: Optional["torch.Tensor"] = None,
         backend: str = "auto",
         jit_args: Optional[Any] = None,
+        jit_kwargs: Optional[Dict[str, Any]] = None,
     ) -> None:
         """Creates the wrapper; the C++ runtime is built by the first :meth:`plan`.
 
@@ -932,9 +938,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             jit_args: FlashInfer's customized-module arguments; the wrapper then runs that variant
                 (as :class:`tessera.BatchDecodeWithPagedKVCacheWrapper` describes), ``run(q, ...,
                 *args)`` taking its additional tensors, then scalars.
+            jit_kwargs: FlashInfer's keyword options of the customized module (``None`` or a dict
+                of ``pos_encoding_mode``, ``use_sliding_window``, ``use_logits_soft_cap``,
+                ``use_fp16_qk_reduction`` at their defaults: the variant is its declaration alone).
         """
         self._init_base(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, custom_mask_buf,
-                        mask_indptr_buf, backend, jit_args)
+                        mask_indptr_buf, backend, jit_args, jit_kwargs)
         self._kv_indptr_buf = kv_indptr_buf
         if self._use_cuda_graph:
             if kv_indptr_buf is None:

@@ -174,7 +174,7 @@ def test_signatures_match_flashinfer():
     assert _params(P.__init__) == [
         "float_workspace_buffer", "kv_layout", "use_cuda_graph", "qo_indptr_buf", "paged_kv_indptr_buf",
         "paged_kv_indices_buf", "paged_kv_last_page_len_buf", "custom_mask_buf", "mask_indptr_buf", "backend",
-        "jit_args"]
+        "jit_args", "jit_kwargs"]
     assert _params(P.plan)[:22] == [
         "qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len", "num_qo_heads", "num_kv_heads",
         "head_dim_qk", "page_size", "head_dim_vo", "custom_mask", "packed_custom_mask", "causal", "pos_encoding_mode",
@@ -183,7 +183,7 @@ def test_signatures_match_flashinfer():
     assert _params(P.run)[:2] == ["q", "paged_kv_cache"]
     assert _params(R.__init__) == [
         "float_workspace_buffer", "kv_layout", "use_cuda_graph", "qo_indptr_buf", "kv_indptr_buf", "custom_mask_buf",
-        "mask_indptr_buf", "backend", "jit_args"]
+        "mask_indptr_buf", "backend", "jit_args", "jit_kwargs"]
     assert _params(R.plan)[:19] == [
         "qo_indptr", "kv_indptr", "num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "custom_mask",
         "packed_custom_mask", "causal", "pos_encoding_mode", "use_fp16_qk_reduction", "window_left", "logits_soft_cap",

@@ -123,7 +123,7 @@ def test_customized_single_modules():
     p = gen_customize_single_prefill_module("fa2", "u", f16, f16, f16, 192, 128, [], [], ["s"], ["float"],
                                             "FlashSigmoid", SIGMOID)
     assert (p.kind, p.variant.head_dim_qk, p.variant.head_dim_vo) == ("prefill", 192, 128)
-    with pytest.raises(NotImplementedError, match=r"use_sliding_window=True is not supported"):
+    with pytest.raises(NotImplementedError, match=r"\['use_sliding_window'\]=True is not supported"):
         gen_customize_single_decode_module("u", f16, f16, f16, 128, [], [], [], [], "FlashSigmoid", SIGMOID,
                                            use_sliding_window=True)
     with pytest.raises(NotImplementedError, match=r"backend='cutlass' is not supported"):
@@ -136,3 +136,16 @@ def test_customized_single_modules():
         single_decode_with_kv_cache_with_jit_module(m, q, kv, kv, 1.0, window_left=5)
     with pytest.raises(TypeError, match=r"got 0 additional argument"):
         single_decode_with_kv_cache_with_jit_module(m, q, kv, kv)
+
+
+def test_prefill_wrappers_take_flashinfers_jit_kwargs():
+    for cls in (tessera.BatchPrefillWithPagedKVCacheWrapper, tessera.BatchPrefillWithRaggedKVCacheWrapper):
+        cls(_ws(), "NHD", jit_args=args12(), jit_kwargs={"pos_encoding_mode": 0, "use_sliding_window": False})
+        cls(_ws(), "NHD", jit_kwargs={})  # without jit_args, as FlashInfer: nothing to apply them to
+        with pytest.raises(NotImplementedError, match=r"jit_kwargs\['use_logits_soft_cap'\]=True is not supported"):
+            cls(_ws(), "NHD", jit_args=args12(), jit_kwargs={"use_logits_soft_cap": True})
+        with pytest.raises(TypeError, match=r"jit_kwargs: unknown option 'fp8_enabled'"):
+            cls(_ws(), "NHD", jit_args=args12(), jit_kwargs={"fp8_enabled": False})
+        with pytest.raises(TypeError, match=r"jit_kwargs must be a dict of keyword options or None, got list"):
+            cls(_ws(), "NHD", jit_kwargs=[])
+

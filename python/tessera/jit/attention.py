@@ -13,7 +13,7 @@ returns a JIT spec to build).
 from typing import Any, List
 
 from .. import _utils as U
-from .._jit_args import JitVariant
+from .._jit_args import JitVariant, check_jit_kwargs
 
 __all__ = ["gen_customize_single_decode_module", "gen_customize_single_prefill_module", "JitModule"]
 
@@ -42,17 +42,6 @@ def _head_dims(args: List[Any], first: int) -> List[Any]:
     return args[:first + 1] + [args[first]] + args[first + 1:]
 
 
-def _check_flags(name: str, pos_encoding_mode: Any, use_sliding_window: Any, use_logits_soft_cap: Any,
-                 use_fp16_qk_reduction: Any = False) -> None:
-    for option, value, default in (("pos_encoding_mode", pos_encoding_mode, 0),
-                                   ("use_sliding_window", use_sliding_window, False),
-                                   ("use_logits_soft_cap", use_logits_soft_cap, False),
-                                   ("use_fp16_qk_reduction", use_fp16_qk_reduction, False)):
-        if value != default:
-            raise U.unsupported(f"{name}: {option}", value, f"{default!r}: a customized module's variant is its "
-                                                             "declaration alone")
-
-
 def gen_customize_single_decode_module(uri: str, dtype_q: Any, dtype_kv: Any, dtype_o: Any, *args: Any,
                                        pos_encoding_mode: int = 0, use_sliding_window: bool = False,
                                        use_logits_soft_cap: bool = False) -> JitModule:
@@ -60,7 +49,9 @@ def gen_customize_single_decode_module(uri: str, dtype_q: Any, dtype_kv: Any, dt
     (or head_dim_qk, head_dim_vo), additional_tensor_names, additional_tensor_dtypes,
     additional_scalar_names, additional_scalar_dtypes, variant_name, variant_decl)``; the keyword
     options only at their defaults (NotImplementedError otherwise)."""
-    _check_flags("gen_customize_single_decode_module", pos_encoding_mode, use_sliding_window, use_logits_soft_cap)
+    check_jit_kwargs("gen_customize_single_decode_module", dict(
+        pos_encoding_mode=pos_encoding_mode, use_sliding_window=use_sliding_window,
+        use_logits_soft_cap=use_logits_soft_cap))
     rest = _head_dims(list(args), 0)
     jit_args = [uri, dtype_q, dtype_kv, dtype_o, U._torch().int32, *rest]
     return JitModule("decode", JitVariant(jit_args, "gen_customize_single_decode_module"))
@@ -77,8 +68,9 @@ def gen_customize_single_prefill_module(backend: str, uri: str, dtype_q: Any, dt
     FlashInfer's FA2 form); the keyword options only at their defaults."""
     if backend not in ("auto", "fa2", "fa3"):
         raise U.unsupported("gen_customize_single_prefill_module: backend", backend, "'auto', 'fa2' or 'fa3'")
-    _check_flags("gen_customize_single_prefill_module", pos_encoding_mode, use_sliding_window, use_logits_soft_cap,
-                 use_fp16_qk_reduction)
+    check_jit_kwargs("gen_customize_single_prefill_module", dict(
+        pos_encoding_mode=pos_encoding_mode, use_sliding_window=use_sliding_window,
+        use_logits_soft_cap=use_logits_soft_cap, use_fp16_qk_reduction=use_fp16_qk_reduction))
     rest = _head_dims(list(args), 0)
     jit_args = [uri, dtype_q, dtype_kv, dtype_o, U._torch().int32, *rest]
     return JitModule("prefill", JitVariant(jit_args, "gen_customize_single_prefill_module"))

@@ -145,11 +145,12 @@ class _Trace:
         self.used_inputs: set = set()
         self._next = 0
 
-    def emit(self, kind: str, expr: str, range_: Optional[Tuple[int, int]] = None) -> "Sym":
+    def emit(self, kind: str, expr: str, range_: Optional[Tuple[int, int]] = None,
+             form: Optional[Tuple[Any, ...]] = None) -> "Sym":
         name = f"t{self._next}"
         self._next += 1
         self.lines.append(f"  const {_C_TYPE[kind]} {name} = {expr};")
-        return Sym(self, name, kind, None, range_ if kind == _INT else None)
+        return Sym(self, name, kind, None, range_ if kind == _INT else None, form)
 
     def capture(self, tensor: Any) -> Capture:
         for c in self.captures:
@@ -166,14 +167,16 @@ class Sym:
     """A traced scalar: a C expression (a literal, an input or a single-assignment temporary) and
     its kind (bool, int or float)."""
 
-    __slots__ = ("_t", "code", "kind", "value", "range")
+    __slots__ = ("_t", "code", "kind", "value", "range", "form")
 
     def __init__(self, trace: _Trace, code: str, kind: str, value: Any = None,
-                 range_: Optional[Tuple[int, int]] = None) -> None:
+                 range_: Optional[Tuple[int, int]] = None, form: Optional[Tuple[Any, ...]] = None) -> None:
         self._t = trace
         self.code = code
         self.kind = kind
         self.value = value  # the Python value of a literal, else None
+        # What the value is, where it is one of the few shapes _lowering looks for (see there).
+        self.form = form
         # Integers: the closed interval the value lies in, where the trace can tell (inputs'
         # extents, literals, + - * of known intervals), else None.
         if range_ is None and kind == _INT and isinstance(value, int):
@@ -366,12 +369,86 @@ def _int_range(op: str, a: Sym, b: Sym) -> Optional[Tuple[int, int]]:
     return r if _INT32_MIN <= r[0] and r[1] <= _INT32_MAX else None
 
 
+# --- built-in lowering -------------------------------------------------------------------------
+#
+# Two score mods are common enough to have built-in forms in the kernels, which compute them with
+# fewer instructions per score than the traced code: soft-capping, cap * tanh(score / cap) (the
+# kernels fold 1 / cap and cap into their own scale multiplies and, in bf16, need no running
+# max), and ALiBi, score + slopes[h] * (kv_idx - q_idx) (the kernels add it as a per-row term
+# and per-column constants). The trace records in Sym.form what a value is when it is one of the
+# steps towards these, and _lowering reads the result's form:
+#   ("score",) ("h",) ("q",) ("kv",)      the inputs
+#   ("key_minus_query", sign)             kv_idx - q_idx (sign 1) or q_idx - kv_idx (sign -1),
+#                                         also converted to float
+#   ("head_table", capture, size)         t[h] of a captured contiguous 1-D float32 tensor t
+#   ("alibi_bias", capture, size, sign)   t[h] * (kv_idx - q_idx) (times sign)
+#   ("scaled_score", k)                   score * k or score / (1 / k), k > 0
+#   ("tanh_scaled_score", k)              tanh(score * k)
+#   ("soft_cap", cap)                     cap * tanh(score / cap)
+#   ("alibi", capture, size)              score + t[h] * (kv_idx - q_idx)
+# Anything else (another constant, another index, an extra term) leaves the form None and the
+# mod runs as traced.
+
+
+def _is_zero(x: Sym) -> bool:
+    return x.value is not None and not isinstance(x.value, bool) and x.value == 0
+
+
+def _positive_constant(x: Sym) -> Optional[float]:
+    v = x.value
+    if v is None or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        return None
+    return float(v)
+
+
+def _arith_form(op: str, a: Sym, b: Sym) -> Optional[Tuple[Any, ...]]:
+    fa, fb = a.form, b.form
+    if op in "+-" and _is_zero(b):
+        return fa  # x + 0, x - 0: the test mods write kv - q - (S - L) with S == L
+    if op == "+" and _is_zero(a):
+        return fb
+    if op == "-" and (fa, fb) in ((("kv",), ("q",)), (("q",), ("kv",))):
+        return ("key_minus_query", 1 if fa == ("kv",) else -1)
+    if op == "*":
+        for x, y in ((a, b), (b, a)):
+            fx, fy = x.form, y.form
+            if fx is not None and fy is not None and fx[0] == "head_table" and fy[0] == "key_minus_query":
+                return ("alibi_bias", fx[1], fx[2], fy[1])
+            k = _positive_constant(y)
+            if k is not None and fx == ("score",):
+                return ("scaled_score", k)
+            if k is not None and fx is not None and fx[0] == "tanh_scaled_score" and abs(k * fx[1] - 1.0) <= 1e-6:
+                return ("soft_cap", k)
+    if op == "+":
+        for x, y in ((a, b), (b, a)):
+            if x.form == ("score",) and y.form is not None and y.form[0] == "alibi_bias" and y.form[3] == 1:
+                return ("alibi", y.form[1], y.form[2])
+    if op == "-" and fa == ("score",) and fb is not None and fb[0] == "alibi_bias" and fb[3] == -1:
+        return ("alibi", fb[1], fb[2])
+    return None
+
+
+def _lowering(out: Sym, num_heads: Optional[int]) -> Optional[Tuple[Any, ...]]:
+    """The built-in form of a score mod's result: ("soft_cap", cap), ("alibi", capture name) for
+    a slope table of num_heads entries, or None."""
+    f = out.form
+    if f is None:
+        return None
+    if f[0] == "soft_cap":
+        return f
+    if f[0] == "alibi" and num_heads is not None and f[2] == num_heads:
+        return ("alibi", f[1])
+    return None
+
+
 def _arith(t: _Trace, op: str, a: Any, b: Any) -> Sym:
     a, b = _lift(t, a), _lift(t, b)
     kind = _promote(a, b)
     if kind == _BOOL:
         kind = _INT
-    return t.emit(kind, f"{_as(a, kind)} {op} {_as(b, kind)}", _int_range(op, a, b) if kind == _INT else None)
+    out = t.emit(kind, f"{_as(a, kind)} {op} {_as(b, kind)}", _int_range(op, a, b) if kind == _INT else None)
+    out.form = _arith_form(op, a, b)
+    return out
 
 
 def _truediv(t: _Trace, a: Any, b: Any) -> Sym:
@@ -379,7 +456,9 @@ def _truediv(t: _Trace, a: Any, b: Any) -> Sym:
     if b.value is not None and not isinstance(b.value, bool) and b.value != 0 and math.isfinite(1.0 / b.value):
         # By a constant: a multiplication by its reciprocal (within an ulp; an IEEE division is a
         # dozen instructions per score).
-        return t.emit(_FLOAT, f"{_as(a, _FLOAT)} * {_float_literal(1.0 / b.value)}")
+        out = t.emit(_FLOAT, f"{_as(a, _FLOAT)} * {_float_literal(1.0 / b.value)}")
+        out.form = _arith_form("*", a, _lift(t, 1.0 / b.value))
+        return out
     return t.emit(_FLOAT, f"{_as(a, _FLOAT)} / {_as(b, _FLOAT)}")
 
 
@@ -484,7 +563,10 @@ def _unary_math(t: _Trace, name: str, x: Any) -> Sym:
             return x if x.kind == kind else t.emit(kind, _as(x, kind))
         return t.emit(kind, template.format(x=f"({_as(x, kind)})"))
     expr = _FLOAT_FUNCS[name].format(x=f"({_as(x, _FLOAT)})")
-    return t.emit(_FLOAT, expr)
+    out = t.emit(_FLOAT, expr)
+    if name == "tanh" and x.form is not None and x.form[0] == "scaled_score":
+        out.form = ("tanh_scaled_score", x.form[1])
+    return out
 
 
 def _minmax(t: _Trace, name: str, a: Any, b: Any) -> Sym:
@@ -522,6 +604,9 @@ def _convert(t: _Trace, x: Any, dtype: Any) -> Sym:
     if not isinstance(dtype, torch.dtype):
         raise _error(f"a conversion to {dtype!r} (give a torch.dtype)")
     kind = _kind_of_dtype(dtype)
+    if kind == _FLOAT and x.kind == _INT and x.form is not None and x.form[0] == "key_minus_query":
+        # Exact for positions below 2^24, where the kernels' ALiBi computes the same value.
+        return t.emit(_FLOAT, _as(x, _FLOAT), form=x.form)
     if dtype == torch.float16:
         return t.emit(_FLOAT, f"__half2float(__float2half_rn({_as(x, _FLOAT)}))")
     if dtype == torch.bfloat16:
@@ -576,7 +661,11 @@ def _index(t: _Trace, tensor: Any, done: Tuple[Any, ...], index: Any) -> Any:
     offset = " + ".join(terms) if terms else "0"
     kind = _kind_of_dtype(tensor.dtype)
     raw = f"reinterpret_cast<const {c_type}*>(params.{cap.name})[{offset}]"
-    return t.emit(kind, convert.format(x=f"({raw})"))
+    form = None
+    if tensor.dim() == 1 and tensor.dtype == torch.float32 and indices[0].form == ("h",) and \
+            tensor.stride(0) == 1:
+        form = ("head_table", cap.name, int(tensor.shape[0]))
+    return t.emit(kind, convert.format(x=f"({raw})"), form=form)
 
 
 def _getitem(t: _Trace, args: List[Any], kwargs: Dict[str, Any]) -> Any:
@@ -768,11 +857,15 @@ Q_OFFSET_PARAM = "tessera_q_offset"
 class TracedFunction:
     """One traced mod: its device function `function` defined by `source`."""
 
-    def __init__(self, function: str, source: str, uses_batch: bool, uses_head: bool) -> None:
+    def __init__(self, function: str, source: str, uses_batch: bool, uses_head: bool,
+                 lowering: Optional[Tuple[Any, ...]] = None) -> None:
         self.function = function
         self.source = source
         self.uses_batch = uses_batch
         self.uses_head = uses_head
+        # A score mod the kernels have built in (see _lowering): ("soft_cap", cap) or ("alibi",
+        # the slope table's capture name); None otherwise.
+        self.lowering = lowering
 
 
 def _check_arity(fn: Any, n: int, what: str) -> None:
@@ -807,9 +900,9 @@ def trace_function(fn: Any, is_score: bool, function: str, captures: List[Captur
     t = _Trace(captures, max_captures)
     names = ("b", "h", "q_idx", "kv_idx")
     ranges = [(-1, n + _TILE_SLACK) for n in extents] if extents is not None else [None] * 4
-    b, h, q, kv = (Sym(t, n, _INT, None, r) for n, r in zip(names, ranges))
+    b, h, q, kv = (Sym(t, n, _INT, None, r, f) for n, r, f in zip(names, ranges, (None, ("h",), ("q",), ("kv",))))
     try:
-        result = fn(Sym(t, "score", _FLOAT), b, h, q, kv) if is_score else fn(b, h, q, kv)
+        result = fn(Sym(t, "score", _FLOAT, form=("score",)), b, h, q, kv) if is_score else fn(b, h, q, kv)
         out = _lift(t, result)
     except ModTraceError:
         raise
@@ -835,7 +928,8 @@ def trace_function(fn: Any, is_score: bool, function: str, captures: List[Captur
         + (body + "\n" if body else "")
         + f"  return {ret};\n}}\n"
     )
-    return TracedFunction(function, source, uses["b"], uses["h"])
+    lowering = _lowering(out, extents[1] if extents is not None else None) if is_score else None
+    return TracedFunction(function, source, uses["b"], uses["h"], lowering)
 
 
 def _mentions(code: str, name: str) -> bool:

@@ -452,7 +452,7 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
         bsrs = _request_bsrs(block_mask, B)
     needs_mask = not _is_noop(mask_mod) and any(entry[3] for entry in bsrs)
     extents = (B, Hq, -(-L // q_block) * q_block, -(-S // kv_block) * kv_block)  # block-rounded
-    variant = _trace_variant(score_mod, mask_mod if needs_mask else None, extents)
+    variant = _trace_variant(score_mod, mask_mod if needs_mask else None, extents, L == S)
     names, views = _CAPTURES[variant[5]]
     indptrs, indices, flags = ([entry[i] for entry in bsrs] for i in range(3))
     run = run_flex_attention
@@ -461,7 +461,8 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
         if ops is not None:
             run = ops.FLEX_ATTENTION
     out, lse = run(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, bool(return_lse),
-                   variant[0], variant[1], variant[2], variant[3], variant[4], views, names)
+                   variant[0], variant[1], variant[2], variant[3], variant[4], views, names, float(variant[6]),
+                   variant[7])
     return (out, lse) if return_lse else out
 
 
@@ -474,9 +475,17 @@ _CAPTURES: "OrderedDict[str, Tuple[str, List[Any]]]" = OrderedDict()
 _MAX_CAPTURE_ENTRIES = 64
 
 
-def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, int]) -> Tuple[str, ...]:
-    """(variant name, mask source, mask function, score source, score function, capture key) of
-    the mods (empty strings where there is none), tracing them; the captures go to _CAPTURES.
+def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, int],
+                   equal_lengths: bool) -> Tuple[str, ...]:
+    """(variant name, mask source, mask function, score source, score function, capture key,
+    soft-cap, ALiBi slopes' capture name) of the mods (empty strings where there is none), tracing
+    them; the captures go to _CAPTURES.
+
+    A score mod that is the kernels' built-in soft-cap or ALiBi (tessera/_mod_trace.py,
+    _lowering) is passed as that instead of as traced code: the soft-cap as its cap (a string,
+    "0" for none), ALiBi as the name of the capture holding its slopes, and only when the query
+    and key lengths are equal (equal_lengths; the kernels' ALiBi counts query positions from
+    S - L, where FlexAttention's q_idx starts at 0, which changes the LSE).
 
     Marked as Dynamo's assume_constant_result does (below): torch.compile calls it once while
     tracing and keeps the strings as constants. The mods are then not guarded: a compiled function
@@ -487,6 +496,12 @@ def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, 
                if mask_mod is not None else None)
     score_fn = (trace_function(score_mod, True, "tessera_score_mod", captures, _MAX_CAPTURES, extents)
                 if score_mod is not None else None)
+    soft_cap, alibi = "0", ""
+    lowering = score_fn.lowering if score_fn is not None else None
+    if lowering is not None and lowering[0] == "soft_cap":
+        soft_cap, score_fn = repr(float(lowering[1])), None
+    elif lowering is not None and lowering[0] == "alibi" and equal_lengths:
+        alibi, score_fn = lowering[1], None
     name = _variant_name(mask_mod if mask_fn else None, score_mod) if (mask_fn or score_fn) else ""
     sources = (name, mask_fn.source if mask_fn else "", mask_fn.function if mask_fn else "",
                score_fn.source if score_fn else "", score_fn.function if score_fn else "")
@@ -495,7 +510,7 @@ def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, 
     _CAPTURES.move_to_end(key)
     while len(_CAPTURES) > _MAX_CAPTURE_ENTRIES:
         _CAPTURES.popitem(last=False)
-    return sources + (key,)
+    return sources + (key, soft_cap, alibi)
 
 
 _trace_variant._dynamo_marked_constant = True  # type: ignore[attr-defined]  # = assume_constant_result
@@ -510,10 +525,13 @@ def _ops() -> Any:
 def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], indices: List[Any], flags: List[Any],
                        q_block: int, kv_block: int, sm_scale: float, return_lse: bool, variant_name: str,
                        mask_source: str, mask_function: str, score_source: str, score_function: str,
-                       captures: List[Any], capture_names: str) -> Tuple[Any, Any]:
+                       captures: List[Any], capture_names: str, logits_soft_cap: float = 0.0,
+                       alibi_capture: str = "") -> Tuple[Any, Any]:
     """The launches of one flex_attention call: request b is one block_sparse_attention over
     (indptrs[b], indices[b], flags[b]). Returns (out [B, Hq, L, E], natural-log lse [B, Hq, L] or
-    an empty tensor). Also the implementation of the custom op tessera::flex_attention."""
+    an empty tensor). Also the implementation of the custom op tessera::flex_attention.
+    logits_soft_cap (> 0) and alibi_capture (the capture whose float32 [Hq] view are the slopes)
+    select the kernels' built-in soft-cap and ALiBi for a lowered score mod."""
     torch = U._torch()
     B, Hq, L, E = query.shape
     S = key.shape[2]
@@ -524,10 +542,15 @@ def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], ind
         variant = dict(variant_name=variant_name, mask_source=mask_source, mask_function=mask_function,
                        score_source=score_source, score_function=score_function)
     tail = list(zip(capture_names.split(","), captures)) if capture_names else []
+    builtin: Dict[str, Any] = {}
+    if logits_soft_cap > 0:
+        builtin["logits_soft_cap"] = logits_soft_cap
+    if alibi_capture:
+        builtin["alibi_slopes"] = dict(tail)[alibi_capture].view(torch.float32)
     stream = U.current_stream(query.device)
     C = U._C()
     for b in range(B):
-        kwargs = dict(variant)
+        kwargs = dict(variant, **builtin)
         if variant:
             kwargs["params"] = [(BATCH_PARAM, b), (Q_OFFSET_PARAM, S - L)] + tail
         U.call(C.block_sparse_attention, query, query[b].transpose(0, 1), key[b].transpose(0, 1),

@@ -117,10 +117,13 @@ std::string user_epilogue() {
 
 std::string adapter(const ResolvedVariant& v, const VariantKernelRequest& request) {
   std::ostringstream s;
-  // A user's logits hook (whether the source defines one is known only when it compiles) chains
-  // after the built-in transform and takes its result in natural units: no folded scales.
+  // A user's logits hook chains after the built-in transform and takes its result in natural
+  // units: no folded scales. Without one (a mask, operand transforms) the built-in soft-cap and
+  // ALiBi keep their folded forms, whose bounded logits and split key bias the kernels exploit
+  // (FlexAttention's soft-cap and ALiBi mods over a mask reach them so). Whether the source
+  // defines the hook is known when it compiles: the detector decides.
   const std::string base = "tessera::kernels::BuiltinVariant<" + std::to_string(v.features) + "u" +
-                           (v.user != nullptr ? ", false>" : ">");
+                           (v.user != nullptr ? ", !tessera_user::k_has_logits_transform>" : ">");
   s << "struct TesseraJitVariant : " << base << " {\n";
   if (v.user == nullptr) {
     s << "};\n";

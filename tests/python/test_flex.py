@@ -475,6 +475,60 @@ def test_small_integer_conversions_use_the_short_form():
         assert i2f(x) == float(x)
 
 
+def _lowering(fn, heads=8, captures=None):
+    return T.trace_function(fn, True, "f", [] if captures is None else captures, 14, (1, heads, 512, 512)).lowering
+
+
+def test_builtin_score_mods_are_recognized(host_captures):
+    """Soft-cap and ALiBi written the usual ways lower to the kernels' built-in forms; near misses
+    (another constant, another index, another dtype or size of the table, an extra term) stay
+    traced."""
+    slopes = torch.rand(8)
+    assert _lowering(lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0)) == ("soft_cap", 30.0)
+    assert _lowering(lambda s, b, h, q, kv: torch.tanh(s * 0.05) * 20) == ("soft_cap", 20.0)
+    assert _lowering(lambda s, b, h, q, kv: 20.0 * torch.tanh(s / 30.0)) is None
+    assert _lowering(lambda s, b, h, q, kv: -30.0 * torch.tanh(s / -30.0)) is None
+    assert _lowering(lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0) + 1.0) is None
+    caps = []
+    assert _lowering(lambda s, b, h, q, kv: s + slopes[h] * (kv - q), captures=caps) == ("alibi", "cap0")
+    assert caps[0].original is slopes
+    for fn in (lambda s, b, h, q, kv: s + (kv - q) * slopes[h],
+               lambda s, b, h, q, kv: slopes[h] * (kv - q - 0).float() + s,
+               lambda s, b, h, q, kv: s - slopes[h] * (q - kv)):
+        assert _lowering(fn) == ("alibi", "cap0")
+    for fn in (lambda s, b, h, q, kv: s + slopes[h] * (q - kv),   # the opposite sign
+               lambda s, b, h, q, kv: s + slopes[b] * (kv - q),   # per request
+               lambda s, b, h, q, kv: s + slopes[h] * (kv - q - 3),
+               lambda s, b, h, q, kv: s + 2.0 * slopes[h] * (kv - q),
+               lambda s, b, h, q, kv: s + slopes[h] * (kv - q) + 1.0,
+               lambda s, b, h, q, kv: s + slopes.double()[h] * (kv - q),
+               lambda s, b, h, q, kv: s + slopes[h] * (kv - q) * (kv - q)):
+        assert _lowering(fn) is None
+    assert _lowering(lambda s, b, h, q, kv: s + slopes[h] * (kv - q), heads=4) is None  # table size != Hq
+    # flex_variant (the wrappers) keeps the traced code whatever the lowering says.
+    assert "tessera_tanh" in T.trace_function(lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0), True, "f", [],
+                                              14, None, hook_indices=True).source
+
+
+def test_trace_variant_passes_lowered_mods_as_builtins(host_captures):
+    slopes = torch.rand(8)
+    causal = lambda b, h, q, kv: q >= kv  # noqa: E731
+    extents = (2, 8, 512, 512)
+    v = F._trace_variant(lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0), causal, extents, True)
+    assert v[3] == "" and v[4] == "" and v[1] != "" and float(v[6]) == 30.0 and v[7] == ""
+    alibi = lambda s, b, h, q, kv: s + slopes[h] * (kv - q)  # noqa: E731
+    v = F._trace_variant(alibi, causal, extents, True)
+    assert v[4] == "" and float(v[6]) == 0.0 and v[7] == "cap0"
+    names, views = F._CAPTURES[v[5]]
+    assert names == "cap0" and torch.equal(views[0].view(torch.float32), slopes)
+    # Unequal query and key lengths: ALiBi stays traced (the kernels count query positions from S - L).
+    v = F._trace_variant(alibi, causal, extents, False)
+    assert v[4] == "tessera_score_mod" and v[7] == ""
+    # A lowered mod without a mask leaves no user variant at all.
+    v = F._trace_variant(alibi, None, extents, True)
+    assert v[:5] == ("", "", "", "", "") and v[7] == "cap0"
+
+
 @gpu
 def test_flex_attention_under_torch_compile():
     """A step calling flex_attention compiles as one graph (the mods traced while Dynamo traces,

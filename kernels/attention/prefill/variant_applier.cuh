@@ -60,10 +60,12 @@ struct VariantApplier {
   // it moved softmax variants' LSE past the bf16 tolerance (tests/python, soft-cap with RoPE and a
   // window), so they keep the FMUL; so does fp16, which could flush small scaled elements.
   static constexpr bool kPrescaleQuery = !kSoftmax && HasFloatRange<QT>::value;
-  // A bias linear in the key (ALiBi) over consecutive keys (every format but block-sparse) is
-  // split into a per-row term, added in the exponent, and per-column constants: one FFMA per
-  // logit with an immediate instead of the key's conversion, a subtraction and an FFMA.
-  static constexpr bool kSplitKeyBias = Variant::kLinearKeyBias && kFormat != KVFormatKind::kBlockSparse;
+  // A bias linear in the key (ALiBi) over consecutive keys is split into a per-row term, added in
+  // the exponent, and per-column constants: one FFMA per logit with an immediate instead of the
+  // key's conversion, a subtraction and an FFMA. Block-sparse tiles hold consecutive keys when
+  // they lie inside one column block (block widths a multiple of the tile's, FlexAttention's
+  // 128); add_key_bias tells per tile and adds the whole bias per logit to the others.
+  static constexpr bool kSplitKeyBias = Variant::kLinearKeyBias;
   // Bounded logits (soft-cap) in bf16 need no running max: with a fixed reference of 0 each tile
   // goes straight from S to the exponentials, without the max trees, the lanes' shuffles and the
   // rescale vote (the chain between the two MMA phases). fp16 P would flush small weights, and a
@@ -210,15 +212,31 @@ struct VariantApplier {
 
   /// Split key bias: adds slope * (column - the thread's first column) to S and returns in
   /// row_bias the rest, slope * (the thread's first key - qo_pos) in folded units, a per-lane term.
-  TESSERA_DEVICE void add_key_bias(float (&s)[kMmaQ][kN8KV][4], int kv_begin, float (&row_bias)[kMmaQ][2]) const {
+  /// kv_begin: the tile's first KV position; keys: its rows' keys (block-sparse: columns, -1 for
+  /// missing rows).
+  TESSERA_DEVICE void add_key_bias(float (&s)[kMmaQ][kN8KV][4], int kv_begin, const int32_t* keys,
+                                   float (&row_bias)[kMmaQ][2]) const {
     if constexpr (kSplitKeyBias) {
+      int first_key = kv_begin;
+      if constexpr (kFormat == KVFormatKind::kBlockSparse) {
+        // The tile's keys are consecutive when it lies inside one column block (uniform across
+        // the CTA). A first row that is missing means the whole block is (its columns are a
+        // prefix), and the mask removes every logit of the tile.
+        const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
+        const int offset = bs.block_cols_div.mod(kv_begin, bs.block_cols_div.div(kv_begin));
+        if (offset + Traits::CTA_TILE_KV > bs.block_cols) {
+          add_key_bias_per_logit(s, keys, row_bias);
+          return;
+        }
+        first_key = max(keys[0], 0);
+      }
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float slope = key_slope[mq][h];
           // Exact: the integer difference converts once (positions < 2^24).
-          row_bias[mq][h] = slope * static_cast<float>(kv_begin + key_offset[mq][h]);
+          row_bias[mq][h] = slope * static_cast<float>(first_key + key_offset[mq][h]);
 #pragma unroll
           for (int n = 0; n < kN8KV; ++n) {
             // Column 0's offset is 0 (fmaf would still add slope * 0 to keep NaN semantics).
@@ -227,6 +245,27 @@ struct VariantApplier {
           }
         }
     }
+  }
+
+  /// Block-sparse tiles across column blocks: the whole bias, slope * (key - qo_pos), on every
+  /// logit, and no row term (missing rows' keys are -1; the mask removes them).
+  TESSERA_DEVICE void add_key_bias_per_logit(float (&s)[kMmaQ][kN8KV][4], const int32_t* keys,
+                                             float (&row_bias)[kMmaQ][2]) const {
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float slope = key_slope[mq][h];
+        const int qo_pos = c.warp_col0 + 2 * c.t - key_offset[mq][h];
+        row_bias[mq][h] = 0.f;
+#pragma unroll
+        for (int n = 0; n < kN8KV; ++n)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int key = keys[c.warp_col0 + n * 8 + 2 * c.t + j];
+            s[mq][n][2 * h + j] = fmaf(slope, static_cast<float>(key - qo_pos), s[mq][n][2 * h + j]);
+          }
+      }
   }
 
   /// The logits transform and the masks, over S in place. One branch per tile around the

@@ -326,6 +326,10 @@ struct BlockMaskCase {
   /// too); false: a random block set (density 0.5), no flags, causal from options.causal only.
   bool flags = false;
   bool sanitize = false;
+  /// A built-in logits transform beside the user mask: ALiBi (standard slopes; the kernels split
+  /// it per row and column where a KV tile lies inside one column block and add it per logit
+  /// where it crosses blocks) or soft-cap 30 (bounded logits: no running max in bf16).
+  enum class Builtin { kNone, kAlibi, kSoftCap } builtin = Builtin::kNone;
 
   int64_t num_qo_heads() const { return num_kv_heads * group; }
 };
@@ -335,6 +339,8 @@ std::string block_mask_name(const BlockMaskCase& c) {
                   std::to_string(c.block_cols) + "_m" + std::to_string(c.rows) + "_n" + std::to_string(c.cols) +
                   "_g" + std::to_string(c.group) + "_hkv" + std::to_string(c.num_kv_heads) + "_d" +
                   std::to_string(c.head_dim) + (c.flags ? "_flags" : "_randomblocks");
+  if (c.builtin == BlockMaskCase::Builtin::kAlibi) s += "_alibi";
+  if (c.builtin == BlockMaskCase::Builtin::kSoftCap) s += "_softcap";
   if (c.sanitize) s += "_sanitize";
   return s;
 }
@@ -385,6 +391,45 @@ std::vector<BlockMaskCase> block_mask_cases() {
   s.flags = true;
   s.sanitize = true;
   cases.push_back(s);
+  // Built-in ALiBi and soft-cap beside the user mask, FlexAttention's 128-wide blocks (each KV
+  // tile inside one block: the split ALiBi) and blocks narrower than a tile (ALiBi per logit).
+  BlockMaskCase a;
+  a.dtype = DType::kBF16;
+  a.block_rows = 128;
+  a.block_cols = 128;
+  a.rows = 700;
+  a.cols = 700;
+  a.num_kv_heads = 2;
+  a.group = 4;
+  a.head_dim = 128;
+  a.flags = true;
+  a.builtin = BlockMaskCase::Builtin::kAlibi;
+  cases.push_back(a);
+  a.block_cols = 64;
+  a.dtype = DType::kF16;
+  a.rows = 300;
+  a.cols = 1000;
+  cases.push_back(a);
+  a.block_cols = 256;
+  a.head_dim = 64;
+  a.flags = false;
+  a.sanitize = true;
+  cases.push_back(a);
+  a.sanitize = false;
+  a.block_cols = 16;
+  a.head_dim = 256;
+  a.group = 1;
+  a.flags = true;
+  cases.push_back(a);
+  a.builtin = BlockMaskCase::Builtin::kSoftCap;
+  a.dtype = DType::kBF16;
+  a.block_rows = 128;
+  a.block_cols = 128;
+  a.head_dim = 128;
+  a.group = 4;
+  a.rows = 700;
+  a.cols = 700;
+  cases.push_back(a);
   return cases;
 }
 
@@ -492,13 +537,24 @@ TEST_P(BlockSparseUserMaskTest, MatchesOracle) {
   tessera::AttentionOptions opt;
   opt.causal = true;
   opt.variant.user = &spec;
+  tessera_ref::Options ropt;
+  DeviceBuffer d_slopes;
+  if (c.builtin == BlockMaskCase::Builtin::kAlibi) {
+    const std::vector<float> slopes = tessera::alibi_slopes(Hq);
+    d_slopes = DeviceBuffer(slopes.size() * sizeof(float));
+    d_slopes.upload(slopes.data(), slopes.size() * sizeof(float));
+    opt.variant.alibi_slopes = TensorView(d_slopes.get(), DType::kF32, {Hq}, Device::cuda(0));
+    ropt.alibi_slopes = tessera_ref::alibi_slopes(Hq);
+  } else if (c.builtin == BlockMaskCase::Builtin::kSoftCap) {
+    opt.variant.logits_soft_cap = 30.0;
+    ropt.logits_soft_cap = 30.0;
+  }
   tessera::block_sparse_attention(dq.view, bs, dout.view, dlse.view, opt);
   ASSERT_CUDA_OK(cudaGetLastError());
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   const auto o = read_tensor(dout);
   const auto lse = read_tensor(dlse);
-  tessera_ref::Options ropt;
   ropt.causal = true;
   ropt.custom_mask = visible;
   ropt.custom_mask_indptr = {0, M * N};

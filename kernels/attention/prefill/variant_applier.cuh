@@ -189,14 +189,20 @@ struct VariantApplier {
       // Listed blocks flagged full need no mask (the flags cover every mask in effect) as long as
       // every column exists: an out-of-range block id or the padded last block keeps its mask,
       // whatever its flag says, so missing columns never join the softmax.
+      // Positions fill the listed blocks in order, so the tile's blocks are consecutive entries
+      // from its first position's: one division per tile, and one entry for a tile inside a
+      // block (FlexAttention's 128-wide blocks).
       const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
       bool full = bs.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
-      for (int pos = kv_begin; full && pos < kv_begin + Traits::CTA_TILE_KV;
-           pos += bs.block_cols - bs.block_cols_div.mod(pos, bs.block_cols_div.div(pos))) {
-        const int entry = w.e.kv_begin + bs.block_cols_div.div(pos);
-        const int32_t block = bs.indices[entry];
-        full = bs.block_flags[entry] != 0 && block >= 0 &&
-               static_cast<int64_t>(block + 1) * bs.block_cols <= w.e.key_end;
+      if (full) {
+        const int first = bs.block_cols_div.div(kv_begin);
+        int entry = w.e.kv_begin + first;
+        for (int pos = first * bs.block_cols; full && pos < kv_begin + Traits::CTA_TILE_KV;
+             pos += bs.block_cols, ++entry) {
+          const int32_t block = bs.indices[entry];
+          full = bs.block_flags[entry] != 0 && block >= 0 &&
+                 static_cast<int64_t>(block + 1) * bs.block_cols <= w.e.key_end;
+        }
       }
       needs = !full;
     }

@@ -91,6 +91,11 @@ struct VariantApplier {
   // tile adds one IADD, I2F and FMUL per row instead of the row's division, head and slope load.
   float key_slope[kMmaQ][2];     // [m16 tile][row half], folded units
   int32_t key_offset[kMmaQ][2];  // [m16 tile][row half]
+  // Block-sparse: the row's entries whose blocks are flagged full and wholly exist, when they form
+  // one run [full_lo, full_hi) (causal, windowed, dense and most document masks do); else
+  // full_lo = full_hi = 0 and each tile tests its entries' flags (tile_needs_mask).
+  int full_lo = 0, full_hi = 0;
+  bool full_run = false;
 
   TESSERA_DEVICE VariantApplier(const Params& p_, const VariantParams& vp_, const PrefillWork& w_,
                                 const FragmentCoords<Traits>& c_)
@@ -114,6 +119,38 @@ struct VariantApplier {
           key_offset[mq][h] = c.warp_col0 + 2 * c.t - (w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1));
         }
     }
+    if constexpr (kFormat == KVFormatKind::kBlockSparse) find_full_run();
+  }
+
+  /// Block-sparse: finds the run of full entries of the work item's row, 32 entries per warp
+  /// step (a ballot each), once per work item: each tile then compares its entries with it
+  /// instead of reading their flags and ids (~40 instructions per warp and tile, measured by ncu:
+  /// bench/results/LOG.md, session 39).
+  TESSERA_DEVICE void find_full_run() {
+    const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
+    if (bs.block_flags == nullptr) return;
+    const int entries = bs.block_cols_div.div(w.e.kv_len);  // kv_len is whole blocks
+    // (block + 1) * block_cols <= key_end, i.e. the block's columns all exist.
+    const int whole_blocks = bs.block_cols_div.div(max(w.e.key_end, 0));
+    const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+    int lo = entries, hi = 0, count = 0;
+    for (int base = 0; base < entries; base += kWarpSize) {
+      const int i = base + lane;
+      bool full = false;
+      if (i < entries) {
+        const int32_t block = bs.indices[w.e.kv_begin + i];
+        full = bs.block_flags[w.e.kv_begin + i] != 0 && block >= 0 && block < whole_blocks;
+      }
+      const uint32_t votes = __ballot_sync(0xffffffffu, full);
+      if (votes != 0) {
+        lo = min(lo, base + __ffs(votes) - 1);
+        hi = max(hi, base + kWarpSize - __clz(votes));
+        count += __popc(votes);
+      }
+    }
+    full_run = count == 0 || count == hi - lo;  // none, or contiguous
+    full_lo = full_run && count > 0 ? lo : 0;
+    full_hi = full_run && count > 0 ? hi : 0;
   }
 
   /// The variant's value transform of a V tile (keys: its rows' keys, -1 for missing rows).
@@ -194,7 +231,11 @@ struct VariantApplier {
       // block (FlexAttention's 128-wide blocks).
       const BlockSparseKVParams<typename Params::IdType>& bs = p.block_sparse;
       bool full = bs.block_flags != nullptr && kv_begin + Traits::CTA_TILE_KV <= kv_tile_end;
-      if (full) {
+      if (full && full_run) {
+        // Entries of the tile's first and last columns within the run of full entries.
+        full = bs.block_cols_div.div(kv_begin) >= full_lo &&
+               bs.block_cols_div.div(kv_begin + Traits::CTA_TILE_KV - 1) < full_hi;
+      } else if (full) {
         const int first = bs.block_cols_div.div(kv_begin);
         int entry = w.e.kv_begin + first;
         for (int pos = first * bs.block_cols; full && pos < kv_begin + Traits::CTA_TILE_KV;

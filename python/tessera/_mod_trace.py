@@ -371,21 +371,25 @@ def _int_range(op: str, a: Sym, b: Sym) -> Optional[Tuple[int, int]]:
 
 # --- built-in lowering -------------------------------------------------------------------------
 #
-# Two score mods are common enough to have built-in forms in the kernels, which compute them with
-# fewer instructions per score than the traced code: soft-capping, cap * tanh(score / cap) (the
-# kernels fold 1 / cap and cap into their own scale multiplies and, in bf16, need no running
-# max), and ALiBi, score + slopes[h] * (kv_idx - q_idx) (the kernels add it as a per-row term
-# and per-column constants). The trace records in Sym.form what a value is when it is one of the
-# steps towards these, and _lowering reads the result's form:
-#   ("score",) ("h",) ("q",) ("kv",)      the inputs
-#   ("key_minus_query", sign)             kv_idx - q_idx (sign 1) or q_idx - kv_idx (sign -1),
-#                                         also converted to float
+# Some mods are common enough to have built-in forms in the kernels, which run them with fewer
+# instructions (and, for the masks, ahead-of-time kernels): the causal mask q_idx >= kv_idx and a
+# causal sliding window (q_idx >= kv_idx) & (q_idx - kv_idx <= W); soft-capping,
+# cap * tanh(score / cap) (the kernels fold 1 / cap and cap into their own scale multiplies and,
+# in bf16, need no running max); ALiBi, score + slopes[h] * (kv_idx - q_idx) (the kernels add it
+# as a per-row term and per-column constants). The trace records in Sym.form what a value is
+# when it is one of the steps towards these, and _lowering / _mask_lowering read the result's:
+#   ("score",) ("h",)                     the inputs score and h
+#   ("lin", cq, ckv, c)                   the integer cq * q_idx + ckv * kv_idx + c (q_idx, kv_idx,
+#                                         integer constants, + - and * by a constant; also
+#                                         converted to float)
 #   ("head_table", capture, size)         t[h] of a captured contiguous 1-D float32 tensor t
 #   ("alibi_bias", capture, size, sign)   t[h] * (kv_idx - q_idx) (times sign)
 #   ("scaled_score", k)                   score * k or score / (1 / k), k > 0
 #   ("tanh_scaled_score", k)              tanh(score * k)
 #   ("soft_cap", cap)                     cap * tanh(score / cap)
 #   ("alibi", capture, size)              score + t[h] * (kv_idx - q_idx)
+#   ("distance", lo, hi)                  a boolean: lo <= q_idx - kv_idx <= hi (None: unbounded),
+#                                         from comparisons of linear forms and their &
 # Anything else (another constant, another index, an extra term) leaves the form None and the
 # mod runs as traced.
 
@@ -401,19 +405,37 @@ def _positive_constant(x: Sym) -> Optional[float]:
     return float(v)
 
 
+def _lin(x: Sym) -> Optional[Tuple[int, int, int]]:
+    """(cq, ckv, c) of an integer linear in q_idx and kv_idx, or None."""
+    if x.form is not None and x.form[0] == "lin":
+        return x.form[1:]
+    if x.kind == _INT and isinstance(x.value, int) and not isinstance(x.value, bool):
+        return (0, 0, x.value)
+    return None
+
+
 def _arith_form(op: str, a: Sym, b: Sym) -> Optional[Tuple[Any, ...]]:
     fa, fb = a.form, b.form
+    la, lb = _lin(a), _lin(b)
+    if la is not None and lb is not None and op in "+-*":
+        if op == "+":
+            return ("lin",) + tuple(x + y for x, y in zip(la, lb))
+        if op == "-":
+            return ("lin",) + tuple(x - y for x, y in zip(la, lb))
+        if la[:2] == (0, 0):
+            return ("lin",) + tuple(la[2] * y for y in lb)
+        if lb[:2] == (0, 0):
+            return ("lin",) + tuple(x * lb[2] for x in la)
+        return None
     if op in "+-" and _is_zero(b):
-        return fa  # x + 0, x - 0: the test mods write kv - q - (S - L) with S == L
+        return fa
     if op == "+" and _is_zero(a):
         return fb
-    if op == "-" and (fa, fb) in ((("kv",), ("q",)), (("q",), ("kv",))):
-        return ("key_minus_query", 1 if fa == ("kv",) else -1)
     if op == "*":
         for x, y in ((a, b), (b, a)):
-            fx, fy = x.form, y.form
-            if fx is not None and fy is not None and fx[0] == "head_table" and fy[0] == "key_minus_query":
-                return ("alibi_bias", fx[1], fx[2], fy[1])
+            fx, ly = x.form, _lin(y)
+            if fx is not None and fx[0] == "head_table" and ly in ((-1, 1, 0), (1, -1, 0)):
+                return ("alibi_bias", fx[1], fx[2], 1 if ly == (-1, 1, 0) else -1)
             k = _positive_constant(y)
             if k is not None and fx == ("score",):
                 return ("scaled_score", k)
@@ -428,6 +450,37 @@ def _arith_form(op: str, a: Sym, b: Sym) -> Optional[Tuple[Any, ...]]:
     return None
 
 
+def _compare_form(op: str, a: Sym, b: Sym) -> Optional[Tuple[Any, ...]]:
+    """("distance", lo, hi) of a comparison of two linear forms that depends on d = q_idx - kv_idx
+    only: a - b = s * d + c with s = +-1."""
+    la, lb = _lin(a), _lin(b)
+    if la is None or lb is None:
+        return None
+    cq, ckv, c = (x - y for x, y in zip(la, lb))
+    if cq != -ckv or cq not in (1, -1):
+        return None
+    if cq == -1:  # -d + c OP 0  <=>  d OP' c with the comparison mirrored
+        op = {">=": "<=", ">": "<", "<=": ">=", "<": ">", "==": "==", "!=": "!="}[op]
+        x = c
+    else:  # d + c OP 0  <=>  d OP -c
+        x = -c
+    return {">=": ("distance", x, None), ">": ("distance", x + 1, None), "<=": ("distance", None, x),
+            "<": ("distance", None, x - 1), "==": ("distance", x, x)}.get(op)
+
+
+def _and_form(a: Sym, b: Sym) -> Optional[Tuple[Any, ...]]:
+    if a.value is True:
+        return b.form
+    if b.value is True:
+        return a.form
+    fa, fb = a.form, b.form
+    if fa is None or fb is None or fa[0] != "distance" or fb[0] != "distance":
+        return None
+    los = [x for x in (fa[1], fb[1]) if x is not None]
+    his = [x for x in (fa[2], fb[2]) if x is not None]
+    return ("distance", max(los) if los else None, min(his) if his else None)
+
+
 def _lowering(out: Sym, num_heads: Optional[int]) -> Optional[Tuple[Any, ...]]:
     """The built-in form of a score mod's result: ("soft_cap", cap), ("alibi", capture name) for
     a slope table of num_heads entries, or None."""
@@ -439,6 +492,15 @@ def _lowering(out: Sym, num_heads: Optional[int]) -> Optional[Tuple[Any, ...]]:
     if f[0] == "alibi" and num_heads is not None and f[2] == num_heads:
         return ("alibi", f[1])
     return None
+
+
+def _mask_lowering(out: Sym) -> Optional[Tuple[Any, ...]]:
+    """The built-in form of a mask mod's result: ("causal", window_left) for
+    0 <= q_idx - kv_idx (<= window_left; -1 for none), or None."""
+    f = out.form
+    if f is None or f[0] != "distance" or f[1] != 0 or (f[2] is not None and not 0 <= f[2] < 2**30):
+        return None
+    return ("causal", -1 if f[2] is None else f[2])
 
 
 def _arith(t: _Trace, op: str, a: Any, b: Any) -> Sym:
@@ -497,7 +559,7 @@ def _logic(t: _Trace, op: str, a: Any, b: Any) -> Sym:
         raise _error(f"'{op}' on floating-point values")
     if kind == _BOOL:
         c_op = {"&": "&&", "|": "||", "^": "!="}[op]
-        return t.emit(_BOOL, f"{a.code} {c_op} {b.code}")
+        return t.emit(_BOOL, f"{a.code} {c_op} {b.code}", form=_and_form(a, b) if op == "&" else None)
     return t.emit(_INT, f"{_as(a, _INT)} {op} {_as(b, _INT)}")
 
 
@@ -511,7 +573,7 @@ def _shift(t: _Trace, op: str, a: Any, b: Any) -> Sym:
 def _compare(t: _Trace, op: str, a: Any, b: Any) -> Sym:
     a, b = _lift(t, a), _lift(t, b)
     kind = _promote(a, b)
-    return t.emit(_BOOL, f"{_as(a, kind)} {op} {_as(b, kind)}")
+    return t.emit(_BOOL, f"{_as(a, kind)} {op} {_as(b, kind)}", form=_compare_form(op, a, b))
 
 
 def _neg(t: _Trace, a: Any) -> Sym:
@@ -533,7 +595,8 @@ def _logical(t: _Trace, op: str, *xs: Any) -> Sym:
     if op == "not":
         return t.emit(_BOOL, f"!{ys[0]}")
     c_op = {"and": "&&", "or": "||", "xor": "!="}[op]
-    return t.emit(_BOOL, f"{ys[0]} {c_op} {ys[1]}")
+    form = _and_form(_lift(t, xs[0]), _lift(t, xs[1])) if op == "and" else None
+    return t.emit(_BOOL, f"{ys[0]} {c_op} {ys[1]}", form=form)
 
 
 # Float functions of one argument: name -> C expression of `x` (a float).
@@ -604,7 +667,7 @@ def _convert(t: _Trace, x: Any, dtype: Any) -> Sym:
     if not isinstance(dtype, torch.dtype):
         raise _error(f"a conversion to {dtype!r} (give a torch.dtype)")
     kind = _kind_of_dtype(dtype)
-    if kind == _FLOAT and x.kind == _INT and x.form is not None and x.form[0] == "key_minus_query":
+    if kind == _FLOAT and x.kind == _INT and x.form is not None and x.form[0] == "lin":
         # Exact for positions below 2^24, where the kernels' ALiBi computes the same value.
         return t.emit(_FLOAT, _as(x, _FLOAT), form=x.form)
     if dtype == torch.float16:
@@ -618,6 +681,8 @@ def _constant_like(t: _Trace, like: Any, value: Any, dtype: Any) -> Sym:
     like = _lift(t, like)
     kind = like.kind if dtype is None else _kind_of_dtype(dtype)
     v = _lift(t, value)
+    if v.kind != kind and v.value is not None:  # a literal of the wanted kind (and_masks' True)
+        return _lift(t, {_BOOL: bool, _INT: int, _FLOAT: float}[kind](v.value))
     return v if v.kind == kind else t.emit(kind, _as(v, kind))
 
 
@@ -863,8 +928,8 @@ class TracedFunction:
         self.source = source
         self.uses_batch = uses_batch
         self.uses_head = uses_head
-        # A score mod the kernels have built in (see _lowering): ("soft_cap", cap) or ("alibi",
-        # the slope table's capture name); None otherwise.
+        # A mod the kernels have built in (see _lowering, _mask_lowering): ("soft_cap", cap),
+        # ("alibi", the slope table's capture name), ("causal", window_left); None otherwise.
         self.lowering = lowering
 
 
@@ -900,7 +965,8 @@ def trace_function(fn: Any, is_score: bool, function: str, captures: List[Captur
     t = _Trace(captures, max_captures)
     names = ("b", "h", "q_idx", "kv_idx")
     ranges = [(-1, n + _TILE_SLACK) for n in extents] if extents is not None else [None] * 4
-    b, h, q, kv = (Sym(t, n, _INT, None, r, f) for n, r, f in zip(names, ranges, (None, ("h",), ("q",), ("kv",))))
+    forms = (None, ("h",), ("lin", 1, 0, 0), ("lin", 0, 1, 0))
+    b, h, q, kv = (Sym(t, n, _INT, None, r, f) for n, r, f in zip(names, ranges, forms))
     try:
         result = fn(Sym(t, "score", _FLOAT, form=("score",)), b, h, q, kv) if is_score else fn(b, h, q, kv)
         out = _lift(t, result)
@@ -928,7 +994,7 @@ def trace_function(fn: Any, is_score: bool, function: str, captures: List[Captur
         + (body + "\n" if body else "")
         + f"  return {ret};\n}}\n"
     )
-    lowering = _lowering(out, extents[1] if extents is not None else None) if is_score else None
+    lowering = _lowering(out, extents[1] if extents is not None else None) if is_score else _mask_lowering(out)
     return TracedFunction(function, source, uses["b"], uses["h"], lowering)
 
 

@@ -462,7 +462,7 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
             run = ops.FLEX_ATTENTION
     out, lse = run(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, bool(return_lse),
                    variant[0], variant[1], variant[2], variant[3], variant[4], views, names, float(variant[6]),
-                   variant[7])
+                   variant[7], int(variant[8]))
     return (out, lse) if return_lse else out
 
 
@@ -478,14 +478,16 @@ _MAX_CAPTURE_ENTRIES = 64
 def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, int],
                    equal_lengths: bool) -> Tuple[str, ...]:
     """(variant name, mask source, mask function, score source, score function, capture key,
-    soft-cap, ALiBi slopes' capture name) of the mods (empty strings where there is none), tracing
-    them; the captures go to _CAPTURES.
+    soft-cap, ALiBi slopes' capture name, causal window) of the mods (empty strings where there is
+    none), tracing them; the captures go to _CAPTURES.
 
-    A score mod that is the kernels' built-in soft-cap or ALiBi (tessera/_mod_trace.py,
-    _lowering) is passed as that instead of as traced code: the soft-cap as its cap (a string,
-    "0" for none), ALiBi as the name of the capture holding its slopes, and only when the query
-    and key lengths are equal (equal_lengths; the kernels' ALiBi counts query positions from
-    S - L, where FlexAttention's q_idx starts at 0, which changes the LSE).
+    Mods that are the kernels' built-in variants (tessera/_mod_trace.py, _lowering and
+    _mask_lowering) are passed as those instead of as traced code: the soft-cap as its cap (a
+    string, "0" for none); ALiBi as the name of the capture holding its slopes; a causal mask,
+    with or without a sliding window, as the window (a string: "-2" for no causal mask, "-1"
+    causal without a window, else window_left). ALiBi and the masks only when the query and key
+    lengths are equal (equal_lengths): the kernels count query positions from S - L, where
+    FlexAttention's q_idx starts at 0.
 
     Marked as Dynamo's assume_constant_result does (below): torch.compile calls it once while
     tracing and keeps the strings as constants. The mods are then not guarded: a compiled function
@@ -494,6 +496,9 @@ def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, 
     captures: List[Capture] = []
     mask_fn = (trace_function(mask_mod, False, "tessera_mask_mod", captures, _MAX_CAPTURES, extents)
                if mask_mod is not None else None)
+    causal_window = "-2"
+    if mask_fn is not None and mask_fn.lowering is not None and equal_lengths:
+        causal_window, mask_fn = str(mask_fn.lowering[1]), None
     score_fn = (trace_function(score_mod, True, "tessera_score_mod", captures, _MAX_CAPTURES, extents)
                 if score_mod is not None else None)
     soft_cap, alibi = "0", ""
@@ -510,7 +515,7 @@ def _trace_variant(score_mod: Any, mask_mod: Any, extents: Tuple[int, int, int, 
     _CAPTURES.move_to_end(key)
     while len(_CAPTURES) > _MAX_CAPTURE_ENTRIES:
         _CAPTURES.popitem(last=False)
-    return sources + (key, soft_cap, alibi)
+    return sources + (key, soft_cap, alibi, causal_window)
 
 
 _trace_variant._dynamo_marked_constant = True  # type: ignore[attr-defined]  # = assume_constant_result
@@ -526,12 +531,13 @@ def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], ind
                        q_block: int, kv_block: int, sm_scale: float, return_lse: bool, variant_name: str,
                        mask_source: str, mask_function: str, score_source: str, score_function: str,
                        captures: List[Any], capture_names: str, logits_soft_cap: float = 0.0,
-                       alibi_capture: str = "") -> Tuple[Any, Any]:
+                       alibi_capture: str = "", causal_window: int = -2) -> Tuple[Any, Any]:
     """The launches of one flex_attention call: request b is one block_sparse_attention over
     (indptrs[b], indices[b], flags[b]). Returns (out [B, Hq, L, E], natural-log lse [B, Hq, L] or
     an empty tensor). Also the implementation of the custom op tessera::flex_attention.
     logits_soft_cap (> 0) and alibi_capture (the capture whose float32 [Hq] view are the slopes)
-    select the kernels' built-in soft-cap and ALiBi for a lowered score mod."""
+    select the kernels' built-in soft-cap and ALiBi for a lowered score mod; causal_window >= -1
+    the built-in causal mask (with window_left = causal_window when >= 0) for a lowered mask."""
     torch = U._torch()
     B, Hq, L, E = query.shape
     S = key.shape[2]
@@ -547,6 +553,8 @@ def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], ind
         builtin["logits_soft_cap"] = logits_soft_cap
     if alibi_capture:
         builtin["alibi_slopes"] = dict(tail)[alibi_capture].view(torch.float32)
+    if causal_window >= 0:
+        builtin["window_left"] = causal_window
     stream = U.current_stream(query.device)
     C = U._C()
     for b in range(B):
@@ -555,7 +563,8 @@ def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], ind
             kwargs["params"] = [(BATCH_PARAM, b), (Q_OFFSET_PARAM, S - L)] + tail
         U.call(C.block_sparse_attention, query, query[b].transpose(0, 1), key[b].transpose(0, 1),
                value[b].transpose(0, 1), indptrs[b], indices[b], flags[b], q_block, kv_block,
-               out[b].transpose(0, 1), lse[b] if lse is not None else None, sm_scale, False, stream, **kwargs)
+               out[b].transpose(0, 1), lse[b] if lse is not None else None, sm_scale, causal_window >= -1, stream,
+               **kwargs)
     if lse is None:
         return out, torch.empty((0,), dtype=torch.float32, device=query.device)
     return out, (lse * _LN2).transpose(1, 2).contiguous()

@@ -510,15 +510,46 @@ def test_builtin_score_mods_are_recognized(host_captures):
                                               14, None, hook_indices=True).source
 
 
+def _mask_lowering(fn):
+    return T.trace_function(fn, False, "f", [], 14, (1, 8, 512, 512)).lowering
+
+
+def test_builtin_masks_are_recognized():
+    """Causal masks and causal sliding windows, written the usual ways, lower to the kernels'
+    causal mask and window_left; other distance constraints and other masks stay traced."""
+    for fn in (lambda b, h, q, kv: q >= kv, lambda b, h, q, kv: kv <= q, lambda b, h, q, kv: q - kv >= 0,
+               lambda b, h, q, kv: kv - q <= 0, lambda b, h, q, kv: q + 1 > kv, lambda b, h, q, kv: q + (7 - 7) >= kv):
+        assert _mask_lowering(fn) == ("causal", -1)
+    for fn, w in ((lambda b, h, q, kv: (q >= kv) & (q - kv <= 1024), 1024),
+                  (lambda b, h, q, kv: (q - kv < 37) & (q >= kv), 36),
+                  (lambda b, h, q, kv: torch.logical_and(kv <= q, kv >= q - 5), 5),
+                  (tessera.and_masks(lambda b, h, q, kv: q >= kv, lambda b, h, q, kv: q - kv <= 9), 9),
+                  (lambda b, h, q, kv: (q >= kv) & (q - kv <= 0), 0)):
+        assert _mask_lowering(fn) == ("causal", w)
+    for fn in (lambda b, h, q, kv: q > kv,                          # strictly causal: distance >= 1
+               lambda b, h, q, kv: q >= kv - 1,                     # distance >= -1
+               lambda b, h, q, kv: q - kv <= 10,                    # a window without causal
+               lambda b, h, q, kv: (q >= kv) | (kv < 4),            # prefix-LM
+               lambda b, h, q, kv: (q >= kv) & (h == 0),
+               lambda b, h, q, kv: 2 * q >= 2 * kv,
+               lambda b, h, q, kv: (q >= kv) & (q - kv <= -1)):      # nothing visible
+        assert _mask_lowering(fn) is None
+
+
 def test_trace_variant_passes_lowered_mods_as_builtins(host_captures):
     slopes = torch.rand(8)
     causal = lambda b, h, q, kv: q >= kv  # noqa: E731
     extents = (2, 8, 512, 512)
     v = F._trace_variant(lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0), causal, extents, True)
-    assert v[3] == "" and v[4] == "" and v[1] != "" and float(v[6]) == 30.0 and v[7] == ""
+    assert v[:5] == ("", "", "", "", "") and float(v[6]) == 30.0 and v[7] == "" and v[8] == "-1"
+    docs = torch.zeros(512, dtype=torch.int32)
+    v = F._trace_variant(None, lambda b, h, q, kv: (q >= kv) & (docs[q] == docs[kv]), extents, True)
+    assert v[2] == "tessera_mask_mod" and v[8] == "-2"  # a document mask stays traced
+    v = F._trace_variant(None, causal, extents, False)
+    assert v[2] == "tessera_mask_mod" and v[8] == "-2"  # L != S: traced
     alibi = lambda s, b, h, q, kv: s + slopes[h] * (kv - q)  # noqa: E731
     v = F._trace_variant(alibi, causal, extents, True)
-    assert v[4] == "" and float(v[6]) == 0.0 and v[7] == "cap0"
+    assert v[4] == "" and float(v[6]) == 0.0 and v[7] == "cap0" and v[8] == "-1"
     names, views = F._CAPTURES[v[5]]
     assert names == "cap0" and torch.equal(views[0].view(torch.float32), slopes)
     # Unequal query and key lengths: ALiBi stays traced (the kernels count query positions from S - L).

@@ -393,43 +393,35 @@ std::vector<BlockMaskCase> block_mask_cases() {
   cases.push_back(s);
   // Built-in ALiBi and soft-cap beside the user mask, FlexAttention's 128-wide blocks (each KV
   // tile inside one block: the split ALiBi) and blocks narrower than a tile (ALiBi per logit).
-  BlockMaskCase a;
-  a.dtype = DType::kBF16;
-  a.block_rows = 128;
-  a.block_cols = 128;
-  a.rows = 700;
-  a.cols = 700;
-  a.num_kv_heads = 2;
-  a.group = 4;
-  a.head_dim = 128;
-  a.flags = true;
-  a.builtin = BlockMaskCase::Builtin::kAlibi;
-  cases.push_back(a);
-  a.block_cols = 64;
-  a.dtype = DType::kF16;
-  a.rows = 300;
-  a.cols = 1000;
-  cases.push_back(a);
-  a.block_cols = 256;
-  a.head_dim = 64;
-  a.flags = false;
-  a.sanitize = true;
-  cases.push_back(a);
-  a.sanitize = false;
-  a.block_cols = 16;
-  a.head_dim = 256;
-  a.group = 1;
-  a.flags = true;
-  cases.push_back(a);
-  a.builtin = BlockMaskCase::Builtin::kSoftCap;
-  a.dtype = DType::kBF16;
-  a.block_rows = 128;
-  a.block_cols = 128;
-  a.head_dim = 128;
-  a.group = 4;
-  a.rows = 700;
-  a.cols = 700;
-  cases.push_back(a);
+  using Builtin = BlockMaskCase::Builtin;
+  struct Row {
+    DType dtype;
+    int64_t block_cols, rows, cols, group, head_dim;
+    bool flags, sanitize;
+    Builtin builtin;
+  };
+  const Row rows[] = {
+      {DType::kBF16, 128, 700, 700, 4, 128, true, false, Builtin::kAlibi},
+      {DType::kF16, 64, 300, 1000, 4, 128, true, false, Builtin::kAlibi},
+      {DType::kF16, 256, 300, 1000, 4, 64, false, true, Builtin::kAlibi},
+      {DType::kF16, 16, 300, 1000, 1, 256, true, false, Builtin::kAlibi},
+      {DType::kBF16, 128, 700, 700, 4, 128, true, false, Builtin::kSoftCap},
+  };
+  for (const Row& r : rows) {
+    BlockMaskCase b;
+    b.dtype = r.dtype;
+    b.block_rows = 128;
+    b.block_cols = r.block_cols;
+    b.rows = r.rows;
+    b.cols = r.cols;
+    b.num_kv_heads = 2;
+    b.group = r.group;
+    b.head_dim = r.head_dim;
+    b.flags = r.flags;
+    b.sanitize = r.sanitize;
+    b.builtin = r.builtin;
+    cases.push_back(b);
+  }
   return cases;
 }
 

@@ -214,23 +214,23 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, indptrs: List[Tens
                    flags: List[Tensor], q_block: int, kv_block: int, sm_scale: float, return_lse: bool,
                    variant_name: str, mask_source: str, mask_function: str, score_source: str,
                    score_function: str, captures: List[Tensor], capture_names: str, logits_soft_cap: float,
-                   alibi_capture: str, causal_window: int) -> Tuple[Tensor, Tensor]:
+                   alibi_capture: str, causal_window: int, dense: bool) -> Tuple[Tensor, Tensor]:
     """tessera.flex_attention after its checks and tracing (tessera.flex.run_flex_attention): the
     traced mods arrive as source text, their captured tensors as byte views named by
     capture_names (comma-separated), mods lowered to the built-in soft-cap, ALiBi or causal
-    window as logits_soft_cap / alibi_capture / causal_window; returns (out, natural-log lse or
-    an empty tensor)."""
+    window as logits_soft_cap / alibi_capture / causal_window, dense for the dense kernel;
+    returns (out, natural-log lse or an empty tensor)."""
     from .flex import run_flex_attention
 
     return run_flex_attention(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, return_lse,
                               variant_name, mask_source, mask_function, score_source, score_function, captures,
-                              capture_names, logits_soft_cap, alibi_capture, causal_window)
+                              capture_names, logits_soft_cap, alibi_capture, causal_window, dense)
 
 
 @flex_attention.register_fake
 def _flex_attention_fake(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, return_lse,
                          variant_name, mask_source, mask_function, score_source, score_function, captures,
-                         capture_names, logits_soft_cap, alibi_capture, causal_window):
+                         capture_names, logits_soft_cap, alibi_capture, causal_window, dense):
     B, Hq, L, E = query.shape
     out = torch.empty((B, Hq, L, E), dtype=query.dtype, device=query.device)
     lse = torch.empty((B, Hq, L) if return_lse else (0,), dtype=torch.float32, device=query.device)

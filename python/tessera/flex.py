@@ -160,6 +160,10 @@ class BlockMask:
         self.full_kv_num_blocks = full_kv_num_blocks
         self.full_kv_indices = full_kv_indices
         self.mask_mod = mask_mod if mask_mod is not None else noop_mask
+        # The mask_mod these block lists were evaluated from (create_block_mask sets it): then the
+        # lists add nothing to an exact evaluation of that mask, and flex_attention may run a
+        # lowered mask on the dense kernel. None for lists made elsewhere.
+        self._lists_of: Any = None
         # What the kernels read, per batch entry (_bsr_entries), made once here.
         self._bsr_entries: List[Tuple[Any, Any, Any, bool]] = _bsr_entries(self)
 
@@ -343,7 +347,9 @@ def create_block_mask(mask_mod: Callable[..., Any], B: Optional[int], H: Optiona
         full_num, full_indices = _ordered(states == 2)
     else:
         full_num = full_indices = None
-    return BlockMask((q_len, kv_len), (q_block, kv_block), kv_num, kv_indices, full_num, full_indices, mask_mod)
+    bm = BlockMask((q_len, kv_len), (q_block, kv_block), kv_num, kv_indices, full_num, full_indices, mask_mod)
+    bm._lists_of = bm.mask_mod
+    return bm
 
 
 # --- attention -----------------------------------------------------------------------------------
@@ -455,6 +461,7 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
     variant = _trace_variant(score_mod, mask_mod if needs_mask else None, extents, L == S)
     names, views = _CAPTURES[variant[5]]
     indptrs, indices, flags = ([entry[i] for entry in bsrs] for i in range(3))
+    dense = _runs_dense(variant, block_mask, mask_mod)
     run = run_flex_attention
     if U._torch().compiler.is_compiling():  # one custom-op node in the graph (tessera/_ops.py)
         ops = _ops()
@@ -462,8 +469,24 @@ def flex_attention(query: Any, key: Any, value: Any, score_mod: Optional[Callabl
             run = ops.FLEX_ATTENTION
     out, lse = run(query, key, value, indptrs, indices, flags, q_block, kv_block, sm_scale, bool(return_lse),
                    variant[0], variant[1], variant[2], variant[3], variant[4], views, names, float(variant[6]),
-                   variant[7], int(variant[8]))
+                   variant[7], int(variant[8]), dense)
     return (out, lse) if return_lse else out
+
+
+def _runs_dense(variant: Tuple[str, ...], block_mask: Any, mask_mod: Any) -> bool:
+    """Whether a call is the dense kernel's built-in attention: no traced code is left (every mod
+    absent or lowered, variant from _trace_variant) and the block lists add nothing to the mask -
+    no block mask, or lists create_block_mask evaluated from this mask_mod when that mask is
+    noop_mask or was lowered to the causal mask (an exact mask makes its own block lists
+    redundant). Lists from elsewhere (torch's BlockMask, a BlockMask built from parts) can drop
+    blocks the mask keeps, so they keep the block-sparse kernel."""
+    if variant[2] or variant[4]:
+        return False
+    if block_mask is None:
+        return True
+    if getattr(block_mask, "_lists_of", None) is not mask_mod:
+        return False
+    return _is_noop(mask_mod) or int(variant[8]) >= -1
 
 
 # Captured tensors of traced variants, by key (the variant's sources and the captured tensors'
@@ -531,13 +554,19 @@ def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], ind
                        q_block: int, kv_block: int, sm_scale: float, return_lse: bool, variant_name: str,
                        mask_source: str, mask_function: str, score_source: str, score_function: str,
                        captures: List[Any], capture_names: str, logits_soft_cap: float = 0.0,
-                       alibi_capture: str = "", causal_window: int = -2) -> Tuple[Any, Any]:
+                       alibi_capture: str = "", causal_window: int = -2, dense: bool = False) -> Tuple[Any, Any]:
     """The launches of one flex_attention call: request b is one block_sparse_attention over
-    (indptrs[b], indices[b], flags[b]). Returns (out [B, Hq, L, E], natural-log lse [B, Hq, L] or
-    an empty tensor). Also the implementation of the custom op tessera::flex_attention.
-    logits_soft_cap (> 0) and alibi_capture (the capture whose float32 [Hq] view are the slopes)
-    select the kernels' built-in soft-cap and ALiBi for a lowered score mod; causal_window >= -1
-    the built-in causal mask (with window_left = causal_window when >= 0) for a lowered mask."""
+    (indptrs[b], indices[b], flags[b]), or with dense (no traced code, block lists implied by the
+    mask: _runs_dense) one run of a ragged runtime plan over all of its keys (_DensePlan) - the
+    kernel of the built-in variants, without the block lists' per-row column lookups. Returns (out [B, Hq, L, E],
+    natural-log lse [B, Hq, L] or an empty tensor). Also the implementation of the custom op
+    tessera::flex_attention. logits_soft_cap (> 0) and alibi_capture (the capture whose float32
+    [Hq] view are the slopes) select the kernels' built-in soft-cap and ALiBi for a lowered score
+    mod; causal_window >= -1 the built-in causal mask (with window_left = causal_window when >= 0)
+    for a lowered mask."""
+    if dense and (mask_function or score_function):
+        raise ValueError(f"run_flex_attention: dense = True with traced mods ({variant_name!r}), expected "
+                         "dense only for calls without traced code")
     torch = U._torch()
     B, Hq, L, E = query.shape
     S = key.shape[2]
@@ -557,17 +586,88 @@ def run_flex_attention(query: Any, key: Any, value: Any, indptrs: List[Any], ind
         builtin["window_left"] = causal_window
     stream = U.current_stream(query.device)
     C = U._C()
-    for b in range(B):
-        kwargs = dict(variant, **builtin)
-        if variant:
-            kwargs["params"] = [(BATCH_PARAM, b), (Q_OFFSET_PARAM, S - L)] + tail
-        U.call(C.block_sparse_attention, query, query[b].transpose(0, 1), key[b].transpose(0, 1),
-               value[b].transpose(0, 1), indptrs[b], indices[b], flags[b], q_block, kv_block,
-               out[b].transpose(0, 1), lse[b] if lse is not None else None, sm_scale, causal_window >= -1, stream,
-               **kwargs)
+    if dense:
+        plan = _dense_plan(query, key, sm_scale, causal_window >= -1, builtin, stream)
+        for b in range(B):
+            if plan is not None:
+                U.call(plan.cpp.run, query, query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1),
+                       out[b].transpose(0, 1), lse[b] if lse is not None else None, stream)
+            else:
+                U.call(C.single_prefill, query, query[b].transpose(0, 1), key[b].transpose(0, 1),
+                       value[b].transpose(0, 1), U.check_kv_layout("NHD"), out[b].transpose(0, 1),
+                       lse[b] if lse is not None else None, sm_scale, causal_window >= -1, stream,
+                       **({"variant": C.VariantArgs(**builtin)} if builtin else {}))
+    else:
+        for b in range(B):
+            kwargs = dict(variant, **builtin)
+            if variant:
+                kwargs["params"] = [(BATCH_PARAM, b), (Q_OFFSET_PARAM, S - L)] + tail
+            U.call(C.block_sparse_attention, query, query[b].transpose(0, 1), key[b].transpose(0, 1),
+                   value[b].transpose(0, 1), indptrs[b], indices[b], flags[b], q_block, kv_block,
+                   out[b].transpose(0, 1), lse[b] if lse is not None else None, sm_scale, causal_window >= -1,
+                   stream, **kwargs)
     if lse is None:
         return out, torch.empty((0,), dtype=torch.float32, device=query.device)
     return out, (lse * _LN2).transpose(1, 2).contiguous()
+
+
+class _DensePlan:
+    """The dense route's kernel: a plan of the ragged plan/run runtime (the C++
+    BatchPrefillRaggedWrapper, the kernel of the wrappers' built-in variants) for one request of L
+    queries and S keys, run once per batch entry. Its persistent CTAs start a work item's loads
+    under the previous item's epilogue, which the one-shot kernel (one item per CTA, one CTA per SM
+    at head dim 128) cannot: W3's window cell, 9 KV tiles per item, ran 0.90 of the runtime
+    one-shot (bench/results/LOG.md, session 40). KV is not split (as the block-sparse kernel), so
+    the workspace holds the plan alone."""
+
+    def __init__(self, query: Any, key: Any, sm_scale: float, causal: bool, builtin: Dict[str, Any],
+                 stream: int) -> None:
+        torch = U._torch()
+        from ._runtime import _bounds
+
+        C = U._C()
+        _, Hq, L, E = query.shape
+        Hkv, S = key.shape[1], key.shape[2]
+        device = U.device_index(query)
+        options = C.RuntimeOptions()
+        options.split_kv = C.SplitKV.none
+        options.dtype = U.tessera_dtype(query.dtype)
+        bounds = _bounds(C, 1, L, Hq, Hkv, E)
+        size = int(C.BatchPrefillRaggedWrapper.workspace_size(bounds, options, device))
+        self.workspace = torch.empty(size, dtype=torch.uint8, device=query.device)
+        self.cpp = U.call(C.BatchPrefillRaggedWrapper, query, self.workspace, bounds, options)
+        self.slopes = builtin.get("alibi_slopes")  # the plan reads them at each run: kept alive
+        indptr = lambda n: torch.tensor([0, n], dtype=torch.int32)  # noqa: E731
+        U.call(self.cpp.plan, query, indptr(L), indptr(S), Hq, Hkv, E, U.tessera_dtype(query.dtype), sm_scale, causal,
+               stream, device, **({"variant": C.VariantArgs(**builtin)} if builtin else {}))
+
+
+# The dense route's plans by (device, stream, dtype, shapes, scale, causal, built-ins): each plan
+# lives in its own workspace on its stream, so flex_attention calls on other streams never share
+# one. Bounded: the oldest go.
+_DENSE_PLANS: "OrderedDict[Tuple[Any, ...], _DensePlan]" = OrderedDict()
+_MAX_DENSE_PLANS = 8
+
+
+def _dense_plan(query: Any, key: Any, sm_scale: float, causal: bool, builtin: Dict[str, Any],
+                stream: int) -> Optional[_DensePlan]:
+    """The cached _DensePlan of a call, made on first use; None while `stream` is being captured
+    into a CUDA graph and the plan does not exist yet (planning copies to the GPU and allocates,
+    which a capture forbids): that call runs the one-shot ragged kernel (single_prefill), the same
+    kernel family without the persistent schedule."""
+    slopes = builtin.get("alibi_slopes")
+    cache_key = (query.device, stream, query.dtype, tuple(query.shape[1:]), tuple(key.shape[1:]), sm_scale, causal,
+                 builtin.get("window_left", -1), builtin.get("logits_soft_cap", 0.0),
+                 slopes.data_ptr() if slopes is not None else 0)
+    plan = _DENSE_PLANS.get(cache_key)
+    if plan is None:
+        if U._torch().cuda.is_current_stream_capturing():
+            return None
+        plan = _DENSE_PLANS[cache_key] = _DensePlan(query, key, sm_scale, causal, builtin, stream)
+        while len(_DENSE_PLANS) > _MAX_DENSE_PLANS:
+            _DENSE_PLANS.popitem(last=False)
+    _DENSE_PLANS.move_to_end(cache_key)
+    return plan
 
 
 def _check_scale(scale: Any, head_dim: int) -> float:

@@ -10,6 +10,7 @@ the mathematics, and create_block_mask's block sets against FlexAttention's.
 
 import math
 import os
+import types
 
 import pytest
 
@@ -386,10 +387,13 @@ def test_flex_attention_matches_torch_flex_and_reference(shape, name, score_fact
     t_out, t_lse = flex_mod.flex_attention(q, k, v, score_mod=score_mod, block_mask=tbm, enable_gqa=Hq != Hkv,
                                            return_lse=True)
     _check(out, lse, t_out.float(), t_lse.float(), dtype, f"{name} vs torch flex_attention")
-    # Tessera accepts FlexAttention's BlockMask too, with the same result.
+    # Tessera accepts FlexAttention's BlockMask too. Its block lists are not known to follow from
+    # the mask, so a lowered mask runs the block-sparse kernel with them (Tessera's own mask runs
+    # the dense kernel then): the two paths checked against the reference each.
     if tbm is not None:
-        out2 = tessera.flex_attention(q, k, v, score_mod=score_mod, block_mask=tbm, enable_gqa=Hq != Hkv)
-        assert torch.equal(out2, out), f"{name}: torch's BlockMask gave another result"
+        out2, lse2 = tessera.flex_attention(q, k, v, score_mod=score_mod, block_mask=tbm, enable_gqa=Hq != Hkv,
+                                            return_lse=True)
+        _check(out2, lse2, ref_o, ref_lse, dtype, f"{name} with torch's BlockMask vs fp32 reference")
 
 
 @gpu
@@ -558,6 +562,67 @@ def test_trace_variant_passes_lowered_mods_as_builtins(host_captures):
     # A lowered mod without a mask leaves no user variant at all.
     v = F._trace_variant(alibi, None, extents, True)
     assert v[:5] == ("", "", "", "", "") and v[7] == "cap0"
+
+
+def test_dense_kernel_only_where_the_block_lists_follow_from_the_mask(host_captures):
+    causal = lambda b, h, q, kv: q >= kv  # noqa: E731
+    extents = (1, 8, 512, 512)
+    lowered = F._trace_variant(None, causal, extents, True)
+    assert lowered[8] == "-1"
+    ours = types.SimpleNamespace(_lists_of=causal)  # create_block_mask's lists of this mask
+    assert F._runs_dense(lowered, ours, causal)
+    assert F._runs_dense(F._trace_variant(None, None, extents, True), None, None)  # no mask at all
+    # Lists from elsewhere (torch's BlockMask, one built from parts, another mask's) can drop blocks.
+    for bm in (types.SimpleNamespace(), types.SimpleNamespace(_lists_of=None),
+               types.SimpleNamespace(_lists_of=lambda b, h, q, kv: q >= kv)):
+        assert not F._runs_dense(lowered, bm, causal)
+    # Traced code left: the block-sparse kernel, which runs it.
+    docs = torch.zeros(512, dtype=torch.int32)
+    doc_mask = lambda b, h, q, kv: (q >= kv) & (docs[q] == docs[kv])  # noqa: E731
+    traced = F._trace_variant(None, doc_mask, extents, True)
+    assert not F._runs_dense(traced, types.SimpleNamespace(_lists_of=doc_mask), doc_mask)
+    # A mask with full blocks only is not passed to the kernels (needs_mask False); then the lists
+    # are the mask, unless it is noop_mask.
+    kv_prefix = lambda b, h, q, kv: kv < 256  # noqa: E731
+    untraced = F._trace_variant(None, None, extents, True)
+    assert not F._runs_dense(untraced, types.SimpleNamespace(_lists_of=kv_prefix), kv_prefix)
+    assert F._runs_dense(untraced, types.SimpleNamespace(_lists_of=tessera.noop_mask), tessera.noop_mask)
+    with pytest.raises(ValueError, match="dense = True with traced mods"):
+        F.run_flex_attention(torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64), torch.zeros(1, 1, 1, 64), [], [], [],
+                             128, 128, 1.0, False, traced[0], traced[1], traced[2], traced[3], traced[4], [], "",
+                             dense=True)
+
+
+@gpu
+def test_dense_route_plans_once_and_runs_under_graph_capture():
+    """Lowered mods with Tessera's block mask run the ragged runtime: one plan per configuration,
+    reused; a capture that would have to plan runs the one-shot ragged kernel instead."""
+    B, H, L, E = 2, 4, 383, 128
+    q, k, v = _inputs(B, H, H, L, L, E, torch.bfloat16, seed=11)
+    causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # noqa: E731
+    softcap = lambda score, b, h, q_idx, kv_idx: 25.0 * torch.tanh(score / 25.0)  # noqa: E731
+    bm = tessera.create_block_mask(causal, None, None, L, L, device=DEV, BLOCK_SIZE=64)
+    dense_mask = flex_mod.create_mask(causal, B, H, L, L, device=DEV)
+    F._DENSE_PLANS.clear()
+    out, lse = tessera.flex_attention(q, k, v, score_mod=softcap, block_mask=bm, return_lse=True)
+    assert len(F._DENSE_PLANS) == 1
+    ref_o, ref_lse = _reference(q, k, v, softcap, dense_mask, 1.0 / math.sqrt(E))
+    _check(out, lse, ref_o, ref_lse, torch.bfloat16, "dense route")
+    out_again = tessera.flex_attention(q, k, v, score_mod=softcap, block_mask=bm)
+    assert len(F._DENSE_PLANS) == 1 and torch.equal(out_again, out)
+    # Another scale is another plan, which a capture cannot make: the one-shot kernel runs (its JIT
+    # kernel compiled first, outside the capture, through single_prefill_with_kv_cache).
+    tessera.single_prefill_with_kv_cache(*(t[0].transpose(0, 1).contiguous() for t in (q, k, v)),
+                                         causal=True, logits_soft_cap=25.0)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = tessera.flex_attention(q, k, v, score_mod=softcap, block_mask=bm, scale=0.07, return_lse=True)
+    assert len(F._DENSE_PLANS) == 1
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_o, ref_lse = _reference(q, k, v, softcap, dense_mask, 0.07)
+    _check(captured[0], captured[1], ref_o, ref_lse, torch.bfloat16, "dense route under graph capture")
 
 
 @gpu

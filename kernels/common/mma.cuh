@@ -14,6 +14,13 @@ namespace kernels {
 /// Shared-memory address of a generic pointer, as the PTX instructions take it.
 TESSERA_DEVICE uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
+/// 16 bytes of shared memory at shared-window address `addr` (16-byte aligned), as two 64-bit words.
+TESSERA_DEVICE ulonglong2 ld_shared_u64x2(uint32_t addr) {
+  ulonglong2 v;
+  asm volatile("ld.shared.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "r"(addr));
+  return v;
+}
+
 /// Four 8x8 b16 matrices; lane i supplies the address of row i % 8 of matrix i / 8.
 TESSERA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

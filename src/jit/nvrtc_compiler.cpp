@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,13 @@ std::vector<std::string> nvrtc_options(const std::string& arch, const std::vecto
   std::vector<std::string> options = {"--gpu-architecture=sm_" + arch, "-std=c++17", "-default-device", "-lineinfo"};
   for (const std::string& dir : cuda_include_dirs()) options.push_back("--include-path=" + dir);
   options.insert(options.end(), extra.begin(), extra.end());
+  // Experiments with NVRTC's own options (compile time against kernel speed, e.g.
+  // --Ofast-compile=min) without a rebuild; the cache key includes every option, so such kernels
+  // never mix with the default ones.
+  if (const char* env = std::getenv("TESSERA_NVRTC_OPTIONS"); env != nullptr) {
+    std::istringstream words(env);
+    for (std::string word; words >> word;) options.push_back(word);
+  }
   return options;
 }
 

@@ -14,7 +14,8 @@
 //
 // Options (nvrtc_options): --gpu-architecture=sm_<arch> (a real architecture, so NVRTC emits SASS
 // and nvrtcGetCUBIN works), -std=c++17, -default-device (unannotated functions are __device__),
-// -lineinfo (as the nvcc build: profilers map SASS to source lines), and the include paths.
+// -lineinfo (as the nvcc build: profilers map SASS to source lines), the include paths, the
+// request's extra options and the words of $TESSERA_NVRTC_OPTIONS (experiments).
 // --use_fast_math is deliberately NOT set: the ahead-of-time build does not use it either, so a
 // JIT-compiled kernel rounds, divides and handles denormals exactly as its nvcc twin; the kernels
 // already call the fast intrinsics (ex2.approx) where they want them. --expt-relaxed-constexpr,

@@ -323,6 +323,15 @@ TEST(JitNvrtc, OptionsAndIncludeDirs) {
   for (const std::string& d : dirs) std::cout << " " << d;
   std::cout << std::endl;
 
+  {  // TESSERA_NVRTC_OPTIONS: whitespace-separated words after the request's own options.
+    ScopedEnv extra("TESSERA_NVRTC_OPTIONS", "  --Ofast-compile=min\t-DBAR=2 ");
+    const std::vector<std::string> with = nvrtc_options("90a", {"-DFOO=1"});
+    ASSERT_EQ(with.size(), o.size() + 2);
+    EXPECT_EQ(with[with.size() - 3], "-DFOO=1");
+    EXPECT_EQ(with[with.size() - 2], "--Ofast-compile=min");
+    EXPECT_EQ(with.back(), "-DBAR=2");
+  }
+
   // The environment variable overrides the configure-time directory.
   ScopedEnv env("TESSERA_CUDA_INCLUDE_DIR", "/nonexistent/cuda/include");
   EXPECT_EQ(cuda_include_dirs(), std::vector<std::string>{"/nonexistent/cuda/include"});

@@ -12,6 +12,10 @@ How a call runs: every request ``b`` is one ``block_sparse_attention`` over the 
 partial blocks evaluate it, absent blocks are never read — FlexAttention's contract. A block mask
 whose block sets differ between heads runs, per request, the union of the heads' blocks (full only
 where full in every head); the mask_mod, evaluated with the real head, keeps the result exact.
+Mods of the kernels' built-in forms (causal and sliding-window masks, soft-cap, ALiBi) run as
+those; when nothing traced is left and the block lists follow from the mask (``_runs_dense``),
+each request is instead a run of a cached ragged-runtime plan (``_DensePlan``), the built-in
+variants' own kernel.
 
 Differences from FlexAttention, each an error rather than a silent change: query, key and value
 are float16 or bfloat16 CUDA tensors ``[B, H, L, E]`` with one head dim E (``value``'s last dim

@@ -1122,6 +1122,91 @@ class PagedFastRun {
   nb::object memory_format_kwnames_, new_empty_name_;
 };
 
+/// The decode wrapper's plan(indptr, indices, last_page_len) in its common case, in one call of the
+/// bindings (W12: a serving step plans once; the Python around the C++ planner and the graph-mode
+/// page-table copies measured 16-23 and 10-11 µs on an H100 host, bench/results/LOG.md, session 40).
+/// Made by plan() (python/tessera/decode.py, _DecodeFastPlan) after a plan of one configuration
+/// (one query per request, the default variant, a 16-bit cache) with what that fixes: the plan
+/// shape, the page size, the runtime's batch bound and, with use_cuda_graph, the page-table buffers.
+///
+/// Called with plan()'s page table, it returns (batch, pages) after copying the buffers (graph mode)
+/// and planning on PyTorch's current stream of the plan's GPU, or None with nothing done when
+/// anything is not the common case: an argument that is not exactly a torch.Tensor, indptr or
+/// last_page_len not contiguous host int32 of batch + 1 / batch entries, indptr not starting at 0 or
+/// decreasing, page ids not contiguous int32 on the plan's GPU or fewer than indptr[-1], a batch
+/// above the runtime's bound or the buffers', a capturing stream. The Python path then checks the
+/// arguments and names what is wrong. What the C++ planner checks (last_page_len's values) raises
+/// here as there.
+class DecodeFastPlan {
+ public:
+  DecodeFastPlan(nb::object owner, tessera::BatchDecodeWrapper* wrapper, int device, int64_t max_batch,
+                 int64_t page_size, tessera::PlanShape shape, nb::object graph_indptr, nb::object graph_indices,
+                 nb::object graph_last_page_len)
+      : owner_(std::move(owner)), wrapper_(wrapper), device_(device), max_batch_(max_batch), page_size_(page_size),
+        shape_(std::move(shape)), graph_(!graph_indices.is_none()), graph_objects_{std::move(graph_indptr),
+                                                                                  std::move(graph_indices),
+                                                                                  std::move(graph_last_page_len)} {
+    if (graph_) {
+      graph_indptr_ = to_view(nb::cast<RunArray>(graph_objects_[0]), "paged_kv_indptr_buffer");
+      graph_indices_ = to_view(nb::cast<RunArray>(graph_objects_[1]), "paged_kv_indices_buffer");
+      graph_last_page_len_ = to_view(nb::cast<RunArray>(graph_objects_[2]), "paged_kv_last_page_len_buffer");
+    }
+  }
+
+  nb::object operator()(nb::handle indptr, nb::handle indices, nb::handle last_page_len) {
+    const TorchExchange& torch = torch_exchange();
+    if (torch.api == nullptr || torch.api->current_work_stream == nullptr) return nb::none();
+    TensorView ip, lp, ids;
+    if (!index_array(indptr, ip, false) || ip.shape[0] < 1) return nb::none();
+    const int64_t batch = ip.shape[0] - 1;
+    if (!index_array(last_page_len, lp, false) || lp.shape[0] != batch || batch > max_batch_) return nb::none();
+    const auto* offsets = static_cast<const int32_t*>(ip.data);
+    if (offsets[0] != 0) return nb::none();
+    for (int64_t b = 0; b < batch; ++b) {
+      if (offsets[b + 1] < offsets[b]) return nb::none();
+    }
+    const int64_t pages = offsets[batch];
+    if (!index_array(indices, ids, true) || ids.shape[0] < pages) return nb::none();
+    void* stream = nullptr;
+    if (torch.api->current_work_stream(kDLCUDA, device_, &stream) != 0) {
+      PyErr_Clear();
+      return nb::none();
+    }
+    const uintptr_t stream_handle = reinterpret_cast<uintptr_t>(stream);
+    if (graph_) {
+      if (batch >= graph_indptr_.shape[0] || batch > graph_last_page_len_.shape[0] || pages > graph_indices_.shape[0]) {
+        return nb::none();
+      }
+      const std::vector<IndexCopy> copies = {
+          {graph_indices_, ids, pages}, {graph_indptr_, ip, batch + 1}, {graph_last_page_len_, lp, batch}};
+      if (!copy_index_arrays(stream_handle, device_, copies)) return nb::none();
+    }
+    plan_on(device_, [&] { wrapper_->plan(ip, lp, page_size_, shape_, to_stream(stream_handle)); });
+    return nb::make_tuple(batch, pages);
+  }
+
+ private:
+  /// The view of `o` when it is exactly a contiguous 1-D int32 torch.Tensor, on the plan's GPU
+  /// (on_device) or in pageable host memory.
+  bool index_array(nb::handle o, TensorView& view, bool on_device) const {
+    RunArray a;
+    if (!torch_dltensor(o.ptr(), a) || !try_view(a, view)) return false;
+    const bool where = on_device ? view.device.type == tessera::DeviceType::kCUDA && view.device.id == device_
+                                 : view.device.type == tessera::DeviceType::kCPU;
+    return where && view.dtype == DType::kI32 && view.ndim == 1 && (view.shape[0] <= 1 || view.strides[0] == 1) &&
+           (view.shape[0] == 0 || view.data != nullptr);
+  }
+
+  nb::object owner_;  // the Python object of wrapper_ (kept alive)
+  tessera::BatchDecodeWrapper* wrapper_;
+  int device_;
+  int64_t max_batch_, page_size_;
+  tessera::PlanShape shape_;
+  bool graph_;
+  nb::object graph_objects_[3];  // indptr, indices, last_page_len buffers (kept alive)
+  TensorView graph_indptr_, graph_indices_, graph_last_page_len_;
+};
+
 /// W's run() as a PagedFastRun::RunFn.
 template <typename W>
 void run_paged_wrapper(void* w, const TensorView& q, const tessera::PagedKVCache& kv, const TensorView& o,
@@ -1827,6 +1912,15 @@ void bind_block_sparse_and_flex(nb::module_& m) {
 
 /// The plan/run runtime: tessera::BatchDecodeWrapper.
 /// PagedFastRun (the paged wrappers' fast_run()).
+void bind_fast_plan_class(nb::module_& m) {
+  nb::class_<DecodeFastPlan>(m, "DecodeFastPlan",
+                             "Private: BatchDecodeWrapper.fast_plan()'s object; call it with (indptr, indices, "
+                             "last_page_len) -> (batch, pages), or None for the full plan() path.")
+      .def("__call__", &DecodeFastPlan::operator(), "indptr"_a, "indices"_a, "last_page_len"_a,
+           "Plans the step (copying the page table into the graph buffers first, when given) and returns (batch, "
+           "pages), or None with nothing done when an argument is not the common case.");
+}
+
 void bind_fast_run_class(nb::module_& m) {
   nb::class_<PagedFastRun>(m, "PagedFastRun",
                            "Private: a paged plan's run(q, paged_kv_cache[, out]) in one call (W12); made by a "
@@ -1843,6 +1937,22 @@ void bind_decode_wrapper(nb::module_& m) {
   bind_set_variant_params(decode);
   bind_fast_run(decode);
   decode
+      .def(
+          "fast_plan",
+          [](nb::object self, int device, int64_t max_batch, int64_t page_size, int64_t num_qo_heads,
+             int64_t num_kv_heads, int64_t head_dim, DType dtype, double sm_scale, nb::object graph_indptr,
+             nb::object graph_indices, nb::object graph_last_page_len) {
+            auto* w = nb::cast<tessera::BatchDecodeWrapper*>(self);
+            return DecodeFastPlan(self, w, device, max_batch, page_size,
+                                  plan_shape(num_qo_heads, num_kv_heads, head_dim, dtype, sm_scale, false,
+                                             tessera::VariantOptions{}, std::nullopt, tessera::KVScales{}),
+                                  std::move(graph_indptr), std::move(graph_indices), std::move(graph_last_page_len));
+          },
+          "device"_a, "max_batch"_a, "page_size"_a, "num_qo_heads"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a,
+          "sm_scale"_a, "graph_indptr"_a.none(), "graph_indices"_a.none(), "graph_last_page_len"_a.none(),
+          "Private (python/tessera/decode.py): a DecodeFastPlan of this configuration (the default variant, K/V "
+          "of dtype): plan(indptr, indices, last_page_len) in one call, -> (batch, pages) or None; with the graph "
+          "buffers (int32 on GPU `device`) it also copies the page table into them.")
       .def(
           "plan",
           [](tessera::BatchDecodeWrapper& w, const RunArray& kv_indptr, const RunArray& last_page_len, int64_t page_size,
@@ -2188,6 +2298,7 @@ NB_MODULE(_C, m) {
   bind_mla(m);
   bind_block_sparse_and_flex(m);
   bind_fast_run_class(m);
+  bind_fast_plan_class(m);
   bind_decode_wrapper(m);
   bind_prefill_paged_wrapper(m);
   bind_pod_wrapper(m);

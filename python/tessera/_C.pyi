@@ -430,6 +430,16 @@ class PagedFastRun:
         Runs the plan and returns out (allocated when None), or None with nothing done when an argument is not the plan's common case (exact torch.Tensors of its dtypes, shapes and GPU).
         """
 
+class DecodeFastPlan:
+    """
+    Private: BatchDecodeWrapper.fast_plan()'s object; call it with (indptr, indices, last_page_len) -> (batch, pages), or None for the full plan() path.
+    """
+
+    def __call__(self, indptr: object, indices: object, last_page_len: object) -> object:
+        """
+        Plans the step (copying the page table into the graph buffers first, when given) and returns (batch, pages), or None with nothing done when an argument is not the common case.
+        """
+
 class BatchDecodeWrapper:
     """tessera::BatchDecodeWrapper (paged KV, one query per request)."""
 
@@ -463,6 +473,11 @@ class BatchDecodeWrapper:
     def fast_run(self, indices: object, host_ids: object | None, device: int, dtype: DType, kv_dtype: DType, num_qo_heads: int, head_dim: int, head_dim_vo: int, q_rows: int, k_page: Sequence[int], v_page: Sequence[int], layout: Layout, empty_like: object, contiguous_format: object) -> PagedFastRun:
         """
         Private (python/tessera/decode.py): the PagedFastRun of this plan: run(q, paged_kv_cache[, out]) in one call for 16-bit q and K/V of these dtypes and shapes (q_rows -1: any), the page ids `indices` (kept alive), host_ids (an object whose check(num_pages) checks page ids given on the host) or None; outputs from empty_like(q, memory_format=contiguous_format) (torch's).
+        """
+
+    def fast_plan(self, device: int, max_batch: int, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, graph_indptr: object | None, graph_indices: object | None, graph_last_page_len: object | None) -> DecodeFastPlan:
+        """
+        Private (python/tessera/decode.py): a DecodeFastPlan of this configuration (the default variant, K/V of dtype): plan(indptr, indices, last_page_len) in one call, -> (batch, pages) or None; with the graph buffers (int32 on GPU `device`) it also copies the page table into them.
         """
 
     def plan(self, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: DType, sm_scale: float, stream: int, device: int, *, variant: VariantArgs | None = None, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:

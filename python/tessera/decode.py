@@ -389,6 +389,8 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
         # The configuration of the last plan() / fast_decode_plan() and the arguments it came from.
         self._plan_config = R._ArgsMemo()
         self._fast_plan_config = R._ArgsMemo()
+        # plan()'s one-call path (_DecodeFastPlan) for the configuration of the last full plan.
+        self._one_call_plan: Optional[_DecodeFastPlan] = None
         # torch.compile: the handle of the custom op tessera::decode_run (tessera/_ops.py); the
         # workspace and the preallocated page ids keep their addresses (static for CUDA graphs).
         self._handle = R.enable_compile(self, ws, paged_kv_indices_buffer if self._use_cuda_graph else None)
@@ -518,8 +520,20 @@ class BatchDecodeWithPagedKVCacheWrapper(R._RuntimeWrapper):
                 self._jit.check_plan("BatchDecodeWithPagedKVCacheWrapper", options, dtype, config.kv_dtype,
                                      config.d, config.d)
             self._plan_config.put(key, config)
+        one_call = self._one_call_plan
+        if (one_call is not None and one_call.config is config and non_blocking and q_rope_offset is None
+                and k_rope_offset is None and one_call.cpp is self._holder.cpp):
+            try:
+                if one_call.plan(self, indptr, indices, last_page_len):
+                    return
+            except BaseException:
+                # It declines (None) before any GPU work, so this is the copies' or the planner's
+                # failure: the wrapper is left unplanned, as the full path leaves it then.
+                self._planned = None
+                raise
         self._plan_step(config, indptr, indices, last_page_len, non_blocking, q_rope_offset, k_rope_offset)
         self._jit_planned()
+        self._one_call_plan = _DecodeFastPlan.make(self, config)
 
     begin_forward = plan
 
@@ -738,6 +752,65 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
 
 # The plan keywords of a 16-bit cache and the default variant (never modified: passed as **kwargs).
 _DEFAULT_PLAN_KWARGS: Dict[str, Any] = {"kv_dtype": None}
+
+
+class _DecodeFastPlan:
+    """plan()'s common case in one call of the bindings (tessera._C.DecodeFastPlan: the page table's
+    checks, the graph-mode buffer copies and the C++ plan), for the configuration of a full plan()
+    with one query per request, the default variant and a 16-bit cache, while the wrapper keeps its
+    C++ runtime. Anything else (host page ids, GPU indptr, a batch above the runtime's bounds, a
+    page table the checks refuse) takes the full path, which names what is wrong. W12: the Python
+    around the planner measured 16-23 µs on an H100 host (bench/results/LOG.md, session 40)."""
+
+    __slots__ = ("config", "cpp", "call", "rows", "run_indices", "run_fast")
+
+    def __init__(self, config: "_DecodePlanConfig", cpp: Any, call: Any, rows: Optional[int]) -> None:
+        self.config = config
+        self.cpp = cpp
+        self.call = call
+        self.rows = rows  # use_cuda_graph: the plan's fixed query rows; else None (the batch)
+        self.run_indices: Any = None  # the page ids of the last plan made here, and its fast run
+        self.run_fast: Any = None
+
+    @staticmethod
+    def make(w: "BatchDecodeWithPagedKVCacheWrapper", config: "_DecodePlanConfig") -> Optional["_DecodeFastPlan"]:
+        """The one-call path of `config` on w's current runtime, or None where it does not apply."""
+        cpp = w._holder.cpp
+        if (w._jit is not None or config.q_len != 1 or config.plan_kwargs is None or w._planned is None
+                or w._planned["host_indices"].ids is not None  # page ids on the host: the full path's
+                or cpp is None or not hasattr(cpp, "fast_plan") or w._holder.bounds is None):
+            return None
+        b = w._holder.bounds
+        graph = ((w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf)
+                 if w._use_cuda_graph else (None, None, None))
+        device = w._float_workspace_buffer.device
+        call = cpp.fast_plan(device.index if device.index is not None else U.device_index(w._float_workspace_buffer),
+                             min(b.max_batch_size, b.max_total_qo_tokens), config.page_size, config.hq, config.hkv,
+                             config.d, config.dtype_arg, config.scale, *graph)
+        one_call = _DecodeFastPlan(config, cpp, call, w._planned["rows"] if w._use_cuda_graph else None)
+        one_call.run_indices, one_call.run_fast = w._planned["indices"], w._planned["run_fast"]
+        return one_call
+
+    def plan(self, w: "BatchDecodeWithPagedKVCacheWrapper", indptr: Any, indices: Any, last_page_len: Any) -> bool:
+        """Plans w's step in one call; False, with nothing done, for the full path."""
+        done = self.call(indptr, indices, last_page_len)
+        if done is None:
+            return False
+        batch, pages = done
+        run_indices = w._paged_kv_indices_buf if self.rows is not None else indices
+        planned = {
+            "batch": batch,
+            "rows": self.rows if self.rows is not None else batch,
+            "indices": run_indices,
+            "host_indices": U.HostPageIds("indices", indices, pages),
+            **self.config.planned(w._float_workspace_buffer.device, w._kv_layout, None),
+        }
+        # The fast run reads its page ids from the plan's tensor: the same tensor, the same run.
+        if run_indices is not self.run_indices:
+            self.run_indices, self.run_fast = run_indices, _paged_fast_run(planned, self.cpp)
+        planned["run_fast"] = self.run_fast
+        w._planned = planned
+        return True
 
 
 class _DecodePlanConfig:

@@ -9,20 +9,14 @@ path checks and names what is wrong. Here, on the GPU with the real runtime, pla
   alike), or a plan whose run gives the same output bits and whose graph buffers hold the same
   page table;
 - the common page tables do take the one-call path, the others do not.
-Skipped (with the reason) when torch.cuda.is_available() is False.
+Skipped, as test_host_path_gpu.py (whose guard and device it imports), without torch or a GPU.
 """
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the wrappers take torch tensors: pip install torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU (torch.cuda.is_available() is False): GPU tests skipped", allow_module_level=True)
+from test_host_path_gpu import DEV, F16, tessera, torch  # the module-level skips of the one-call run's tests
+from tessera import decode as D
 
-import tessera  # noqa: E402
-from tessera import decode as D  # noqa: E402
-
-DEV = torch.device("cuda", torch.cuda.current_device())
-F16 = torch.float16
 HQ, HKV, HEAD_DIM, PAGE = 8, 2, 128, 16
 
 

@@ -8,7 +8,9 @@
 #   default: the quick suite, W2 at 4k and 16k, every W4 set), ITERS (default 30), COOLDOWN_MS
 #   (default 300), OUT (default /tmp/tessera-ab), BUILD_DIR (default build-sm90a), FIRST (base or
 #   new: the side that runs first in each round, default base), PIN (a CPU list for taskset: both
-#   sides' processes run on those CPUs, for the host-clock cells; default: unpinned).
+#   sides' processes run on those CPUs, for the host-clock cells; default: unpinned), BASE_ENV
+#   (e.g. "TESSERA_PREFILL_TMA=0": no base tree; the base side is the working tree's build run
+#   with these environment settings, for switches that keep an older path).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--stage" ]; then
@@ -22,7 +24,8 @@ if [ "${1:-}" = "--stage" ]; then
   du -sh .ab-base
   exit 0
 fi
-[ -d .ab-base ] || { echo "ab-bench: no .ab-base (run scripts/ab-bench.sh --stage REV here first)" >&2; exit 2; }
+BASE_ENV=${BASE_ENV:-}
+[ -n "$BASE_ENV" ] || [ -d .ab-base ] || { echo "ab-bench: no .ab-base (run scripts/ab-bench.sh --stage REV here first)" >&2; exit 2; }
 OUT=${OUT:-/tmp/tessera-ab}
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-30}
@@ -30,15 +33,22 @@ COOLDOWN_MS=${COOLDOWN_MS:-300}
 BUILD_DIR=${BUILD_DIR:-build-sm90a}
 RUNS=${RUNS:-"--suite quick;--suite prefill --filter s4096;--suite prefill --filter s16384;--suite prefill --filter w4_"}
 mkdir -p "$OUT"
-[ -e .ab-base/.deps ] || ln -s "$PWD/.deps" .ab-base/.deps
-base_rev=$(cat .ab-base/.ab-rev 2>/dev/null || echo base)
 new_rev=${TESSERA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo new)}
-echo "== build base ($base_rev) and new ($new_rev), tessera-bench, sm_90a"
-(cd .ab-base && BUILD_DIR=$BUILD_DIR bash scripts/gpu-build.sh tessera-bench) >"$OUT/ab-build-base.log" 2>&1 &
-base_pid=$!
-BUILD_DIR=$BUILD_DIR bash scripts/gpu-build.sh tessera-bench >"$OUT/ab-build-new.log" 2>&1 || {
-  tail -30 "$OUT/ab-build-new.log"; exit 1; }
-wait $base_pid || { tail -30 "$OUT/ab-build-base.log"; exit 1; }
+if [ -n "$BASE_ENV" ]; then
+  base_rev="$new_rev ($BASE_ENV)"
+  echo "== build $new_rev, tessera-bench, sm_90a; base: the same build with $BASE_ENV"
+  BUILD_DIR=$BUILD_DIR bash scripts/gpu-build.sh tessera-bench >"$OUT/ab-build-new.log" 2>&1 || {
+    tail -30 "$OUT/ab-build-new.log"; exit 1; }
+else
+  [ -e .ab-base/.deps ] || ln -s "$PWD/.deps" .ab-base/.deps
+  base_rev=$(cat .ab-base/.ab-rev 2>/dev/null || echo base)
+  echo "== build base ($base_rev) and new ($new_rev), tessera-bench, sm_90a"
+  (cd .ab-base && BUILD_DIR=$BUILD_DIR bash scripts/gpu-build.sh tessera-bench) >"$OUT/ab-build-base.log" 2>&1 &
+  base_pid=$!
+  BUILD_DIR=$BUILD_DIR bash scripts/gpu-build.sh tessera-bench >"$OUT/ab-build-new.log" 2>&1 || {
+    tail -30 "$OUT/ab-build-new.log"; exit 1; }
+  wait $base_pid || { tail -30 "$OUT/ab-build-base.log"; exit 1; }
+fi
 IFS=';' read -r -a run_sets <<<"$RUNS"
 for round in $(seq 1 "$ROUNDS"); do
   sides="base new"
@@ -46,6 +56,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for side in $sides; do
     exe=$BUILD_DIR/bench/tessera-bench
     [ $side = base ] && exe=.ab-base/$BUILD_DIR/bench/tessera-bench
+    [ $side = base ] && [ -n "$BASE_ENV" ] && exe="env $BASE_ENV $BUILD_DIR/bench/tessera-bench"
     [ -n "${PIN:-}" ] && exe="taskset -c $PIN $exe"
     commit=$new_rev
     [ $side = base ] && commit=$base_rev

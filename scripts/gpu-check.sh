@@ -69,6 +69,13 @@ for exe in gpu_attention_tests gpu_variant_tests gpu_runtime_tests gpu_block_mas
   TESSERA_PREFILL_WGMMA=0 "$BUILD_DIR/tests/gpu/$exe" >"$OUT/sync128-$exe.log" 2>&1 || { sync_ok=0; tail -20 "$OUT/sync128-$exe.log"; }
 done
 if [ $sync_ok = 1 ]; then note "mma.sync 128-row tile" "ok: 4 suites with TESSERA_PREFILL_WGMMA=0"; else note "mma.sync 128-row tile" "FAILED"; fi
+# The wgmma tiles copy whole ragged/dense KV tiles with TMA; the cp.async gather they replace (the
+# other formats' path) runs the same suites with TESSERA_PREFILL_TMA=0.
+cpasync_ok=1
+for exe in gpu_attention_tests gpu_variant_tests gpu_runtime_tests; do
+  TESSERA_PREFILL_TMA=0 "$BUILD_DIR/tests/gpu/$exe" >"$OUT/cpasync-$exe.log" 2>&1 || { cpasync_ok=0; tail -20 "$OUT/cpasync-$exe.log"; }
+done
+if [ $cpasync_ok = 1 ]; then note "cp.async ragged KV tiles" "ok: 3 suites with TESSERA_PREFILL_TMA=0"; else note "cp.async ragged KV tiles" "FAILED"; fi
 fi
 
 if [ "$SANITIZE" = 1 ]; then

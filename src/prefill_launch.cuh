@@ -9,6 +9,7 @@
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "kernels/attention/contraction.cuh"
+#include "src/kv_tma.h"
 #include "src/prefill_config.h"
 #include "src/variant/jit_variant.h"
 
@@ -123,6 +124,25 @@ OneShotLaunch<Traits> one_shot_launch(const Params& p, int64_t max_qo_len) {
   return launch;
 }
 
+/// `p` with the TMA descriptors of its K and V for the configuration's tile where it copies
+/// whole ragged tiles with TMA (PrefillTraits::kTmaKV): encoded at each launch, since they hold
+/// the tensors' addresses (a captured graph keeps the launch's, as it keeps the pointers).
+template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
+Params with_kv_tma(const Params& p) {
+  Params r = p;
+  if constexpr (kFormat == kernels::KVFormatKind::kRagged && Traits::kTmaKV) {
+    using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
+    using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
+    const KVRowTensors kv{p.kv.k,           p.kv.v,           p.ragged.num_rows,   p.num_kv_heads,
+                          p.kv.k_row_stride, p.kv.k_head_stride, p.kv.v_row_stride, p.kv.v_head_stride};
+    encode_kv_tma(r.ragged.tma, kv, KVTmaBox{Traits::CTA_TILE_KV, Traits::HEAD_DIM, KTile::kAtomChunks * Traits::kChunkElems},
+                  KVTmaBox{Traits::CTA_TILE_KV, Traits::HEAD_DIM_VO, VTile::kAtomChunks * Traits::kChunkElems});
+  } else {
+    r.ragged.tma.enabled = 0;
+  }
+  return r;
+}
+
 /// Launches the prebuilt (default-variant) one-shot kernel of a configuration.
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 void launch_default_one_shot(const Params& p, const kernels::VariantParams& vp, const OneShotLaunch<Traits>& launch,
@@ -136,9 +156,10 @@ void launch_default_one_shot(const Params& p, const kernels::VariantParams& vp, 
 }
 
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
-void launch_prefill_config(const Params& p, const ResolvedVariant& variant, int64_t max_qo_len, cudaStream_t stream) {
-  const OneShotLaunch<Traits> launch = one_shot_launch<Traits, kFormat>(p, max_qo_len);
+void launch_prefill_config(const Params& p_in, const ResolvedVariant& variant, int64_t max_qo_len, cudaStream_t stream) {
+  const OneShotLaunch<Traits> launch = one_shot_launch<Traits, kFormat>(p_in, max_qo_len);
   if (launch.empty) return;
+  const Params p = with_kv_tma<Traits, kFormat>(p_in);
   if (variant.is_default) {
     launch_default_one_shot<Traits, kFormat>(p, variant.params, launch, stream);
     return;
@@ -178,8 +199,9 @@ void launch_contraction(const Params& p, const PersistentLaunch& launch, int q_t
 
 /// Launches the persistent kernel of one configuration and format (and its contraction).
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
-void launch_persistent_config(const Params& p, const ResolvedVariant& variant, const PersistentLaunch& launch,
+void launch_persistent_config(const Params& p_in, const ResolvedVariant& variant, const PersistentLaunch& launch,
                               cudaStream_t stream) {
+  const Params p = with_kv_tma<Traits, kFormat>(p_in);
   TESSERA_CHECK(launch.work.heads_per_cta >= 1 && p.num_kv_heads % launch.work.heads_per_cta == 0 &&
                     (Traits::kWarpSpecialized || launch.work.heads_per_cta == 1),
                 StatusCode::kInternal)

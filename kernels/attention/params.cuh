@@ -13,6 +13,7 @@
 #include "kernels/common/fast_divisor.cuh"
 #include "kernels/common/fp8.cuh"
 #include "kernels/common/platform.cuh"
+#include "kernels/common/tma.cuh"
 
 namespace tessera {
 namespace kernels {
@@ -59,6 +60,17 @@ struct OutputTensor {
   int64_t lse_head_stride;  // floats between heads of lse
 };
 
+/// TMA descriptors of ragged K and V for the sm_90 tiles that copy whole KV tiles with the copy
+/// engine (PrefillTraits::kTmaKV). Each is a 3-D map of the tensor, innermost first {head dim,
+/// rows, KV heads}, whose box is one swizzled column block of a tile, {swizzle width, CTA_TILE_KV,
+/// 1}. The host encodes them where the tensors allow (16-byte aligned base and strides), else
+/// leaves `enabled` 0 and the tiles gather rows with cp.async.
+struct KVTmaDescriptors {
+  TmaDescriptor k;
+  TmaDescriptor v;
+  int32_t enabled;  // 1: k and v hold descriptors of p.kv's tensors for this launch's tile
+};
+
 /// Ragged KV: each request owns a contiguous range of rows of k/v.
 template <typename IdT>
 struct RaggedKVParams {
@@ -66,6 +78,7 @@ struct RaggedKVParams {
                       // nullptr: a single request (batch_size 1) of rows 0 .. len_single-1
   IdT len_single;     // rows of the single request when indptr is nullptr
   IdT num_rows;       // rows of k/v: indptr entries are clamped to it
+  KVTmaDescriptors tma;  // whole tiles of a request's rows by TMA (wgmma tiles on sm_90), or not
 };
 
 /// Paged KV: request b's positions fill its pages in order, page_size slots each, the last page

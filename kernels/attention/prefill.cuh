@@ -220,10 +220,13 @@ inline constexpr bool kParamsFitTraits = kSameType<typename Params::QType, typen
 /// and every tile is the same composition. Grid and arguments per scheduler: OneShotScheduler
 /// takes the query tiles per request (grid: see one_shot_grid on the host), PlannedScheduler the
 /// runtime's plan (grid: columns x KV head groups). Params: an AttentionParams, passed by value
-/// (the JIT-compiled instances take the host's struct as it is: src/prefill_launch.cuh).
+/// (the JIT-compiled instances take the host's struct as it is: src/prefill_launch.cuh), as a
+/// __grid_constant__: the TMA descriptors in it (RaggedKVParams::tma) are used where they are, in
+/// parameter space.
 template <typename Traits, KVFormatKind kFormat, typename Variant, template <typename> class Scheduler, typename Params>
 __global__ void __launch_bounds__(Traits::kThreads, (kPrefillMinCtasPerSm<Traits, Variant>))
-attention_prefill_kernel(const Params p, const VariantParams vp, const typename Scheduler<Traits>::Arguments args) {
+attention_prefill_kernel(const __grid_constant__ Params p, const VariantParams vp,
+                         const typename Scheduler<Traits>::Arguments args) {
   static_assert(kParamsFitTraits<Traits, Params>,
                 "the prefill kernel needs q of the tile's element type and k/v of its storage type");
   static_assert(kInt32Indices<Params>, "the prefill kernel takes int32 index arrays (int32 KV positions)");

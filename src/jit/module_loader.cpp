@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "src/check.h"
 
@@ -20,6 +21,7 @@ struct Driver {
   decltype(&cuGetErrorName) get_error_name = nullptr;
   decltype(&cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&cuTensorMapEncodeTiled) tensor_map_encode_tiled = nullptr;
 };
 
 template <typename F>
@@ -42,6 +44,7 @@ const Driver& driver() {
     resolve("cuGetErrorName", &r.get_error_name);
     resolve("cuFuncSetAttribute", &r.func_set_attribute);
     resolve("cuLaunchKernel", &r.launch_kernel);
+    resolve("cuTensorMapEncodeTiled", &r.tensor_map_encode_tiled);
     return r;
   }();
   return d;
@@ -105,6 +108,18 @@ void launch(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, un
   TESSERA_CHECK(r == CUDA_SUCCESS, StatusCode::kCudaError)
       << "cuLaunchKernel failed for " << what << " (grid " << grid_x << " x " << grid_y << " x " << grid_z << ", "
       << block_x << " threads, " << smem_bytes << " B shared memory): " << result_name(r);
+}
+
+void encode_tiled_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, unsigned rank, const void* base,
+                             const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                             CUtensorMapSwizzle swizzle, const std::string& what) {
+  std::vector<cuuint32_t> element_strides(rank, 1u);
+  const CUresult r = driver().tensor_map_encode_tiled(
+      map, dtype, rank, const_cast<void*>(base), dims, strides, box, element_strides.data(),
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TESSERA_CHECK(r == CUDA_SUCCESS, StatusCode::kInternal)
+      << "cuTensorMapEncodeTiled failed for " << what << ": " << result_name(r)
+      << " (the caller checks the documented requirements first)";
 }
 
 }  // namespace jit

@@ -1,4 +1,5 @@
-// Loads JIT-compiled CUBINs with the CUDA driver API (docs/design.md §7). Needs a GPU.
+// The CUDA driver API calls of libtessera: loading JIT-compiled CUBINs (docs/design.md §7) and
+// encoding TMA tensor maps (src/kv_tma.h). Needs a GPU.
 //
 // libtessera does not link libcuda (it must load on machines without a driver, e.g. CI running
 // the CPU tests): the driver functions are looked up at run time with
@@ -32,6 +33,13 @@ void set_max_dynamic_shared_memory(CUfunction fn, int bytes, const std::string& 
 /// cuLaunchKernel of a 1-D block; errors are tessera::Error(kCudaError) naming `what`.
 void launch(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, int smem_bytes,
             CUstream stream, void** args, const std::string& what);
+
+/// cuTensorMapEncodeTiled with element strides 1, no interleave, 256-byte L2 promotion and zero
+/// fill; a failure is tessera::Error(kInternal) naming `what` (callers check the requirements of
+/// base, strides and box first).
+void encode_tiled_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, unsigned rank, const void* base,
+                             const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                             CUtensorMapSwizzle swizzle, const std::string& what);
 
 }  // namespace jit
 }  // namespace tessera

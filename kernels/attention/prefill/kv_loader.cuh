@@ -11,6 +11,7 @@
 #include "kernels/common/cp_async.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
+#include "kernels/common/tma.cuh"
 
 namespace tessera {
 namespace kernels {
@@ -518,6 +519,8 @@ struct PrefillWork {
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct KVTileSource {
   using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
+  // Whole tiles of ragged (and dense) KV by TMA where the host encoded descriptors (copy_tma).
+  static constexpr bool kTma = kFormat == KVFormatKind::kRagged && Traits::kTmaKV;
   static constexpr int kKTileElems = Traits::kKTileElems;  // a stage's K tile: stored rows (PrefillTraits)
   static constexpr int kVTileElems = Traits::kVTileElems;  // ... and its V tile
   const Params& p;
@@ -584,7 +587,43 @@ struct KVTileSource {
       const int raw_stage = Traits::kWarpSpecialized ? 0 : stage;
       load_kv_raw_tile<Traits, kPart>(row_table(tile), smem.raw_k + raw_stage * Traits::kRawTileBytes);
     } else {
+      if constexpr (kTma) {
+        if (tma_tile(tile)) {
+          copy_tma<kPart>(tile, stage);
+          return;
+        }
+      }
       load_kv_tile<Traits, kPart>(row_table(tile), smem.k + stage * kKTileElems, smem.v + stage * kVTileElems);
+    }
+  }
+  /// Whether `tile` goes by TMA: a tile of kTma sources whose rows are all the request's (the
+  /// last partial tile of a span gathers through its row table, which zero-fills the missing rows:
+  /// the rows after a request's end may be another request's or not exist, and a box would bring
+  /// them in). Its row table is still resolved: the masks read its keys.
+  TESSERA_DEVICE bool tma_tile(int tile) const {
+    return kTma && p.ragged.tma.enabled != 0 && tiles.begin(tile) + Traits::CTA_TILE_KV <= tiles.end(tile);
+  }
+  /// Copies the K (or V) rows of a whole tile into stage `stage` with the copy engine: the first
+  /// producer thread adds the tile's bytes to the stage's full barrier (which every producer
+  /// thread still arrives on, as for cp.async copies) and issues one box per column block; the
+  /// other threads copy nothing.
+  template <KVPart kPart>
+  TESSERA_DEVICE void copy_tma(int tile, int stage) const {
+    static_assert(kTma && kPart != KVPart::kBoth, "K and V stages complete on their own barriers");
+    if (loader_thread<Traits>() != 0) return;
+    constexpr bool kK = kPart == KVPart::kK;
+    using Tile = Conditional<kK, typename Traits::template SmemTile<Traits::CTA_TILE_KV>,
+                             typename Traits::template VSmemTile<Traits::CTA_TILE_KV>>;
+    constexpr int kRowChunks = kK ? Traits::kSmemRowChunks : Traits::kVSmemRowChunks;
+    constexpr int kBlocks = kRowChunks / Tile::kAtomChunks;
+    uint64_t* const full = (kK ? smem.full_k : smem.full_v) + stage;
+    const TmaDescriptor* const map = kK ? &p.ragged.tma.k : &p.ragged.tma.v;
+    const uint32_t dst = smem_addr(kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems);
+    const int row = e.kv_begin + tiles.begin(tile);
+    mbarrier_expect_tx(full, static_cast<uint32_t>(kK ? Traits::kKTileBytes : Traits::kVTileBytes));
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      tma_load_3d(dst + blk * Tile::kBlockBytes, map, blk * Tile::kAtomChunks * Traits::kChunkElems, row, kv_head, full);
     }
   }
   /// FP8 attention: copies the V rows of a resolved tile, as stored, into raw stage `raw_stage`

@@ -189,6 +189,12 @@ struct PrefillTraits {
   // both fit the raw stages are kept: at head dim 128 they measured faster (bench/results/LOG.md).
   static constexpr int kTileStages = kDequantizeKV && !kWarpSpecialized ? 1 : kStages;  // T K/V tiles the MMAs read
   static constexpr int kRawStages = kWarpSpecialized ? (kConvertInPlace ? 0 : 1) : kStages;
+  // TMA (sm_90): the producer of a 16-bit tile asks the copy engine for a whole KV tile of rows
+  // that are contiguous in memory (ragged and dense KV, KVTileSource::tma_tile), one instruction
+  // per swizzled column block, which writes the wgmma layout itself (128-, 64- or 32-byte swizzle;
+  // WgmmaTile). fp8 stages are converted or transposed by the producer after its own copies, so
+  // they keep cp.async; so do the rows of any other format, gathered through the row tables.
+  static constexpr bool kTmaKV = kWarpSpecialized && !kDequantizeKV && !kTransposedV;
   static constexpr int kRawRowChunks = kDequantizeKV || kTransposedV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V

@@ -1,0 +1,75 @@
+#include "src/kv_tma.h"
+
+#include <cuda.h>
+
+#include <cstring>
+
+#include "src/check.h"
+#include "src/env.h"
+#include "src/jit/module_loader.h"
+
+namespace tessera {
+namespace detail {
+namespace {
+
+static_assert(sizeof(CUtensorMap) == sizeof(kernels::TmaDescriptor) && alignof(kernels::TmaDescriptor) >= 64,
+              "the kernels' descriptor type holds a CUtensorMap");
+
+constexpr int64_t kElemBytes = 2;  // the 16-bit tiles (fp8 stages keep cp.async: PrefillTraits::kTmaKV)
+
+bool tma_stride_ok(int64_t stride_elems, int64_t extent) {
+  const int64_t bytes = stride_elems * kElemBytes;
+  // A dimension of extent 1 never steps: its stride is replaced (tma_stride).
+  return extent == 1 || (bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40));
+}
+cuuint64_t tma_stride(int64_t stride_elems, int64_t extent) {
+  return extent == 1 ? 16u : static_cast<cuuint64_t>(stride_elems * kElemBytes);
+}
+
+CUtensorMapSwizzle swizzle_of(int atom_elems) {
+  switch (atom_elems * kElemBytes) {
+    case 128: return CU_TENSOR_MAP_SWIZZLE_128B;
+    case 64: return CU_TENSOR_MAP_SWIZZLE_64B;
+    case 32: return CU_TENSOR_MAP_SWIZZLE_32B;
+    default: break;
+  }
+  TESSERA_FAIL(StatusCode::kInternal) << "no TMA swizzle of " << atom_elems * kElemBytes << " bytes";
+}
+
+/// One tensor's 3-D map {head dim, rows, heads}, boxes of one column block of a tile.
+void encode_one(kernels::TmaDescriptor& out, const void* base, const KVRowTensors& kv, int64_t row_stride,
+                int64_t head_stride, const KVTmaBox& box, const char* what) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(box.head_dim), static_cast<cuuint64_t>(kv.num_rows),
+                              static_cast<cuuint64_t>(kv.num_heads)};
+  const cuuint64_t strides[2] = {tma_stride(row_stride, kv.num_rows), tma_stride(head_stride, kv.num_heads)};
+  const cuuint32_t box_dims[3] = {static_cast<cuuint32_t>(box.atom_elems), static_cast<cuuint32_t>(box.rows), 1u};
+  CUtensorMap map;
+  jit::encode_tiled_tensor_map(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims, strides, box_dims,
+                               swizzle_of(box.atom_elems), what);
+  std::memcpy(&out, &map, sizeof(map));
+}
+
+}  // namespace
+
+bool kv_tma_allowed() {
+  static const bool allowed = env_choice("TESSERA_PREFILL_TMA", {"1", "0"}) == "1";
+  return allowed;
+}
+
+void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const KVTmaBox& k_box,
+                   const KVTmaBox& v_box) {
+  out.enabled = 0;
+  if (!kv_tma_allowed() || kv.num_rows < 1 || kv.num_heads < 1) return;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(kv.k) || !aligned(kv.v) || !tma_stride_ok(kv.k_row_stride, kv.num_rows) ||
+      !tma_stride_ok(kv.k_head_stride, kv.num_heads) || !tma_stride_ok(kv.v_row_stride, kv.num_rows) ||
+      !tma_stride_ok(kv.v_head_stride, kv.num_heads)) {
+    return;
+  }
+  encode_one(out.k, kv.k, kv, kv.k_row_stride, kv.k_head_stride, k_box, "the TMA descriptor of k");
+  encode_one(out.v, kv.v, kv, kv.v_row_stride, kv.v_head_stride, v_box, "the TMA descriptor of v");
+  out.enabled = 1;
+}
+
+}  // namespace detail
+}  // namespace tessera

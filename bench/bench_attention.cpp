@@ -1108,17 +1108,20 @@ const std::vector<Cell>& cells() {
         }
       }
     }
-    // W4: ragged, paged page 16 (all sets), paged page 1 (constant, skewed).
+    // W4: ragged, paged page 16 (all sets), paged page 1 (constant, skewed), and paged page 128
+    // (constant, skewed: pages that hold whole KV tiles, which the Hopper tiles copy by TMA; not a
+    // W4 cell of BENCHMARKS.md).
     struct W4Format {
       const char* tag;
       int64_t page_size;
     };
-    for (const W4Format& f : {W4Format{"ragged", 0}, W4Format{"paged16", 16}, W4Format{"paged1", 1}}) {
+    for (const W4Format& f :
+         {W4Format{"ragged", 0}, W4Format{"paged16", 16}, W4Format{"paged1", 1}, W4Format{"paged128", 128}}) {
       for (size_t si = 0; si < w4_sets().size(); ++si) {
         const LengthSet& set = w4_sets()[si];
         const std::string set_name = set.name;
-        if (f.page_size == 1 && set_name == "uniform") continue;
-        const bool quick = f.page_size != 1 && set_name == "constant";
+        if ((f.page_size == 1 || f.page_size == 128) && set_name == "uniform") continue;
+        const bool quick = (f.page_size == 0 || f.page_size == 16) && set_name == "constant";
         const int64_t page_size = f.page_size;
         out.push_back({std::string("w4_") + f.tag + "_" + set_name,
                        "W4 varlen causal prefill B=16 Hq=32 Hkv=8 D=128, " + set_name + " lengths, " +

@@ -36,15 +36,17 @@ CUtensorMapSwizzle swizzle_of(int atom_elems) {
   TESSERA_FAIL(StatusCode::kInternal) << "no TMA swizzle of " << atom_elems * kElemBytes << " bytes";
 }
 
-/// One tensor's 3-D map {head dim, rows, heads}, boxes of one column block of a tile.
+/// One tensor's 4-D map {head dim, rows of a block, heads, blocks}, boxes of one column block of a
+/// tile.
 void encode_one(kernels::TmaDescriptor& out, const void* base, const KVRowTensors& kv, int64_t row_stride,
-                int64_t head_stride, const KVTmaBox& box, const char* what) {
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(box.head_dim), static_cast<cuuint64_t>(kv.num_rows),
-                              static_cast<cuuint64_t>(kv.num_heads)};
-  const cuuint64_t strides[2] = {tma_stride(row_stride, kv.num_rows), tma_stride(head_stride, kv.num_heads)};
-  const cuuint32_t box_dims[3] = {static_cast<cuuint32_t>(box.atom_elems), static_cast<cuuint32_t>(box.rows), 1u};
+                int64_t head_stride, int64_t block_stride, const KVTmaBox& box, const char* what) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(box.head_dim), static_cast<cuuint64_t>(kv.block_rows),
+                              static_cast<cuuint64_t>(kv.num_heads), static_cast<cuuint64_t>(kv.num_blocks)};
+  const cuuint64_t strides[3] = {tma_stride(row_stride, kv.block_rows), tma_stride(head_stride, kv.num_heads),
+                                 tma_stride(block_stride, kv.num_blocks)};
+  const cuuint32_t box_dims[4] = {static_cast<cuuint32_t>(box.atom_elems), static_cast<cuuint32_t>(box.rows), 1u, 1u};
   CUtensorMap map;
-  jit::encode_tiled_tensor_map(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims, strides, box_dims,
+  jit::encode_tiled_tensor_map(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, base, dims, strides, box_dims,
                                swizzle_of(box.atom_elems), what);
   std::memcpy(&out, &map, sizeof(map));
 }
@@ -59,15 +61,36 @@ bool kv_tma_allowed() {
 void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const KVTmaBox& k_box,
                    const KVTmaBox& v_box) {
   out.enabled = 0;
-  if (!kv_tma_allowed() || kv.num_rows < 1 || kv.num_heads < 1) return;
+  if (!kv_tma_allowed() || kv.block_rows < k_box.rows || kv.num_heads < 1 || kv.num_blocks < 1) return;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!aligned(kv.k) || !aligned(kv.v) || !tma_stride_ok(kv.k_row_stride, kv.num_rows) ||
-      !tma_stride_ok(kv.k_head_stride, kv.num_heads) || !tma_stride_ok(kv.v_row_stride, kv.num_rows) ||
-      !tma_stride_ok(kv.v_head_stride, kv.num_heads)) {
+  if (!aligned(kv.k) || !aligned(kv.v) || !tma_stride_ok(kv.k_row_stride, kv.block_rows) ||
+      !tma_stride_ok(kv.k_head_stride, kv.num_heads) || !tma_stride_ok(kv.k_block_stride, kv.num_blocks) ||
+      !tma_stride_ok(kv.v_row_stride, kv.block_rows) || !tma_stride_ok(kv.v_head_stride, kv.num_heads) ||
+      !tma_stride_ok(kv.v_block_stride, kv.num_blocks)) {
     return;
   }
-  encode_one(out.k, kv.k, kv, kv.k_row_stride, kv.k_head_stride, k_box, "the TMA descriptor of k");
-  encode_one(out.v, kv.v, kv, kv.v_row_stride, kv.v_head_stride, v_box, "the TMA descriptor of v");
+  encode_one(out.k, kv.k, kv, kv.k_row_stride, kv.k_head_stride, kv.k_block_stride, k_box, "the TMA descriptor of k");
+  encode_one(out.v, kv.v, kv, kv.v_row_stride, kv.v_head_stride, kv.v_block_stride, v_box, "the TMA descriptor of v");
+  out.enabled = 1;
+}
+
+void encode_q_tma(kernels::QTmaDescriptor& out, const QueryRows& q, int tile_rows, int head_dim, int atom_elems) {
+  out.enabled = 0;
+  if (!kv_tma_allowed() || q.group < 1 || tile_rows % q.group != 0 || q.num_rows < 1 || q.num_kv_heads < 1) return;
+  if (reinterpret_cast<uintptr_t>(q.q) % 16 != 0 || !tma_stride_ok(q.head_stride, q.group) ||
+      !tma_stride_ok(q.row_stride, q.num_rows) || !tma_stride_ok(q.head_stride * q.group, q.num_kv_heads)) {
+    return;
+  }
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(q.group),
+                              static_cast<cuuint64_t>(q.num_rows), static_cast<cuuint64_t>(q.num_kv_heads)};
+  const cuuint64_t strides[3] = {tma_stride(q.head_stride, q.group), tma_stride(q.row_stride, q.num_rows),
+                                 tma_stride(q.head_stride * q.group, q.num_kv_heads)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(atom_elems), static_cast<cuuint32_t>(q.group),
+                             static_cast<cuuint32_t>(tile_rows / q.group), 1u};
+  CUtensorMap map;
+  jit::encode_tiled_tensor_map(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, q.q, dims, strides, box, swizzle_of(atom_elems),
+                               "the TMA descriptor of q");
+  std::memcpy(&out.q, &map, sizeof(map));
   out.enabled = 1;
 }
 

@@ -1,5 +1,5 @@
-// TMA descriptors of ragged (and dense) K and V for the sm_90 prefill tiles that copy whole KV tiles
-// with the copy engine (kernels::PrefillTraits::kTmaKV, kernels/attention/prefill/kv_loader.cuh).
+// TMA descriptors of q, K and V for the sm_90 prefill tiles that copy whole query and KV tiles with
+// the copy engine (kernels::PrefillTraits::kTmaKV, kernels/attention/prefill/kv_loader.cuh).
 #pragma once
 
 #include <cstdint>
@@ -18,15 +18,18 @@ struct KVTmaBox {
   int atom_elems;
 };
 
-/// The rows of K and V as the kernel reads them: element (row, head, d) of k at k + row *
-/// k_row_stride + head * k_head_stride + d (elements; v likewise), `num_rows` rows, `num_heads`
-/// KV heads, 16-bit elements.
+/// K and V as the kernel reads them, 16-bit elements: element (row, head, d) of block b of k at k +
+/// b * k_block_stride + row * k_row_stride + head * k_head_stride + d (elements; v likewise).
+/// Ragged KV: one block of `block_rows` rows (the tensor's); paged KV: `num_blocks` pages of
+/// `block_rows` slots.
 struct KVRowTensors {
   const void* k;
   const void* v;
-  int64_t num_rows;
+  int64_t block_rows;
   int64_t num_heads;
-  int64_t k_row_stride, k_head_stride, v_row_stride, v_head_stride;
+  int64_t num_blocks;
+  int64_t k_row_stride, k_head_stride, k_block_stride;
+  int64_t v_row_stride, v_head_stride, v_block_stride;
 };
 
 /// Whether the TMA copies are on (TESSERA_PREFILL_TMA, "1" by default; "0" keeps every tile on
@@ -35,10 +38,27 @@ bool kv_tma_allowed();
 
 /// Encodes K's and V's descriptors into `out` and sets out.enabled, or leaves out.enabled 0 when
 /// the tensors do not meet TMA's requirements (a base or a stride in bytes that is not a multiple
-/// of 16, a stride of 2^40 bytes or more, no rows) or kv_tma_allowed() is false: those launches
-/// gather every tile with cp.async, the path of the other KV formats, which reads any stride.
+/// of 16, a stride of 2^40 bytes or more), a block has fewer rows than a tile (pages smaller than
+/// a tile: no tile lies inside one) or kv_tma_allowed() is false: those launches gather every
+/// tile with cp.async through the row tables, as block-sparse KV always does.
 void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const KVTmaBox& k_box,
                    const KVTmaBox& v_box);
+
+/// q as the kernel reads it, 16-bit elements: element (row, head, d) at q + row * row_stride + head
+/// * head_stride + d; `num_kv_heads` KV heads of `group` query heads each.
+struct QueryRows {
+  const void* q;
+  int64_t num_rows;
+  int64_t group;
+  int64_t num_kv_heads;
+  int64_t row_stride, head_stride;
+};
+
+/// Encodes q's descriptor for query tiles of `tile_rows` packed rows into `out` and sets
+/// out.enabled, or leaves it 0 where the group size does not divide the tile (a tile's rows would
+/// not be whole queries), q's base or strides are not 16-byte multiples, or kv_tma_allowed() is
+/// false: those tiles load with cp.async.
+void encode_q_tma(kernels::QTmaDescriptor& out, const QueryRows& q, int tile_rows, int head_dim, int atom_elems);
 
 }  // namespace detail
 }  // namespace tessera

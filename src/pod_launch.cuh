@@ -56,13 +56,15 @@ auto pod_kernel() {
 }
 
 template <typename T, typename KVT, int HEAD_DIM, int HEAD_DIM_VO>
-void launch_pod_head_dim(const kernels::AttentionParams<T, KVT>& p, const ResolvedVariant& variant, PodTiles tiles,
+void launch_pod_head_dim(const kernels::AttentionParams<T, KVT>& p_in, const ResolvedVariant& variant, PodTiles tiles,
                          const PodLaunch& launch, cudaStream_t stream) {
   using Params = kernels::AttentionParams<T, KVT>;
   TESSERA_CHECK(variant.is_default, StatusCode::kInternal) << "the POD kernel runs the default variant only";
   with_pod_config<T, KVT, HEAD_DIM, HEAD_DIM_VO>(tiles, [&](auto prefill_tag, auto decode_tag) {
     using PrefillT = typename decltype(prefill_tag)::type;
     using DecodeT = typename decltype(decode_tag)::type;
+    // The prefill side's TMA copies (the decode side's mma.sync tile reads none of it).
+    const Params p = with_tma_descriptors<PrefillT, kernels::KVFormatKind::kPaged>(p_in);
     using Pod = kernels::PodTraits<PrefillT, DecodeT, kernels::DefaultVariant>;
     const kernels::PlannedWork& prefill = launch.prefill.work;
     TESSERA_CHECK(launch.decode.work.heads_per_cta == 1 && prefill.heads_per_cta >= 1 &&

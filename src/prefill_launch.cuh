@@ -124,21 +124,34 @@ OneShotLaunch<Traits> one_shot_launch(const Params& p, int64_t max_qo_len) {
   return launch;
 }
 
-/// `p` with the TMA descriptors of its K and V for the configuration's tile where it copies
-/// whole ragged tiles with TMA (PrefillTraits::kTmaKV): encoded at each launch, since they hold
-/// the tensors' addresses (a captured graph keeps the launch's, as it keeps the pointers).
+/// `p` with the TMA descriptors of its q, K and V for the configuration's tile where it copies
+/// whole tiles with TMA (PrefillTraits::kTmaQ, kTmaKV; KV: ragged and paged): encoded at each launch,
+/// since they hold the tensors' addresses (a captured graph keeps the launch's, as it keeps the
+/// pointers).
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
-Params with_kv_tma(const Params& p) {
+Params with_tma_descriptors(const Params& p) {
   Params r = p;
-  if constexpr (kFormat == kernels::KVFormatKind::kRagged && Traits::kTmaKV) {
+  r.q_tma.enabled = 0;
+  r.kv_tma.enabled = 0;
+  if constexpr (Traits::kTmaQ) {
+    using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
+    encode_q_tma(r.q_tma, QueryRows{p.q.data, p.num_q_rows, p.group_size, p.num_kv_heads, p.q.row_stride, p.q.head_stride},
+                 Traits::CTA_TILE_Q, Traits::HEAD_DIM, QTile::kAtomChunks * Traits::kChunkElems);
+  }
+  if constexpr ((kFormat == kernels::KVFormatKind::kRagged || kFormat == kernels::KVFormatKind::kPaged) &&
+                Traits::kTmaKV) {
     using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
     using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
-    const KVRowTensors kv{p.kv.k,           p.kv.v,           p.ragged.num_rows,   p.num_kv_heads,
-                          p.kv.k_row_stride, p.kv.k_head_stride, p.kv.v_row_stride, p.kv.v_head_stride};
-    encode_kv_tma(r.ragged.tma, kv, KVTmaBox{Traits::CTA_TILE_KV, Traits::HEAD_DIM, KTile::kAtomChunks * Traits::kChunkElems},
+    KVRowTensors kv{p.kv.k, p.kv.v, p.ragged.num_rows, p.num_kv_heads, 1, p.kv.k_row_stride, p.kv.k_head_stride, 0,
+                    p.kv.v_row_stride, p.kv.v_head_stride, 0};
+    if constexpr (kFormat == kernels::KVFormatKind::kPaged) {
+      kv.block_rows = p.paged.page_size;
+      kv.num_blocks = p.paged.num_pages;
+      kv.k_block_stride = p.paged.k_page_stride;
+      kv.v_block_stride = p.paged.v_page_stride;
+    }
+    encode_kv_tma(r.kv_tma, kv, KVTmaBox{Traits::CTA_TILE_KV, Traits::HEAD_DIM, KTile::kAtomChunks * Traits::kChunkElems},
                   KVTmaBox{Traits::CTA_TILE_KV, Traits::HEAD_DIM_VO, VTile::kAtomChunks * Traits::kChunkElems});
-  } else {
-    r.ragged.tma.enabled = 0;
   }
   return r;
 }
@@ -159,7 +172,7 @@ template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 void launch_prefill_config(const Params& p_in, const ResolvedVariant& variant, int64_t max_qo_len, cudaStream_t stream) {
   const OneShotLaunch<Traits> launch = one_shot_launch<Traits, kFormat>(p_in, max_qo_len);
   if (launch.empty) return;
-  const Params p = with_kv_tma<Traits, kFormat>(p_in);
+  const Params p = with_tma_descriptors<Traits, kFormat>(p_in);
   if (variant.is_default) {
     launch_default_one_shot<Traits, kFormat>(p, variant.params, launch, stream);
     return;
@@ -201,7 +214,7 @@ void launch_contraction(const Params& p, const PersistentLaunch& launch, int q_t
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 void launch_persistent_config(const Params& p_in, const ResolvedVariant& variant, const PersistentLaunch& launch,
                               cudaStream_t stream) {
-  const Params p = with_kv_tma<Traits, kFormat>(p_in);
+  const Params p = with_tma_descriptors<Traits, kFormat>(p_in);
   TESSERA_CHECK(launch.work.heads_per_cta >= 1 && p.num_kv_heads % launch.work.heads_per_cta == 0 &&
                     (Traits::kWarpSpecialized || launch.work.heads_per_cta == 1),
                 StatusCode::kInternal)

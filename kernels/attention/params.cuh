@@ -60,15 +60,27 @@ struct OutputTensor {
   int64_t lse_head_stride;  // floats between heads of lse
 };
 
-/// TMA descriptors of ragged K and V for the sm_90 tiles that copy whole KV tiles with the copy
-/// engine (PrefillTraits::kTmaKV). Each is a 3-D map of the tensor, innermost first {head dim,
-/// rows, KV heads}, whose box is one swizzled column block of a tile, {swizzle width, CTA_TILE_KV,
-/// 1}. The host encodes them where the tensors allow (16-byte aligned base and strides), else
-/// leaves `enabled` 0 and the tiles gather rows with cp.async.
+/// TMA descriptors of K and V for the sm_90 tiles that copy whole KV tiles with the copy engine
+/// (PrefillTraits::kTmaKV). Each is a 4-D map of the tensor, innermost first {head dim, rows of a
+/// block, KV heads, blocks}: ragged KV is one block of all its rows, paged KV a block per page
+/// (rows: its slots). A box is one swizzled column block of a tile, {swizzle width, CTA_TILE_KV,
+/// 1, 1}, so a tile must lie inside one block. The host encodes them where the tensors allow
+/// (16-byte aligned base and strides; pages of at least a tile), else leaves `enabled` 0 and the
+/// tiles gather rows with cp.async.
 struct KVTmaDescriptors {
   TmaDescriptor k;
   TmaDescriptor v;
-  int32_t enabled;  // 1: k and v hold descriptors of p.kv's tensors for this launch's tile
+  int32_t enabled;  // 1: k and v hold descriptors of AttentionParams::kv's tensors for this launch's tile
+};
+
+/// The TMA descriptor of q for the same tiles: a 4-D map {head dim, heads of a KV head's group,
+/// query rows, KV heads}, whose box {swizzle width, group size, CTA_TILE_Q / group size, 1} is
+/// one swizzled column block of a query tile in its packed order (query-major, the group's heads
+/// inside). Encoded where the group size divides CTA_TILE_Q and q's base and strides are 16-byte
+/// multiples, else `enabled` 0 (cp.async).
+struct QTmaDescriptor {
+  TmaDescriptor q;
+  int32_t enabled;
 };
 
 /// Ragged KV: each request owns a contiguous range of rows of k/v.
@@ -78,7 +90,6 @@ struct RaggedKVParams {
                       // nullptr: a single request (batch_size 1) of rows 0 .. len_single-1
   IdT len_single;     // rows of the single request when indptr is nullptr
   IdT num_rows;       // rows of k/v: indptr entries are clamped to it
-  KVTmaDescriptors tma;  // whole tiles of a request's rows by TMA (wgmma tiles on sm_90), or not
 };
 
 /// Paged KV: request b's positions fill its pages in order, page_size slots each, the last page
@@ -145,6 +156,9 @@ struct AttentionParams {
   QueryTensor<QT> q;
   KVTensors<KVT> kv;
   OutputTensor<OT> o;
+  // Whole query and KV tiles by TMA (the sm_90 wgmma tiles; KV: ragged and paged), or enabled 0.
+  QTmaDescriptor q_tma;
+  KVTmaDescriptors kv_tma;
   // fp8 KV only (KVT e4m3 or e5m2): a stored element x of KV head h stands for x *
   // kv_scales.k_scale(h) (resp. v_scale); the kernels dequantize K/V tiles with it. Zero for
   // 16-bit KV, whose kernels never read it.

@@ -71,7 +71,7 @@ struct PodTraits {
 template <typename PrefillTraits, typename DecodeTraits, KVFormatKind kFormat, typename Variant, typename Params>
 __global__ void __launch_bounds__((PodTraits<PrefillTraits, DecodeTraits, Variant>::kThreads),
                                   (PodTraits<PrefillTraits, DecodeTraits, Variant>::kMinCtasPerSm))
-attention_pod_kernel(const Params p, const VariantParams vp, const PodWork work) {
+attention_pod_kernel(const __grid_constant__ Params p, const VariantParams vp, const PodWork work) {
   static_assert(kParamsFitTraits<PrefillTraits, Params> && kParamsFitTraits<DecodeTraits, Params>,
                 "the POD kernel needs q of the tiles' element type and k/v of their storage type");
   static_assert(kInt32Indices<Params>, "the POD kernel takes int32 index arrays (int32 KV positions)");

@@ -41,17 +41,17 @@ TESSERA_DEVICE void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
 #endif
 }
 
-/// Copies the box of the 3-D tensor map `map` whose first element is at coordinates (c0, c1, c2)
-/// (innermost first) into shared memory at `dst` (aligned as the map's swizzle requires: 1024
+/// Copies the box of the 4-D tensor map `map` whose first element is at coordinates (c0, c1, c2,
+/// c3) (innermost first) into shared memory at `dst` (aligned as the map's swizzle requires: 1024
 /// bytes for 128-byte swizzling), completing its bytes on the mbarrier at `bar`. Elements outside
 /// the tensor are zero-filled.
-TESSERA_DEVICE void tma_load_3d(uint32_t dst, const TmaDescriptor* map, int c0, int c1, int c2, uint64_t* bar) {
+TESSERA_DEVICE void tma_load_4d(uint32_t dst, const TmaDescriptor* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
 #if TESSERA_TMA_AVAILABLE
   const uint32_t bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar_addr)
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar_addr)
       : "memory");
 #else
   (void)dst;
@@ -59,6 +59,7 @@ TESSERA_DEVICE void tma_load_3d(uint32_t dst, const TmaDescriptor* map, int c0, 
   (void)c0;
   (void)c1;
   (void)c2;
+  (void)c3;
   (void)bar;
   __trap();
 #endif

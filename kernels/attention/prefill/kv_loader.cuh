@@ -82,6 +82,35 @@ TESSERA_DEVICE void load_q_tile(const Params& p, const RequestExtent& e, int kv_
   }
 }
 
+/// Whether the query tile of packed rows packed_begin .. + CTA_TILE_Q - 1 goes by TMA: the
+/// warp-specialised tiles of 16-bit queries (Traits::kTmaQ) with the host's descriptor, and only
+/// a tile of the request's own rows (the rows past its queries would be another request's:
+/// load_q_tile zero-fills them).
+template <typename Traits, typename Params>
+TESSERA_DEVICE bool q_tile_by_tma(const Params& p, const RequestExtent& e, int packed_begin) {
+  return Traits::kTmaQ && p.q_tma.enabled != 0 && packed_begin + Traits::CTA_TILE_Q <= e.qo_len * p.group_size;
+}
+
+/// Loads a query tile (q_tile_by_tma) with TMA: the first producer thread adds its bytes to the Q
+/// buffer's full barrier and issues one box per swizzled column block; the packed rows (query
+/// p / group, head p % group) are the box's (query, head) order.
+template <typename Traits, typename Params, typename T>
+TESSERA_DEVICE void load_q_tile_tma(const Params& p, const RequestExtent& e, int kv_head, int packed_begin, T* q_smem,
+                                    uint64_t* full) {
+  static_assert(Traits::kTmaQ, "the warp-specialised tiles of 16-bit queries");
+  if (loader_thread<Traits>() != 0) return;
+  using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
+  constexpr int kBlocks = Traits::kSmemRowChunks / Tile::kAtomChunks;
+  const uint32_t dst = smem_addr(q_smem);
+  const int first_query = e.q_begin + packed_begin / p.group_size;  // packed_begin: a multiple of the group
+  mbarrier_expect_tx(full, static_cast<uint32_t>(Traits::kQTileBytes));
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    tma_load_4d(dst + blk * Tile::kBlockBytes, &p.q_tma.q, blk * Tile::kAtomChunks * Traits::kChunkElems, 0,
+                first_query, kv_head, full);
+  }
+}
+
 /// The page / column-block id of KV row `row` of the tile starting at kv_begin (the page-table
 /// load), or -1 at or past kv_end (the end of the CTA's KV range). Loaded one tile before
 /// resolve_kv_rows consumes it, so its latency hides behind a tile of computation.
@@ -519,8 +548,9 @@ struct PrefillWork {
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct KVTileSource {
   using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
-  // Whole tiles of ragged (and dense) KV by TMA where the host encoded descriptors (copy_tma).
-  static constexpr bool kTma = kFormat == KVFormatKind::kRagged && Traits::kTmaKV;
+  // Whole tiles of ragged (and dense) KV, and of paged KV inside one page, by TMA where the host
+  // encoded descriptors (copy_tma).
+  static constexpr bool kTma = (kFormat == KVFormatKind::kRagged || kFormat == KVFormatKind::kPaged) && Traits::kTmaKV;
   static constexpr int kKTileElems = Traits::kKTileElems;  // a stage's K tile: stored rows (PrefillTraits)
   static constexpr int kVTileElems = Traits::kVTileElems;  // ... and its V tile
   const Params& p;
@@ -530,6 +560,9 @@ struct KVTileSource {
   const PrefillSmem<Traits>& smem;
   const uint32_t tiles_before;  // the CTA's tiles of earlier work items (warp-specialised), else 0
   int32_t block = -1;           // page / column-block id of this thread's row of the next tile to resolve
+  // Paged TMA: the page of row 0 of the last two tiles resolved (even and odd tiles), which the
+  // first producer thread's boxes read (V is copied a tile after K, past the next resolve).
+  int32_t tma_page[2] = {-1, -1};
   // fp8 KV: the KV head's dequantization scales. With the default variant, K's scale multiplies
   // the logits' scale and V's the output, both once per work item, so the tiles hold the stored
   // values converted (exact, and one cvt per pair into f16); a variant's hooks see logits, keys
@@ -564,6 +597,14 @@ struct KVTileSource {
   }
   /// Resolves `tile` into its row table with the entry loaded before, then loads the next one.
   TESSERA_DEVICE void resolve(int tile) {
+    if constexpr (kTma && kFormat == KVFormatKind::kPaged) {
+      // Selects, not an index: a register array indexed at run time would live in local memory.
+      if (tile & 1) {
+        tma_page[1] = block;
+      } else {
+        tma_page[0] = block;
+      }
+    }
     if (tile < tiles.count) {
       resolve_kv_rows<Traits, kFormat>(p, e, kv_head, tiles.end(tile), tiles.begin(tile), block,
                                        smem.rows + table_slot(tile) * 2 * Traits::CTA_TILE_KV,
@@ -598,10 +639,17 @@ struct KVTileSource {
   }
   /// Whether `tile` goes by TMA: a tile of kTma sources whose rows are all the request's (the
   /// last partial tile of a span gathers through its row table, which zero-fills the missing rows:
-  /// the rows after a request's end may be another request's or not exist, and a box would bring
-  /// them in). Its row table is still resolved: the masks read its keys.
+  /// the rows after a request's end may be another request's, padding of its last page or not
+  /// exist, and a box would bring them in) and, over paged KV, inside one page. Its row table is
+  /// still resolved: the masks read its keys.
   TESSERA_DEVICE bool tma_tile(int tile) const {
-    return kTma && p.ragged.tma.enabled != 0 && tiles.begin(tile) + Traits::CTA_TILE_KV <= tiles.end(tile);
+    const int begin = tiles.begin(tile);
+    if (!kTma || p.kv_tma.enabled == 0 || begin + Traits::CTA_TILE_KV > tiles.end(tile)) return false;
+    if constexpr (kFormat == KVFormatKind::kPaged) {
+      const int slot = p.paged.page_div.mod(begin, p.paged.page_div.div(begin));
+      return slot + Traits::CTA_TILE_KV <= p.paged.page_size;
+    }
+    return true;
   }
   /// Copies the K (or V) rows of a whole tile into stage `stage` with the copy engine: the first
   /// producer thread adds the tile's bytes to the stage's full barrier (which every producer
@@ -617,13 +665,22 @@ struct KVTileSource {
     constexpr int kRowChunks = kK ? Traits::kSmemRowChunks : Traits::kVSmemRowChunks;
     constexpr int kBlocks = kRowChunks / Tile::kAtomChunks;
     uint64_t* const full = (kK ? smem.full_k : smem.full_v) + stage;
-    const TmaDescriptor* const map = kK ? &p.ragged.tma.k : &p.ragged.tma.v;
+    const TmaDescriptor* const map = kK ? &p.kv_tma.k : &p.kv_tma.v;
     const uint32_t dst = smem_addr(kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems);
-    const int row = e.kv_begin + tiles.begin(tile);
+    // (row in its block, block): ragged KV is one block of rows; paged KV's block is the page of
+    // the tile's first row (a page id out of range lands outside the map: zero-filled, and its
+    // rows' keys mask them).
+    const int begin = tiles.begin(tile);
+    int row = e.kv_begin + begin, page = 0;
+    if constexpr (kFormat == KVFormatKind::kPaged) {
+      page = (tile & 1) ? tma_page[1] : tma_page[0];
+      row = p.paged.page_div.mod(begin, p.paged.page_div.div(begin));
+    }
     mbarrier_expect_tx(full, static_cast<uint32_t>(kK ? Traits::kKTileBytes : Traits::kVTileBytes));
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk) {
-      tma_load_3d(dst + blk * Tile::kBlockBytes, map, blk * Tile::kAtomChunks * Traits::kChunkElems, row, kv_head, full);
+      tma_load_4d(dst + blk * Tile::kBlockBytes, map, blk * Tile::kAtomChunks * Traits::kChunkElems, row, kv_head,
+                  page, full);
     }
   }
   /// FP8 attention: copies the V rows of a resolved tile, as stored, into raw stage `raw_stage`

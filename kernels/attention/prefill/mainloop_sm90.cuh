@@ -18,7 +18,8 @@
 // only. FP8 attention (fp8 Q, K, V; Traits::kFp8Operands): k32 fp8 wgmma, and the producer
 // transposes each V tile from a raw copy (produce_transposed), since fp8 wgmma reads B K-major
 // only.
-// Not yet: TMA for affine KV.
+// TMA: whole query tiles, and whole KV tiles of ragged KV and of pages that hold them, are copied
+// by the copy engine (q_tile_by_tma, KVTileSource::tma_tile), the rest by cp.async.
 #pragma once
 
 #include "kernels/attention/prefill/kv_loader.cuh"
@@ -67,7 +68,16 @@ struct Sm90Mainloop {
     const MbarrierPipeline<Traits::kQStages> q_pipe = smem.q_pipeline();
     // The buffer's previous item (kQStages items back) is done with it.
     q_pipe.producer_acquire(ring.fill_q);
-    load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
+    bool q_by_tma = false;
+    if constexpr (Traits::kTmaQ) q_by_tma = q_tile_by_tma<Traits>(p, w.e, w.packed_begin);
+    if (q_by_tma) {
+      // The other producer threads still arrive on the buffer's barrier as below (no copies).
+      if constexpr (Traits::kTmaQ) {
+        load_q_tile_tma<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_full + ring.fill_q.stage);
+      }
+    } else {
+      load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
+    }
     if constexpr (kByCopies) {
       q_pipe.producer_arrive_on_copies(ring.fill_q);
     } else {

@@ -195,6 +195,8 @@ struct PrefillTraits {
   // WgmmaTile). fp8 stages are converted or transposed by the producer after its own copies, so
   // they keep cp.async; so do the rows of any other format, gathered through the row tables.
   static constexpr bool kTmaKV = kWarpSpecialized && !kDequantizeKV && !kTransposedV;
+  // Query tiles likewise wherever they are 16-bit (fp8 KV's too; FP8 attention's fp8 Q keeps cp.async).
+  static constexpr bool kTmaQ = kWarpSpecialized && !kFp8Operands;
   static constexpr int kRawRowChunks = kDequantizeKV || kTransposedV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V

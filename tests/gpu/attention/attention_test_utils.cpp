@@ -596,6 +596,26 @@ std::vector<AttentionCase> prefill_cases() {
     c.causal = false;
     cases.push_back(c);
   }
+  // Pages that hold whole KV tiles (128 slots and more; 64 at head dim 256): the wgmma tiles copy
+  // those tiles with TMA and a request's last partial tile with cp.async, whose NaN page tails
+  // must stay out.
+  for (int i = 0; i < 6; ++i) {
+    AttentionCase c;
+    c.entry = Entry::kPaged;
+    c.dtype = i % 2 ? DType::kBF16 : DType::kF16;
+    c.layout = i % 3 == 1 ? Layout::kHND : Layout::kNHD;
+    c.batch = 3;
+    c.qo_len = i < 3 ? 577 : 130;
+    c.kv_len = i < 3 ? 2049 : 700;
+    c.head_dim = std::vector<int64_t>{128, 64, 96, 256, 128, 256}[i];
+    c.page_size = c.head_dim == 256 ? 64 * (1 + i % 2) : 128 * (1 + i % 2);
+    c.num_kv_heads = 2;
+    c.group = i % 2 ? 4 : 1;
+    c.causal = i % 2 == 0;
+    c.nan_unused = true;
+    fit(c, 8e8);
+    cases.push_back(c);
+  }
   // The compute-sanitizer subset.
   auto small = [](Entry entry, Layout layout, DType dtype, int64_t batch, int64_t qo, int64_t kv, int64_t page_size,
                   int64_t hkv, int64_t group, int64_t dim, bool causal) {
@@ -634,7 +654,10 @@ std::vector<AttentionCase> prefill_cases() {
   // one too, and a 64-row one (40 packed rows).
   AttentionCase s8 = small(Entry::kPaged, Layout::kHND, DType::kBF16, 3, 130, 300, 16, 2, 1, 256, true);
   AttentionCase s9 = small(Entry::kRagged, Layout::kNHD, DType::kBF16, 3, 40, 100, 0, 2, 1, 256, true);
-  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7, s8, s9});
+  // Pages of 128 slots under the 128-row tile: whole tiles by TMA, the last partial one by cp.async.
+  AttentionCase s10 = small(Entry::kPaged, Layout::kNHD, DType::kBF16, 3, 130, 300, 128, 2, 1, 128, true);
+  s10.nan_unused = true;
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7, s8, s9, s10});
   make_names_unique(cases, case_name);
   return cases;
 }

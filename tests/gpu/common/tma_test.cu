@@ -1,9 +1,11 @@
 // GPU tests of the TMA copies of KV tiles on their own (kernels/common/tma.cuh with the host's
 // descriptors, src/kv_tma.h), before the prefill tiles rely on them: a box of CTA_TILE_KV rows of
-// one KV head, copied one swizzled column block at a time, lands in exactly the layout the wgmma
-// descriptors read (WgmmaTile: 128-byte swizzle for head dims 64, 128, 256; 64-byte for 96), rows
-// past the tensor arrive as zeros, NHD and HND tensors alike; and the host declines (cp.async
-// instead) tensors TMA cannot describe.
+// one KV head of one block (ragged KV: one block of all rows; paged KV: a page), copied one
+// swizzled column block at a time, lands in exactly the layout the wgmma descriptors read
+// (WgmmaTile: 128-byte swizzle for head dims 64, 128, 256; 64-byte for 96), rows past the block
+// and pages past the tensor arrive as zeros, NHD and HND tensors alike; and the host declines
+// (cp.async instead) tensors TMA cannot describe and pages smaller than a tile. Query tiles
+// likewise, in their packed order (query-major, the KV head's group of query heads inside).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -22,14 +24,16 @@ namespace {
 
 using namespace tessera::kernels;
 using tessera::detail::encode_kv_tma;
+using tessera::detail::encode_q_tma;
 using tessera::detail::KVRowTensors;
 using tessera::detail::KVTmaBox;
+using tessera::detail::QueryRows;
 
-/// Copies the [ROWS][ROW_CHUNKS * 8] box of `map` at (row, head) into shared memory as the prefill
-/// producer does (one box per column block, the bytes expected on one mbarrier), then writes the
-/// shared tile to `out` as it is.
+/// Copies the [ROWS][ROW_CHUNKS * 8] box of `map` at (column block, c1, c2, c3) into shared memory
+/// as the prefill producer does (one box per column block, the bytes expected on one mbarrier),
+/// then writes the shared tile to `out` as it is.
 template <int ROWS, int ROW_CHUNKS>
-__global__ void tma_tile_kernel(const __grid_constant__ KVTmaDescriptors maps, int row, int head, uint16_t* out) {
+__global__ void tma_tile_kernel(const __grid_constant__ TmaDescriptor map, int c1, int c2, int c3, uint16_t* out) {
   using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
   constexpr int kBytes = ROWS * ROW_CHUNKS * 16;
   extern __shared__ __align__(1024) uint16_t tile[];  // [ROWS][ROW_CHUNKS * 8], WgmmaTile; then the barrier
@@ -39,7 +43,7 @@ __global__ void tma_tile_kernel(const __grid_constant__ KVTmaDescriptors maps, i
   if (threadIdx.x == 0) {
     mbarrier_expect_tx(full, kBytes);
     for (int blk = 0; blk < ROW_CHUNKS / Tile::kAtomChunks; ++blk) {
-      tma_load_3d(smem_addr(tile) + blk * Tile::kBlockBytes, &maps.k, blk * Tile::kAtomChunks * 8, row, head, full);
+      tma_load_4d(smem_addr(tile) + blk * Tile::kBlockBytes, &map, blk * Tile::kAtomChunks * 8, c1, c2, c3, full);
     }
     mbarrier_arrive(full);
   }
@@ -61,47 +65,59 @@ struct Elems16 {
   uint16_t* data() const { return static_cast<uint16_t*>(buffer.get()); }
 };
 
+/// The shared tile tma_tile_kernel copies with `map` at (c1, c2, c3), as it lands.
+template <int ROWS, int ROW_CHUNKS>
+std::vector<uint16_t> load_box(const TmaDescriptor& map, int c1, int c2, int c3) {
+  constexpr int kElems = ROWS * ROW_CHUNKS * 8;
+  Elems16 out(kElems);
+  out.buffer.poison();
+  const int smem = kElems * 2 + 8;
+  EXPECT_EQ(cudaFuncSetAttribute(tma_tile_kernel<ROWS, ROW_CHUNKS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            cudaSuccess);
+  tma_tile_kernel<ROWS, ROW_CHUNKS><<<1, 128, smem>>>(map, c1, c2, c3, out.data());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> got(kElems);
+  out.buffer.download(got.data(), got.size() * 2);
+  return got;
+}
+
 struct TmaCase {
   int head_dim;
-  int rows;       // the tensor's rows
+  int rows;       // rows of a block (ragged: the tensor's; paged: a page's slots)
   int heads;
-  bool hnd;       // [heads, rows, D] instead of [rows, heads, D]
-  int box_rows;   // CTA_TILE_KV
-  int first_row;  // the box's first row (past rows - box_rows: zero-filled rows)
+  int blocks;     // 1 (ragged) or pages
+  bool hnd;       // a block is [heads, rows, D] instead of [rows, heads, D]
+  int first_row;  // the box's first row in its block (past rows - CTA_TILE_KV: zero-filled rows)
   int head;
+  int block;      // the box's block (>= blocks: every row zero-filled)
 };
 
 template <int ROWS, int ROW_CHUNKS>
 void run_case(const TmaCase& c) {
   using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
   const int d = c.head_dim;
-  std::vector<uint16_t> host(static_cast<size_t>(c.rows) * c.heads * d);
+  const int64_t block_elems = int64_t{c.rows} * c.heads * d;
+  std::vector<uint16_t> host(static_cast<size_t>(block_elems * c.blocks));
   std::mt19937 rng(1234 + d + c.rows);
   for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
   const int64_t row_stride = c.hnd ? d : int64_t{c.heads} * d, head_stride = c.hnd ? int64_t{c.rows} * d : d;
   Elems16 k(host.size());
   k.buffer.upload(host.data(), host.size() * 2);
   KVTmaDescriptors maps{};
-  const KVRowTensors kv{k.data(), k.data(), c.rows, c.heads, row_stride, head_stride, row_stride, head_stride};
+  const KVRowTensors kv{k.data(), k.data(), c.rows, c.heads, c.blocks, row_stride, head_stride, block_elems,
+                        row_stride, head_stride, block_elems};
   const KVTmaBox box{ROWS, d, Tile::kAtomChunks * 8};
   encode_kv_tma(maps, kv, box, box);
   ASSERT_EQ(maps.enabled, 1) << "aligned tensors take TMA";
-  constexpr int kElems = ROWS * ROW_CHUNKS * 8;
-  Elems16 out(kElems);
-  out.buffer.poison();
-  const int smem = kElems * 2 + 8;
-  ASSERT_EQ(cudaFuncSetAttribute(tma_tile_kernel<ROWS, ROW_CHUNKS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-            cudaSuccess);
-  tma_tile_kernel<ROWS, ROW_CHUNKS><<<1, 128, smem>>>(maps, c.first_row, c.head, out.data());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint16_t> got(kElems);
-  out.buffer.download(got.data(), got.size() * 2);
+  const std::vector<uint16_t> got = load_box<ROWS, ROW_CHUNKS>(maps.k, c.first_row, c.head, c.block);
   int mismatches = 0;
   for (int r = 0; r < ROWS; ++r) {
     const int src_row = c.first_row + r;
+    const bool exists = src_row < c.rows && c.block < c.blocks;
     for (int ch = 0; ch < ROW_CHUNKS; ++ch) {
       for (int e = 0; e < 8; ++e) {
-        const uint16_t want = src_row < c.rows ? host[src_row * row_stride + c.head * head_stride + ch * 8 + e] : 0;
+        const uint16_t want =
+            exists ? host[c.block * block_elems + src_row * row_stride + c.head * head_stride + ch * 8 + e] : 0;
         const uint16_t have = got[Tile::chunk_offset(r, ch) * 8 + e];
         if (have != want && ++mismatches <= 5) {
           ADD_FAILURE() << "row " << r << " chunk " << ch << " element " << e << ": " << have << ", expected " << want;
@@ -116,28 +132,86 @@ TEST(TmaTile, BoxesLandInTheWgmmaLayout) {
   if (!device_has_tma()) GTEST_SKIP() << "TMA needs an sm_90 device";
   for (const bool hnd : {false, true}) {
     SCOPED_TRACE(hnd ? "HND" : "NHD");
-    run_case<128, 8>({64, 300, 3, hnd, 128, 37, 2});    // head dim 64: one 128-byte block
-    run_case<128, 12>({96, 300, 2, hnd, 128, 5, 1});    // 96: three 64-byte blocks
-    run_case<128, 16>({128, 257, 4, hnd, 128, 129, 3});  // 128: two blocks
-    run_case<64, 32>({256, 70, 1, hnd, 64, 0, 0});       // 256: four blocks, 64-row tiles
-    run_case<128, 16>({128, 140, 2, hnd, 128, 100, 1});  // rows 100 .. 227 of 140: the rest zero
+    // One block of rows (ragged and dense KV)
+    run_case<128, 8>({64, 300, 3, 1, hnd, 37, 2, 0});     // head dim 64: one 128-byte column block
+    run_case<128, 12>({96, 300, 2, 1, hnd, 5, 1, 0});     // 96: three 64-byte blocks
+    run_case<128, 16>({128, 257, 4, 1, hnd, 129, 3, 0});  // 128: two blocks
+    run_case<64, 32>({256, 70, 1, 1, hnd, 0, 0, 0});      // 256: four blocks, 64-row tiles
+    run_case<128, 16>({128, 140, 2, 1, hnd, 100, 1, 0});  // rows 100 .. 227 of 140: the rest zero
+    // Pages (paged KV whose pages hold whole tiles)
+    run_case<128, 16>({128, 256, 2, 5, hnd, 128, 1, 3});  // the second tile of page 3 of 5
+    run_case<64, 32>({256, 64, 3, 4, hnd, 0, 2, 1});      // 64-slot pages of head dim 256
+    run_case<128, 8>({64, 128, 1, 3, hnd, 0, 0, 7});      // page 7 of 3: zeros
   }
+}
+
+/// A query tile in packed order (row r: query first_query + r / group, head kv_head * group + r %
+/// group) from q [rows, Hkv * group, D], or [Hkv * group, rows, D] with `hnd`.
+template <int ROWS, int ROW_CHUNKS>
+void run_query_case(int group, int num_rows, int kv_heads, bool hnd, int first_query, int kv_head) {
+  using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
+  const int d = ROW_CHUNKS * 8, heads = kv_heads * group;
+  std::vector<uint16_t> host(static_cast<size_t>(num_rows) * heads * d);
+  std::mt19937 rng(99 + group + d);
+  for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
+  const int64_t row_stride = hnd ? d : int64_t{heads} * d, head_stride = hnd ? int64_t{num_rows} * d : d;
+  Elems16 q(host.size());
+  q.buffer.upload(host.data(), host.size() * 2);
+  QTmaDescriptor map{};
+  encode_q_tma(map, QueryRows{q.data(), num_rows, group, kv_heads, row_stride, head_stride}, ROWS, d,
+               Tile::kAtomChunks * 8);
+  ASSERT_EQ(map.enabled, 1);
+  const std::vector<uint16_t> got = load_box<ROWS, ROW_CHUNKS>(map.q, 0, first_query, kv_head);
+  int mismatches = 0;
+  for (int r = 0; r < ROWS; ++r) {
+    const int query = first_query + r / group, head = kv_head * group + r % group;
+    for (int ch = 0; ch < ROW_CHUNKS; ++ch) {
+      for (int e = 0; e < 8; ++e) {
+        const uint16_t want = query < num_rows ? host[query * row_stride + head * head_stride + ch * 8 + e] : 0;
+        const uint16_t have = got[Tile::chunk_offset(r, ch) * 8 + e];
+        if (have != want && ++mismatches <= 5) {
+          ADD_FAILURE() << "row " << r << " chunk " << ch << " element " << e << ": " << have << ", expected " << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(TmaTile, QueryTilesInPackedOrder) {
+  if (!device_has_tma()) GTEST_SKIP() << "TMA needs an sm_90 device";
+  for (const bool hnd : {false, true}) {
+    SCOPED_TRACE(hnd ? "HND" : "NHD");
+    run_query_case<128, 16>(4, 100, 2, hnd, 7, 1);   // D128, GQA 4: 32 queries x 4 heads
+    run_query_case<192, 8>(8, 50, 3, hnd, 30, 2);    // D64's 192-row tile, GQA 8, past the last query
+    run_query_case<128, 12>(1, 300, 2, hnd, 129, 0);  // D96, one head per group
+  }
+  QTmaDescriptor map{};
+  map.enabled = 7;
+  Elems16 q(64 * 5 * 128);
+  encode_q_tma(map, QueryRows{q.data(), 64, 5, 1, 5 * 128, 128}, 128, 128, 64);
+  EXPECT_EQ(map.enabled, 0) << "a group of 5 does not divide a 128-row tile";
 }
 
 TEST(TmaTile, HostDeclinesWhatTmaCannotDescribe) {
   if (!device_has_tma()) GTEST_SKIP() << "TMA needs an sm_90 device";
-  Elems16 k(64 * 4 * 128 + 64);
+  Elems16 k(64 * 4 * 128 * 2 + 64);
   const KVTmaBox box{128, 128, 64};
-  const auto enabled = [&](const void* base, int64_t row_stride) {
+  const auto enabled = [&](const void* base, int64_t row_stride, int64_t block_rows, int64_t blocks) {
     KVTmaDescriptors maps{};
     maps.enabled = 7;
-    encode_kv_tma(maps, KVRowTensors{base, base, 64, 4, row_stride, 128, row_stride, 128}, box, box);
+    const int64_t block_stride = block_rows * 512;
+    encode_kv_tma(maps,
+                  KVRowTensors{base, base, block_rows, 4, blocks, row_stride, 128, block_stride, row_stride, 128,
+                               block_stride},
+                  box, box);
     return maps.enabled;
   };
-  EXPECT_EQ(enabled(k.data(), 512), 1);
-  EXPECT_EQ(enabled(k.data() + 4, 512), 0) << "a base 8 bytes past 16-byte alignment";
-  EXPECT_EQ(enabled(k.data(), 516), 0) << "rows 1032 bytes apart";
-  EXPECT_EQ(enabled(k.data(), 0), 0) << "every row at one address";
+  EXPECT_EQ(enabled(k.data(), 512, 128, 2), 1);
+  EXPECT_EQ(enabled(k.data() + 4, 512, 128, 2), 0) << "a base 8 bytes past 16-byte alignment";
+  EXPECT_EQ(enabled(k.data(), 516, 128, 2), 0) << "rows 1032 bytes apart";
+  EXPECT_EQ(enabled(k.data(), 0, 128, 2), 0) << "every row at one address";
+  EXPECT_EQ(enabled(k.data(), 512, 64, 4), 0) << "pages of 64 slots under 128-row tiles";
 }
 
 }  // namespace

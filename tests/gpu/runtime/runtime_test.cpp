@@ -502,6 +502,26 @@ std::vector<RuntimeCase> runtime_cases() {
     c.with_lse = false;
     cases.push_back(named(c, "append_long"));
   }
+  // Pages that hold whole KV tiles (the wgmma tiles copy those by TMA): pages of 128 slots, and
+  // of 192 (96 at head dim 256), where every other tile would cross a page and takes cp.async;
+  // auto splits and fixed ones (chunks of 384 keys: beginning at a page boundary, or inside one).
+  for (int64_t page : {128, 192}) {
+    RuntimeCase c;
+    c.wrapper = Wrapper::kPrefillPaged;
+    c.qo = {1, 130, 577, 0, 40};
+    c.kv = {300, 2049, 1200, 9, 700};
+    c.page_size = page;
+    c.causal = page == 128;
+    cases.push_back(named(c, "pages" + std::to_string(page)));
+    c.split = SplitKV::kFixed;
+    c.fixed_split = 384;
+    cases.push_back(named(c, "pages" + std::to_string(page) + "_split384"));
+    c.split = SplitKV::kAuto;
+    c.head_dim = 256;
+    c.page_size = page / 2;
+    c.layout = Layout::kHND;
+    cases.push_back(named(c, "pages" + std::to_string(c.page_size)));
+  }
   // Split head dims (q/k 192, v/o 128: non-absorbed MLA prefill) over paged (page sizes 1, 16) and
   // ragged KV: mixed query lengths, causal on and off, every query tile, a long request split over
   // the grid (the contraction at head_dim_vo), fixed splits and none.

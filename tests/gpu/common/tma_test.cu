@@ -81,6 +81,23 @@ std::vector<uint16_t> load_box(const TmaDescriptor& map, int c1, int c2, int c3)
   return got;
 }
 
+/// Expects element (row r, column col) of the [ROWS][ROW_CHUNKS * 8] tile, found in `got` where
+/// the WgmmaTile layout puts it, to equal want(r, col) (0: a zero-filled row).
+template <int ROWS, int ROW_CHUNKS, typename Want>
+void expect_tile(const std::vector<uint16_t>& got, Want&& want) {
+  using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
+  int mismatches = 0;
+  for (int r = 0; r < ROWS; ++r) {
+    for (int col = 0; col < ROW_CHUNKS * 8; ++col) {
+      const uint16_t have = got[Tile::chunk_offset(r, col / 8) * 8 + col % 8], expected = want(r, col);
+      if (have != expected && ++mismatches <= 5) {
+        ADD_FAILURE() << "row " << r << " column " << col << ": " << have << ", expected " << expected;
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 struct TmaCase {
   int head_dim;
   int rows;       // rows of a block (ragged: the tensor's; paged: a page's slots)
@@ -110,22 +127,11 @@ void run_case(const TmaCase& c) {
   encode_kv_tma(maps, kv, box, box);
   ASSERT_EQ(maps.enabled, 1) << "aligned tensors take TMA";
   const std::vector<uint16_t> got = load_box<ROWS, ROW_CHUNKS>(maps.k, c.first_row, c.head, c.block);
-  int mismatches = 0;
-  for (int r = 0; r < ROWS; ++r) {
+  expect_tile<ROWS, ROW_CHUNKS>(got, [&](int r, int col) -> uint16_t {
     const int src_row = c.first_row + r;
     const bool exists = src_row < c.rows && c.block < c.blocks;
-    for (int ch = 0; ch < ROW_CHUNKS; ++ch) {
-      for (int e = 0; e < 8; ++e) {
-        const uint16_t want =
-            exists ? host[c.block * block_elems + src_row * row_stride + c.head * head_stride + ch * 8 + e] : 0;
-        const uint16_t have = got[Tile::chunk_offset(r, ch) * 8 + e];
-        if (have != want && ++mismatches <= 5) {
-          ADD_FAILURE() << "row " << r << " chunk " << ch << " element " << e << ": " << have << ", expected " << want;
-        }
-      }
-    }
-  }
-  EXPECT_EQ(mismatches, 0);
+    return exists ? host[c.block * block_elems + src_row * row_stride + c.head * head_stride + col] : 0;
+  });
 }
 
 TEST(TmaTile, BoxesLandInTheWgmmaLayout) {
@@ -162,20 +168,10 @@ void run_query_case(int group, int num_rows, int kv_heads, bool hnd, int first_q
                Tile::kAtomChunks * 8);
   ASSERT_EQ(map.enabled, 1);
   const std::vector<uint16_t> got = load_box<ROWS, ROW_CHUNKS>(map.q, 0, first_query, kv_head);
-  int mismatches = 0;
-  for (int r = 0; r < ROWS; ++r) {
+  expect_tile<ROWS, ROW_CHUNKS>(got, [&](int r, int col) -> uint16_t {
     const int query = first_query + r / group, head = kv_head * group + r % group;
-    for (int ch = 0; ch < ROW_CHUNKS; ++ch) {
-      for (int e = 0; e < 8; ++e) {
-        const uint16_t want = query < num_rows ? host[query * row_stride + head * head_stride + ch * 8 + e] : 0;
-        const uint16_t have = got[Tile::chunk_offset(r, ch) * 8 + e];
-        if (have != want && ++mismatches <= 5) {
-          ADD_FAILURE() << "row " << r << " chunk " << ch << " element " << e << ": " << have << ", expected " << want;
-        }
-      }
-    }
-  }
-  EXPECT_EQ(mismatches, 0);
+    return query < num_rows ? host[query * row_stride + head * head_stride + col] : 0;
+  });
 }
 
 TEST(TmaTile, QueryTilesInPackedOrder) {

@@ -68,16 +68,7 @@ struct Sm90Mainloop {
     const MbarrierPipeline<Traits::kQStages> q_pipe = smem.q_pipeline();
     // The buffer's previous item (kQStages items back) is done with it.
     q_pipe.producer_acquire(ring.fill_q);
-    bool q_by_tma = false;
-    if constexpr (Traits::kTmaQ) q_by_tma = q_tile_by_tma<Traits>(p, w.e, w.packed_begin);
-    if (q_by_tma) {
-      // The other producer threads still arrive on the buffer's barrier as below (no copies).
-      if constexpr (Traits::kTmaQ) {
-        load_q_tile_tma<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_full + ring.fill_q.stage);
-      }
-    } else {
-      load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
-    }
+    load_q(p, w, q_tile);
     if constexpr (kByCopies) {
       q_pipe.producer_arrive_on_copies(ring.fill_q);
     } else {
@@ -92,41 +83,7 @@ struct Sm90Mainloop {
     } else if constexpr (kTransposeV) {
       produce_transposed(k_pipe, v_pipe, q_pipe, num_kv_tiles);
     } else {
-      for (int step = 0; step <= num_kv_tiles; ++step) {
-        const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
-        if (copies_k) {
-          kv.resolve(step);
-          loader_sync<Traits>();  // the row table, for every copying thread
-          k_pipe.producer_acquire(ring.fill_k);
-          kv.template copy<KVPart::kK>(step, ring.fill_k.stage);
-          copies_issued(k_pipe, ring.fill_k);
-        }
-        if (copies_v) {
-          v_pipe.producer_acquire(ring.fill_v);
-          kv.template copy<KVPart::kV>(step - 1, ring.fill_v.stage);
-          copies_issued(v_pipe, ring.fill_v);
-        }
-        if constexpr (!kByCopies) {
-          if (copies_k) {
-            // K (and Q, committed before) has landed when at most the V group is in flight.
-            if (copies_v) {
-              cp_async_wait<1>();
-            } else {
-              cp_async_wait<0>();
-            }
-            fence_proxy_async_shared();
-            if (step == 0) q_pipe.producer_arrive(ring.fill_q);
-            k_pipe.producer_arrive(ring.fill_k);
-            ring.fill_k.advance();
-          }
-          if (copies_v) {
-            cp_async_wait<0>();
-            fence_proxy_async_shared();
-            v_pipe.producer_arrive(ring.fill_v);
-            ring.fill_v.advance();
-          }
-        }
-      }
+      produce_copied(k_pipe, v_pipe, q_pipe, num_kv_tiles);
     }
     if constexpr (!kByCopies) {
       if (num_kv_tiles == 0) {
@@ -249,6 +206,62 @@ struct Sm90Mainloop {
   }
 
  private:
+  /// The work item's query tile into Q buffer ring.fill_q: by TMA where q_tile_by_tma says so
+  /// (the other producer threads copy nothing and still arrive on the buffer's barrier as after
+  /// their copies), else by cp.async.
+  TESSERA_DEVICE void load_q(const Params& p, const PrefillWork& w, T* q_tile) const {
+    if constexpr (Traits::kTmaQ) {
+      if (q_tile_by_tma<Traits>(p, w.e, w.packed_begin)) {
+        load_q_tile_tma<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_full + ring.fill_q.stage);
+        return;
+      }
+    }
+    load_q_tile<Traits>(p, w.e, w.kv_head, w.packed_begin, q_tile, smem.q_rows);
+  }
+
+  /// 16-bit K/V's producer steps: K of tile `step` and V of tile step - 1 per step, each copy
+  /// issued once its stage is free (by TMA or cp.async, KVTileSource::copy) and its full barrier
+  /// completed as stage_completion says.
+  TESSERA_DEVICE void produce_copied(const MbarrierPipeline<Traits::kStages>& k_pipe,
+                                     const MbarrierPipeline<Traits::kStages>& v_pipe,
+                                     const MbarrierPipeline<Traits::kQStages>& q_pipe, int num_kv_tiles) {
+    for (int step = 0; step <= num_kv_tiles; ++step) {
+      const bool copies_k = step < num_kv_tiles, copies_v = step > 0;
+      if (copies_k) {
+        kv.resolve(step);
+        loader_sync<Traits>();  // the row table, for every copying thread
+        k_pipe.producer_acquire(ring.fill_k);
+        kv.template copy<KVPart::kK>(step, ring.fill_k.stage);
+        copies_issued(k_pipe, ring.fill_k);
+      }
+      if (copies_v) {
+        v_pipe.producer_acquire(ring.fill_v);
+        kv.template copy<KVPart::kV>(step - 1, ring.fill_v.stage);
+        copies_issued(v_pipe, ring.fill_v);
+      }
+      if constexpr (!kByCopies) {
+        if (copies_k) {
+          // K (and Q, committed before) has landed when at most the V group is in flight.
+          if (copies_v) {
+            cp_async_wait<1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          fence_proxy_async_shared();
+          if (step == 0) q_pipe.producer_arrive(ring.fill_q);
+          k_pipe.producer_arrive(ring.fill_k);
+          ring.fill_k.advance();
+        }
+        if (copies_v) {
+          cp_async_wait<0>();
+          fence_proxy_async_shared();
+          v_pipe.producer_arrive(ring.fill_v);
+          ring.fill_v.advance();
+        }
+      }
+    }
+  }
+
   /// fp8 KV's producer steps: copies go to the raw stages, whose chunks only their copying thread
   /// reads, so they need no ring stage; a thread waits for a T stage only to convert into it. Each
   /// raw copy flies while the other tensor's stage converts: K(t + 1) is issued right after K(t)

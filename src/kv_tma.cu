@@ -74,9 +74,10 @@ void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const
   out.enabled = 1;
 }
 
-void encode_q_tma(kernels::QTmaDescriptor& out, const QueryRows& q, int tile_rows, int head_dim, int atom_elems) {
+void encode_query_rows_tma(kernels::QueryRowsTma& out, const QueryRows& q, int box_rows, int head_dim, int atom_elems,
+                           const char* what) {
   out.enabled = 0;
-  if (!kv_tma_allowed() || q.group < 1 || tile_rows % q.group != 0 || q.num_rows < 1 || q.num_kv_heads < 1) return;
+  if (!kv_tma_allowed() || q.group < 1 || box_rows % q.group != 0 || q.num_rows < 1 || q.num_kv_heads < 1) return;
   if (reinterpret_cast<uintptr_t>(q.q) % 16 != 0 || !tma_stride_ok(q.head_stride, q.group) ||
       !tma_stride_ok(q.row_stride, q.num_rows) || !tma_stride_ok(q.head_stride * q.group, q.num_kv_heads)) {
     return;
@@ -86,11 +87,11 @@ void encode_q_tma(kernels::QTmaDescriptor& out, const QueryRows& q, int tile_row
   const cuuint64_t strides[3] = {tma_stride(q.head_stride, q.group), tma_stride(q.row_stride, q.num_rows),
                                  tma_stride(q.head_stride * q.group, q.num_kv_heads)};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(atom_elems), static_cast<cuuint32_t>(q.group),
-                             static_cast<cuuint32_t>(tile_rows / q.group), 1u};
+                             static_cast<cuuint32_t>(box_rows / q.group), 1u};
   CUtensorMap map;
   jit::encode_tiled_tensor_map(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, q.q, dims, strides, box, swizzle_of(atom_elems),
-                               "the TMA descriptor of q");
-  std::memcpy(&out.q, &map, sizeof(map));
+                               what);
+  std::memcpy(&out.map, &map, sizeof(map));
   out.enabled = 1;
 }
 

@@ -44,8 +44,8 @@ bool kv_tma_allowed();
 void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const KVTmaBox& k_box,
                    const KVTmaBox& v_box);
 
-/// q as the kernel reads it, 16-bit elements: element (row, head, d) at q + row * row_stride + head
-/// * head_stride + d; `num_kv_heads` KV heads of `group` query heads each.
+/// q (or o) as the kernel reads it, 16-bit elements: element (row, head, d) at q + row * row_stride
+/// + head * head_stride + d; `num_kv_heads` KV heads of `group` query heads each.
 struct QueryRows {
   const void* q;
   int64_t num_rows;
@@ -54,11 +54,13 @@ struct QueryRows {
   int64_t row_stride, head_stride;
 };
 
-/// Encodes q's descriptor for query tiles of `tile_rows` packed rows into `out` and sets
-/// out.enabled, or leaves it 0 where the group size does not divide the tile (a tile's rows would
-/// not be whole queries), q's base or strides are not 16-byte multiples, or kv_tma_allowed() is
-/// false: those tiles load with cp.async.
-void encode_q_tma(kernels::QTmaDescriptor& out, const QueryRows& q, int tile_rows, int head_dim, int atom_elems);
+/// Encodes the descriptor of a tensor in the query rows' layout for boxes of `box_rows` packed rows
+/// (a query tile for q, a warpgroup's 64 rows for o) into `out` and sets out.enabled, or leaves it
+/// 0 where the group size does not divide box_rows (a box's rows would not be whole queries), the
+/// base or strides are not 16-byte multiples, or kv_tma_allowed() is false: those tiles load with
+/// cp.async (q) or store their fragments (o). `what` names the tensor in errors.
+void encode_query_rows_tma(kernels::QueryRowsTma& out, const QueryRows& q, int box_rows, int head_dim, int atom_elems,
+                           const char* what);
 
 }  // namespace detail
 }  // namespace tessera

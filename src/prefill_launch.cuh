@@ -132,11 +132,20 @@ template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 Params with_tma_descriptors(const Params& p) {
   Params r = p;
   r.q_tma.enabled = 0;
+  r.o_tma.enabled = 0;
   r.kv_tma.enabled = 0;
   if constexpr (Traits::kTmaQ) {
     using QTile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;
-    encode_q_tma(r.q_tma, QueryRows{p.q.data, p.num_q_rows, p.group_size, p.num_kv_heads, p.q.row_stride, p.q.head_stride},
-                 Traits::CTA_TILE_Q, Traits::HEAD_DIM, QTile::kAtomChunks * Traits::kChunkElems);
+    constexpr int kQAtomElems = QTile::kAtomChunks * Traits::kChunkElems;
+    encode_query_rows_tma(r.q_tma,
+                          QueryRows{p.q.data, p.num_q_rows, p.group_size, p.num_kv_heads, p.q.row_stride, p.q.head_stride},
+                          Traits::CTA_TILE_Q, Traits::HEAD_DIM, kQAtomElems, "the TMA descriptor of q");
+    if constexpr (Traits::kTmaO) {  // boxes of a warpgroup's 64 rows (PrefillEpilogue::store_tile_tma)
+      encode_query_rows_tma(r.o_tma,
+                            QueryRows{p.o.data, p.num_q_rows, p.group_size, p.num_kv_heads, p.o.row_stride,
+                                      p.o.head_stride},
+                            4 * Traits::kWarpRowsQ, Traits::HEAD_DIM_VO, kQAtomElems, "the TMA descriptor of o");
+    }
   }
   if constexpr ((kFormat == kernels::KVFormatKind::kRagged || kFormat == kernels::KVFormatKind::kPaged) &&
                 Traits::kTmaKV) {

@@ -73,13 +73,14 @@ struct KVTmaDescriptors {
   int32_t enabled;  // 1: k and v hold descriptors of AttentionParams::kv's tensors for this launch's tile
 };
 
-/// The TMA descriptor of q for the same tiles: a 4-D map {head dim, heads of a KV head's group,
-/// query rows, KV heads}, whose box {swizzle width, group size, CTA_TILE_Q / group size, 1} is
-/// one swizzled column block of a query tile in its packed order (query-major, the group's heads
-/// inside). Encoded where the group size divides CTA_TILE_Q and q's base and strides are 16-byte
-/// multiples, else `enabled` 0 (cp.async).
-struct QTmaDescriptor {
-  TmaDescriptor q;
+/// The TMA descriptor of a tensor in the query rows' layout (q, or o) for the same tiles: a 4-D
+/// map {head dim, heads of a KV head's group, query rows, KV heads}, whose box {swizzle width,
+/// group size, rows / group size, 1} is one swizzled column block of `rows` packed rows in their
+/// order (query-major, the group's heads inside): a query tile (q), a warpgroup's 64 rows (o).
+/// Encoded where the group size divides those rows and the tensor's base and strides are 16-byte
+/// multiples, else `enabled` 0 (cp.async loads, fragment stores).
+struct QueryRowsTma {
+  TmaDescriptor map;
   int32_t enabled;
 };
 
@@ -156,8 +157,10 @@ struct AttentionParams {
   QueryTensor<QT> q;
   KVTensors<KVT> kv;
   OutputTensor<OT> o;
-  // Whole query and KV tiles by TMA (the sm_90 wgmma tiles; KV: ragged and paged), or enabled 0.
-  QTmaDescriptor q_tma;
+  // Whole query and KV tiles by TMA (the sm_90 wgmma tiles; KV: ragged and paged), and whole
+  // output tiles stored by it, or enabled 0.
+  QueryRowsTma q_tma;
+  QueryRowsTma o_tma;
   KVTmaDescriptors kv_tma;
   // fp8 KV only (KVT e4m3 or e5m2): a stored element x of KV head h stands for x *
   // kv_scales.k_scale(h) (resp. v_scale); the kernels dequantize K/V tiles with it. Zero for

@@ -147,7 +147,8 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[mq][n][i] *= f;
   }
-  PrefillEpilogue<Traits, Variant, Softmax, Params>{p, vp, w, c, applier.batch}.store(o, softmax, smem);
+  PrefillEpilogue<Traits, Variant, Softmax, Params>{p, vp, w, c, applier.batch}.store(o, softmax, smem, q_tile);
+  ml.release_q();
 }
 
 /// One work tile, as this warp's role sees it. The caller has synchronised the CTA since any

@@ -21,6 +21,11 @@ TESSERA_DEVICE ulonglong2 ld_shared_u64x2(uint32_t addr) {
   return v;
 }
 
+/// Stores a 32-bit word to the shared-window address `addr`.
+TESSERA_DEVICE void st_shared_u32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
+}
+
 /// Four 8x8 b16 matrices; lane i supplies the address of row i % 8 of matrix i / 8.
 TESSERA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

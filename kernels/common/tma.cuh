@@ -1,6 +1,7 @@
 // The Tensor Memory Accelerator of sm_90 (TMA): one thread asks the copy engine for a whole box of
 // a tensor, described by a tensor map the host encodes (cuTensorMapEncodeTiled), and the bytes
-// land in shared memory, swizzled as the map says, completing an mbarrier's transaction count. A
+// land in shared memory, swizzled as the map says, completing an mbarrier's transaction count (or,
+// the other way, a shared-memory box is written to the tensor as one bulk store). A
 // tile that took 16 cp.async per producer thread and a row table takes one instruction per
 // 128-byte column block.
 //
@@ -62,6 +63,43 @@ TESSERA_DEVICE void tma_load_4d(uint32_t dst, const TmaDescriptor* map, int c0, 
   (void)c3;
   (void)bar;
   __trap();
+#endif
+}
+
+/// Copies shared memory at `src` (the layout a load of the same box would write) into the box of
+/// the 4-D tensor map `map` at (c0, c1, c2, c3); elements outside the tensor are not written.
+/// The copy joins this thread's current bulk group (tma_store_commit).
+TESSERA_DEVICE void tma_store_4d(const TmaDescriptor* map, uint32_t src, int c0, int c1, int c2, int c3) {
+#if TESSERA_TMA_AVAILABLE
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+#else
+  (void)map;
+  (void)src;
+  (void)c0;
+  (void)c1;
+  (void)c2;
+  (void)c3;
+  __trap();
+#endif
+}
+
+/// Closes this thread's bulk group of TMA stores.
+TESSERA_DEVICE void tma_store_commit() {
+#if TESSERA_TMA_AVAILABLE
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+/// Waits until at most kPending of this thread's bulk groups still read their shared memory (the
+/// source may be overwritten then; the global writes complete on their own).
+template <int kPending>
+TESSERA_DEVICE void tma_store_wait_read() {
+#if TESSERA_TMA_AVAILABLE
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 

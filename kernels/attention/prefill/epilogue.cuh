@@ -12,6 +12,8 @@
 #include "kernels/common/mma.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/platform.cuh"
+#include "kernels/common/tma.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace tessera {
 namespace kernels {
@@ -28,9 +30,18 @@ struct PrefillEpilogue {
   const int batch;  // as the variant hooks see it
 
   /// Stores this thread's rows of O (fragments [m16 tile][n8 tile of D][4]) with the softmax
-  /// state of its rows (finalized here). `smem` is free for the warps' merge.
-  TESSERA_DEVICE void store(float (&o)[kMmaQ][kN8D][4], Softmax& softmax, const PrefillSmem<Traits>& smem) const {
+  /// state of its rows (finalized here). `smem` is free for the warps' merge; `q_tile`, the work
+  /// item's Q buffer, for the warp-specialised tiles' staging of O (each warpgroup its own rows).
+  TESSERA_DEVICE void store(float (&o)[kMmaQ][kN8D][4], Softmax& softmax, const PrefillSmem<Traits>& smem,
+                            typename Traits::DType* q_tile) const {
     softmax.finalize();
+    if constexpr (Traits::kTmaO) {
+      if (w.out.partial_o == nullptr && p.o_tma.enabled != 0 &&
+          w.packed_begin + Traits::CTA_TILE_Q <= w.e.qo_len * p.group_size) {
+        store_tile_tma(o, softmax, q_tile);
+        return;
+      }
+    }
     if constexpr (Traits::NUM_WARPS_KV > 1) {
       merge_warps_and_store(o, softmax, smem);
     } else {
@@ -80,6 +91,53 @@ struct PrefillEpilogue {
     }
     if (p.o.lse != nullptr && t == 0) {
       p.o.lse[static_cast<int64_t>(w.e.q_begin + qo_idx) * p.o.lse_row_stride + head * p.o.lse_head_stride] = lse;
+    }
+  }
+
+  /// A whole tile of the request's rows (Traits::kTmaO): each compute warpgroup writes its 64 rows
+  /// of final values into its own rows of the Q buffer, in the layout a TMA load of them would
+  /// write (its last Q K^T has completed; the other warpgroups read only their rows), and its
+  /// first thread stores them with one bulk copy per column block and waits until the copies have
+  /// read them: the Q buffer is released after the epilogue (the mainloop's release_q), and that
+  /// thread's release comes after its wait. The LSE goes as in store_fragment_row.
+  TESSERA_DEVICE void store_tile_tma(const float (&o)[kMmaQ][kN8D][4], const Softmax& softmax,
+                                     typename Traits::DType* q_tile) const {
+    static_assert(Traits::kTmaO && kSameType<OT, typename Traits::DType> && kMmaQ == 1,
+                  "16-bit O as wide as Q, a warpgroup of 16-row warps");
+    using Tile = typename Traits::template SmemTile<Traits::CTA_TILE_Q>;  // [CTA_TILE_Q][HEAD_DIM], swizzled
+    const uint32_t tile = smem_addr(q_tile);
+    const int t = c.t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const SoftmaxStats<Exp2Fast>& st = softmax.row[0][h];
+      const int packed = c.packed_row(w.packed_begin, 0, h);
+      const PackedRow r = unpack_row(p, w.kv_head, packed);
+      const float inv = Softmax::normaliser(st);
+      const int row = packed - w.packed_begin;
+#pragma unroll
+      for (int n = 0; n < kN8D; ++n) {
+        const uint32_t pair = pack_pair<OT>(final_value(o[0][n][2 * h], inv, r.qo_idx, r.head, n * 8 + 2 * t),
+                                            final_value(o[0][n][2 * h + 1], inv, r.qo_idx, r.head, n * 8 + 2 * t + 1));
+        st_shared_u32(tile + Tile::chunk_offset(row, n) * 16 + 4 * t, pair);
+      }
+      if (p.o.lse != nullptr && t == 0) {
+        p.o.lse[static_cast<int64_t>(w.e.q_begin + r.qo_idx) * p.o.lse_row_stride + r.head * p.o.lse_head_stride] =
+            Softmax::log_sum_exp(st);
+      }
+    }
+    fence_proxy_async_shared();  // the stores above, before the bulk copies' (async-proxy) reads
+    const int warpgroup = static_cast<int>(threadIdx.x) / (4 * kWarpSize);
+    named_barrier_sync(kFirstEpilogueBarrier + warpgroup, 4 * kWarpSize);
+    if (threadIdx.x % (4 * kWarpSize) == 0) {
+      constexpr int kWarpgroupRows = 4 * Traits::kWarpRowsQ;  // 64
+      const int first_query = w.e.q_begin + (w.packed_begin + warpgroup * kWarpgroupRows) / p.group_size;
+#pragma unroll
+      for (int blk = 0; blk < Traits::kSmemRowChunks / Tile::kAtomChunks; ++blk) {
+        tma_store_4d(&p.o_tma.map, tile + blk * Tile::kBlockBytes + warpgroup * kWarpgroupRows * Tile::kRowBytes,
+                     blk * Tile::kAtomChunks * Traits::kChunkElems, 0, first_query, w.kv_head);
+      }
+      tma_store_commit();
+      tma_store_wait_read<0>();
     }
   }
 

@@ -106,7 +106,7 @@ TESSERA_DEVICE void load_q_tile_tma(const Params& p, const RequestExtent& e, int
   mbarrier_expect_tx(full, static_cast<uint32_t>(Traits::kQTileBytes));
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
-    tma_load_4d(dst + blk * Tile::kBlockBytes, &p.q_tma.q, blk * Tile::kAtomChunks * Traits::kChunkElems, 0,
+    tma_load_4d(dst + blk * Tile::kBlockBytes, &p.q_tma.map, blk * Tile::kAtomChunks * Traits::kChunkElems, 0,
                 first_query, kv_head, full);
   }
 }

@@ -229,6 +229,8 @@ struct Sm80Mainloop {
     cp_async_wait<0>();
     if constexpr (kConvertFragments) restore_output_layout(o);
   }
+  /// After the epilogue: nothing to release (the next tile's barrier orders the Q buffer's reuse).
+  TESSERA_DEVICE void release_q() const {}
 
  private:
   using F8 = typename Traits::KVStorage;

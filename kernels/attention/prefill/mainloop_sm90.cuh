@@ -195,14 +195,21 @@ struct Sm90Mainloop {
   TESSERA_DEVICE float logits_factor() const { return kv.logits_factor(); }
   TESSERA_DEVICE float output_factor() const { return kv.output_factor(); }
 
-  /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free. O
-  /// is in the standard fragment layout already.
+  /// After the work item's last tile: its last Q K^T has completed, so the Q buffer is free unless
+  /// the epilogue stages O in it (Traits::kTmaO: release_q, after the epilogue). O is in the
+  /// standard fragment layout already.
   template <typename O>
   TESSERA_DEVICE void finish(O& /*o*/) const {
     cp_async_wait<0>();
-    smem.q_pipeline().consumer_release(ring.read_q);
-    ring.read_q.advance();
+    if constexpr (!Traits::kTmaO) free_q();
     ring.tiles += kv.count();
+  }
+  /// After the epilogue, which stages O in the Q buffer where Traits::kTmaO
+  /// (PrefillEpilogue::store_tile_tma): the buffer is free for the producer's item kQStages ahead.
+  /// Elsewhere the buffer was freed at finish(), so the producer of a single Q buffer (head dim
+  /// 256) need not wait for the epilogue.
+  TESSERA_DEVICE void release_q() const {
+    if constexpr (Traits::kTmaO) free_q();
   }
 
  private:
@@ -408,6 +415,11 @@ struct Sm90Mainloop {
       v_pipe.producer_arrive(ring.fill_v);
       ring.fill_v.advance();
     }
+  }
+
+  TESSERA_DEVICE void free_q() const {
+    smem.q_pipeline().consumer_release(ring.read_q);
+    ring.read_q.advance();
   }
 
   static TESSERA_DEVICE MmaTurns turns() { return MmaTurns{static_cast<int>(threadIdx.x) / (4 * kWarpSize)}; }

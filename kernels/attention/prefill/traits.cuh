@@ -197,6 +197,12 @@ struct PrefillTraits {
   static constexpr bool kTmaKV = kWarpSpecialized && !kDequantizeKV && !kTransposedV;
   // Query tiles likewise wherever they are 16-bit (fp8 KV's too; FP8 attention's fp8 Q keeps cp.async).
   static constexpr bool kTmaQ = kWarpSpecialized && !kFp8Operands;
+  // ... and output tiles, stored from each compute warpgroup's own 64 rows of the Q buffer (which
+  // only it reads) by one bulk store per column block; O rows as wide as Q rows (no split head
+  // dims). Only where the compute warps have registers to spare for a second store path: at head
+  // dim 256 (128 O accumulators) it spilled 44-72 bytes more in the persistent kernels and 12-44
+  // in the one-shot ones, and at 64 (three warpgroups of 152 registers) 20-28 (ptxas).
+  static constexpr bool kTmaO = kTmaQ && !kSplitHeadDims && HEAD_DIM_VO <= 128 && kComputeRegs >= 224;
   static constexpr int kRawRowChunks = kDequantizeKV || kTransposedV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V
@@ -414,6 +420,7 @@ struct FragmentCoords {
 constexpr uint32_t kComputeBarrier = 1;
 constexpr uint32_t kLoaderBarrier = 2;
 constexpr uint32_t kFirstTurnBarrier = 3;
+constexpr uint32_t kFirstEpilogueBarrier = 6;  // one per compute warpgroup (at most 3): its O staged
 
 /// This thread's index among the threads that load tiles (the producer warpgroup when
 /// warp-specialised, else the whole CTA).

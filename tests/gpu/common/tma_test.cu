@@ -5,7 +5,8 @@
 // (WgmmaTile: 128-byte swizzle for head dims 64, 128, 256; 64-byte for 96), rows past the block
 // and pages past the tensor arrive as zeros, NHD and HND tensors alike; and the host declines
 // (cp.async instead) tensors TMA cannot describe and pages smaller than a tile. Query tiles
-// likewise, in their packed order (query-major, the KV head's group of query heads inside).
+// likewise, in their packed order (query-major, the KV head's group of query heads inside), and
+// output rows stored in that order.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -18,13 +19,14 @@
 #include "kernels/common/mma.cuh"
 #include "kernels/common/smem_layout.cuh"
 #include "kernels/common/tma.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "src/kv_tma.h"
 
 namespace {
 
 using namespace tessera::kernels;
 using tessera::detail::encode_kv_tma;
-using tessera::detail::encode_q_tma;
+using tessera::detail::encode_query_rows_tma;
 using tessera::detail::KVRowTensors;
 using tessera::detail::KVTmaBox;
 using tessera::detail::QueryRows;
@@ -163,11 +165,11 @@ void run_query_case(int group, int num_rows, int kv_heads, bool hnd, int first_q
   const int64_t row_stride = hnd ? d : int64_t{heads} * d, head_stride = hnd ? int64_t{num_rows} * d : d;
   Elems16 q(host.size());
   q.buffer.upload(host.data(), host.size() * 2);
-  QTmaDescriptor map{};
-  encode_q_tma(map, QueryRows{q.data(), num_rows, group, kv_heads, row_stride, head_stride}, ROWS, d,
-               Tile::kAtomChunks * 8);
+  QueryRowsTma map{};
+  encode_query_rows_tma(map, QueryRows{q.data(), num_rows, group, kv_heads, row_stride, head_stride}, ROWS, d,
+                        Tile::kAtomChunks * 8, "q");
   ASSERT_EQ(map.enabled, 1);
-  const std::vector<uint16_t> got = load_box<ROWS, ROW_CHUNKS>(map.q, 0, first_query, kv_head);
+  const std::vector<uint16_t> got = load_box<ROWS, ROW_CHUNKS>(map.map, 0, first_query, kv_head);
   expect_tile<ROWS, ROW_CHUNKS>(got, [&](int r, int col) -> uint16_t {
     const int query = first_query + r / group, head = kv_head * group + r % group;
     return query < num_rows ? host[query * row_stride + head * head_stride + col] : 0;
@@ -182,11 +184,82 @@ TEST(TmaTile, QueryTilesInPackedOrder) {
     run_query_case<192, 8>(8, 50, 3, hnd, 30, 2);    // D64's 192-row tile, GQA 8, past the last query
     run_query_case<128, 12>(1, 300, 2, hnd, 129, 0);  // D96, one head per group
   }
-  QTmaDescriptor map{};
+  QueryRowsTma map{};
   map.enabled = 7;
   Elems16 q(64 * 5 * 128);
-  encode_q_tma(map, QueryRows{q.data(), 64, 5, 1, 5 * 128, 128}, 128, 128, 64);
+  encode_query_rows_tma(map, QueryRows{q.data(), 64, 5, 1, 5 * 128, 128}, 128, 128, 64, "q");
   EXPECT_EQ(map.enabled, 0) << "a group of 5 does not divide a 128-row tile";
+}
+
+/// The store direction (the epilogue's output tiles): a warpgroup's 64 packed rows written into
+/// shared memory in the WgmmaTile layout, one bulk store per column block into o at (first_query,
+/// kv_head), every other element of o left as it was.
+template <int ROW_CHUNKS>
+__global__ void tma_store_kernel(const __grid_constant__ TmaDescriptor map, const uint16_t* rows, int first_query,
+                                 int kv_head) {
+  using Tile = WgmmaTile<64, ROW_CHUNKS>;
+  extern __shared__ __align__(1024) uint16_t tile[];  // [64][ROW_CHUNKS * 8], WgmmaTile
+  for (int i = threadIdx.x; i < 64 * ROW_CHUNKS; i += blockDim.x) {
+    const int r = i / ROW_CHUNKS, ch = i % ROW_CHUNKS;
+    *reinterpret_cast<uint4*>(tile + Tile::chunk_offset(r, ch) * 8) =
+        *reinterpret_cast<const uint4*>(rows + (r * ROW_CHUNKS + ch) * 8);
+  }
+  fence_proxy_async_shared();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int blk = 0; blk < ROW_CHUNKS / Tile::kAtomChunks; ++blk) {
+      tma_store_4d(&map, smem_addr(tile) + blk * Tile::kBlockBytes, blk * Tile::kAtomChunks * 8, 0, first_query, kv_head);
+    }
+    tma_store_commit();
+    tma_store_wait_read<0>();
+  }
+}
+
+template <int ROW_CHUNKS>
+void run_store_case(int group, int num_rows, int kv_heads, int first_query, int kv_head) {
+  using Tile = WgmmaTile<64, ROW_CHUNKS>;
+  const int d = ROW_CHUNKS * 8, heads = kv_heads * group;
+  std::vector<uint16_t> rows(64 * d), before(static_cast<size_t>(num_rows) * heads * d);
+  std::mt19937 rng(7 + group + d);
+  for (auto& x : rows) x = static_cast<uint16_t>(rng() & 0xFFFF);
+  for (auto& x : before) x = static_cast<uint16_t>(rng() & 0xFFFF);
+  Elems16 o(before.size()), src(rows.size());
+  o.buffer.upload(before.data(), before.size() * 2);
+  src.buffer.upload(rows.data(), rows.size() * 2);
+  QueryRowsTma map{};
+  encode_query_rows_tma(map, QueryRows{o.data(), num_rows, group, kv_heads, int64_t{heads} * d, d}, 64, d,
+                        Tile::kAtomChunks * 8, "o");
+  ASSERT_EQ(map.enabled, 1);
+  const int smem = 64 * d * 2;
+  ASSERT_EQ(cudaFuncSetAttribute(tma_store_kernel<ROW_CHUNKS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            cudaSuccess);
+  tma_store_kernel<ROW_CHUNKS><<<1, 128, smem>>>(map.map, src.data(), first_query, kv_head);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> after(before.size());
+  o.buffer.download(after.data(), after.size() * 2);
+  int mismatches = 0;
+  for (int q = 0; q < num_rows; ++q) {
+    for (int h = 0; h < heads; ++h) {
+      const int packed = (q - first_query) * group + (h - kv_head * group);  // the box's row, if inside it
+      const bool stored = h / group == kv_head && packed >= 0 && packed < 64;
+      for (int col = 0; col < d; ++col) {
+        const size_t at = (static_cast<size_t>(q) * heads + h) * d + col;
+        const uint16_t want = stored ? rows[packed * d + col] : before[at];
+        if (after[at] != want && ++mismatches <= 5) {
+          ADD_FAILURE() << "query " << q << " head " << h << " column " << col << ": " << after[at] << ", expected "
+                        << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(TmaTile, OutputRowsStoredInPackedOrder) {
+  if (!device_has_tma()) GTEST_SKIP() << "TMA needs an sm_90 device";
+  run_store_case<16>(4, 40, 2, 3, 1);  // D128, GQA 4: 16 queries x 4 heads of KV head 1
+  run_store_case<12>(1, 100, 3, 30, 2);  // D96 (three 64-byte blocks), one head per group
+  run_store_case<16>(8, 10, 1, 4, 0);  // rows past the tensor (queries 10, 11) are not written
 }
 
 TEST(TmaTile, HostDeclinesWhatTmaCannotDescribe) {

@@ -469,8 +469,10 @@ void run_w2(BenchContext& ctx, const std::string& name, const DenseShape& shape,
     if (a.tag == shape.tag && a.causal == causal) add_anchor(params, a.key, a.tflops[len_index]);
   }
   add_anchor(params, "target_tflops", w2_target(shape.tag, causal, len));
+  // The runtime too ("tessera-runtime"): its persistent grid is what a serving engine's plan/run
+  // wrappers launch, and it overlaps one query tile's epilogue with the next tile's loads.
   run_prefill(ctx, name, std::vector<int64_t>(static_cast<size_t>(kW2Batch), len), shape.heads, shape.heads,
-              shape.head_dim, causal, 0, std::move(params));
+              shape.head_dim, causal, 0, std::move(params), /*with_runtime=*/true);
 }
 
 // W10(c): FP8 attention (q, k, v e4m3, o bf16) at the W2 shapes; the target is 1.5x the bf16

@@ -102,7 +102,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     applier.template transform_operands<Traits::kWgmma>(tile, q_tile, ml.k_tile(), ml.v_tile(), keys);
 
     float s[kMmaQ][kN8KV][4];  // [m16 tile][n8 tile of KV][fragment]
-    ml.template qk<kLagged>(s, q_tile, [&] { ml.issue_pv(o, pfrag, tile - 1, applier); });
+    ml.template qk<kLagged>(s, q_tile, [&] { ml.template issue_pv<false>(o, pfrag, tile - 1, applier); });
 
     // Mask, then fold into the running softmax state. Logits stay unscaled until the exponent,
     // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it);
@@ -122,7 +122,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     // registers are free during the P V loop.
     pack_p_fragments<Traits, PT>(s, pfrag);
     // O += P V: here, or with the lag in the next iteration's Q K^T.
-    if constexpr (Traits::kPvLag == 0) ml.issue_pv(o, pfrag, tile, applier);
+    if constexpr (Traits::kPvLag == 0) ml.template issue_pv<false>(o, pfrag, tile, applier);
     ml.tile_done();
   };
   const int num_kv_tiles = kv.count();
@@ -132,8 +132,20 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
       kv_tile_step(0, BoolConstant<false>{});
       for (int tile = 1; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<true>{});
       ml.close_mma_turns();
-      ml.issue_pv(o, pfrag, num_kv_tiles - 1, applier);
-      ml.complete_pv(o, pfrag, 0.f);
+      // The last tile's P V over its first half where every key it may see lies there
+      // (Traits::kHalfKvTiles): P is zero past them. A branch around the whole issue and wait, so
+      // each side is its own wgmma pipeline stage. Only the last tile visited can be that short
+      // (the span's end, which the causal diagonal clips), so the lagged P V stays whole.
+      const bool last_half = Traits::kHalfKvTiles && kv.tiles.end(num_kv_tiles - 1) -
+                                                             kv.tiles.begin(num_kv_tiles - 1) <=
+                                                         Traits::CTA_TILE_KV / 2;
+      if (last_half) {
+        ml.template issue_pv<Traits::kHalfKvTiles>(o, pfrag, num_kv_tiles - 1, applier);
+        ml.complete_pv(o, pfrag, 0.f);
+      } else {
+        ml.template issue_pv<false>(o, pfrag, num_kv_tiles - 1, applier);
+        ml.complete_pv(o, pfrag, 0.f);
+      }
     }
   } else {
     for (int tile = 0; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<false>{});

@@ -194,9 +194,10 @@ struct Sm80Mainloop {
 
   /// MMA: O += P V of the current tile, P as A fragments, synchronously (the variant's value
   /// transform ran with the other operand transforms).
-  template <typename Applier>
+  template <bool kHalf, typename Applier>
   TESSERA_DEVICE void issue_pv(float (&o)[kMmaQ][kN8D][4], const uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4],
                                int /*v_tile_index*/, const Applier&) const {
+    static_assert(!kHalf, "whole tiles (Traits::kHalfKvTiles is the wgmma tiles')");
     if constexpr (kConvertFragments) {
       pv_converted(o, pfrag);
       return;

@@ -150,7 +150,8 @@ struct Sm90Mainloop {
   /// the next tile's Q K^T so that the next softmax runs while the tensor cores work;
   /// complete_pv waits for it and frees the stage. O and P stay untouched in between (the
   /// softmax only reads S). The variant's value transform, if any, runs on the stage first.
-  template <typename Applier>
+  /// kHalf (Traits::kHalfKvTiles): P is zero past the tile's first half, whose k steps alone run.
+  template <bool kHalf, typename Applier>
   TESSERA_DEVICE void issue_pv(float (&o)[kMmaQ][kN8D][4], uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4],
                                int v_tile_index, const Applier& applier) const {
     smem.v_pipeline().consumer_wait(ring.read_v);
@@ -164,8 +165,9 @@ struct Sm90Mainloop {
     float(&o_wg)[kORegs] = reinterpret_cast<float(&)[kORegs]>(o[0]);  // [kN8D * 4] = [n8 tile of D][fragment]
     wgmma_fence_operands(o_wg);
     wgmma_fence();  // the rescale's and the packing's register writes precede the reads
+    static_assert(!kHalf || Traits::kHalfKvTiles, "half tiles: 128-key wgmma tiles");
 #pragma unroll
-    for (int kk = 0; kk < Traits::kMmaKV; ++kk) {
+    for (int kk = 0; kk < (kHalf ? Traits::kMmaKV / 2 : Traits::kMmaKV); ++kk) {
       if constexpr (kTransposeV) {  // V^T rows of keys: K-major, k32 steps
         wgmma_m64nNk32_rs<T, Traits::HEAD_DIM_VO>(o_wg, pfrag[0][kk],
                                                   wgmma_k_major_desc<VTile>(smem_addr(v_tile), 0, kk), true);

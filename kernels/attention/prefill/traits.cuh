@@ -228,6 +228,13 @@ struct PrefillTraits {
   // warpgroup: P V of tile t is issued in iteration t + 1, after Q K^T of tile t + 1. K and V
   // then have their own barriers (a K stage frees after its Q K^T, a V stage after its P V).
   static constexpr int kPvLag = kWarpSpecialized ? 1 : 0;
+  // A work item's last KV tile whose visible keys all lie in its first half (the causal diagonal
+  // of a query tile that covers fewer positions than a KV tile, as GQA's packed rows do; a span's
+  // short end) runs P V over that half's k steps only: P is zero past it. Q K^T stays whole: a
+  // half-width (m64n64) Q K^T in its own instantiation of the last step made ptxas serialise the
+  // wgmmas of the D64 and D128 kernels for want of registers (C7511). wgmma tiles of 128 keys; the
+  // mma.sync tiles compute whole tiles.
+  static constexpr bool kHalfKvTiles = kWgmma && CTA_TILE_KV == 128;
   // Row tables (addresses and keys) in a ring, one per tile from the one being computed to the
   // one being resolved (see the kernel's pipeline comment): kStages + 1, and one more when the
   // producer runs a further tile ahead (K stages free a P V earlier) and V copies lag K copies;

@@ -132,20 +132,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
       kv_tile_step(0, BoolConstant<false>{});
       for (int tile = 1; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<true>{});
       ml.close_mma_turns();
-      // The last tile's P V over its first half where every key it may see lies there
-      // (Traits::kHalfKvTiles): P is zero past them. A branch around the whole issue and wait, so
-      // each side is its own wgmma pipeline stage. Only the last tile visited can be that short
-      // (the span's end, which the causal diagonal clips), so the lagged P V stays whole.
-      const bool last_half = Traits::kHalfKvTiles && kv.tiles.end(num_kv_tiles - 1) -
-                                                             kv.tiles.begin(num_kv_tiles - 1) <=
-                                                         Traits::CTA_TILE_KV / 2;
-      if (last_half) {
-        ml.template issue_pv<Traits::kHalfKvTiles>(o, pfrag, num_kv_tiles - 1, applier);
-        ml.complete_pv(o, pfrag, 0.f);
-      } else {
-        ml.template issue_pv<false>(o, pfrag, num_kv_tiles - 1, applier);
-        ml.complete_pv(o, pfrag, 0.f);
-      }
+      ml.last_pv(o, pfrag, num_kv_tiles - 1, applier);
     }
   } else {
     for (int tile = 0; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<false>{});

@@ -192,6 +192,23 @@ struct Sm90Mainloop {
     ring.read_v.advance();
   }
 
+  /// After the last tile (`last`): its P V, issued and completed. Over the first half of its k
+  /// steps where every key the tile's rows may see lies there (Traits::kHalfKvTiles: P is zero
+  /// past them), in a branch around the whole issue and wait so that each side is its own wgmma
+  /// pipeline stage. Only the last tile visited can be that short (the span's end, which the
+  /// causal diagonal clips), so the lagged P Vs inside the loop stay whole.
+  template <typename Applier>
+  TESSERA_DEVICE void last_pv(float (&o)[kMmaQ][kN8D][4], uint32_t (&pfrag)[kMmaQ][Traits::kMmaKV][4], int last,
+                              const Applier& applier) const {
+    if (Traits::kHalfKvTiles && kv.tiles.end(last) - kv.tiles.begin(last) <= Traits::CTA_TILE_KV / 2) {
+      issue_pv<Traits::kHalfKvTiles>(o, pfrag, last, applier);
+      complete_pv(o, pfrag, 0.f);
+    } else {
+      issue_pv<false>(o, pfrag, last, applier);
+      complete_pv(o, pfrag, 0.f);
+    }
+  }
+
   TESSERA_DEVICE void tile_done() const { ring.read_k.advance(); }
   /// fp8 KV with folded scales: K's scale on the logits, V's on the output (else 1).
   TESSERA_DEVICE float logits_factor() const { return kv.logits_factor(); }

@@ -33,7 +33,9 @@ COOLDOWN_MS=${COOLDOWN_MS:-300}
 BUILD_DIR=${BUILD_DIR:-build-sm90a}
 RUNS=${RUNS:-"--suite quick;--suite prefill --filter s4096;--suite prefill --filter s16384;--suite prefill --filter w4_"}
 mkdir -p "$OUT"
-new_rev=${TESSERA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo new)}
+# "-dirty" where tracked files differ from HEAD (uncommitted changes, or a copy whose git metadata
+# is older than its files: pass TESSERA_GIT_COMMIT there).
+new_rev=${TESSERA_GIT_COMMIT:-$(git describe --always --dirty --abbrev=7 --exclude='*' 2>/dev/null || echo new)}
 if [ -n "$BASE_ENV" ]; then
   base_rev="$new_rev ($BASE_ENV)"
   echo "== build $new_rev, tessera-bench, sm_90a; base: the same build with $BASE_ENV"

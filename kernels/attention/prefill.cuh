@@ -102,7 +102,15 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     applier.template transform_operands<Traits::kWgmma>(tile, q_tile, ml.k_tile(), ml.v_tile(), keys);
 
     float s[kMmaQ][kN8KV][4];  // [m16 tile][n8 tile of KV][fragment]
-    ml.template qk<kLagged>(s, q_tile, [&] { ml.template issue_pv<false>(o, pfrag, tile - 1, applier); });
+    // Between the Q K^T's issue and its wait: the previous tile's P V, or at the first tile the
+    // release of the previous work item's Q buffer, which its output stores may still be reading.
+    ml.template qk<kLagged>(s, q_tile, [&] {
+      if constexpr (kLagged) {
+        ml.template issue_pv<false>(o, pfrag, tile - 1, applier);
+      } else {
+        ml.release_stored_q();
+      }
+    });
 
     // Mask, then fold into the running softmax state. Logits stay unscaled until the exponent,
     // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it);
@@ -146,8 +154,12 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[mq][n][i] *= f;
   }
-  PrefillEpilogue<Traits, Variant, Softmax, Params>{p, vp, w, c, applier.batch}.store(o, softmax, smem, q_tile);
-  ml.release_q();
+  // At the latest before this item's stores: where the first Q K^T released it, a flag test (an
+  // item without KV tiles has none to hide the wait under).
+  ml.release_stored_q();
+  const bool bulk_stores =
+      PrefillEpilogue<Traits, Variant, Softmax, Params>{p, vp, w, c, applier.batch}.store(o, softmax, smem, q_tile);
+  ml.release_q(bulk_stores);
 }
 
 /// One work tile, as this warp's role sees it. The caller has synchronised the CTA since any
@@ -206,6 +218,11 @@ TESSERA_DEVICE void run_work_tiles(const Params& p, const VariantParams& vp, con
       // tiles through its mbarriers instead, so the producer starts the next tile early).
       if constexpr (Scheduler::kPersistent && kRole == WarpRole::kAll) tile_sync<Traits>();
       attention_tile<Traits, kFormat, Variant, kRole>(p, vp, w, smem_raw, ring);
+    }
+    // The last item's output stores must have read shared memory before the CTA exits
+    // (Traits::kDeferQRelease left that wait to the next item).
+    if constexpr (kRole == WarpRole::kCompute && Traits::kDeferQRelease) {
+      if (ring.store_reading) tma_store_wait_read<0>();
     }
   });
 }

@@ -32,14 +32,15 @@ struct PrefillEpilogue {
   /// Stores this thread's rows of O (fragments [m16 tile][n8 tile of D][4]) with the softmax
   /// state of its rows (finalized here). `smem` is free for the warps' merge; `q_tile`, the work
   /// item's Q buffer, for the warp-specialised tiles' staging of O (each warpgroup its own rows).
-  TESSERA_DEVICE void store(float (&o)[kMmaQ][kN8D][4], Softmax& softmax, const PrefillSmem<Traits>& smem,
+  /// Returns whether this thread issued bulk stores that may still read `q_tile`
+  /// (Traits::kDeferQRelease: the mainloop's release_q defers the buffer's release).
+  TESSERA_DEVICE bool store(float (&o)[kMmaQ][kN8D][4], Softmax& softmax, const PrefillSmem<Traits>& smem,
                             typename Traits::DType* q_tile) const {
     softmax.finalize();
     if constexpr (Traits::kTmaO) {
       if (w.out.partial_o == nullptr && p.o_tma.enabled != 0 &&
           w.packed_begin + Traits::CTA_TILE_Q <= w.e.qo_len * p.group_size) {
-        store_tile_tma(o, softmax, q_tile);
-        return;
+        return store_tile_tma(o, softmax, q_tile);
       }
     }
     if constexpr (Traits::NUM_WARPS_KV > 1) {
@@ -50,6 +51,7 @@ struct PrefillEpilogue {
 #pragma unroll
         for (int h = 0; h < 2; ++h) store_fragment_row(o, softmax.row[mq][h], mq, h);
     }
+    return false;
   }
 
  private:
@@ -97,10 +99,11 @@ struct PrefillEpilogue {
   /// A whole tile of the request's rows (Traits::kTmaO): each compute warpgroup writes its 64 rows
   /// of final values into its own rows of the Q buffer, in the layout a TMA load of them would
   /// write (its last Q K^T has completed; the other warpgroups read only their rows), and its
-  /// first thread stores them with one bulk copy per column block and waits until the copies have
-  /// read them: the Q buffer is released after the epilogue (the mainloop's release_q), and that
-  /// thread's release comes after its wait. The LSE goes as in store_fragment_row.
-  TESSERA_DEVICE void store_tile_tma(const float (&o)[kMmaQ][kN8D][4], const Softmax& softmax,
+  /// first thread stores them with one bulk copy per column block. The Q buffer is released after
+  /// the epilogue (the mainloop's release_q), that thread's release once its copies have read the
+  /// rows: it waits here, or with Traits::kDeferQRelease under the next item's first Q K^T
+  /// (release_stored_q; returns true for that thread). The LSE goes as in store_fragment_row.
+  TESSERA_DEVICE bool store_tile_tma(const float (&o)[kMmaQ][kN8D][4], const Softmax& softmax,
                                      typename Traits::DType* q_tile) const {
     static_assert(Traits::kTmaO && kSameType<OT, typename Traits::DType> && kMmaQ == 1,
                   "16-bit O as wide as Q, a warpgroup of 16-row warps");
@@ -137,8 +140,10 @@ struct PrefillEpilogue {
                      blk * Tile::kAtomChunks * Traits::kChunkElems, 0, first_query, w.kv_head);
       }
       tma_store_commit();
-      tma_store_wait_read<0>();
+      if constexpr (!Traits::kDeferQRelease) tma_store_wait_read<0>();
+      return Traits::kDeferQRelease;
     }
+    return false;
   }
 
   /// Each warp saw a different slice of every KV tile: the warps' states of the same rows are

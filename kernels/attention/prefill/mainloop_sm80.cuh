@@ -231,7 +231,8 @@ struct Sm80Mainloop {
     if constexpr (kConvertFragments) restore_output_layout(o);
   }
   /// After the epilogue: nothing to release (the next tile's barrier orders the Q buffer's reuse).
-  TESSERA_DEVICE void release_q() const {}
+  TESSERA_DEVICE void release_q(bool /*bulk_stores*/) const {}
+  TESSERA_DEVICE void release_stored_q() const {}
 
  private:
   using F8 = typename Traits::KVStorage;

@@ -203,6 +203,12 @@ struct PrefillTraits {
   // dim 256 (128 O accumulators) it spilled 44-72 bytes more in the persistent kernels and 12-44
   // in the one-shot ones, and at 64 (three warpgroups of 152 registers) 20-28 (ptxas).
   static constexpr bool kTmaO = kTmaQ && !kSplitHeadDims && HEAD_DIM_VO <= 128 && kComputeRegs >= 224;
+  // The thread that issued a tile's output stores waits for them to have read the Q buffer (and
+  // then frees it) after the next work item's first Q K^T is issued rather than before: the
+  // wait then runs under that MMA instead of holding its warpgroup's first MMA of the item back.
+  // Needs a second Q buffer: the next item's Q cannot wait for a buffer whose release waits for
+  // that item.
+  static constexpr bool kDeferQRelease = kTmaO && kQStages == 2;
   static constexpr int kRawRowChunks = kDequantizeKV || kTransposedV ? HEAD_DIM / 16 : 0;  // 16-byte chunks of a stored row
   static constexpr int kRawTileBytes = kDequantizeKV ? CTA_TILE_KV * HEAD_DIM : 0;
   static constexpr int kRawRingBytes = 2 * kRawStages * kRawTileBytes;  // K and V
@@ -500,6 +506,10 @@ struct RingPosition {
   PipelineState<Traits::kStages> fill_k, fill_v, read_k, read_v;
   PipelineState<Traits::kQStages> fill_q, read_q;
   uint32_t tiles = 0;
+  // Traits::kDeferQRelease: the Q buffer whose staged output this thread's bulk stores may still
+  // be reading (the previous work item's), released by Sm90Mainloop::release_stored_q.
+  PipelineState<Traits::kQStages> stored_q;
+  bool store_reading = false;
 };
 
 /// Runs f(RoleTag<role>{}) for this warp's role: kAll, or, warp-specialised, after the mbarriers

@@ -136,10 +136,8 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
   const int num_kv_tiles = kv.count();
   if constexpr (Traits::kPvLag == 1) {
     if (num_kv_tiles > 0) {
-      ml.open_mma_turns();
       kv_tile_step(0, BoolConstant<false>{});
       for (int tile = 1; tile < num_kv_tiles; ++tile) kv_tile_step(tile, BoolConstant<true>{});
-      ml.close_mma_turns();
       ml.last_pv(o, pfrag, num_kv_tiles - 1, applier);
     }
   } else {
@@ -201,6 +199,20 @@ inline constexpr int kPrefillMinCtasPerSm = Traits::kConvertFragments && kSameTy
                                                 ? Traits::kFragmentMinCtasPerSm
                                                 : Traits::kMinCtasPerSm;
 
+/// The compute warpgroups' MMA turns (Sm90Mainloop::open_mma_turns): one round for all of the
+/// CTA's work items, opened before the first (`open`) and closed after the last.
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
+TESSERA_DEVICE void mma_turns_round(bool open) {
+  if constexpr (Traits::kWarpSpecialized) {
+    using Mainloop = Sm90Mainloop<Traits, kFormat, Variant, Params>;
+    if (open) {
+      Mainloop::open_mma_turns();
+    } else {
+      Mainloop::close_mma_turns();
+    }
+  }
+}
+
 /// The work tiles `scheduler` gives this CTA, each the same composition: the body of the prefill
 /// kernel, and of each side of the POD kernel (pod.cuh).
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Scheduler, typename Params>
@@ -211,6 +223,7 @@ TESSERA_DEVICE void run_work_tiles(const Params& p, const VariantParams& vp, con
   with_warp_role<Traits, kFormat>(smem_raw, [&](auto role) {
     constexpr WarpRole kRole = decltype(role)::value;
     RingPosition<Traits> ring;  // continues across the CTA's work tiles
+    if constexpr (kRole == WarpRole::kCompute) mma_turns_round<Traits, kFormat, Variant, Params>(true);
     for (auto cursor = first; scheduler.valid(cursor); cursor = scheduler.next_work(cursor)) {
       PrefillWork w;
       if (!scheduler.template work<kFormat, Variant>(p, vp, cursor, w)) continue;
@@ -219,6 +232,7 @@ TESSERA_DEVICE void run_work_tiles(const Params& p, const VariantParams& vp, con
       if constexpr (Scheduler::kPersistent && kRole == WarpRole::kAll) tile_sync<Traits>();
       attention_tile<Traits, kFormat, Variant, kRole>(p, vp, w, smem_raw, ring);
     }
+    if constexpr (kRole == WarpRole::kCompute) mma_turns_round<Traits, kFormat, Variant, Params>(false);
     // The last item's output stores must have read shared memory before the CTA exits
     // (Traits::kDeferQRelease left that wait to the next item).
     if constexpr (kRole == WarpRole::kCompute && Traits::kDeferQRelease) {

@@ -100,12 +100,16 @@ struct Sm90Mainloop {
   /// Consumer: waits for the work item's Q.
   TESSERA_DEVICE void wait_q() const { smem.q_pipeline().consumer_wait(ring.read_q); }
 
-  /// Consumer: the MMA turns of a work item with KV tiles (every compute warpgroup takes one turn
-  /// per tile in qk) open before its first tile and close after its last.
-  TESSERA_DEVICE void open_mma_turns() const {
+  /// Consumer: the MMA turns (every compute warpgroup takes one per KV tile, in qk) open before
+  /// the CTA's first work item and close after its last, so the rotation runs on across items: a
+  /// warpgroup starts the next item's first Q K^T once the previous warpgroup has issued its last
+  /// of the current one, while that one finishes its last P V and epilogue. (A round per item made
+  /// the first warpgroup wait at every item for the last one's epilogue, losing the ping-pong's
+  /// offset at each boundary: bench/results/LOG.md.)
+  static TESSERA_DEVICE void open_mma_turns() {
     if constexpr (kPingPong) turns().open();
   }
-  TESSERA_DEVICE void close_mma_turns() const {
+  static TESSERA_DEVICE void close_mma_turns() {
     if constexpr (kPingPong) turns().close();
   }
 

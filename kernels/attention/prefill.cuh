@@ -102,15 +102,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     applier.template transform_operands<Traits::kWgmma>(tile, q_tile, ml.k_tile(), ml.v_tile(), keys);
 
     float s[kMmaQ][kN8KV][4];  // [m16 tile][n8 tile of KV][fragment]
-    // Between the Q K^T's issue and its wait: the previous tile's P V, or at the first tile the
-    // release of the previous work item's Q buffer, which its output stores may still be reading.
-    ml.template qk<kLagged>(s, q_tile, [&] {
-      if constexpr (kLagged) {
-        ml.template issue_pv<false>(o, pfrag, tile - 1, applier);
-      } else {
-        ml.release_stored_q();
-      }
-    });
+    ml.template qk<kLagged>(s, q_tile, [&] { ml.template issue_pv<false>(o, pfrag, tile - 1, applier); });
 
     // Mask, then fold into the running softmax state. Logits stay unscaled until the exponent,
     // where scale and max subtraction are one FMA (sm_scale > 0, so the max commutes with it);

@@ -125,12 +125,12 @@ struct Sm90Mainloop {
   TESSERA_DEVICE T* v_tile() const { return nullptr; }  // V stages trail K stages: see issue_pv
 
   /// MMA: S = Q K^T of the warpgroup's 64 rows against all 128 keys (this warp's share is s[0],
-  /// 16 rows), then `between` while it runs: for every tile but the first (kLagged) the previous
-  /// tile's P V (issued inside the MMA turn), for the first the caller's work to overlap with the
-  /// Q K^T (after the turn, so that the other warpgroup's MMAs need not wait for it); frees the K
-  /// stage once Q K^T is done.
-  template <bool kLagged, typename Between>
-  TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* q_tile, Between&& between) const {
+  /// 16 rows), then, for every tile but the first (kLagged), the previous tile's P V through
+  /// issue_previous_pv, and for the first the previous work item's Q buffer release
+  /// (release_stored_q: after the MMA turn, so that the other warpgroup's MMAs need not wait for
+  /// it); frees the K stage once Q K^T is done.
+  template <bool kLagged, typename IssuePreviousPv>
+  TESSERA_DEVICE void qk(float (&s)[kMmaQ][kN8KV][4], const T* q_tile, IssuePreviousPv&& issue_previous_pv) const {
     float(&s_wg)[kSRegs] = reinterpret_cast<float(&)[kSRegs]>(s[0]);  // [kN8KV * 4] = [n8 tile][fragment]
     const uint32_t q_tile_addr = smem_addr(q_tile);
     const int q_wg_row0 = (static_cast<int>(threadIdx.x) / kWarpSize / 4) * 64;
@@ -142,9 +142,9 @@ struct Sm90Mainloop {
                                               wgmma_k_major_desc<KTile>(smem_addr(k_tile()), 0, kd), kd > 0);
     }
     wgmma_commit();
-    if constexpr (kLagged) between();
+    if constexpr (kLagged) issue_previous_pv();
     if constexpr (kPingPong) turns().end_turn();
-    if constexpr (!kLagged) between();
+    if constexpr (!kLagged) release_stored_q();
     if constexpr (kLagged) {
       wgmma_wait<1>();  // this tile's Q K^T (committed first) is done; the P V may still run
     } else {
@@ -250,7 +250,8 @@ struct Sm90Mainloop {
   }
   /// Traits::kDeferQRelease: once the previous work item's bulk stores have read its Q buffer,
   /// frees the buffer (a no-op where this thread issued none). Called while the next item's first
-  /// Q K^T runs, or with no MMA to hide it under (an item without KV tiles).
+  /// Q K^T runs (qk), and before an item's own stores (a flag test there, unless the item had no
+  /// Q K^T to hide the wait under).
   TESSERA_DEVICE void release_stored_q() const {
     if constexpr (Traits::kDeferQRelease) {
       if (ring.store_reading) {

@@ -69,6 +69,10 @@ struct PersistentLaunch {
   kernels::PlannedWork work;
   int grid_cols;
   int contraction_blocks;
+  // With work.mask_tile_lists: where mask_tile_lists_kernel writes them (the same bytes) and the
+  // items its grid covers (the plan's, or the workspace's most when the launch is captured).
+  uint8_t* mask_tile_lists = nullptr;
+  int mask_list_items = 0;
 };
 
 /// Launches the persistent kernel (and contraction) of one configuration (prefill_launch.cuh).

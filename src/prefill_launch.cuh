@@ -4,11 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "kernels/attention/contraction.cuh"
+#include "kernels/attention/prefill/mask_tile_lists.cuh"
 #include "src/kv_tma.h"
 #include "src/prefill_config.h"
 #include "src/variant/jit_variant.h"
@@ -219,6 +221,24 @@ void launch_contraction(const Params& p, const PersistentLaunch& launch, int q_t
       << " (contraction of the plan/run runtime)";
 }
 
+/// Launches mask_tile_lists_kernel for the persistent launch of configuration Traits: the lists
+/// of its plan's items, over the tiles of that configuration.
+template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
+void launch_mask_tile_lists(const Params& p, const kernels::VariantParams& vp, const PersistentLaunch& launch,
+                            cudaStream_t stream) {
+  if constexpr (kFormat == kernels::KVFormatKind::kBlockSparse) {
+    TESSERA_FAIL(StatusCode::kInternal) << "mask tile lists over block-sparse KV (custom masks are refused there)";
+  } else {
+    using Lists = kernels::MaskTileListsTraits;
+    const int64_t blocks = std::min<int64_t>((std::max(launch.mask_list_items, 1) + Lists::kWarps - 1) / Lists::kWarps,
+                                             4 * current_device_sm_count());
+    kernels::mask_tile_lists_kernel<kFormat, Params><<<static_cast<unsigned>(blocks), Lists::kThreads, 0, stream>>>(
+        p, vp, launch.work, launch.grid_cols, std::max(launch.mask_list_items, 1), Traits::CTA_TILE_Q,
+        Traits::CTA_TILE_KV, launch.mask_tile_lists);
+    TESSERA_CHECK_LAUNCH();
+  }
+}
+
 /// Launches the persistent kernel of one configuration and format (and its contraction).
 template <typename Traits, kernels::KVFormatKind kFormat, typename Params>
 void launch_persistent_config(const Params& p_in, const ResolvedVariant& variant, const PersistentLaunch& launch,
@@ -231,6 +251,10 @@ void launch_persistent_config(const Params& p_in, const ResolvedVariant& variant
       << p.num_kv_heads << " (a divisor; 1 unless the tile is warp-specialised)";
   const dim3 grid(static_cast<unsigned>(launch.grid_cols),
                   static_cast<unsigned>(p.num_kv_heads / launch.work.heads_per_cta));
+  // The persistent kernel may start under the lists' kernel: it reads only older results until
+  // its first list (KVTiles waits there).
+  const bool lists = launch.work.mask_tile_lists != nullptr;
+  if (lists) launch_mask_tile_lists<Traits, kFormat>(p, variant.params, launch, stream);
   if (variant.is_default) {
     auto kernel =
         kernels::attention_prefill_kernel<Traits, kFormat, kernels::DefaultVariant, kernels::PlannedScheduler, Params>;
@@ -244,7 +268,8 @@ void launch_persistent_config(const Params& p_in, const ResolvedVariant& variant
     kernels::VariantParams vp = variant.params;
     kernels::PlannedWork work = launch.work;
     void* args[] = {&params, &vp, &work};
-    launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream);
+    launch_variant_kernel(fn, request, grid.x, grid.y, grid.z, Traits::kThreads, args, stream,
+                          lists && current_device_has_dependent_launch());
   }
   launch_contraction<Params, kFormat>(p, launch, Traits::CTA_TILE_Q, Traits::HEAD_DIM_VO, /*dependent=*/true, stream);
 }

@@ -144,7 +144,8 @@ struct PlanShape {
   /// [qo_len_b, kv_len_b] bit matrix from byte custom_mask_indptr[b]) stay where they are, but
   /// variant.custom_mask_indptr is a HOST i32 [B + 1] array here, as FlashInfer's plan computes
   /// it: plan() checks it against the lengths and the mask's size and uploads it with the plan.
-  /// Not with BlockSparseWrapper. With cuda_graph the first plan fixes the variant and its tensors
+  /// run() skips the KV tiles the mask hides from all rows of a work item (without a sliding
+  /// window), reading the mask's bits at each run(). Not with BlockSparseWrapper. With cuda_graph the first plan fixes the variant and its tensors
   /// (keep the mask bits in one buffer and change its contents; the offsets may change per plan).
   AttentionOptions attention;
   /// Of v and o when it differs from head_dim (BatchPrefillPagedWrapper and

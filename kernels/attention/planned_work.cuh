@@ -38,6 +38,9 @@ struct PlannedWork {
   float* partial_o;
   float* partial_lse;
   int32_t heads_per_cta;  // divides H_kv
+  // [cta_indptr[gridDim.x]][kMaskTileListBytes] (custom_mask.cuh): the KV tiles of each item a
+  // custom mask leaves visible, written by mask_tile_lists_kernel before the launch; null: none.
+  const uint8_t* mask_tile_lists = nullptr;
 };
 
 }  // namespace kernels

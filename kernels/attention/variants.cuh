@@ -43,6 +43,7 @@
 // logits_transform returns natural units (no folded scales) for the user's hook to take.
 #pragma once
 
+#include "kernels/attention/custom_mask.cuh"
 #include "kernels/attention/params.cuh"
 #include "kernels/attention/variant_params.cuh"
 #include "kernels/common/math.cuh"
@@ -223,18 +224,8 @@ struct BuiltinVariant {
   static TESSERA_DEVICE bool custom_mask_shows_all(const VariantParams& vp, const RequestExtent& e, int batch,
                                                    int qo_pos, int kv_begin, int count) {
     if constexpr (kCustomMask) {
-      // Bits [first, first + count) of the request's row-major [qo_len, kv_len] matrix, a byte
-      // (or its covered part) at a time.
-      const uint8_t* bits = vp.custom_mask + vp.custom_mask_indptr[batch];
       const int64_t first = static_cast<int64_t>(qo_pos - e.q_pos_offset) * e.kv_len + kv_begin;
-      const int64_t end = first + count;
-      for (int64_t b = first; b < end; b = (b | 7) + 1) {
-        const int lo = static_cast<int>(b & 7);
-        const int64_t left = end - (b & ~int64_t{7});  // bits from this byte's start to the range's end
-        const int hi = left < 8 ? static_cast<int>(left) : 8;
-        const uint32_t want = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-        if ((static_cast<uint32_t>(__ldg(bits + (b >> 3))) & want) != want) return false;
-      }
+      return packed_bits_all(vp.custom_mask + vp.custom_mask_indptr[batch], first, first + count);
     }
     return true;
   }

@@ -21,6 +21,7 @@ struct Driver {
   decltype(&cuGetErrorName) get_error_name = nullptr;
   decltype(&cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&cuLaunchKernelEx) launch_kernel_ex = nullptr;
   decltype(&cuTensorMapEncodeTiled) tensor_map_encode_tiled = nullptr;
 };
 
@@ -44,6 +45,7 @@ const Driver& driver() {
     resolve("cuGetErrorName", &r.get_error_name);
     resolve("cuFuncSetAttribute", &r.func_set_attribute);
     resolve("cuLaunchKernel", &r.launch_kernel);
+    resolve("cuLaunchKernelEx", &r.launch_kernel_ex);
     resolve("cuTensorMapEncodeTiled", &r.tensor_map_encode_tiled);
     return r;
   }();
@@ -101,13 +103,32 @@ void set_max_dynamic_shared_memory(CUfunction fn, int bytes, const std::string& 
 }
 
 void launch(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, int smem_bytes,
-            CUstream stream, void** args, const std::string& what) {
-  const CUresult r =
-      driver().launch_kernel(fn, grid_x, grid_y, grid_z, block_x, 1, 1, static_cast<unsigned>(smem_bytes), stream, args,
-                             nullptr);
+            CUstream stream, void** args, const std::string& what, bool programmatic_dependent) {
+  CUresult r;
+  if (programmatic_dependent) {
+    CUlaunchConfig config = {};
+    config.gridDimX = grid_x;
+    config.gridDimY = grid_y;
+    config.gridDimZ = grid_z;
+    config.blockDimX = block_x;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = static_cast<unsigned>(smem_bytes);
+    config.hStream = stream;
+    CUlaunchAttribute attribute = {};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    r = driver().launch_kernel_ex(&config, fn, args, nullptr);
+  } else {
+    r = driver().launch_kernel(fn, grid_x, grid_y, grid_z, block_x, 1, 1, static_cast<unsigned>(smem_bytes), stream,
+                               args, nullptr);
+  }
   TESSERA_CHECK(r == CUDA_SUCCESS, StatusCode::kCudaError)
-      << "cuLaunchKernel failed for " << what << " (grid " << grid_x << " x " << grid_y << " x " << grid_z << ", "
-      << block_x << " threads, " << smem_bytes << " B shared memory): " << result_name(r);
+      << (programmatic_dependent ? "cuLaunchKernelEx" : "cuLaunchKernel") << " failed for " << what << " (grid "
+      << grid_x << " x " << grid_y << " x " << grid_z << ", " << block_x << " threads, " << smem_bytes
+      << " B shared memory): " << result_name(r);
 }
 
 void encode_tiled_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, unsigned rank, const void* base,

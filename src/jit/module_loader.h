@@ -31,8 +31,11 @@ CUfunction get_function(const CachedKernel& kernel, const std::string& name_expr
 void set_max_dynamic_shared_memory(CUfunction fn, int bytes, const std::string& what);
 
 /// cuLaunchKernel of a 1-D block; errors are tessera::Error(kCudaError) naming `what`.
+/// programmatic_dependent (sm_90+; the caller checks): launched with programmatic stream
+/// serialisation, so it may start once the stream's previous kernel allows it
+/// (kernels/common/grid_dependency.cuh), and must wait for that kernel before reading its results.
 void launch(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, int smem_bytes,
-            CUstream stream, void** args, const std::string& what);
+            CUstream stream, void** args, const std::string& what, bool programmatic_dependent = false);
 
 /// cuTensorMapEncodeTiled with element strides 1, no interleave, 256-byte L2 promotion and zero
 /// fill; a failure is tessera::Error(kInternal) naming `what` (callers check the requirements of

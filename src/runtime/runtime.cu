@@ -219,6 +219,17 @@ int sm_budget(const RuntimeOptions& options) {
   return options.sm_budget == 0 ? sms : static_cast<int>(std::min<int64_t>(options.sm_budget, sms));
 }
 
+/// Whether the runtime's launches with `variant` skip the KV tiles its custom mask hides from a
+/// whole work item (mask tile lists, docs/design.md §6.5): custom masks without a sliding window
+/// (kernels::kVisitsMaskTileLists, which the kernels check too). TESSERA_MASK_TILE_SKIP=0 visits
+/// every tile, for comparison.
+bool visits_mask_tile_lists(const ResolvedVariant& variant) {
+  static const bool enabled = env_choice("TESSERA_MASK_TILE_SKIP", {"1", "0"}) == "1";
+  const uint32_t f = variant.features;
+  return enabled && !variant.is_default && (f & kernels::feature::kCustomMask) != 0 &&
+         (f & kernels::feature::kWindow) == 0;
+}
+
 void check_bounds(const RuntimeBounds& b) {
   TESSERA_CHECK_ARG(b.max_batch_size >= 1 && b.max_batch_size < INT32_MAX)
       << "bounds.max_batch_size = " << b.max_batch_size << ", expected in [1, 2^31 - 1)";
@@ -244,6 +255,9 @@ struct WorkspaceLayout {
   int64_t segments = 0;       // BlockRowSegment [max_batch]: each block row's request
   int64_t merges = 0;         // PlannedMerge [max_merges]
   int64_t items = 0;          // PlannedItem [max_items]
+  // u8 [max_items][kMaskTileListBytes]: written by mask_tile_lists_kernel at run(), never uploaded
+  // (empty for block-sparse KV, which takes no custom mask)
+  int64_t mask_tile_lists = 0;
   int64_t plan_end = 0;
   int64_t partial_lse = 0;    // f32 [partial_lse_floats]
   int64_t partial_o = 0;      // f32 [partial_floats]
@@ -729,6 +743,11 @@ class AttentionRuntime {
     launch.work.partial_lse = reinterpret_cast<float*>(partials_ + (layout_.partial_lse - layout_.plan_end));
     launch.work.heads_per_cta = info_.heads_per_cta;
     launch.grid_cols = info_.grid_cols;
+    if (visits_mask_tile_lists(variant_)) {
+      launch.mask_tile_lists = reinterpret_cast<uint8_t*>(workspace_ + layout_.mask_tile_lists);
+      launch.work.mask_tile_lists = launch.mask_tile_lists;
+      launch.mask_list_items = options_.cuda_graph && capturing ? layout_.max_items : info_.num_items;
+    }
     // A captured launch must also contract for later plans that split (a replay runs the plan
     // current then); an eager one contracts this plan's splits only, none when it has none.
     const int64_t merges = options_.cuda_graph && capturing ? layout_.max_merges : info_.num_merges;
@@ -1079,6 +1098,7 @@ class AttentionRuntime {
     l.segments = section(paged_blocks ? l.max_batch * sizeof(kernels::BlockRowSegment) : 0);
     l.merges = section(l.max_merges * sizeof(kernels::PlannedMerge));
     l.items = section(l.max_items * sizeof(kernels::PlannedItem));
+    l.mask_tile_lists = section(paged_blocks ? 0 : static_cast<int64_t>(l.max_items) * kernels::kMaskTileListBytes);
     l.plan_end = at;
     l.partial_lse = section(l.partial_lse_floats * sizeof(float));
     l.partial_o = section(l.partial_floats * sizeof(float));

@@ -261,9 +261,10 @@ CUfunction variant_kernel(const ResolvedVariant& v, const VariantKernelRequest& 
 }
 
 void launch_variant_kernel(CUfunction fn, const VariantKernelRequest& request, unsigned grid_x, unsigned grid_y,
-                           unsigned grid_z, unsigned threads, void** args, cudaStream_t stream) {
+                           unsigned grid_z, unsigned threads, void** args, cudaStream_t stream,
+                           bool programmatic_dependent) {
   jit::launch(fn, grid_x, grid_y, grid_z, threads, request.dynamic_smem_bytes, reinterpret_cast<CUstream>(stream),
-              args, request.description);
+              args, request.description, programmatic_dependent);
 }
 
 }  // namespace detail

@@ -66,9 +66,10 @@ VariantSource variant_source(const ResolvedVariant& variant, const VariantKernel
 /// in-process map). Compile errors in the user's snippet are kInvalidArgument with NVRTC's log.
 CUfunction variant_kernel(const ResolvedVariant& variant, const VariantKernelRequest& request);
 
-/// Launches `fn` (from variant_kernel) on a 1-D block.
+/// Launches `fn` (from variant_kernel) on a 1-D block; programmatic_dependent: see jit::launch.
 void launch_variant_kernel(CUfunction fn, const VariantKernelRequest& request, unsigned grid_x, unsigned grid_y,
-                           unsigned grid_z, unsigned threads, void** args, cudaStream_t stream);
+                           unsigned grid_z, unsigned threads, void** args, cudaStream_t stream,
+                           bool programmatic_dependent = false);
 
 /// "__half" / "__nv_bfloat16" / "__nv_fp8_e4m3" / "__nv_fp8_e5m2" for the kernels' element types
 /// (defined for those only).

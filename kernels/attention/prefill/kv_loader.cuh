@@ -4,11 +4,13 @@
 // warp of the sm80 tile, by the producer warpgroup of the sm90 tile.
 #pragma once
 
+#include "kernels/attention/custom_mask.cuh"
 #include "kernels/attention/params.cuh"
 #include "kernels/attention/prefill/traits.cuh"
 #include "kernels/attention/variant_params.cuh"
 #include "kernels/attention/variants.cuh"
 #include "kernels/common/cp_async.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/tma.cuh"
@@ -504,16 +506,36 @@ TESSERA_DEVICE void dequantize_kv_rows(const uint8_t* k_raw, T* k_tile, T* v_til
 /// 64-key tile at slope 2^-0.5) moves the softmax's reference max, and rescales O, on nearly every
 /// tile when the far keys come first; nearest first, a row's max is set by its first tiles. Other
 /// variants keep the forward order, which measured faster for them (bench/results/LOG.md).
-template <int kTileKV, bool kNearestFirst>
+/// kMaskList (kVisitsMaskTileLists): given the runtime's mask tile list of the work item
+/// (custom_mask.cuh), only the tiles it lists are visited, so every role of the CTA (loads, MMAs,
+/// softmax) skips the tiles a custom mask hides from all of the item's rows alike; `count` is then
+/// the listed tiles.
+template <int kTileKV, bool kNearestFirst, bool kMaskList = false>
 struct KVTiles {
   KVSpan span;
   int seg0_tiles;
   int count;
+  const uint8_t* groups = nullptr;  // kMaskList: the item's visited groups, or null (every tile)
+  int group_shift = 0;              // log2 of the tiles per group
 
-  TESSERA_DEVICE explicit KVTiles(const KVSpan& s) : span(s) {
+  TESSERA_DEVICE explicit KVTiles(const KVSpan& s, const uint8_t* mask_list = nullptr) : span(s) {
     seg0_tiles = s.seg0_end > s.seg0_begin ? (s.seg0_end - s.seg0_begin + kTileKV - 1) / kTileKV : 0;
     const int main_tiles = s.end > s.begin ? (s.end - s.begin + kTileKV - 1) / kTileKV : 0;
     count = seg0_tiles + main_tiles;
+    if constexpr (kMaskList) {
+      if (mask_list != nullptr) {
+        // The lists' kernel ran just before (the host launches this kernel as its dependent).
+        wait_for_prerequisite_grids();
+        const int listed = static_cast<int>(__ldg(reinterpret_cast<const uint32_t*>(mask_list)));
+        // An item whose tiles are all listed (a tree's prefix: most speculative-decoding items)
+        // visits them without reading the list per tile.
+        if (listed != count) {
+          group_shift = mask_tile_group_shift(count);
+          count = listed;
+          groups = mask_list + 4;
+        }
+      }
+    }
   }
   /// First KV position of the t-th tile visited and the end of its segment (rows at or past it
   /// are masked).
@@ -521,11 +543,22 @@ struct KVTiles {
     const int r = position(t);
     return r < seg0_tiles ? span.seg0_begin + r * kTileKV : span.begin + (r - seg0_tiles) * kTileKV;
   }
-  TESSERA_DEVICE int end(int t) const { return position(t) < seg0_tiles ? span.seg0_end : span.end; }
+  TESSERA_DEVICE int end(int t) const {
+    // Lists come with variants without a sink segment (kVisitsMaskTileLists): one segment.
+    if constexpr (kMaskList) return span.end;
+    return position(t) < seg0_tiles ? span.seg0_end : span.end;
+  }
 
  private:
   /// Position in the span of the t-th tile visited.
-  TESSERA_DEVICE int position(int t) const { return kNearestFirst ? count - 1 - t : t; }
+  TESSERA_DEVICE int position(int t) const {
+    const int v = kNearestFirst ? count - 1 - t : t;
+    if constexpr (kMaskList) {
+      // Every visited group but the item's last is whole, so tile v is in the (v >> shift)-th.
+      if (groups != nullptr) return (__ldg(groups + (v >> group_shift)) << group_shift) + (v & ((1 << group_shift) - 1));
+    }
+    return v;
+  }
 };
 
 /// One work tile as a scheduler hands it out: packed rows packed_begin .. + CTA_TILE_Q - 1 of
@@ -538,6 +571,7 @@ struct PrefillWork {
   int packed_begin;
   KVSpan span;
   TileOutput out;
+  const uint8_t* mask_tile_list = nullptr;  // the runtime's mask tile list of the item (KVTiles), or null
 };
 
 /// The KV rows of one work tile as the loaders see them. Each KV tile goes through three steps:
@@ -547,7 +581,8 @@ struct PrefillWork {
 /// the CTA's running tile count when warp-specialised so the ring carries on across work items.
 template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
 struct KVTileSource {
-  using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias>;
+  using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias, kVisitsMaskTileLists<Variant>>;
+  static_assert(!kVisitsMaskTileLists<Variant> || !Variant::kSinks, "listed tiles lie in one segment");
   // Whole tiles of ragged (and dense) KV, and of paged KV inside one page, by TMA where the host
   // encoded descriptors (copy_tma).
   static constexpr bool kTma = (kFormat == KVFormatKind::kRagged || kFormat == KVFormatKind::kPaged) && Traits::kTmaKV;
@@ -573,7 +608,7 @@ struct KVTileSource {
 
   TESSERA_DEVICE KVTileSource(const Params& p_, const PrefillWork& w, const PrefillSmem<Traits>& smem_,
                               uint32_t tiles_before_)
-      : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span), smem(smem_), tiles_before(tiles_before_) {
+      : p(p_), e(w.e), kv_head(w.kv_head), tiles(w.span, w.mask_tile_list), smem(smem_), tiles_before(tiles_before_) {
     if constexpr (Traits::kDequantizeKV || Traits::kFp8Operands) {
       k_scale = p.kv_scales.k_scale(kv_head);
       v_scale = p.kv_scales.v_scale(kv_head);
@@ -729,18 +764,24 @@ struct KVTileSource {
   TESSERA_DEVICE float output_factor() const { return kFoldScales ? v_scale : 1.f; }
 };
 
-/// The KV span of a query tile: [kv_first, kv_end) of the request, clipped by causal masking
-/// (nothing past the last row's position; the planner mirrors this clip) and by the variant.
-template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
-TESSERA_DEVICE KVSpan tile_kv_span(const Params& p, const VariantParams& vp, const RequestExtent& e, int packed_begin,
-                                   int kv_first, int kv_end) {
+/// The KV span of a query tile of `tile_rows` packed rows: [kv_first, kv_end) of the request,
+/// clipped by causal masking (nothing past the last row's position; the planner mirrors this
+/// clip) and by the variant.
+template <KVFormatKind kFormat, typename Variant, typename Params>
+TESSERA_DEVICE KVSpan query_tile_kv_span(const Params& p, const VariantParams& vp, const RequestExtent& e,
+                                         int packed_begin, int tile_rows, int kv_first, int kv_end) {
   const int q_pos_first = e.q_pos_offset + packed_begin / p.group_size;
-  const int q_pos_last = e.q_pos_offset + min(e.qo_len - 1, (packed_begin + Traits::CTA_TILE_Q - 1) / p.group_size);
+  const int q_pos_last = e.q_pos_offset + min(e.qo_len - 1, (packed_begin + tile_rows - 1) / p.group_size);
   if (kFormat != KVFormatKind::kBlockSparse) {
     if (p.causal) kv_end = max(kv_first, min(kv_end, q_pos_last + 1));
     return Variant::visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end);
   }
   return KVSpan{kv_first, kv_first, kv_first, kv_end};  // columns, not positions: no clipping
+}
+template <typename Traits, KVFormatKind kFormat, typename Variant, typename Params>
+TESSERA_DEVICE KVSpan tile_kv_span(const Params& p, const VariantParams& vp, const RequestExtent& e, int packed_begin,
+                                   int kv_first, int kv_end) {
+  return query_tile_kv_span<kFormat, Variant>(p, vp, e, packed_begin, Traits::CTA_TILE_Q, kv_first, kv_end);
 }
 
 }  // namespace kernels

@@ -149,6 +149,11 @@ struct PlannedScheduler {
     }
     w.span = tile_kv_span<Traits, kFormat, Variant>(p, vp, w.e, item.packed_begin, max(item.kv_begin, 0),
                                                    min(item.kv_end, w.e.kv_len));
+    if constexpr (kVisitsMaskTileLists<Variant>) {
+      if (args.mask_tile_lists != nullptr) {
+        w.mask_tile_list = args.mask_tile_lists + static_cast<int64_t>(c.item) * kMaskTileListBytes;
+      }
+    }
     return true;
   }
 };

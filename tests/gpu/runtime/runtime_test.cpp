@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/attention/attention_test_utils.h"
@@ -105,6 +107,11 @@ struct RuntimeCase {
   /// Prefill: a random tree mask per request (attn::tree_masks: the prefix, the query's ancestors
   /// among the new tokens, itself), given to plan() as a custom mask.
   bool tree_mask = false;
+  /// Prefill: a custom mask that hides whole KV tiles (hidden_tile_masks), so the runtime's mask
+  /// tile lists skip them; the K/V rows it hides from every query of a request of <= 8192 keys are
+  /// NaN on the GPU (the oracle sees finite values), which reach the output only if a tile of them
+  /// is visited.
+  bool hidden_tiles = false;
   /// Softmax-free attention: the built-in sigmoid (bias kSigmoidBias), or a user variant with
   /// use_softmax = false whose logits_transform computes the same weights (the oracle's sigmoid).
   SoftmaxFree softmax_free = SoftmaxFree::kNone;
@@ -144,9 +151,49 @@ struct Prepared {
   DeviceBuffer indices;
   tessera::PagedKVCache cache;
   int64_t rows = 0;
-  DeviceBuffer mask;                 // tree_mask: the packed bits
-  std::vector<int32_t> mask_indptr;  // tree_mask: byte offsets per request (host, as plan() takes them)
+  DeviceBuffer mask;                 // tree_mask / hidden_tiles: the packed bits
+  std::vector<int32_t> mask_indptr;  // byte offsets per request (host, as plan() takes them); empty: no mask
 };
+
+/// Masks that hide whole KV tiles, per request (qo_len m, kv_len n; 1 = visible): key j is
+/// visible to query i at most up to the causal diagonal j <= n - m + i (so a long query's upper
+/// triangle hides whole tiles even in a non-causal plan), never in the request's hole (keys
+/// [512, 1536) when n >= 2048, [1024, 4096) when n >= 4608: hidden from every query, aligned to
+/// 512 keys so that any KV tile is inside it or outside it), never for query 2 (a query that sees
+/// nothing), nothing at all for a request whose n is 700; otherwise with probability 0.8.
+/// `hole[b]`: request b's hole, [first, end).
+std::vector<std::vector<uint8_t>> hidden_tile_masks(const std::vector<int64_t>& qo_len,
+                                                     const std::vector<int64_t>& kv_len, std::mt19937_64& rng,
+                                                     std::vector<std::pair<int64_t, int64_t>>& hole) {
+  std::vector<std::vector<uint8_t>> masks(qo_len.size());
+  std::bernoulli_distribution shown(0.8);
+  hole.assign(qo_len.size(), {0, 0});
+  for (size_t b = 0; b < qo_len.size(); ++b) {
+    const int64_t m = qo_len[b], n = kv_len[b];
+    if (n == 700) {
+      hole[b] = {0, n};
+    } else if (n >= 4608) {
+      hole[b] = {1024, 4096};
+    } else if (n >= 2048) {
+      hole[b] = {512, 1536};
+    }
+    masks[b].assign(static_cast<size_t>(m * n), 0);
+    for (int64_t i = 0; i < m; ++i) {
+      if (i == 2) continue;
+      for (int64_t j = 0; j <= n - m + i && j < n; ++j) {
+        if (j >= hole[b].first && j < hole[b].second) continue;
+        masks[b][static_cast<size_t>(i * n + j)] = shown(rng) ? 1 : 0;
+      }
+    }
+  }
+  return masks;
+}
+
+/// NaN in the rows [first, end) of a request's K or V ([kv_len, heads * dim] row-major).
+void poison_rows(std::vector<double>& values, std::pair<int64_t, int64_t> rows, int64_t row_elems) {
+  for (int64_t r = rows.first; r < rows.second; ++r)
+    std::fill_n(values.begin() + r * row_elems, row_elems, std::numeric_limits<double>::quiet_NaN());
+}
 
 Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
   Prepared p;
@@ -184,8 +231,10 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
     p.indices = upload_i32(bsr.indices.empty() ? std::vector<int32_t>{0} : bsr.indices);
     p.rows = m;
   } else {
-    if (c.tree_mask) {
-      const std::vector<std::vector<uint8_t>> masks = attn::tree_masks(c.qo, c.kv, rng);
+    std::vector<std::pair<int64_t, int64_t>> holes;
+    if (c.tree_mask || c.hidden_tiles) {
+      const std::vector<std::vector<uint8_t>> masks =
+          c.tree_mask ? attn::tree_masks(c.qo, c.kv, rng) : hidden_tile_masks(c.qo, c.kv, rng, holes);
       const attn::PackedMasks packed = attn::pack_masks(masks, rng);
       p.mask = DeviceBuffer(std::max<size_t>(1, packed.bytes.size()));
       p.mask.upload(packed.bytes.data(), packed.bytes.size());
@@ -207,6 +256,13 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
       }
       ks[b] = draw_kv(c, c.kv[b] * hkv * d, kFp8KScale, rng, k_store[b]);
       vs[b] = draw_kv(c, c.kv[b] * hkv * dv, kFp8VScale, rng, v_store[b]);
+      // Up to 8192 keys an item has at most 256 tiles, an entry of its mask tile list per tile,
+      // so a tile of the hole is skipped whatever the planner's chunks; a longer request's entries
+      // cover a few tiles each, which may straddle the hole's ends.
+      if (!holes.empty() && c.kv[b] <= 8192) {
+        poison_rows(k_store[b], holes[b], hkv * d);
+        poison_rows(v_store[b], holes[b], hkv * dv);
+      }
     }
     const Packed q = pack_rows(qs, hq * d);
     p.qo_indptr = q.indptr;
@@ -289,7 +345,7 @@ tessera::PlanShape shape_for(const RuntimeCase& c) {
 /// The plan shape of a case with its tree mask (the bits on the device, the offsets on the host).
 tessera::PlanShape shape_for(const RuntimeCase& c, const Prepared& p) {
   tessera::PlanShape s = shape_for(c);
-  if (c.tree_mask) {
+  if (!p.mask_indptr.empty()) {
     s.attention.variant.custom_mask =
         TensorView(p.mask.get(), DType::kU8, {static_cast<int64_t>(p.mask.bytes())}, tessera::Device::cuda(0));
     s.attention.variant.custom_mask_indptr = host_i32(p.mask_indptr);
@@ -648,6 +704,29 @@ std::vector<RuntimeCase> runtime_cases() {
     c.sm_budget = 8;
     c.dtype = DType::kF16;
     cases.push_back(named(c, std::string("tree_split_") + (tile == QueryTile::kAuto ? "auto" : tile == QueryTile::k16 ? "t16" : "t128")));
+  }
+  // Masks that hide whole KV tiles (the runtime's mask tile lists skip them; the hidden K/V rows
+  // are NaN): every tile, paged and ragged, causal or not, split by the planner (auto), at fixed
+  // 256-key chunks (items inside a request's hole visit no tile) and not at all. A request of
+  // 40000 keys gives items of more tiles than the flags have bits (a bit per few tiles).
+  for (const QueryTile tile : {QueryTile::kAuto, QueryTile::k16, QueryTile::k64, QueryTile::k128}) {
+    for (const bool causal : {false, true}) {
+      RuntimeCase c;
+      c.wrapper = causal ? Wrapper::kPrefillRagged : Wrapper::kPrefillPaged;
+      c.hidden_tiles = true;
+      c.tile = tile;
+      c.causal = causal;
+      c.qo = {300, 40, 7, 4, 3};
+      c.kv = {2100, 5000, 300, 700, 40000};
+      const int mode = static_cast<int>(tile) + (causal ? 1 : 0);
+      c.split = mode % 3 == 0 ? SplitKV::kAuto : mode % 3 == 1 ? SplitKV::kFixed : SplitKV::kNone;
+      c.fixed_split = c.split == SplitKV::kFixed ? 256 : 0;
+      if (causal) c.dtype = DType::kF16;
+      const char* tile_name = tile == QueryTile::kAuto ? "auto" : tile == QueryTile::k16 ? "t16"
+                              : tile == QueryTile::k64 ? "t64" : "t128";
+      cases.push_back(named(c, std::string("hidden_tiles_") + tile_name + (causal ? "_causal" : "") +
+                                   (tile == QueryTile::k128 && !causal ? "_sanitize" : "")));
+    }
   }
   // Short trees (<= 32 packed rows a request): the auto tile is then the 16-row one.
   {
@@ -1112,9 +1191,9 @@ TEST(RuntimeCudaGraph, ReplaysCorrectlyAfterReplans) {
 
 /// fp8 K/V under a captured decode: per-KV-head device scales change between replays (and the
 /// cache between re-plans); every replay matches the oracle on the codes times the current scales.
-/// Tree masks under CUDA graphs: the mask bits live in a fixed buffer whose contents change, the
+/// Custom masks under CUDA graphs: the mask bits live in a fixed buffer whose contents change, the
 /// byte offsets come with each plan (host arrays, uploaded into the workspace); re-plans change the
-/// batch size, the trees and the split.
+/// batch size, the masks (trees, and masks that hide whole KV tiles) and the split.
 TEST(RuntimeCudaGraph, TreeMaskReplaysAfterReplans_sanitize) {
   const int64_t hkv = 2, g = 4, d = 128, page = 16, max_batch = 6, max_rows = 64, max_pages = 1024;
   const int64_t hq = hkv * g;
@@ -1144,7 +1223,10 @@ TEST(RuntimeCudaGraph, TreeMaskReplaysAfterReplans_sanitize) {
     SCOPED_TRACE("step " + std::to_string(step));
     RuntimeCase c;
     c.wrapper = Wrapper::kPrefillPaged;
-    c.tree_mask = true;
+    // Steps 1 and 2 hide whole KV tiles (NaN K/V there): the captured flags kernel reads each
+    // plan's items and mask.
+    c.hidden_tiles = step == 1 || step == 2;
+    c.tree_mask = !c.hidden_tiles;
     c.qo = qos[step];
     c.kv = kvs[step];
     c.num_kv_heads = hkv;

@@ -3,7 +3,8 @@
 //   W1v the same with variable lengths at B=64;
 //   W2  dense prefill over ragged KV (B=16, S 512 .. 16384, three head shapes, causal and not);
 //   W4  variable-length prefill, ragged and paged KV (page 16 and page 1), three length sets;
-//   W5  incremental prefill and speculative verification (tree masks) through the runtime;
+//   W5  incremental prefill and speculative verification (tree masks) through the runtime, and a
+//       causal mask given as a custom mask (the tiles it hides skipped) against the built-in flag;
 //   W6  a shared prefix: the cascade wrapper against the single paged format;
 //   W7  Quest-style page selection: one decode over a budget of selected pages;
 //   W11 a prefill chunk and 64 decodes: alone, one after the other, one plan;
@@ -682,6 +683,64 @@ void run_w5(BenchContext& ctx, int64_t qo, bool tree,
   }
 }
 
+// The mask tile lists (issue 25: tiles a custom mask hides are skipped): prefill of B=4 requests
+// of 4096 tokens over their own 4096 keys (Hq=32, Hkv=8, D=128, page 16), the causal mask given
+// as a custom mask to a non-causal plan (FlashInfer's documented custom-mask example), against the
+// built-in causal flag in the same run. TFLOP/s = 4 x D x Hq x causal visible pairs for both: with
+// the hidden tiles skipped the custom mask costs the lists' kernel, the per-logit tests of the
+// diagonal tiles and a plan balanced for the unmasked spans; visiting every tile
+// (TESSERA_MASK_TILE_SKIP=0) computes twice the pairs.
+
+constexpr int64_t kMaskBatch = 4, kMaskLen = 4096;
+
+void run_mask_causal(BenchContext& ctx, bool custom) {
+  const std::vector<int64_t> lens(kMaskBatch, kMaskLen);
+  const int64_t rows = kMaskBatch * kMaskLen;
+  const double flops = kMaskBatch * 4.0 * kHeadDim * kQoHeads * visible_pairs(kMaskLen, kMaskLen, true);
+  PagedCache cache = make_paged_cache(ctx, lens, kDecodePageSize, kKvHeads, kHeadDim);
+  DeviceTensor q = ctx.random_tensor(kDType, {rows, kQoHeads, kHeadDim});
+  DeviceTensor o = ctx.empty_tensor(kDType, {rows, kQoHeads, kHeadDim});
+  const tessera::RuntimeBounds bounds{kMaskBatch, rows, kQoHeads, kKvHeads, kHeadDim};
+  const tessera::RuntimeOptions options;
+  DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds, options));
+  tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds, options);
+  tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, /*causal=*/!custom);
+  // Row i of a request sees keys 0..i: whole bytes below the diagonal, then its byte's low bits.
+  const int64_t request_bytes = kMaskLen * kMaskLen / 8;
+  std::vector<uint8_t> bits(static_cast<size_t>(kMaskBatch * request_bytes), 0);
+  std::vector<int32_t> offsets;
+  for (int64_t b = 0; b <= kMaskBatch; ++b) offsets.push_back(static_cast<int32_t>(b * request_bytes));
+  for (int64_t b = 0; b < kMaskBatch; ++b) {
+    for (int64_t i = 0; i < kMaskLen; ++i) {
+      uint8_t* row = bits.data() + b * request_bytes + i * kMaskLen / 8;
+      std::fill_n(row, (i + 1) / 8, uint8_t{0xFF});
+      if ((i + 1) % 8 != 0) row[(i + 1) / 8] = static_cast<uint8_t>((1u << ((i + 1) % 8)) - 1u);
+    }
+  }
+  DeviceTensor mask;
+  if (custom) {
+    mask = ctx.empty_tensor(DType::kU8, {static_cast<int64_t>(bits.size())});
+    BENCH_CUDA(cudaMemcpy(mask.view.data, bits.data(), bits.size(), cudaMemcpyHostToDevice));
+    shape.attention.variant.custom_mask = mask.view;
+    shape.attention.variant.custom_mask_indptr = host_i32(offsets);
+  }
+  const HostPages pages = host_pages(lens, kDecodePageSize);
+  wrapper.plan(host_i32(indptr_of(lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
+               shape, ctx.stream());
+  tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+  const Timing t = ctx.measure([&](cudaStream_t stream) {
+    wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
+  });
+  const char* skip = std::getenv("TESSERA_MASK_TILE_SKIP");
+  Params params = {{"B", kMaskBatch}, {"S", kMaskLen}, {"Hq", kQoHeads}, {"Hkv", kKvHeads}, {"D", kHeadDim},
+                   {"page_size", kDecodePageSize}, {"dtype", "bf16"}, {"flops", "4*D*Hq*causal visible pairs"},
+                   {"mask", custom ? "causal as a custom mask (non-causal plan)" : "built-in causal"},
+                   {"mask_tile_skip", skip != nullptr && std::string(skip) == "0" ? "off" : "on"}};
+  if (custom) params.emplace_back("baseline", "mask_builtin_causal_s4096 of the same run");
+  add_plan_info(params, wrapper.plan_info());
+  ctx.report_tflops(t, flops, std::move(params), "tessera-runtime");
+}
+
 // ------------------------------------------------------------------------------------------------
 // W6: shared prefix. B decodes (Hq=32, Hkv=8, D=128, page 16) share a prefix of P tokens and own a
 // suffix of 128; prefix and suffix pages a random permutation of one pool. Three ways, one run:
@@ -1256,6 +1315,13 @@ const std::vector<Cell>& cells() {
                      suites_for("w5", false), [tree](BenchContext& ctx, const std::string&) {
                        run_w5(ctx, 8, tree, tessera::QueryTile::k16);
                      }});
+    }
+    for (bool custom : {false, true}) {
+      out.push_back({std::string("mask_") + (custom ? "custom" : "builtin") + "_causal_s4096",
+                     std::string("paged prefill B=4 S=4096 through the runtime, causal ") +
+                         (custom ? "as a custom mask (hidden tiles skipped)" : "built in"),
+                     suites_for("w5", false),
+                     [custom](BenchContext& ctx, const std::string&) { run_mask_causal(ctx, custom); }});
     }
     for (const char* mask : {"causal", "window", "select25"}) {
       out.push_back({std::string("bsr_paged_") + mask + "_s4096",

@@ -634,6 +634,17 @@ PackedTrees random_trees(int64_t batch, int64_t qo, int64_t kv, uint64_t seed) {
   return t;
 }
 
+/// A packed custom mask (request b from byte offsets[b]) uploaded and given to `shape`; the
+/// returned tensor holds the bits and must outlive the runs.
+DeviceTensor attach_custom_mask(BenchContext& ctx, tessera::PlanShape& shape, const std::vector<uint8_t>& bytes,
+                                const std::vector<int32_t>& offsets) {
+  DeviceTensor mask = ctx.empty_tensor(DType::kU8, {static_cast<int64_t>(bytes.size())});
+  BENCH_CUDA(cudaMemcpy(mask.view.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  shape.attention.variant.custom_mask = mask.view;
+  shape.attention.variant.custom_mask_indptr = host_i32(offsets);
+  return mask;
+}
+
 void run_w5(BenchContext& ctx, int64_t qo, bool tree,
             tessera::QueryTile tile = tessera::QueryTile::kAuto) {
   const std::vector<int64_t> kv_lens(kW5Batch, kW5KvLen), qo_lens(kW5Batch, qo);
@@ -654,10 +665,7 @@ void run_w5(BenchContext& ctx, int64_t qo, bool tree,
   DeviceTensor mask;
   if (tree) {
     trees = random_trees(kW5Batch, qo, kW5KvLen, kPermutationSeed + static_cast<uint64_t>(qo));
-    mask = ctx.empty_tensor(DType::kU8, {static_cast<int64_t>(trees.bytes.size())});
-    BENCH_CUDA(cudaMemcpy(mask.view.data, trees.bytes.data(), trees.bytes.size(), cudaMemcpyHostToDevice));
-    shape.attention.variant.custom_mask = mask.view;
-    shape.attention.variant.custom_mask_indptr = host_i32(trees.offsets);
+    mask = attach_custom_mask(ctx, shape, trees.bytes, trees.offsets);
   }
   const HostPages pages = host_pages(kv_lens, kDecodePageSize);
   wrapper.plan(host_i32(indptr_of(qo_lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
@@ -718,12 +726,7 @@ void run_mask_causal(BenchContext& ctx, bool custom) {
     }
   }
   DeviceTensor mask;
-  if (custom) {
-    mask = ctx.empty_tensor(DType::kU8, {static_cast<int64_t>(bits.size())});
-    BENCH_CUDA(cudaMemcpy(mask.view.data, bits.data(), bits.size(), cudaMemcpyHostToDevice));
-    shape.attention.variant.custom_mask = mask.view;
-    shape.attention.variant.custom_mask_indptr = host_i32(offsets);
-  }
+  if (custom) mask = attach_custom_mask(ctx, shape, bits, offsets);
   const HostPages pages = host_pages(lens, kDecodePageSize);
   wrapper.plan(host_i32(indptr_of(lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
                shape, ctx.stream());

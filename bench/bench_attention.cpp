@@ -645,6 +645,19 @@ DeviceTensor attach_custom_mask(BenchContext& ctx, tessera::PlanShape& shape, co
   return mask;
 }
 
+/// Plans `wrapper` for qo_lens queries over kv_lens keys of `cache` (pages of kDecodePageSize) and
+/// times its run() into o.
+Timing time_paged_prefill(BenchContext& ctx, tessera::BatchPrefillPagedWrapper& wrapper,
+                          const std::vector<int64_t>& qo_lens, const std::vector<int64_t>& kv_lens,
+                          const tessera::PlanShape& shape, const PagedCache& cache, const DeviceTensor& q,
+                          const DeviceTensor& o) {
+  const HostPages pages = host_pages(kv_lens, kDecodePageSize);
+  wrapper.plan(host_i32(indptr_of(qo_lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
+               shape, ctx.stream());
+  tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
+  return ctx.measure([&](cudaStream_t stream) { wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream); });
+}
+
 void run_w5(BenchContext& ctx, int64_t qo, bool tree,
             tessera::QueryTile tile = tessera::QueryTile::kAuto) {
   const std::vector<int64_t> kv_lens(kW5Batch, kW5KvLen), qo_lens(kW5Batch, qo);
@@ -667,13 +680,7 @@ void run_w5(BenchContext& ctx, int64_t qo, bool tree,
     trees = random_trees(kW5Batch, qo, kW5KvLen, kPermutationSeed + static_cast<uint64_t>(qo));
     mask = attach_custom_mask(ctx, shape, trees.bytes, trees.offsets);
   }
-  const HostPages pages = host_pages(kv_lens, kDecodePageSize);
-  wrapper.plan(host_i32(indptr_of(qo_lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
-               shape, ctx.stream());
-  tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
-  const Timing t = ctx.measure([&](cudaStream_t stream) {
-    wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
-  });
+  const Timing t = time_paged_prefill(ctx, wrapper, qo_lens, kv_lens, shape, cache, q, o);
   Params params = {{"B", kW5Batch}, {"L", kW5KvLen}, {"qo_len", qo}, {"Hq", kQoHeads}, {"Hkv", kKvHeads},
                    {"D", kHeadDim}, {"page_size", kDecodePageSize}, {"mask", tree ? "causal+tree" : "causal"},
                    {"dtype", "bf16"}};
@@ -727,13 +734,7 @@ void run_mask_causal(BenchContext& ctx, bool custom) {
   }
   DeviceTensor mask;
   if (custom) mask = attach_custom_mask(ctx, shape, bits, offsets);
-  const HostPages pages = host_pages(lens, kDecodePageSize);
-  wrapper.plan(host_i32(indptr_of(lens)), host_i32(pages.indptr), host_i32(pages.last_page_len), kDecodePageSize,
-               shape, ctx.stream());
-  tessera::PagedKVCache paged{cache.kv.k, cache.kv.v, tessera::Layout::kNHD, cache.kv.indices};
-  const Timing t = ctx.measure([&](cudaStream_t stream) {
-    wrapper.run(q.view, paged, o.view, tessera::TensorView(), stream);
-  });
+  const Timing t = time_paged_prefill(ctx, wrapper, lens, lens, shape, cache, q, o);
   const char* skip = std::getenv("TESSERA_MASK_TILE_SKIP");
   Params params = {{"B", kMaskBatch}, {"S", kMaskLen}, {"Hq", kQoHeads}, {"Hkv", kKvHeads}, {"D", kHeadDim},
                    {"page_size", kDecodePageSize}, {"dtype", "bf16"}, {"flops", "4*D*Hq*causal visible pairs"},

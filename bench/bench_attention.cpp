@@ -704,11 +704,15 @@ void run_w5(BenchContext& ctx, int64_t qo, bool tree,
 // built-in causal flag in the same run. TFLOP/s = 4 x D x Hq x causal visible pairs for both: with
 // the hidden tiles skipped the custom mask costs the lists' kernel, the per-logit tests of the
 // diagonal tiles and a plan balanced for the unmasked spans; visiting every tile
-// (TESSERA_MASK_TILE_SKIP=0) computes twice the pairs.
+// (TESSERA_MASK_TILE_SKIP=0) computes twice the pairs. A third cell gives the same mask to a
+// causal plan (the built-in spans, nothing to skip): what testing a mask costs by itself.
 
 constexpr int64_t kMaskBatch = 4, kMaskLen = 4096;
 
-void run_mask_causal(BenchContext& ctx, bool custom) {
+enum class MaskCausal { kBuiltin, kCustom, kBuiltinAndCustom };
+
+void run_mask_causal(BenchContext& ctx, MaskCausal how) {
+  const bool custom = how != MaskCausal::kBuiltin;
   const std::vector<int64_t> lens(kMaskBatch, kMaskLen);
   const int64_t rows = kMaskBatch * kMaskLen;
   const double flops = kMaskBatch * 4.0 * kHeadDim * kQoHeads * visible_pairs(kMaskLen, kMaskLen, true);
@@ -719,7 +723,7 @@ void run_mask_causal(BenchContext& ctx, bool custom) {
   const tessera::RuntimeOptions options;
   DeviceTensor workspace = make_workspace(ctx, tessera::BatchPrefillPagedWrapper::workspace_size(bounds, options));
   tessera::BatchPrefillPagedWrapper wrapper(workspace.view, bounds, options);
-  tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, /*causal=*/!custom);
+  tessera::PlanShape shape = runtime_shape(kQoHeads, kKvHeads, kHeadDim, /*causal=*/how != MaskCausal::kCustom);
   // Row i of a request sees keys 0..i: whole bytes below the diagonal, then its byte's low bits.
   const int64_t request_bytes = kMaskLen * kMaskLen / 8;
   std::vector<uint8_t> bits(static_cast<size_t>(kMaskBatch * request_bytes), 0);
@@ -738,7 +742,9 @@ void run_mask_causal(BenchContext& ctx, bool custom) {
   const char* skip = std::getenv("TESSERA_MASK_TILE_SKIP");
   Params params = {{"B", kMaskBatch}, {"S", kMaskLen}, {"Hq", kQoHeads}, {"Hkv", kKvHeads}, {"D", kHeadDim},
                    {"page_size", kDecodePageSize}, {"dtype", "bf16"}, {"flops", "4*D*Hq*causal visible pairs"},
-                   {"mask", custom ? "causal as a custom mask (non-causal plan)" : "built-in causal"},
+                   {"mask", how == MaskCausal::kBuiltin  ? "built-in causal"
+                            : how == MaskCausal::kCustom ? "causal as a custom mask (non-causal plan)"
+                                                         : "built-in causal and the same custom mask"},
                    {"mask_tile_skip", skip != nullptr && std::string(skip) == "0" ? "off" : "on"}};
   if (custom) params.emplace_back("baseline", "mask_builtin_causal_s4096 of the same run");
   add_plan_info(params, wrapper.plan_info());
@@ -1320,12 +1326,17 @@ const std::vector<Cell>& cells() {
                        run_w5(ctx, 8, tree, tessera::QueryTile::k16);
                      }});
     }
-    for (bool custom : {false, true}) {
-      out.push_back({std::string("mask_") + (custom ? "custom" : "builtin") + "_causal_s4096",
+    for (const MaskCausal how : {MaskCausal::kBuiltin, MaskCausal::kCustom, MaskCausal::kBuiltinAndCustom}) {
+      const char* name = how == MaskCausal::kBuiltin ? "mask_builtin_causal_s4096"
+                         : how == MaskCausal::kCustom ? "mask_custom_causal_s4096"
+                                                      : "mask_builtin_and_custom_causal_s4096";
+      out.push_back({name,
                      std::string("paged prefill B=4 S=4096 through the runtime, causal ") +
-                         (custom ? "as a custom mask (hidden tiles skipped)" : "built in"),
+                         (how == MaskCausal::kBuiltin  ? "built in"
+                          : how == MaskCausal::kCustom ? "as a custom mask (hidden tiles skipped)"
+                                                       : "built in and as a custom mask"),
                      suites_for("w5", false),
-                     [custom](BenchContext& ctx, const std::string&) { run_mask_causal(ctx, custom); }});
+                     [how](BenchContext& ctx, const std::string&) { run_mask_causal(ctx, how); }});
     }
     for (const char* mask : {"causal", "window", "select25"}) {
       out.push_back({std::string("bsr_paged_") + mask + "_s4096",

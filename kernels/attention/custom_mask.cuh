@@ -53,7 +53,7 @@ TESSERA_DEVICE bool packed_bits_any(const uint8_t* bits, int64_t first, int64_t 
 /// 2^shift consecutive tiles of the item (shift = mask_tile_group_shift(the item's tiles)): one
 /// tile up to kMaskTileMaxGroups tiles (32k keys in 128-key tiles), a few for longer items, so a
 /// record's size, and the workspace's, does not depend on KV lengths, and the t-th visited tile
-/// is one byte load and two shifts away (MaskTileList::position).
+/// is one byte load and two shifts away (KVTiles::position in prefill/kv_loader.cuh).
 constexpr int kMaskTileMaxGroups = 256;
 constexpr int kMaskTileListBytes = 4 + kMaskTileMaxGroups;
 

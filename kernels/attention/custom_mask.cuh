@@ -23,15 +23,22 @@ TESSERA_DEVICE bool packed_bits_all(const uint8_t* bits, int64_t first, int64_t 
   return true;
 }
 
-/// Whether any bit of [first, end) is set, reading kBatch bytes per step with their loads issued
-/// together: a mask's bytes are mostly not in cache, and one dependent load per byte would cost
-/// a memory latency each.
+/// Which bits of a packed range are set: some (any) and all (all; true for an empty range).
+struct PackedBitsCover {
+  bool any;
+  bool all;
+};
+
+/// The cover of [first, end), reading kBatch bytes per step with their loads issued together
+/// (a mask's bytes are mostly not in cache, and one dependent load per byte would cost a memory
+/// latency each), stopping once some bit is known set and some clear.
 template <int kBatch = 8>
-TESSERA_DEVICE bool packed_bits_any(const uint8_t* bits, int64_t first, int64_t end) {
-  if (first >= end) return false;
+TESSERA_DEVICE PackedBitsCover packed_bits_cover(const uint8_t* bits, int64_t first, int64_t end) {
+  PackedBitsCover cover{false, true};
+  if (first >= end) return cover;
   const int64_t first_byte = first >> 3, last_byte = (end - 1) >> 3;
-  for (int64_t base = first_byte; base <= last_byte; base += kBatch) {
-    uint32_t any = 0;
+  for (int64_t base = first_byte; base <= last_byte && (cover.all || !cover.any); base += kBatch) {
+    uint32_t set = 0, clear = 0;  // wanted bits set / clear in this step's bytes
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t byte = base + i;
@@ -39,23 +46,37 @@ TESSERA_DEVICE bool packed_bits_any(const uint8_t* bits, int64_t first, int64_t 
         uint32_t want = 0xFFu;
         if (byte == first_byte) want &= 0xFFu << (first & 7);
         if (byte == last_byte) want &= 0xFFu >> (7 - ((end - 1) & 7));
-        any |= static_cast<uint32_t>(__ldg(bits + byte)) & want;
+        const uint32_t got = static_cast<uint32_t>(__ldg(bits + byte)) & want;
+        set |= got;
+        clear |= got ^ want;
       }
     }
-    if (any != 0u) return true;
+    cover.any = cover.any || set != 0u;
+    cover.all = cover.all && clear == 0u;
   }
-  return false;
+  return cover;
 }
 
 /// Mask tile lists: per planned work item, the groups of its KV tiles in which the custom mask
-/// shows some key to one of the item's query rows, in order, as one record of kMaskTileListBytes:
-/// the number of tiles to visit (u32), then the visited groups' indices (u8 each). A group is
-/// 2^shift consecutive tiles of the item (shift = mask_tile_group_shift(the item's tiles)): one
-/// tile up to kMaskTileMaxGroups tiles (32k keys in 128-key tiles), a few for longer items, so a
-/// record's size, and the workspace's, does not depend on KV lengths, and the t-th visited tile
-/// is one byte load and two shifts away (KVTiles::position in prefill/kv_loader.cuh).
+/// shows some key to one of the item's query rows, in order, and which groups it shows whole to
+/// every row, as one record of kMaskTileListBytes: the number of tiles to visit (u32), the visited
+/// groups' indices (u8 each, kMaskTileMaxGroups slots), then a bit per group (little bit order)
+/// set where every row sees every key of the group. A group is 2^shift consecutive tiles of the
+/// item (shift = mask_tile_group_shift(the item's tiles)): one tile up to kMaskTileMaxGroups
+/// tiles (32k keys in 128-key tiles), a few for longer items, so a record's size, and the
+/// workspace's, does not depend on KV lengths, and the t-th visited tile is one byte load and two
+/// shifts away (KVTiles::position in prefill/kv_loader.cuh). The whole-group bits spare the
+/// persistent kernel its own test of a tile's mask bytes (a chain of loads in front of the
+/// softmax, per tile) where the lists exist.
 constexpr int kMaskTileMaxGroups = 256;
-constexpr int kMaskTileListBytes = 4 + kMaskTileMaxGroups;
+constexpr int kMaskTileGroupsOffset = 4;
+constexpr int kMaskTileWholeBitsOffset = kMaskTileGroupsOffset + kMaskTileMaxGroups;
+constexpr int kMaskTileListBytes = kMaskTileWholeBitsOffset + kMaskTileMaxGroups / 8;
+static_assert(kMaskTileWholeBitsOffset % 4 == 0, "the lists' kernel stores the whole-group bits 32 at a time");
+
+/// What a KV tile's record says of the custom mask over it: nothing (no record: the kernel tests
+/// the mask's bytes itself), every pair shown, or some pair hidden.
+enum class MaskTileCover { kUnknown, kWhole, kPartial };
 
 /// log2 of the tiles per group of an item that spans `tiles` tiles: the least with at most
 /// kMaskTileMaxGroups groups.

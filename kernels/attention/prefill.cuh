@@ -96,7 +96,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     const int kv_begin = kv.tiles.begin(tile), kv_tile_end = kv.tiles.end(tile);
     // Decided before the waits: block-sparse tiles read their blocks' flags from global memory,
     // whose latency then hides under the wait and the Q K^T instead of stalling the softmax.
-    const bool needs_mask = applier.tile_needs_mask(kv_begin, kv_tile_end);
+    const bool needs_mask = applier.tile_needs_mask(kv_begin, kv_tile_end, kv.tiles.mask_cover(tile));
     ml.wait_tile(tile);
     const int32_t* keys = kv.keys(tile);  // [CTA_TILE_KV]
     applier.template transform_operands<Traits::kWgmma>(tile, q_tile, ml.k_tile(), ml.v_tile(), keys);

@@ -515,8 +515,9 @@ struct KVTiles {
   KVSpan span;
   int seg0_tiles;
   int count;
-  const uint8_t* groups = nullptr;  // kMaskList: the item's visited groups, or null (every tile)
-  int group_shift = 0;              // log2 of the tiles per group
+  const uint8_t* groups = nullptr;      // kMaskList: the item's visited groups, or null (every tile)
+  const uint8_t* whole_bits = nullptr;  // kMaskList: the item's whole-group bits, or null (no list)
+  int group_shift = 0;                  // log2 of the tiles per group
 
   TESSERA_DEVICE explicit KVTiles(const KVSpan& s, const uint8_t* mask_list = nullptr) : span(s) {
     seg0_tiles = s.seg0_end > s.seg0_begin ? (s.seg0_end - s.seg0_begin + kTileKV - 1) / kTileKV : 0;
@@ -527,12 +528,13 @@ struct KVTiles {
         // The lists' kernel ran just before (the host launches this kernel as its dependent).
         wait_for_prerequisite_grids();
         const int listed = static_cast<int>(__ldg(reinterpret_cast<const uint32_t*>(mask_list)));
+        group_shift = mask_tile_group_shift(count);
+        whole_bits = mask_list + kMaskTileWholeBitsOffset;
         // An item whose tiles are all listed (a tree's prefix: most speculative-decoding items)
-        // visits them without reading the list per tile.
+        // visits them without reading the group indices per tile.
         if (listed != count) {
-          group_shift = mask_tile_group_shift(count);
           count = listed;
-          groups = mask_list + 4;
+          groups = mask_list + kMaskTileGroupsOffset;
         }
       }
     }
@@ -547,6 +549,17 @@ struct KVTiles {
     // Lists come with variants without a sink segment (kVisitsMaskTileLists): one segment.
     if constexpr (kMaskList) return span.end;
     return position(t) < seg0_tiles ? span.seg0_end : span.end;
+  }
+  /// What the item's list says of the custom mask over the t-th tile visited (kUnknown without
+  /// a list).
+  TESSERA_DEVICE MaskTileCover mask_cover(int t) const {
+    if constexpr (kMaskList) {
+      if (whole_bits != nullptr) {
+        const int g = position(t) >> group_shift;
+        return (__ldg(whole_bits + (g >> 3)) >> (g & 7)) & 1u ? MaskTileCover::kWhole : MaskTileCover::kPartial;
+      }
+    }
+    return MaskTileCover::kUnknown;
   }
 
  private:

@@ -1,8 +1,9 @@
 // The runtime's mask tile lists (docs/design.md §6.5): before a persistent launch whose variant
 // has a custom mask, this kernel lists, for every planned work item, the KV tiles in which the
-// mask shows some key to some of the item's query rows. The persistent kernel's tile iteration
-// (KVTiles) then visits only those: a tile the mask hides from every row is neither loaded nor
-// multiplied. The lists are computed at each run() from the mask's current bytes, so a captured
+// mask shows some key to some of the item's query rows, and those it shows whole to every row.
+// The persistent kernel's tile iteration (KVTiles) then visits only the listed tiles (a tile the
+// mask hides from every row is neither loaded nor multiplied) and masks only those not whole.
+// The lists are computed at each run() from the mask's current bytes, so a captured
 // run replays correctly for any later plan and mask.
 #pragma once
 
@@ -62,17 +63,22 @@ mask_tile_lists_kernel(const Params p, const VariantParams vp, const PlannedWork
       const uint8_t* bits = vp.custom_mask + vp.custom_mask_indptr[item.request];
       for (int pass = 0; pass * 32 < groups; ++pass) {
         const int g = pass * 32 + lane;
-        bool shown = false;
+        bool shown = false, whole = false;
         if (g < groups) {
           const int kv_lo = span.begin + (g << shift) * tile_kv;
           const int kv_hi = min(span.end, kv_lo + (tile_kv << shift));
-          for (int row = row_first; row <= row_last && !shown; ++row) {
+          whole = true;
+          for (int row = row_first; row <= row_last && (whole || !shown); ++row) {
             const int64_t row_bit = static_cast<int64_t>(row) * e.kv_len;
-            shown = packed_bits_any(bits, row_bit + kv_lo, row_bit + kv_hi);
+            const PackedBitsCover cover = packed_bits_cover(bits, row_bit + kv_lo, row_bit + kv_hi);
+            shown = shown || cover.any;
+            whole = whole && cover.all;
           }
         }
         const uint32_t ballot = __ballot_sync(0xffffffffu, shown);
-        if (shown) list[4 + visited + __popc(ballot & ((1u << lane) - 1u))] = static_cast<uint8_t>(g);
+        const uint32_t whole_ballot = __ballot_sync(0xffffffffu, whole);
+        if (shown) list[kMaskTileGroupsOffset + visited + __popc(ballot & ((1u << lane) - 1u))] = static_cast<uint8_t>(g);
+        if (lane == 0) reinterpret_cast<uint32_t*>(list + kMaskTileWholeBitsOffset)[pass] = whole_ballot;
         visited += __popc(ballot);
         if (pass == (groups - 1) / 32) last_visited = (ballot >> ((groups - 1) % 32)) & 1u;
       }

@@ -197,17 +197,23 @@ struct VariantApplier {
   }
 
   /// Whether some pair of the KV tile [kv_begin, kv_begin + CTA_TILE_KV) may be masked: rows past
-  /// the tile's segment end, causal pairs, the variant's own mask, a custom mask's zero bits (per
-  /// warp: its rows over its columns), or (block-sparse) a block that is not flagged full.
-  TESSERA_DEVICE bool tile_needs_mask(int kv_begin, int kv_tile_end) const {
+  /// the tile's segment end, causal pairs, the variant's own mask, a custom mask's zero bits (as
+  /// the runtime's mask tile list says, `cover`, or else per warp: its rows over its columns), or
+  /// (block-sparse) a block that is not flagged full.
+  TESSERA_DEVICE bool tile_needs_mask(int kv_begin, int kv_tile_end, MaskTileCover cover) const {
     bool needs = kv_begin + Traits::CTA_TILE_KV > kv_tile_end ||
                  (p.causal && kv_begin + Traits::CTA_TILE_KV - 1 > q_pos_first) ||
                  !Variant::tile_unmasked(vp, q_pos_first, q_pos_last, kv_begin, kv_begin + Traits::CTA_TILE_KV - 1);
     if constexpr (Variant::kCustomMask) {
-      // Most tiles of a tree mask lie in the prefix every row sees: testing the mask's bytes once
-      // per tile spares the per-logit bit loads there. A quad's four lanes share rows and split
-      // the warp's columns; the warp votes, so its lanes take one branch (`needs` is uniform).
-      if (!needs) {
+      // Most tiles of a tree mask lie in the prefix every row sees: knowing a tile whole spares
+      // the per-logit bit loads there. The runtime's lists say it for the CTA's rows; without
+      // them each warp tests the mask's bytes of its rows, a chain of loads in front of the
+      // tile's softmax that costs more than the test spares (bench/results/LOG.md). A quad's four
+      // lanes share rows and split the warp's columns; the warp votes, so its lanes take one
+      // branch (`needs` is uniform).
+      if (cover != MaskTileCover::kUnknown) {
+        needs = needs || cover == MaskTileCover::kPartial;
+      } else if (!needs) {
         constexpr int kLaneCols = kN8KV * 8 / 4;
         bool shown = true;
 #pragma unroll

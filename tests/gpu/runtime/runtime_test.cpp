@@ -159,30 +159,42 @@ struct Prepared {
 /// visible to query i at most up to the causal diagonal j <= n - m + i (so a long query's upper
 /// triangle hides whole tiles even in a non-causal plan), never in the request's hole (keys
 /// [512, 1536) when n >= 2048, [1024, 4096) when n >= 4608: hidden from every query, aligned to
-/// 512 keys so that any KV tile is inside it or outside it), never for query 2 (a query that sees
-/// nothing), nothing at all for a request whose n is 700; otherwise with probability 0.8.
-/// `hole[b]`: request b's hole, [first, end).
+/// 512 keys so that any KV tile is inside it or outside it), nothing at all for a request whose n
+/// is 700; otherwise with probability 0.8, but for query 2 of a request with n < 4608 (a query
+/// that sees nothing) and the solid run of a request with n >= 4608: the 16384 keys after its
+/// hole (up to the diagonal of its first query) are visible to every query but its pinholes,
+/// a key every 2048 hidden from every query, so most of the run's tiles are shown whole (the
+/// kernel need not mask them) and a few tiles, or the groups of tiles a long item's mask tile
+/// list records together, are not. `hole[b]`: request b's hole, [first, end); `pinholes[b]`:
+/// its pinhole keys.
 std::vector<std::vector<uint8_t>> hidden_tile_masks(const std::vector<int64_t>& qo_len,
                                                      const std::vector<int64_t>& kv_len, std::mt19937_64& rng,
-                                                     std::vector<std::pair<int64_t, int64_t>>& hole) {
+                                                     std::vector<std::pair<int64_t, int64_t>>& hole,
+                                                     std::vector<std::vector<int64_t>>& pinholes) {
   std::vector<std::vector<uint8_t>> masks(qo_len.size());
   std::bernoulli_distribution shown(0.8);
   hole.assign(qo_len.size(), {0, 0});
+  pinholes.assign(qo_len.size(), {});
   for (size_t b = 0; b < qo_len.size(); ++b) {
     const int64_t m = qo_len[b], n = kv_len[b];
+    std::pair<int64_t, int64_t> solid{0, 0};
     if (n == 700) {
       hole[b] = {0, n};
     } else if (n >= 4608) {
       hole[b] = {1024, 4096};
+      solid = {4096, std::min<int64_t>(4096 + 16384, n - m + 1)};
+      for (int64_t j = solid.first + 300; j < solid.second; j += 2048) pinholes[b].push_back(j);
     } else if (n >= 2048) {
       hole[b] = {512, 1536};
     }
     masks[b].assign(static_cast<size_t>(m * n), 0);
     for (int64_t i = 0; i < m; ++i) {
-      if (i == 2) continue;
+      if (i == 2 && n < 4608) continue;
       for (int64_t j = 0; j <= n - m + i && j < n; ++j) {
         if (j >= hole[b].first && j < hole[b].second) continue;
-        masks[b][static_cast<size_t>(i * n + j)] = shown(rng) ? 1 : 0;
+        const bool in_solid = j >= solid.first && j < solid.second;
+        const bool pinhole = in_solid && (j - solid.first) % 2048 == 300;
+        masks[b][static_cast<size_t>(i * n + j)] = in_solid ? !pinhole : shown(rng) ? 1 : 0;
       }
     }
   }
@@ -232,9 +244,10 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
     p.rows = m;
   } else {
     std::vector<std::pair<int64_t, int64_t>> holes;
+    std::vector<std::vector<int64_t>> pinholes;
     if (c.tree_mask || c.hidden_tiles) {
       const std::vector<std::vector<uint8_t>> masks =
-          c.tree_mask ? attn::tree_masks(c.qo, c.kv, rng) : hidden_tile_masks(c.qo, c.kv, rng, holes);
+          c.tree_mask ? attn::tree_masks(c.qo, c.kv, rng) : hidden_tile_masks(c.qo, c.kv, rng, holes, pinholes);
       const attn::PackedMasks packed = attn::pack_masks(masks, rng);
       p.mask = DeviceBuffer(std::max<size_t>(1, packed.bytes.size()));
       p.mask.upload(packed.bytes.data(), packed.bytes.size());
@@ -262,6 +275,11 @@ Prepared prepare(const RuntimeCase& c, std::mt19937_64& rng) {
       if (!holes.empty() && c.kv[b] <= 8192) {
         poison_rows(k_store[b], holes[b], hkv * d);
         poison_rows(v_store[b], holes[b], hkv * dv);
+      }
+      // A pinhole's tile is visited and must be masked: a NaN key there reaches the output only
+      // through a tile taken for shown whole (its value stays finite: P V multiplies it by 0).
+      if (!pinholes.empty()) {
+        for (const int64_t key : pinholes[b]) poison_rows(k_store[b], {key, key + 1}, hkv * d);
       }
     }
     const Packed q = pack_rows(qs, hq * d);

@@ -57,6 +57,50 @@ TESSERA_DEVICE PackedBitsCover packed_bits_cover(const uint8_t* bits, int64_t fi
   return cover;
 }
 
+/// A custom mask's bits of one query row over a warp's kCols columns of a KV tile, as the lanes
+/// of a quad hold the row's logits in MMA accumulators (lane t: columns 8 n + 2 t and 8 n + 2 t + 1
+/// of each 8-column block n). Each lane of the quad reads 32 consecutive bits of the row (five byte
+/// loads issued together; a row's bits need not be byte-aligned), and the quad trades them by
+/// shuffles: a row's mask costs a few loads per lane instead of a dependent load per logit.
+template <int kCols>
+struct QuadMaskRow {
+  static constexpr int kChunks = (kCols + 31) / 32;  // 32-bit chunks of the row's columns
+  static constexpr int kRounds = (kChunks + 3) / 4;  // chunks each quad lane loads
+  static_assert(kCols % 8 == 0, "whole 8-column blocks");
+  uint32_t chunk[kChunks];  // chunk j >> 2 t: bit 8 k + b is column 32 j + 8 k + 2 t + b
+
+  /// The bits [first, first + kCols) of `bits` (first: the warp's first column of the row),
+  /// reading no byte past the row's last bit, row_end (bits past it are the next row's and the
+  /// caller masks their keys). `lane`: the lane in the warp; every lane takes part (shuffles).
+  TESSERA_DEVICE QuadMaskRow(const uint8_t* bits, int64_t first, int64_t row_end, int lane) {
+    const int quad_lane = lane % 4;
+    const int64_t last_byte = (row_end - 1) >> 3;
+    uint32_t mine[kRounds];
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const int j = 4 * r + quad_lane;
+      const int64_t b = first + 32 * static_cast<int64_t>(j);
+      uint64_t window = 0;  // bytes b >> 3 .. + 4, little-endian
+#pragma unroll
+      for (int k = 0; k < 5; ++k) {
+        const int64_t byte = (b >> 3) + k;
+        if (j < kChunks && byte <= last_byte) window |= static_cast<uint64_t>(__ldg(bits + byte)) << (8 * k);
+      }
+      mine[r] = static_cast<uint32_t>(window >> (b & 7));
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j)
+      chunk[j] = __shfl_sync(0xffffffffu, mine[j / 4], (lane & ~3) + j % 4) >> (2 * quad_lane);
+  }
+  /// Whether the mask shows column 8 n + 2 t + odd of the row (the lane's logit of block n).
+  TESSERA_DEVICE bool shows(int n, int odd) const { return (chunk[n / 4] >> (8 * (n % 4) + odd)) & 1u; }
+};
+
+/// A row without a custom mask (QuadMaskRow's interface).
+struct ShowAllMaskRow {
+  TESSERA_DEVICE bool shows(int /*n*/, int /*odd*/) const { return true; }
+};
+
 /// Mask tile lists: per planned work item, the groups of its KV tiles in which the custom mask
 /// shows some key to one of the item's query rows, in order, and which groups it shows whole to
 /// every row, as one record of kMaskTileListBytes: the number of tiles to visit (u32), the visited

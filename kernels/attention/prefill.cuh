@@ -111,7 +111,7 @@ TESSERA_DEVICE void compute_tile(const Params& p, const VariantParams& vp, const
     const float scale = applier.logits_scale() * ml.logits_factor();
     float row_bias[kMmaQ][2];  // [m16 tile][row half]: the split key bias
     applier.add_key_bias(s, kv_begin, keys, row_bias);
-    applier.transform_and_mask(s, keys, needs_mask);
+    applier.transform_and_mask(s, keys, needs_mask, kv_begin);
     float rescale[kMmaQ][2];  // [m16 tile][row half]: O's factor for a moved reference max
     const bool settled = softmax.update(s, scale, row_bias, rescale);
     // O and P are free again (after every exponential); O's rescale waits for the P V.

@@ -20,7 +20,8 @@
 //                                log2(e) * logits_output_scale lies within +-bound (soft-cap's
 //                                tanh), so a kernel may use a fixed softmax reference of 0
 //                                instead of a running max where 2^+-bound is representable
-//   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal)
+//   logits_mask(vp, e, batch, qo_pos, kv_idx, qo_head, kv_head) -> bool (causal is p.causal, the
+//                                custom mask the kernel's own: kCustomMask)
 //   output_transform(vp, e, value, batch, qo_pos, qo_head, dim) -> float
 //   visible_span(vp, q_pos_first, q_pos_last, kv_first, kv_end) -> KVSpan: the KV positions any of
 //                                the rows may see, so whole tiles outside it are never loaded
@@ -109,7 +110,9 @@ struct BuiltinVariant {
   static constexpr bool kHasKeyTransform = kRope;
   static constexpr bool kHasValueTransform = false;
   static constexpr bool kHasLogitsTransform = kSoftCap || kAlibi || kSigmoid;
-  static constexpr bool kHasMask = kWindow || kCustomMask;
+  // The custom mask is not logits_mask's: kernels read its bits themselves (kCustomMask), a row
+  // of a tile at a time rather than a logit at a time (QuadMaskRow in custom_mask.cuh).
+  static constexpr bool kHasMask = kWindow;
   static constexpr bool kHasOutputTransform = false;
   // Whether the logits hooks read RequestExtent::padding_row (user variants' Request does).
   static constexpr bool kReadsPaddingRow = false;
@@ -183,17 +186,12 @@ struct BuiltinVariant {
     return x;
   }
 
-  static TESSERA_DEVICE bool logits_mask(const VariantParams& vp, const RequestExtent& e, int batch, int qo_pos,
-                                         int kv_idx, int /*qo_head*/, int /*kv_head*/) {
+  static TESSERA_DEVICE bool logits_mask(const VariantParams& vp, const RequestExtent& /*e*/, int /*batch*/,
+                                         int qo_pos, int kv_idx, int /*qo_head*/, int /*kv_head*/) {
     bool visible = true;
     if constexpr (kWindow) {
       visible = kv_idx >= qo_pos - vp.window_left;
       if constexpr (kSinks) visible = visible || kv_idx < vp.num_sink_tokens;
-    }
-    if constexpr (kCustomMask) {
-      const int64_t bit = static_cast<int64_t>(qo_pos - e.q_pos_offset) * e.kv_len + kv_idx;
-      const uint8_t byte = vp.custom_mask[vp.custom_mask_indptr[batch] + (bit >> 3)];
-      visible = visible && ((byte >> (bit & 7)) & 1);
     }
     return visible;
   }

@@ -72,6 +72,7 @@ struct QuadMaskRow {
   /// The bits [first, first + kCols) of `bits` (first: the warp's first column of the row),
   /// reading no byte past the row's last bit, row_end (bits past it are the next row's and the
   /// caller masks their keys). `lane`: the lane in the warp; every lane takes part (shuffles).
+  QuadMaskRow() = default;
   TESSERA_DEVICE QuadMaskRow(const uint8_t* bits, int64_t first, int64_t row_end, int lane) {
     const int quad_lane = lane % 4;
     const int64_t last_byte = (row_end - 1) >> 3;

@@ -343,42 +343,47 @@ struct VariantApplier {
     constexpr bool kMasked = Masked::value;
     constexpr bool kReadsCustomMask = kMasked && Variant::kCustomMask;
     static_assert(!Variant::kCustomMask || kFormat != KVFormatKind::kBlockSparse, "custom masks take ragged or paged KV");
+    // The custom mask's bits of the thread's rows over the warp's columns (kN8KV * 8 bits a row),
+    // read before the logits; without a custom mask, rows that show every key.
+    Conditional<kReadsCustomMask, QuadMaskRow<kN8KV * 8>, ShowAllMaskRow> mask_rows[kMmaQ][2];  // [m16 tile][row half]
+    if constexpr (kReadsCustomMask) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
+          mask_rows[mq][h] = custom_mask_row(w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1), kv_begin);
+        }
+    }
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
-        // Padding rows of the request's last query tile are never stored; the hooks see the
-        // last real row instead, so a custom mask or a user table indexed by the query never
-        // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
-        // Hooks that must tell them apart (side effects) read RequestExtent::padding_row.
-        const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
-        RequestExtent e = w.e;
-        if constexpr (Variant::kReadsPaddingRow) e.padding_row = r.qo_idx >= w.e.qo_len;
-        // The custom mask's bits of the row over the warp's columns: kN8KV * 8 bits.
-        const auto mask_row = custom_mask_row<kReadsCustomMask>(qo_pos, kv_begin);
+      for (int n = 0; n < kN8KV; ++n)
 #pragma unroll
-        for (int n = 0; n < kN8KV; ++n)
-#pragma unroll
-          for (int odd = 0; odd < 2; ++odd) {
-            const int key = keys[c.warp_col0 + n * 8 + 2 * c.t + odd];
-            transform_and_mask_logit<kMasked>(s[mq][n][2 * h + odd], e, qo_pos, key, r.head, mask_row.shows(n, odd));
+        for (int i = 0; i < 4; ++i) {
+          const int key = keys[c.warp_col0 + n * 8 + 2 * c.t + (i & 1)];
+          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, i / 2));
+          // Padding rows of the request's last query tile are never stored; the hooks see the
+          // last real row instead, so a custom mask or a user table indexed by the query never
+          // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
+          // Hooks that must tell them apart (side effects) read RequestExtent::padding_row.
+          const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
+          const bool shown = mask_rows[mq][i / 2].shows(n, i & 1);
+          if constexpr (Variant::kReadsPaddingRow) {
+            RequestExtent e = w.e;
+            e.padding_row = r.qo_idx >= w.e.qo_len;
+            transform_and_mask_logit<kMasked>(s[mq][n][i], e, qo_pos, key, r.head, shown);
+          } else {
+            transform_and_mask_logit<kMasked>(s[mq][n][i], w.e, qo_pos, key, r.head, shown);
           }
-      }
+        }
   }
 
-  /// The custom mask's row for transform_and_mask_tile (row qo_pos over the warp's columns of the
-  /// tile at kv_begin), or one that shows every key.
-  template <bool kRead>
-  TESSERA_DEVICE Conditional<kRead, QuadMaskRow<kN8KV * 8>, ShowAllMaskRow> custom_mask_row(int qo_pos,
-                                                                                           int kv_begin) const {
-    if constexpr (kRead) {
-      const int64_t row_bit = static_cast<int64_t>(qo_pos - w.e.q_pos_offset) * w.e.kv_len;
-      return QuadMaskRow<kN8KV * 8>(vp.custom_mask + vp.custom_mask_indptr[batch], row_bit + kv_begin + c.warp_col0,
-                                    row_bit + w.e.kv_len, c.lane);
-    } else {
-      return ShowAllMaskRow{};
-    }
+  /// The custom mask's row qo_pos over the warp's columns of the tile at kv_begin.
+  TESSERA_DEVICE QuadMaskRow<kN8KV * 8> custom_mask_row(int qo_pos, int kv_begin) const {
+    const int64_t row_bit = static_cast<int64_t>(qo_pos - w.e.q_pos_offset) * w.e.kv_len;
+    return QuadMaskRow<kN8KV * 8>(vp.custom_mask + vp.custom_mask_indptr[batch], row_bit + kv_begin + c.warp_col0,
+                                  row_bit + w.e.kv_len, c.lane);
   }
 
   /// One logit of transform_and_mask_tile: the variant's transform, then the masks (custom_shown:
@@ -393,8 +398,11 @@ struct VariantApplier {
     if constexpr (kMasked) {
       // 0 <= key < key_end in one unsigned compare (key_end >= 0; per row, hoisted).
       const int key_end = p.causal ? max(qo_pos + 1, 0) : 0x7fffffff;
-      const bool visible = static_cast<uint32_t>(key) < static_cast<uint32_t>(key_end) && custom_shown &&
-                           (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head, w.kv_head));
+      bool visible = static_cast<uint32_t>(key) < static_cast<uint32_t>(key_end) &&
+                     (!Variant::kHasMask || Variant::logits_mask(vp, e, batch, qo_pos, key, qo_head, w.kv_head));
+      // Only with a custom mask: `&& custom_shown` with a constant true changes other variants'
+      // code (NVRTC's front end does not fold it away before the optimiser).
+      if constexpr (Variant::kCustomMask) visible = visible && custom_shown;
       if (!visible) s = kSoftmax ? -INFINITY : 0.f;
     }
   }

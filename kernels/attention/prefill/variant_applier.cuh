@@ -114,9 +114,9 @@ struct VariantApplier {
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
+          const PackedRow r = thread_row(mq, h);
           key_slope[mq][h] = Variant::logits_key_slope(vp, r.head);
-          key_offset[mq][h] = c.warp_col0 + 2 * c.t - (w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1));
+          key_offset[mq][h] = c.warp_col0 + 2 * c.t - hook_qo_pos(r);
         }
     }
     if constexpr (kFormat == KVFormatKind::kBlockSparse) find_full_run();
@@ -196,6 +196,17 @@ struct VariantApplier {
     }
   }
 
+  /// The thread's fragment row of m16 tile mq, half h (rows g and g + 8).
+  TESSERA_DEVICE PackedRow thread_row(int mq, int h) const {
+    return unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
+  }
+  /// The query position the variant's hooks see for row r. Padding rows of the request's last
+  /// query tile are never stored; the hooks see the last real row instead, so a custom mask or a
+  /// user table indexed by the query never reads past its end (qo_len >= 1 here: a tile exists only
+  /// for a non-empty request). Hooks that must tell them apart (side effects) read
+  /// RequestExtent::padding_row.
+  TESSERA_DEVICE int hook_qo_pos(const PackedRow& r) const { return w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1); }
+
   /// Whether some pair of the KV tile [kv_begin, kv_begin + CTA_TILE_KV) may be masked: rows past
   /// the tile's segment end, causal pairs, the variant's own mask, a custom mask's zero bits (as
   /// the runtime's mask tile list says, `cover`, or else per warp: its rows over its columns), or
@@ -220,8 +231,7 @@ struct VariantApplier {
         for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
-            const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
+            const int qo_pos = hook_qo_pos(thread_row(mq, h));
             shown = shown && Variant::custom_mask_shows_all(vp, w.e, batch, qo_pos,
                                                             kv_begin + c.warp_col0 + c.t * kLaneCols, kLaneCols);
           }
@@ -350,10 +360,7 @@ struct VariantApplier {
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, h));
-          mask_rows[mq][h] = custom_mask_row(w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1), kv_begin);
-        }
+        for (int h = 0; h < 2; ++h) mask_rows[mq][h] = custom_mask_row(hook_qo_pos(thread_row(mq, h)), kv_begin);
     }
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq)
@@ -362,12 +369,8 @@ struct VariantApplier {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int key = keys[c.warp_col0 + n * 8 + 2 * c.t + (i & 1)];
-          const PackedRow r = unpack_row(p, w.kv_head, c.packed_row(w.packed_begin, mq, i / 2));
-          // Padding rows of the request's last query tile are never stored; the hooks see the
-          // last real row instead, so a custom mask or a user table indexed by the query never
-          // reads past its end (qo_len >= 1 here: a tile exists only for a non-empty request).
-          // Hooks that must tell them apart (side effects) read RequestExtent::padding_row.
-          const int qo_pos = w.e.q_pos_offset + min(r.qo_idx, w.e.qo_len - 1);
+          const PackedRow r = thread_row(mq, i / 2);
+          const int qo_pos = hook_qo_pos(r);
           const bool shown = mask_rows[mq][i / 2].shows(n, i & 1);
           if constexpr (Variant::kReadsPaddingRow) {
             RequestExtent e = w.e;

@@ -254,6 +254,170 @@ TESSERA_DEVICE void compute_rows(const typename Traits::SharedStorage& smem, int
   }
 }
 
+/// A thread's place in a decode CTA: its row group and vector within the row, and the (query head,
+/// row slot) its row group computes. A CTA's row groups share its heads' KV rows: with nh head
+/// slots, group r computes head slot r % nh over every row_slots-th KV row starting at r / nh.
+struct ThreadPlace {
+  int group;      // row group
+  int vec;        // vector within the row
+  int vec_elem;   // first element of the thread's vector
+  int nh;         // head slots of the CTA
+  int row_slots;  // row groups per head slot
+  int head_slot;
+  int row_slot;
+  bool computes;  // false: row groups past nh * row_slots (nh not dividing kGroups), copies only
+  bool has_data;  // false: a padding thread of the row group (vec past the row's data), zeros throughout
+};
+
+template <typename Traits>
+TESSERA_DEVICE ThreadPlace thread_place(int nh) {
+  ThreadPlace t;
+  t.group = static_cast<int>(threadIdx.x) / Traits::kThreadsPerRow;
+  t.vec = static_cast<int>(threadIdx.x) % Traits::kThreadsPerRow;
+  t.vec_elem = t.vec * Traits::kVecElems;
+  t.nh = nh;
+  t.row_slots = Traits::kGroups / nh;
+  t.head_slot = t.group % nh;
+  t.row_slot = t.group / nh;
+  t.computes = t.row_slot < t.row_slots;
+  t.has_data = Traits::kVecsPerRow == Traits::kThreadsPerRow || t.vec < Traits::kVecsPerRow;
+  return t;
+}
+
+/// The thread's query elements [N], times sm_scale * log2(e) (and fp8 K's scale: every logit is
+/// q . k x k_scale).
+template <typename Traits, typename Params, int N>
+TESSERA_DEVICE void load_query(const Params& p, int b, int kv_head, int qo_head, const ThreadPlace& t, float (&q)[N]) {
+  using QT = typename Params::QType;
+  Vec<QT> qv;
+  if (t.has_data) {
+    qv.load(p.q.data + static_cast<int64_t>(b) * p.q.row_stride + static_cast<int64_t>(qo_head) * p.q.head_stride +
+            t.vec_elem);
+  }
+  const float q_scale = Traits::kFp8KV ? p.sm_scale_log2 * p.kv_scales.k_scale(kv_head) : p.sm_scale_log2;
+#pragma unroll
+  for (int i = 0; i < N; ++i) q[i] = t.has_data ? to_float(qv.data[i]) * q_scale : 0.f;
+}
+
+/// The mainloop: every KV tile of the request through the cp.async ring, each row group folding
+/// its rows into its head's running state (returned: one query head over the rows this row group
+/// has seen).
+template <typename Traits, KVFormatKind kFormat, typename Params, int N>
+TESSERA_DEVICE OnlineSoftmax<N> fold_kv_tiles(const Params& p, const RequestExtent& e, int kv_head,
+                                              const ThreadPlace& t, typename Traits::SharedStorage& smem,
+                                              const float (&q)[N]) {
+  using KVT = typename Params::KVType;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kTileRows = Traits::kTileRows;
+  constexpr int kStep = Traits::kRowsPerStep;
+  const int num_tiles = ceil_div(max(e.kv_len, 0), kTileRows);
+  const uint32_t mask = row_group_mask<Traits::kThreadsPerRow>();
+  KVTileLoader<Traits, kFormat, Params> loader(p, kv_head, t.group, t.vec);
+  OnlineSoftmax<N> state;
+  PipelineStage<kStages> load_stage, compute_stage;
+
+  // Prologue: kStages - 1 tiles in flight. Every iteration commits a group, empty or not, so the
+  // wait count below always refers to the tile about to be computed.
+  loader.prepare(p, e, 0);
+#pragma unroll
+  for (int tile = 0; tile < kStages - 1; ++tile) {
+    if (tile < num_tiles) loader.issue(smem, load_stage.index);
+    cp_async_commit();
+    load_stage.advance();
+    loader.prepare(p, e, tile + 1);
+  }
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    cp_async_wait<kStages - 2>();
+    // Tile t is visible to every thread, and every thread is done with tile t - 1, whose stage the
+    // copy below refills.
+    __syncthreads();
+    const int next = tile + kStages - 1;
+    if (next < num_tiles) loader.issue(smem, load_stage.index);
+    cp_async_commit();
+    load_stage.advance();
+    loader.prepare(p, e, next + 1);
+
+    if (t.computes) {
+      int row = t.row_slot;
+      for (; row + (kStep - 1) * t.row_slots < kTileRows; row += kStep * t.row_slots) {
+        compute_rows<Traits, kStep, KVT>(smem, compute_stage.index, row, t.row_slots, t.vec_elem, mask, q, state);
+      }
+      for (; row < kTileRows; row += t.row_slots) {
+        compute_rows<Traits, 1, KVT>(smem, compute_stage.index, row, t.row_slots, t.vec_elem, mask, q, state);
+      }
+    }
+    compute_stage.advance();
+  }
+  return state;
+}
+
+/// The epilogue's first step: row slots past the first publish their states in shared memory (the
+/// K/V ring becomes the exchange buffer). Every thread calls it (barriers).
+template <typename Traits, int N>
+TESSERA_DEVICE void publish_row_slots(typename Traits::SharedStorage& smem, const ThreadPlace& t,
+                                      const OnlineSoftmax<N>& state) {
+  cp_async_wait<0>();
+  __syncthreads();
+  if (t.computes && t.row_slot > 0) {
+    float* dst = &smem.merge.acc[t.group][t.vec_elem];
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      *reinterpret_cast<float4*>(dst + i) = make_float4(state.acc[i], state.acc[i + 1], state.acc[i + 2], state.acc[i + 3]);
+    }
+    if (t.vec == 0) {
+      smem.merge.m[t.group] = state.m;
+      smem.merge.d[t.group] = state.d;
+    }
+  }
+  __syncthreads();
+}
+
+/// The second: the first slot of each head sums the head's row slots in slot order (an empty slot
+/// has m = -inf, acc = 0).
+template <typename Traits, int N>
+TESSERA_DEVICE PartialStateSum<N> sum_row_slots(const typename Traits::SharedStorage& smem, const ThreadPlace& t,
+                                                const OnlineSoftmax<N>& state) {
+  PartialStateSum<N> sum;
+  sum.add_max(state.m);
+  for (int r = 1; r < t.row_slots; ++r) sum.add_max(smem.merge.m[t.head_slot + r * t.nh]);
+  sum.add(state.m, state.d, [&](int i) { return state.acc[i]; });
+  for (int r = 1; r < t.row_slots; ++r) {
+    const int other = t.head_slot + r * t.nh;
+    float acc[N];  // [N] the other slot's elements, in 16-byte loads
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(&smem.merge.acc[other][t.vec_elem + i]);
+      acc[i] = a.x;
+      acc[i + 1] = a.y;
+      acc[i + 2] = a.z;
+      acc[i + 3] = a.w;
+    }
+    sum.add(smem.merge.m[other], smem.merge.d[other], [&](int i) { return acc[i]; });
+  }
+  return sum;
+}
+
+/// The third: the head's normalised output (fp8 V's scale folded in: every
+/// value is code x v_scale) and its LSE.
+template <typename Traits, typename Params, int N>
+TESSERA_DEVICE void store_output(const Params& p, int b, int kv_head, int qo_head, const ThreadPlace& t,
+                                 const PartialStateSum<N>& sum) {
+  using OT = typename Params::OType;
+  const float inv_d = Traits::kFp8KV ? sum.inv_sum() * p.kv_scales.v_scale(kv_head) : sum.inv_sum();
+  Vec<OT> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.data[i] = from_float<OT>(sum.acc[i] * inv_d);
+  if (t.has_data) {
+    out.store(p.o.data + static_cast<int64_t>(b) * p.o.row_stride + static_cast<int64_t>(qo_head) * p.o.head_stride +
+              t.vec_elem);
+  }
+  if (p.o.lse != nullptr && t.vec == 0) {
+    p.o.lse[static_cast<int64_t>(b) * p.o.lse_row_stride + static_cast<int64_t>(qo_head) * p.o.lse_head_stride] =
+        sum.lse();
+  }
+}
+
 }  // namespace decode
 
 /// Grid: (batch_size, num_kv_heads, head chunks), where head chunks = ceil(group_size / kGroups);
@@ -270,10 +434,6 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const Pa
   static_assert(vec_elems<OT>() == Traits::kVecElems, "a thread stores its output elements as one 16-byte vector");
   static_assert(kInt32Indices<Params>, "the decode kernel takes int32 index arrays (int32 KV positions)");
   constexpr int N = Traits::kVecElems;
-  constexpr int kGroups = Traits::kGroups;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kTileRows = Traits::kTileRows;
-  constexpr int kStep = Traits::kRowsPerStep;
   using SharedStorage = typename Traits::SharedStorage;
   extern __shared__ __align__(16) unsigned char decode_smem_raw[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(decode_smem_raw);
@@ -285,121 +445,16 @@ __global__ void __launch_bounds__(Traits::kThreads) batch_decode_kernel(const Pa
   const int head_begin = static_cast<int>(blockIdx.z) * chunk_heads;  // within the group
   const int nh = min(chunk_heads, g - head_begin);                    // head slots of this CTA
   if (nh <= 0) return;  // CTA-uniform, before any barrier
+  const decode::ThreadPlace t = decode::thread_place<Traits>(nh);
+  const int qo_head = kv_head * g + head_begin + t.head_slot;
 
-  const int group = static_cast<int>(threadIdx.x) / Traits::kThreadsPerRow;
-  const int vec = static_cast<int>(threadIdx.x) % Traits::kThreadsPerRow;
-  const int vec_elem = vec * N;
-  const int row_slots = kGroups / nh;
-  const int head_slot = group % nh;
-  const int row_slot = group / nh;
-  // Row groups past nh * row_slots (nh not dividing kGroups) only help with the copies.
-  const bool computes = row_slot < row_slots;
-  const int qo_head = kv_head * g + head_begin + head_slot;
-
-  // A padding thread of the row group (vec past the row's data) holds zeros throughout.
-  const bool has_data = Traits::kVecsPerRow == Traits::kThreadsPerRow || vec < Traits::kVecsPerRow;
-  float q[N];  // [N] this thread's query elements, times sm_scale * log2(e)
-  {
-    Vec<QT> qv;
-    if (has_data) {
-      qv.load(p.q.data + static_cast<int64_t>(b) * p.q.row_stride + static_cast<int64_t>(qo_head) * p.q.head_stride +
-              vec_elem);
-    }
-    // fp8 K: its scale joins the logits' (every logit is q . k x k_scale).
-    const float q_scale = Traits::kFp8KV ? p.sm_scale_log2 * p.kv_scales.k_scale(kv_head) : p.sm_scale_log2;
-#pragma unroll
-    for (int i = 0; i < N; ++i) q[i] = has_data ? to_float(qv.data[i]) * q_scale : 0.f;
-  }
-
+  float q[N];  // [N] this thread's query elements, scaled
+  decode::load_query<Traits>(p, b, kv_head, qo_head, t, q);
   const RequestExtent e = KVFormat<kFormat>::request_extent(p, b);
-  const int num_tiles = ceil_div(max(e.kv_len, 0), kTileRows);
-  const uint32_t mask = decode::row_group_mask<Traits::kThreadsPerRow>();
-  decode::KVTileLoader<Traits, kFormat, Params> loader(p, kv_head, group, vec);
-  OnlineSoftmax<N> state;  // one query head over the rows this row group has seen
-  decode::PipelineStage<kStages> load_stage, compute_stage;
-
-  // Prologue: kStages - 1 tiles in flight. Every iteration commits a group, empty or not, so the
-  // wait count below always refers to the tile about to be computed.
-  loader.prepare(p, e, 0);
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < num_tiles) loader.issue(smem, load_stage.index);
-    cp_async_commit();
-    load_stage.advance();
-    loader.prepare(p, e, t + 1);
-  }
-
-  for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<kStages - 2>();
-    // Tile t is visible to every thread, and every thread is done with tile t - 1, whose stage the
-    // copy below refills.
-    __syncthreads();
-    const int next = t + kStages - 1;
-    if (next < num_tiles) loader.issue(smem, load_stage.index);
-    cp_async_commit();
-    load_stage.advance();
-    loader.prepare(p, e, next + 1);
-
-    if (computes) {
-      int row = row_slot;
-      for (; row + (kStep - 1) * row_slots < kTileRows; row += kStep * row_slots) {
-        decode::compute_rows<Traits, kStep, KVT>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
-      }
-      for (; row < kTileRows; row += row_slots) {
-        decode::compute_rows<Traits, 1, KVT>(smem, compute_stage.index, row, row_slots, vec_elem, mask, q, state);
-      }
-    }
-    compute_stage.advance();
-  }
-
-  // Merge the row slots of each head: the K/V ring becomes the exchange buffer.
-  cp_async_wait<0>();
-  __syncthreads();
-  if (computes && row_slot > 0) {
-    float* dst = &smem.merge.acc[group][vec_elem];
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      *reinterpret_cast<float4*>(dst + i) = make_float4(state.acc[i], state.acc[i + 1], state.acc[i + 2], state.acc[i + 3]);
-    }
-    if (vec == 0) {
-      smem.merge.m[group] = state.m;
-      smem.merge.d[group] = state.d;
-    }
-  }
-  __syncthreads();
-  if (!computes || row_slot > 0) return;
-
-  PartialStateSum<N> sum;  // the head's row slots, in slot order (an empty slot has m = -inf, acc = 0)
-  sum.add_max(state.m);
-  for (int r = 1; r < row_slots; ++r) sum.add_max(smem.merge.m[head_slot + r * nh]);
-  sum.add(state.m, state.d, [&](int i) { return state.acc[i]; });
-  for (int r = 1; r < row_slots; ++r) {
-    const int other = head_slot + r * nh;
-    float acc[N];  // [N] the other slot's elements, in 16-byte loads
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(&smem.merge.acc[other][vec_elem + i]);
-      acc[i] = a.x;
-      acc[i + 1] = a.y;
-      acc[i + 2] = a.z;
-      acc[i + 3] = a.w;
-    }
-    sum.add(smem.merge.m[other], smem.merge.d[other], [&](int i) { return acc[i]; });
-  }
-
-  // fp8 V: its scale multiplies the output (every value is code x v_scale).
-  const float inv_d = Traits::kFp8KV ? sum.inv_sum() * p.kv_scales.v_scale(kv_head) : sum.inv_sum();
-  Vec<OT> out;
-#pragma unroll
-  for (int i = 0; i < N; ++i) out.data[i] = from_float<OT>(sum.acc[i] * inv_d);
-  if (has_data) {
-    out.store(p.o.data + static_cast<int64_t>(b) * p.o.row_stride + static_cast<int64_t>(qo_head) * p.o.head_stride +
-              vec_elem);
-  }
-  if (p.o.lse != nullptr && vec == 0) {
-    p.o.lse[static_cast<int64_t>(b) * p.o.lse_row_stride + static_cast<int64_t>(qo_head) * p.o.lse_head_stride] =
-        sum.lse();
-  }
+  const OnlineSoftmax<N> state = decode::fold_kv_tiles<Traits, kFormat>(p, e, kv_head, t, smem, q);
+  decode::publish_row_slots<Traits>(smem, t, state);
+  if (!t.computes || t.row_slot > 0) return;
+  decode::store_output<Traits>(p, b, kv_head, qo_head, t, decode::sum_row_slots<Traits>(smem, t, state));
 }
 
 }  // namespace kernels

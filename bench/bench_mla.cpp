@@ -12,6 +12,8 @@
 //   "tessera-runtime"; run() only, the plan made once), and (skewed, not a W9 cell) a batch of
 //   one long and many short requests compares the one-shot entry point's uniform split with the
 //   runtime's balanced plan.
+//   (fp8, not a W9 cell) the W9a cells at L=4096 and 32768 and the W9b cell at L=4096 over an e4m3
+//       latent cache (bytes counted in fp8: B x L x 576 x 1).
 //   (c) prefill of the non-absorbed form: q/k head dim 192 (128 + 64 rotary), v/o 128, B=4, 128
 //       heads (as many KV heads), S in {4096, 16384}, causal, ragged KV through
 //       batch_prefill_ragged; TFLOP/s = 2 x (192 + 128) x heads x visible pairs / time, against
@@ -53,8 +55,10 @@ Timing time_runtime(BenchContext& ctx, const std::vector<int32_t>& qo_indptr, co
     return tessera::TensorView(const_cast<int32_t*>(v.data()), DType::kI32, {static_cast<int64_t>(v.size())},
                                tessera::Device::cpu());
   };
-  wrapper.plan(host(qo_indptr), host(kv_indptr), host(last), kv.page_size(),
-               tessera::MlaPlanShape{heads, DType::kBF16, 1.0 / std::sqrt(192.0), causal});
+  tessera::MlaPlanShape shape{heads, DType::kBF16, 1.0 / std::sqrt(192.0), causal};
+  shape.kv_dtype = kv.ckv.dtype;
+  shape.kv_scales = kv.scales;
+  wrapper.plan(host(qo_indptr), host(kv_indptr), host(last), kv.page_size(), shape);
   *info = wrapper.plan_info();
   return ctx.measure([&](cudaStream_t stream) {
     wrapper.run(q_nope, q_pe, kv.ckv, kv.kpe, kv.indices, o, tessera::TensorView(),
@@ -75,7 +79,7 @@ void add_plan_params(Params& params, const tessera::PlanInfo& info) {
 /// the one-shot entry point with the split the Python wrapper's plan() chooses (and, when that
 /// splits, without), and the runtime. `lengths` names a non-uniform batch in the results.
 void run_w9(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, int64_t qo_len,
-            const char* lengths = nullptr) {
+            const char* lengths = nullptr, DType kv_dtype = DType::kBF16) {
   const int64_t batch = static_cast<int64_t>(lens.size());
   std::vector<int32_t> indptr(batch + 1, 0), last(batch), qo_indptr(batch + 1, 0);
   int64_t len = 0;
@@ -90,14 +94,15 @@ void run_w9(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, 
   }
   const int64_t num_pages = indptr.back();
   // One [pages, page_size, 576] cache, ckv and kpe its slices (FlashMLA's layout).
-  DeviceTensor cache = ctx.random_tensor(DType::kBF16, {num_pages, kW9PageSize, 576});
+  DeviceTensor cache = ctx.random_tensor(kv_dtype, {num_pages, kW9PageSize, 576});
+  const double kv_bytes = static_cast<double>(tessera::dtype_size(kv_dtype));
   DeviceTensor q = ctx.random_tensor(DType::kBF16, {batch * qo_len, heads, 576});
   DeviceTensor o = ctx.empty_tensor(DType::kBF16, {batch * qo_len, heads, 512});
   DeviceTensor indptr_t = ctx.upload_i32(indptr), last_t = ctx.upload_i32(last), qo_t = ctx.upload_i32(qo_indptr);
   DeviceTensor indices_t = ctx.upload_i32(random_permutation(num_pages, kW9PermutationSeed));
   auto slice = [](const tessera::TensorView& full, int64_t offset, int64_t width) {
     tessera::TensorView v = full;
-    v.data = static_cast<char*>(full.data) + offset * 2;
+    v.data = static_cast<char*>(full.data) + offset * static_cast<int64_t>(tessera::dtype_size(full.dtype));
     v.shape[2] = width;
     return v;
   };
@@ -107,6 +112,7 @@ void run_w9(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, 
   kv.indptr = indptr_t.view;
   kv.indices = indices_t.view;
   kv.last_page_len = last_t.view;
+  if (tessera::is_fp8(kv_dtype)) kv.scales.k = kv.scales.v = 1.0 / 16;  // a scale as a real cache has
   tessera::MlaOptions options;
   options.sm_scale = 1.0 / std::sqrt(192.0);
   options.causal = qo_len > 1;
@@ -128,7 +134,8 @@ void run_w9(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, 
   const Timing t = time_with(splits);
   Params params = {{"B", batch},     {"L", lengths != nullptr ? ParamValue(lengths) : ParamValue(len)}, {"heads", heads},
                    {"qo_len", qo_len},
-                   {"page_size", kW9PageSize}, {"dtype", "bf16"}, {"causal", static_cast<int64_t>(options.causal)},
+                   {"page_size", kW9PageSize}, {"dtype", "bf16"}, {"kv_dtype", tessera::dtype_name(kv_dtype)},
+                   {"causal", static_cast<int64_t>(options.causal)},
                    {"kv_splits", splits}};
   tessera::PlanInfo info;
   const Timing t_runtime = time_runtime(ctx, qo_indptr, indptr, last, heads, options.causal, q_nope, q_pe, kv, o.view,
@@ -138,20 +145,19 @@ void run_w9(BenchContext& ctx, const std::vector<int64_t>& lens, int64_t heads, 
   if (splits > 1) {
     Params unsplit = params;
     unsplit.back() = {"kv_splits", int64_t{1}};
-    ctx.report_gbps(time_with(1), total_len * 576.0 * 2.0,
-                    std::move(unsplit), "tessera-no-split");
+    ctx.report_gbps(time_with(1), total_len * 576.0 * kv_bytes, std::move(unsplit), "tessera-no-split");
   }
   if (qo_len == 1) {
-    params.emplace_back("bytes", "latent rows read: B x L x 576 x 2");
+    params.emplace_back("bytes", kv_bytes == 2 ? "latent rows read: B x L x 576 x 2" : "latent rows read: B x L x 576 x 1");
     params.emplace_back("anchor_flashmla_h800_gbps", kFlashMlaGbps);
-    params.emplace_back("target_fraction_of_copy", 0.93);
-    const double bytes = total_len * 576.0 * 2.0;
+    if (kv_bytes == 2) params.emplace_back("target_fraction_of_copy", 0.93);
+    const double bytes = total_len * 576.0 * kv_bytes;
     ctx.report_gbps(t_runtime, bytes, std::move(runtime_params), "tessera-runtime");
     ctx.report_gbps(t, bytes, std::move(params));
   } else {
     params.emplace_back("flops", "2 x B x q_len x heads x L x (576 + 512)");
     params.emplace_back("anchor_flashmla_h800_tflops", kFlashMlaTflops);
-    params.emplace_back("target_tflops", 620.0);
+    if (kv_bytes == 2) params.emplace_back("target_tflops", 620.0);
     const double flops = 2.0 * static_cast<double>(qo_len * heads) * total_len * 1088.0;
     ctx.report_tflops(t_runtime, flops, std::move(runtime_params), "tessera-runtime");
     ctx.report_tflops(t, flops, std::move(params));
@@ -195,6 +201,9 @@ void w9_memory_l32768(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 32768),
 void w9_compute_l4096(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 4096), 128, 2); }
 void w9_compute_l8192(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 8192), 128, 2); }
 void mla_small_batch(BenchContext& ctx) { run_w9(ctx, uniform(8, 32768), 128, 1); }
+void w9_memory_l4096_e4m3(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 4096), 16, 1, nullptr, DType::kE4M3); }
+void w9_memory_l32768_e4m3(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 32768), 16, 1, nullptr, DType::kE4M3); }
+void w9_compute_l4096_e4m3(BenchContext& ctx) { run_w9(ctx, uniform(kW9Batch, 4096), 128, 2, nullptr, DType::kE4M3); }
 // A serving step's skew: one long context among 63 short ones.
 std::vector<int64_t> skewed() {
   std::vector<int64_t> lens(64, 2048);
@@ -225,6 +234,13 @@ TESSERA_BENCH_WORKLOAD(mla_skewed_h128, "mla_decode_skewed_h128_q2",
                        "mla", "quick");
 TESSERA_BENCH_WORKLOAD(w9_compute_l8192, "w9_mla_decode_h128_q2_l8192",
                        "W9b MLA decode B=128 L=8192 128 heads, 2 tokens, page 64", "mla");
+
+TESSERA_BENCH_WORKLOAD(w9_memory_l4096_e4m3, "mla_decode_h16_l4096_e4m3",
+                       "MLA decode B=128 L=4096 16 heads, page 64, e4m3 latent cache (W9a over fp8)", "mla", "quick");
+TESSERA_BENCH_WORKLOAD(w9_memory_l32768_e4m3, "mla_decode_h16_l32768_e4m3",
+                       "MLA decode B=128 L=32768 16 heads, page 64, e4m3 latent cache (W9a over fp8)", "mla");
+TESSERA_BENCH_WORKLOAD(w9_compute_l4096_e4m3, "mla_decode_h128_q2_l4096_e4m3",
+                       "MLA decode B=128 L=4096 128 heads, 2 tokens, page 64, e4m3 latent cache (W9b over fp8)", "mla");
 
 TESSERA_BENCH_WORKLOAD(w9_prefill_s4096, "w9c_mla_prefill_qk192_vo128_s4096",
                        "W9c prefill B=4 S=4096 128 heads, q/k 192, v/o 128, causal, ragged KV", "mla", "quick");

@@ -12,6 +12,7 @@
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
+#include "src/kv_scales.h"
 #include "src/mla_host.h"
 #include "src/tensor_checks.h"
 #include "tessera/merge.h"
@@ -21,10 +22,14 @@
 namespace tessera {
 namespace detail {
 
-void check_latent_operand(const TensorView& t, const char* name, int64_t width, const char* layout) {
+void check_latent_operand(const TensorView& t, const char* name, int64_t width, const char* layout, bool cache) {
   check_view(t, name);
   TESSERA_CHECK_ARG(t.ndim == 3) << name << ".ndim = " << t.ndim << ", expected 3 (" << layout << ")";
-  check_dtype(t, name, {DType::kF16, DType::kBF16});
+  if (cache) {
+    check_dtype(t, name, {DType::kF16, DType::kBF16, DType::kE4M3, DType::kE5M2});
+  } else {
+    check_dtype(t, name, {DType::kF16, DType::kBF16});
+  }
   check_on_cuda(t, name);
   check_last_dim_contiguous(t, name);
   TESSERA_CHECK_ARG(t.shape[2] == width)
@@ -40,6 +45,12 @@ void check_latent_matches(const TensorView& t, const char* name, const TensorVie
     TESSERA_CHECK_ARG(t.shape[d] == ref.shape[d]) << name << ".shape[" << d << "] = " << t.shape[d] << ", expected "
                                                   << ref.shape[d] << " (" << ref_name << ".shape[" << d << "])";
   }
+}
+
+void check_latent_cache_dtype(const TensorView& ckv, const char* ckv_name, DType q_dtype) {
+  TESSERA_CHECK_ARG(ckv.dtype == q_dtype || is_fp8(ckv.dtype))
+      << ckv_name << ".dtype = " << dtype_name(ckv.dtype) << ", expected q_nope.dtype (" << dtype_name(q_dtype)
+      << "), e4m3 or e5m2";
 }
 
 void check_latent_lse(const TensorView& lse, const TensorView& q, int64_t rows, int64_t num_heads) {
@@ -61,9 +72,10 @@ using detail::check_latent_matches;
 using detail::check_latent_operand;
 
 void validate_latent_cache(const PagedLatentCache& kv) {
-  check_latent_operand(kv.ckv, "kv.ckv", kMlaLatentDim, "[num_pages, page_size, 512]");
-  check_latent_operand(kv.kpe, "kv.kpe", kMlaRopeDim, "[num_pages, page_size, 64]");
+  check_latent_operand(kv.ckv, "kv.ckv", kMlaLatentDim, "[num_pages, page_size, 512]", true);
+  check_latent_operand(kv.kpe, "kv.kpe", kMlaRopeDim, "[num_pages, page_size, 64]", true);
   check_latent_matches(kv.kpe, "kv.kpe", kv.ckv, "kv.ckv", 2);
+  detail::check_kv_scales(kv.scales, "kv.scales", kv.ckv.dtype, 1, kv.ckv.device);
   TESSERA_CHECK_ARG(kv.ckv.shape[1] >= 1 && kv.ckv.shape[1] < (int64_t{1} << 31))
       << "kv.ckv.shape[1] (page_size) = " << kv.ckv.shape[1] << ", expected in [1, 2^31)";
   // The page table is a paged cache's: validate it through a one-head PagedKV view of ckv.
@@ -136,7 +148,8 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
   const int64_t batch = kv.batch_size();
   check_latent_operand(q_nope, "q_nope", kMlaLatentDim, "[total_q, num_heads, 512]");
   check_latent_operand(q_pe, "q_pe", kMlaRopeDim, "[total_q, num_heads, 64]");
-  check_latent_matches(q_nope, "q_nope", kv.ckv, "kv.ckv", 0);
+  detail::check_latent_cache_dtype(kv.ckv, "kv.ckv", q_nope.dtype);
+  check_same_device(kv.ckv, "kv.ckv", q_nope, "q_nope");
   check_latent_matches(q_pe, "q_pe", q_nope, "q_nope", 2);
   check_latent_operand(o, "o", kMlaLatentDim, "[total_q, num_heads, 512]");
   check_latent_matches(o, "o", q_nope, "q_nope", 2);
@@ -202,35 +215,38 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
            "or build has none (no sm_80-class MLA kernel yet)";
   }
   TESSERA_DISPATCH_HALF_DTYPE(q_nope.dtype, "q_nope", T, [&] {
-    using Traits = kernels::MlaTraits<T>;
-    kernels::MlaParams<T> p{};
-    detail::set_mla_tensor_params(p, q_nope, q_pe, kv.ckv, kv.kpe, o, lse);
-    p.qo_indptr = qo_indptr.defined() ? qo_indptr.data_as<const int32_t>() : nullptr;
-    p.kv_indptr = kv.indptr.data_as<const int32_t>();
-    p.kv_indices = kv.indices.data_as<const int32_t>();
-    p.kv_last_page_len = kv.last_page_len.data_as<const int32_t>();
-    p.num_kv_splits = static_cast<int32_t>(splits);
-    unsigned char* ws = splits > 1 ? static_cast<unsigned char*>(options.workspace.data) : nullptr;
-    p.partial_o = splits > 1 ? reinterpret_cast<T*>(ws) : nullptr;
-    p.partial_lse = splits > 1 ? reinterpret_cast<float*>(ws + states.lse_offset) : nullptr;
-    p.batch_size = static_cast<int32_t>(batch);
-    p.sm_scale_log2 = static_cast<float>(options.sm_scale * 1.4426950408889634);
-    p.causal = options.causal;
-    const dim3 grid(static_cast<unsigned>((grid_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q),
-                    static_cast<unsigned>(batch), static_cast<unsigned>(splits));
-    TESSERA_CHECK(grid.y <= 65535, StatusCode::kInvalidArgument)
-        << "kv.batch_size() = " << batch << ", expected <= 65535 (one grid row per request)";
-    using Schedule = kernels::MlaSplitGridSchedule<Traits>;
-    const auto kernel = kernels::mla_paged_kernel<Traits, Schedule>;
-    detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, typename Schedule::Args{});
-    TESSERA_CHECK_LAUNCH();
-    if (splits > 1) {
-      // The split states, in split order, into o and lse.
-      const TensorView v(p.partial_o, q_nope.dtype, {total_q, splits, heads, kMlaLatentDim}, q_nope.device);
-      const TensorView s(p.partial_lse, DType::kF32, {total_q, splits, heads}, q_nope.device);
-      merge_states(v, s, o, lse, stream);
-    }
+    TESSERA_DISPATCH_KV_DTYPE(kv.ckv.dtype, T, "kv.ckv", KVT, [&] {
+      using Traits = kernels::MlaTraits<T, KVT>;
+      kernels::MlaParams<T, KVT> p{};
+      detail::set_mla_tensor_params(p, q_nope, q_pe, kv.ckv, kv.kpe, o, lse);
+      p.scales = detail::kv_scale_params(kv.scales);
+      p.qo_indptr = qo_indptr.defined() ? qo_indptr.data_as<const int32_t>() : nullptr;
+      p.kv_indptr = kv.indptr.data_as<const int32_t>();
+      p.kv_indices = kv.indices.data_as<const int32_t>();
+      p.kv_last_page_len = kv.last_page_len.data_as<const int32_t>();
+      p.num_kv_splits = static_cast<int32_t>(splits);
+      unsigned char* ws = splits > 1 ? static_cast<unsigned char*>(options.workspace.data) : nullptr;
+      p.partial_o = splits > 1 ? reinterpret_cast<T*>(ws) : nullptr;
+      p.partial_lse = splits > 1 ? reinterpret_cast<float*>(ws + states.lse_offset) : nullptr;
+      p.batch_size = static_cast<int32_t>(batch);
+      p.sm_scale_log2 = static_cast<float>(options.sm_scale * 1.4426950408889634);
+      p.causal = options.causal;
+      const dim3 grid(static_cast<unsigned>((grid_rows + Traits::CTA_TILE_Q - 1) / Traits::CTA_TILE_Q),
+                      static_cast<unsigned>(batch), static_cast<unsigned>(splits));
+      TESSERA_CHECK(grid.y <= 65535, StatusCode::kInvalidArgument)
+          << "kv.batch_size() = " << batch << ", expected <= 65535 (one grid row per request)";
+      using Schedule = kernels::MlaSplitGridSchedule<Traits>;
+      const auto kernel = kernels::mla_paged_kernel<Traits, Schedule>;
+      detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, typename Schedule::Args{});
+      TESSERA_CHECK_LAUNCH();
+      if (splits > 1) {
+        // The split states, in split order, into o and lse.
+        const TensorView v(p.partial_o, q_nope.dtype, {total_q, splits, heads, kMlaLatentDim}, q_nope.device);
+        const TensorView s(p.partial_lse, DType::kF32, {total_q, splits, heads}, q_nope.device);
+        merge_states(v, s, o, lse, stream);
+      }
+    });
   });
 }
 

@@ -11,9 +11,13 @@
 namespace tessera {
 namespace detail {
 
-/// A 3-D operand of the MLA kernels: f16/bf16 on CUDA, last dim `width` (layout names it in
-/// messages, e.g. "[num_pages, page_size, 512]"), contiguous last dim, 16-byte vectors.
-void check_latent_operand(const TensorView& t, const char* name, int64_t width, const char* layout);
+/// A 3-D operand of the MLA kernels: f16/bf16 (or, with cache = true, a latent cache's e4m3 /
+/// e5m2) on CUDA, last dim `width` (layout names it in messages, e.g. "[num_pages, page_size,
+/// 512]"), contiguous last dim, 16-byte vectors.
+void check_latent_operand(const TensorView& t, const char* name, int64_t width, const char* layout,
+                          bool cache = false);
+/// The latent cache's dtype against the queries': q's own or fp8 (e4m3, e5m2).
+void check_latent_cache_dtype(const TensorView& ckv, const char* ckv_name, DType q_dtype);
 /// t has ref's dtype and device and agrees with it in the first `dims` sizes.
 void check_latent_matches(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name,
                           int dims);
@@ -22,8 +26,8 @@ void check_latent_lse(const TensorView& lse, const TensorView& q, int64_t rows, 
 
 /// The tensors' part of the kernel parameters: queries, latent pages (the page table's device
 /// arrays are the caller's), outputs. Checked before.
-template <typename T>
-void set_mla_tensor_params(kernels::MlaParams<T>& p, const TensorView& q_nope, const TensorView& q_pe,
+template <typename T, typename KVT>
+void set_mla_tensor_params(kernels::MlaParams<T, KVT>& p, const TensorView& q_nope, const TensorView& q_pe,
                            const TensorView& ckv, const TensorView& kpe, const TensorView& o, const TensorView& lse) {
   p.q_nope = q_nope.data_as<const T>();
   p.q_pe = q_pe.data_as<const T>();
@@ -31,8 +35,8 @@ void set_mla_tensor_params(kernels::MlaParams<T>& p, const TensorView& q_nope, c
   p.q_nope_stride_head = q_nope.strides[1];
   p.q_pe_stride_token = q_pe.strides[0];
   p.q_pe_stride_head = q_pe.strides[1];
-  p.ckv = ckv.data_as<const T>();
-  p.kpe = kpe.data_as<const T>();
+  p.ckv = static_cast<const KVT*>(ckv.data);
+  p.kpe = static_cast<const KVT*>(kpe.data);
   p.ckv_stride_page = ckv.strides[0];
   p.ckv_stride_slot = ckv.strides[1];
   p.kpe_stride_page = kpe.strides[0];

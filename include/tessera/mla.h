@@ -16,6 +16,7 @@
 
 #include "tessera/dtype.h"
 #include "tessera/export.h"
+#include "tessera/formats.h"
 #include "tessera/stream.h"
 #include "tessera/tensor.h"
 
@@ -29,12 +30,20 @@ constexpr int64_t kMlaRopeDim = 64;
 /// order; all are full except the last, which holds last_page_len[b] tokens (1..page_size), so the
 /// request's length is (num_pages_b - 1) * page_size + last_page_len[b], or 0 with no pages.
 /// ckv and kpe may be two slices of one [num_pages, page_size, 576] tensor (FlashMLA's layout).
+///
+/// An fp8 cache (e4m3 or e5m2, under f16 or bf16 queries) stores each latent row quantized: the
+/// kernels compute with stored value x scale, where the key scale (scales.k, times
+/// scales.k_device[0] when given) applies to ckv and kpe as the key and the value scale
+/// (scales.v, v_device) to ckv as the value. The latent is one KV head, so device scales have one
+/// element. Scales must stay at their defaults for a 16-bit cache.
 struct PagedLatentCache {
-  TensorView ckv;            ///< f16/bf16 [num_pages, page_size, 512]; last dim contiguous, rows 16-byte aligned
+  TensorView ckv;            ///< f16/bf16 (the queries' dtype) or e4m3/e5m2 [num_pages, page_size, 512];
+                             ///< last dim contiguous, rows 16-byte aligned
   TensorView kpe;            ///< ckv's dtype, [num_pages, page_size, 64]; same requirements
   TensorView indptr;         ///< i32 [batch_size + 1] in device memory: page ranges per request
   TensorView indices;        ///< i32 [>= indptr[batch_size]]: page ids in [0, num_pages)
   TensorView last_page_len;  ///< i32 [batch_size]
+  KVScales scales;           ///< an fp8 cache's dequantization scales (k and v; q must stay 1)
   int64_t batch_size() const { return indptr.ndim == 1 ? indptr.shape[0] - 1 : -1; }
   int64_t page_size() const { return ckv.ndim == 3 ? ckv.shape[1] : -1; }
 };
@@ -73,8 +82,8 @@ TESSERA_API int64_t batch_mla_paged_num_kv_splits(int64_t batch_size, int64_t ma
 /// options.num_kv_splits > 1 a merge launch follows.
 ///
 /// q_nope: f16/bf16 [total_q, num_heads, 512], the absorbed no-rope query; q_pe: [total_q,
-///   num_heads, 64], the rotary part; both the cache's dtype, last dim contiguous, 16-byte aligned
-///   rows, any other strides.
+///   num_heads, 64], the rotary part; both of one dtype, the cache's unless the cache is fp8, last
+///   dim contiguous, 16-byte aligned rows, any other strides.
 /// qo_indptr: i32 [batch_size + 1] in device memory (request b's tokens are rows qo_indptr[b] ..
 ///   qo_indptr[b+1]-1), or undefined for one token per request (row b; total_q == batch_size).
 ///   With num_kv_splits > 1, qo_indptr[batch_size] must be total_q (checked in checked mode):

@@ -514,9 +514,17 @@ struct MlaRuntimeBounds {
 /// What an MLA plan needs besides its index arrays.
 struct MlaPlanShape {
   int64_t num_heads = 0;        ///< query heads, in [1, bounds.num_heads]
-  DType dtype = DType::kBF16;   ///< of q_nope, q_pe, the latent cache and o (f16 or bf16)
+  DType dtype = DType::kBF16;   ///< of q_nope, q_pe and o (f16 or bf16), and of the latent cache unless kv_dtype
   double sm_scale = 0.0;        ///< logit scale, finite and > 0 (no default: see MlaOptions)
   bool causal = false;          ///< hide keys after each query's position (tessera/mla.h)
+  /// The latent cache's dtype: unset means dtype; e4m3 / e5m2 for an fp8 cache (with cuda_graph,
+  /// options.kv_dtype's).
+  std::optional<DType> kv_dtype;
+  /// An fp8 cache's dequantization scales (tessera/mla.h's PagedLatentCache::scales: k for the
+  /// key, v for the value, device tensors of one element; q stays 1); defaults for a 16-bit
+  /// cache. Device tensors are read at every run (a captured run() reads their values at replay);
+  /// with cuda_graph every plan keeps the first one's factors and tensors.
+  KVScales kv_scales;
 };
 
 /// Multi-head latent attention (tessera/mla.h) through the plan/run runtime: decode and
@@ -534,7 +542,7 @@ struct MlaPlanShape {
 /// the balanced lower bound (a split costs its state's write and merge), else the best of chunks
 /// that give one wave of items and the planner's own search (docs/design.md §6).
 /// options: cuda_graph, split_kv (kFixed: fixed_split_size a multiple of 128), sm_budget and,
-/// with cuda_graph, dtype; q_tile must be kAuto or k64 and kv_dtype unset or dtype.
+/// with cuda_graph, dtype and kv_dtype; q_tile must be kAuto or k64.
 class TESSERA_API BatchMLAPagedWrapper {
  public:
   BatchMLAPagedWrapper(const TensorView& workspace, const MlaRuntimeBounds& bounds, const RuntimeOptions& options = {});

@@ -79,6 +79,9 @@ TESSERA_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/// Waits until every cp.async this thread has issued, committed or not, has landed.
+TESSERA_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 /// cp_async_wait for a count known at run time, 0 to 2 (wait_group takes an immediate): until at
 /// most `newer` of this thread's groups are in flight.
 TESSERA_DEVICE void cp_async_wait_at_most(int newer) {

@@ -116,6 +116,24 @@ TESSERA_DEVICE void fp8x4_to_half2x2(uint32_t word, uint32_t& lo, uint32_t& hi) 
 #endif
 }
 
+/// Four stored fp8 elements as two pairs of T (f16 or bf16), exact either way (an fp8 value has at
+/// most 4 significant bits and an exponent inside both types' ranges): lo = (e0, e1), hi = (e2,
+/// e3). Into bf16 through f32: sm_90 has no direct fp8 -> bf16x2 cvt.
+template <typename F8, typename T>
+TESSERA_DEVICE void fp8x4_to_pairs(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  static_assert(sizeof(T) == 2, "f16 or bf16 pairs");
+  fp8x4_to_half2x2<F8>(word, lo, hi);
+  if constexpr (!kSameType<T, __half>) {
+    const auto to_bf16x2 = [](uint32_t h2) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+      return *reinterpret_cast<const uint32_t*>(&b);
+    };
+    lo = to_bf16x2(lo);
+    hi = to_bf16x2(hi);
+  }
+}
+
 /// The same for a word holding two elements of each of two rows (e0, e1 of row a, then e0, e1
 /// of row b, as ldmatrix.trans delivers 16-bit units of fp8 data): even = (a0, b0), odd =
 /// (a1, b1), the column pairs across the two rows.

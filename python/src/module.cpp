@@ -1794,12 +1794,14 @@ void bind_mla(nb::module_& m) {
       [](const Array& q_nope, const Array& q_pe, const OptArray& qo_indptr, int64_t max_qo_len, const Array& ckv,
          const Array& kpe, const Array& kv_indptr, const Array& kv_indices, const Array& kv_last_page_len,
          const Array& o, const OptArray& lse, double sm_scale, bool causal, int64_t num_kv_splits,
-         const OptArray& workspace, uintptr_t stream) {
+         const OptArray& workspace, uintptr_t stream, const std::optional<DType>& kv_dtype, double k_scale,
+         double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
         const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"),
                          qi = to_view(qo_indptr, "qo_indptr"), to = to_view(o, "out"), tl = to_view(lse, "lse");
         tessera::PagedLatentCache kv;
-        kv.ckv = to_view(ckv, "ckv_cache");
-        kv.kpe = to_view(kpe, "kpe_cache");
+        kv.ckv = as_kv(to_view(ckv, "ckv_cache"), kv_dtype);
+        kv.kpe = as_kv(to_view(kpe, "kpe_cache"), kv_dtype);
+        kv.scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
         kv.indptr = to_view(kv_indptr, "kv_indptr");
         kv.indices = to_view(kv_indices, "kv_indices");
         kv.last_page_len = to_view(kv_last_page_len, "kv_last_page_len");
@@ -1814,11 +1816,13 @@ void bind_mla(nb::module_& m) {
       },
       "q_nope"_a, "q_pe"_a, "qo_indptr"_a.none(), "max_qo_len"_a, "ckv"_a, "kpe"_a, "kv_indptr"_a, "kv_indices"_a,
       "kv_last_page_len"_a, "o"_a, "lse"_a.none(), "sm_scale"_a, "causal"_a, "num_kv_splits"_a, "workspace"_a.none(),
-      "stream"_a,
+      "stream"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+      "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
       "tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe "
       "[total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], "
       "lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of "
-      "batch_mla_paged_workspace_bytes bytes.");
+      "batch_mla_paged_workspace_bytes bytes. An fp8 latent cache: ckv and kpe as u8 with kv_dtype e4m3 / e5m2, "
+      "its key and value scales as k_scale / v_scale (host) and k_scale_device / v_scale_device (f32 [1]).");
   m.def(
       "batch_mla_paged_num_kv_splits",
       [](int64_t batch_size, int64_t max_qo_len, int64_t num_heads, int64_t max_kv_len, int64_t sm_count) {
@@ -2099,32 +2103,39 @@ void bind_mla_wrapper(nb::module_& m) {
           "plan",
           [](tessera::BatchMLAPagedWrapper& w, const RunArray& qo_indptr, const RunArray& kv_indptr,
              const RunArray& last_page_len, int64_t page_size, int64_t num_heads, DType dtype, double sm_scale,
-             bool causal, uintptr_t stream, int device) {
+             bool causal, uintptr_t stream, int device, const std::optional<DType>& kv_dtype, double k_scale,
+             double v_scale, const OptArray& k_scale_device, const OptArray& v_scale_device) {
             const TensorView qi = to_view(qo_indptr, "qo_indptr"), ip = to_view(kv_indptr, "kv_indptr"),
                              lp = to_view(last_page_len, "last_page_len");
-            plan_on(device, [&] {
-              w.plan(qi, ip, lp, page_size, tessera::MlaPlanShape{num_heads, dtype, sm_scale, causal},
-                     to_stream(stream));
-            });
+            tessera::MlaPlanShape shape{num_heads, dtype, sm_scale, causal};
+            shape.kv_dtype = kv_dtype;
+            shape.kv_scales = kv_scales(k_scale, v_scale, k_scale_device, v_scale_device);
+            plan_on(device, [&] { w.plan(qi, ip, lp, page_size, shape, to_stream(stream)); });
           },
           "qo_indptr"_a, "kv_indptr"_a, "last_page_len"_a, "page_size"_a, "num_heads"_a, "dtype"_a, "sm_scale"_a,
-          "causal"_a, "stream"_a, "device"_a,
-          "Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B].")
+          "causal"_a, "stream"_a, "device"_a, nb::kw_only(), "kv_dtype"_a.none() = nb::none(), "k_scale"_a = 1.0,
+          "v_scale"_a = 1.0, "k_scale_device"_a.none() = nb::none(), "v_scale_device"_a.none() = nb::none(),
+          "Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B]; "
+          "an fp8 latent cache: kv_dtype e4m3 / e5m2 and its key / value scales (host factors, one-element f32 "
+          "device tensors).")
       .def(
           "run",
           [](tessera::BatchMLAPagedWrapper& w, const RunArray& q_nope, const RunArray& q_pe, const RunArray& ckv,
              const RunArray& kpe, const RunArray& kv_indices, const RunArray& o, const OptRunArray& lse,
-             uintptr_t stream) {
-            const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"), tc = to_view(ckv, "ckv_cache"),
-                             tk = to_view(kpe, "kpe_cache"), ti = to_view(kv_indices, "kv_indices"),
+             uintptr_t stream, const std::optional<DType>& kv_dtype) {
+            const TensorView qn = to_view(q_nope, "q_nope"), qp = to_view(q_pe, "q_pe"),
+                             tc = as_kv(to_view(ckv, "ckv_cache"), kv_dtype),
+                             tk = as_kv(to_view(kpe, "kpe_cache"), kv_dtype), ti = to_view(kv_indices, "kv_indices"),
                              to = to_view(o, "out"), tl = to_view(lse, "lse");
             DeviceGuard guard(qn);
             nb::gil_scoped_release release;
             checked([&] { w.run(qn, qp, tc, tk, ti, to, tl, to_stream(stream)); });
           },
-          "q_nope"_a, "q_pe"_a, "ckv"_a, "kpe"_a, "kv_indices"_a, "o"_a, "lse"_a.none(), "stream"_a,
+          "q_nope"_a, "q_pe"_a, "ckv"_a, "kpe"_a, "kv_indices"_a, "o"_a, "lse"_a.none(), "stream"_a, nb::kw_only(),
+          "kv_dtype"_a.none() = nb::none(),
           "Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe "
-          "[pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).");
+          "[pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2). An fp8 cache: ckv and kpe as u8 with "
+          "kv_dtype e4m3 / e5m2.");
 }
 
 /// The plan/run runtime: tessera::BatchCascadePagedWrapper.

@@ -395,9 +395,9 @@ def apply_rope_with_cos_sin_cache(positions: NDArray, query: NDArray, key: NDArr
     tessera::apply_rope_with_cos_sin_cache: query [nnz, Hq * head_size], key [nnz, Hk * head_size] rotated with cos/sin read from cos_sin_cache f32 [max_position, rotary_dim] at row positions[r].
     """
 
-def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, max_qo_len: int, ckv: NDArray, kpe: NDArray, kv_indptr: NDArray, kv_indices: NDArray, kv_last_page_len: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, num_kv_splits: int, workspace: NDArray | None, stream: int) -> None:
+def batch_mla_paged(q_nope: NDArray, q_pe: NDArray, qo_indptr: NDArray | None, max_qo_len: int, ckv: NDArray, kpe: NDArray, kv_indptr: NDArray, kv_indices: NDArray, kv_last_page_len: NDArray, o: NDArray, lse: NDArray | None, sm_scale: float, causal: bool, num_kv_splits: int, workspace: NDArray | None, stream: int, *, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
     """
-    tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of batch_mla_paged_workspace_bytes bytes.
+    tessera::batch_mla_paged: MLA (absorbed) over a paged latent cache; q_nope [total_q, H, 512], q_pe [total_q, H, 64], ckv [num_pages, page_size, 512], kpe [num_pages, page_size, 64], o [total_q, H, 512], lse f32 [total_q, H] base 2 or None; num_kv_splits > 1 needs a workspace of batch_mla_paged_workspace_bytes bytes. An fp8 latent cache: ckv and kpe as u8 with kv_dtype e4m3 / e5m2, its key and value scales as k_scale / v_scale (host) and k_scale_device / v_scale_device (f32 [1]).
     """
 
 def batch_mla_paged_num_kv_splits(batch_size: int, max_qo_len: int, num_heads: int, max_kv_len: int, sm_count: int) -> int:
@@ -632,14 +632,14 @@ class BatchMLAPagedWrapper:
         What the last plan() decided, as a dict (for tests, benchmarks and logs).
         """
 
-    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_heads: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int) -> None:
+    def plan(self, qo_indptr: NDArray, kv_indptr: NDArray, last_page_len: NDArray, page_size: int, num_heads: int, dtype: DType, sm_scale: float, causal: bool, stream: int, device: int, *, kv_dtype: DType | None = None, k_scale: float = 1.0, v_scale: float = 1.0, k_scale_device: NDArray | None = None, v_scale_device: NDArray | None = None) -> None:
         """
-        Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B].
+        Plans a step from HOST int32 qo_indptr (query tokens), kv_indptr (pages) [B + 1] and last_page_len [B]; an fp8 latent cache: kv_dtype e4m3 / e5m2 and its key / value scales (host factors, one-element f32 device tensors).
         """
 
-    def run(self, q_nope: NDArray, q_pe: NDArray, ckv: NDArray, kpe: NDArray, kv_indices: NDArray, o: NDArray, lse: NDArray | None, stream: int) -> None:
+    def run(self, q_nope: NDArray, q_pe: NDArray, ckv: NDArray, kpe: NDArray, kv_indices: NDArray, o: NDArray, lse: NDArray | None, stream: int, *, kv_dtype: DType | None = None) -> None:
         """
-        Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe [pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2).
+        Runs the planned step: q_nope [rows, H, 512], q_pe [rows, H, 64] over ckv [pages, page_size, 512], kpe [pages, page_size, 64] -> o [rows, H, 512], lse [rows, H] (base 2). An fp8 cache: ckv and kpe as u8 with kv_dtype e4m3 / e5m2.
         """
 
 class BatchCascadePagedWrapper:

@@ -239,20 +239,23 @@ def _flex_attention_fake(query, key, value, indptrs, indices, flags, q_block, kv
 
 @torch.library.custom_op("tessera::mla_run", mutates_args=_MUTATES)
 def mla_run(handle: int, q_nope: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, workspace: Tensor,
-            out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool) -> Tuple[Tensor, Tensor]:
+            out: Optional[Tensor], lse: Optional[Tensor], return_lse: bool, k_scale: Optional[Tensor],
+            v_scale: Optional[Tensor], k_scale_value: float, v_scale_value: float) -> Tuple[Tensor, Tensor]:
     """BatchMLAPagedAttentionWrapper.run of the wrapper `handle`: the output has q_nope's shape
-    ([total_q, num_heads, 512])."""
+    ([total_q, num_heads, 512]); the scales as decode_run's (an fp8 latent cache's)."""
     w = R.wrapper_for(handle)
     if w._plan is None:
         raise RuntimeError("run() before plan(): call plan() before running the compiled function")
     o, l = _outputs(q_nope, out, lse, return_lse)
     # As the eager run(): a caller's lse is written even without return_lse.
-    w._launch(q_nope, q_pe, ckv, kpe, o if out is None else out, lse if lse is not None else (l if return_lse else None))
+    w._launch(q_nope, q_pe, ckv, kpe, o if out is None else out, lse if lse is not None else (l if return_lse else None),
+              _scale(k_scale, k_scale_value), _scale(v_scale, v_scale_value))
     return o, l
 
 
 @mla_run.register_fake
-def _mla_run_fake(handle, q_nope, q_pe, ckv, kpe, workspace, out, lse, return_lse):
+def _mla_run_fake(handle, q_nope, q_pe, ckv, kpe, workspace, out, lse, return_lse, k_scale, v_scale, k_scale_value,
+                  v_scale_value):
     return _outputs(q_nope, out, lse, return_lse)
 
 

@@ -11,6 +11,10 @@ of 64 rows and chunks of their KV length over one persistent CTA per SM (a long 
 ones is split; a batch that fills the GPU is not), and ``run()`` launches the persistent kernel and,
 when the plan split a tile, the merge of its states. The plan and the split states live in the
 float workspace (about 35 MiB on a 132-SM GPU; FlashInfer's examples allocate 128 MiB).
+
+An fp8 latent cache (``kv_data_type`` ``torch.float8_e4m3fn`` or ``torch.float8_e5m2`` under float16
+or bfloat16 queries) is read as stored x scale: ``run()``'s ``k_scale`` dequantizes the cache as
+the key (``ckv`` and ``kpe``), ``v_scale`` as the value (``ckv``), as the decode wrappers' scales.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class BatchMLAPagedAttentionWrapper:
         self._runtime = R._RuntimeHolder("BatchMLAPagedWrapper", ws, self._use_cuda_graph)
         self._graph_total_q: Optional[int] = None
         self._plan: Optional[dict] = None
+        self._kv_scales = R._KVScaleBuffer()  # an fp8 cache's k_scale / v_scale, read by the kernel
 
     def plan(
         self,
@@ -120,7 +125,8 @@ class BatchMLAPagedAttentionWrapper:
         """Fixes the batch. Index arrays are int32 (host or CUDA; read on the host here, as
         FlashInfer's plan does). ``head_dim_ckv`` must be 512 and ``head_dim_kpe`` 64;
         ``sm_scale`` is required (the usual ``1 / sqrt(192)`` belongs to the model's head dims);
-        q and kv dtypes float16 or bfloat16, the same."""
+        ``q_data_type`` float16 or bfloat16; ``kv_data_type`` the same, or an fp8 cache's
+        ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (its scales go to :meth:`run`)."""
         torch = U._torch()
         U.check_false("use_profiler", use_profiler)
         num_heads = U.check_positive_int("num_heads", num_heads)
@@ -134,11 +140,12 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"sm_scale = {sm_scale!r}, expected a finite float > 0")
         q_dtype = U.canonical_dtype(q_data_type, "q_data_type")
         kv_dtype = U.canonical_dtype(kv_data_type, "kv_data_type")
-        for name, dt in (("q_data_type", q_dtype), ("kv_data_type", kv_dtype)):
-            if dt not in (torch.float16, torch.bfloat16):
-                raise U.unsupported(name, dt, "torch.float16 or torch.bfloat16 (fp8 latent caches are not implemented)")
-        if kv_dtype != q_dtype:
-            raise TypeError(f"kv_data_type = {kv_dtype}, expected q_data_type {q_dtype}")
+        if q_dtype not in (torch.float16, torch.bfloat16):
+            raise U.unsupported("q_data_type", q_dtype, "torch.float16 or torch.bfloat16")
+        fp8 = U.is_fp8(kv_dtype)
+        if kv_dtype != q_dtype and not fp8:
+            raise TypeError(f"kv_data_type = {kv_dtype}, expected q_data_type {q_dtype}, torch.float8_e4m3fn or "
+                            "torch.float8_e5m2")
 
         qo_host = U.to_host_int32("qo_indptr", qo_indptr)
         kv_host = U.to_host_int32("kv_indptr", kv_indptr)
@@ -180,11 +187,12 @@ class BatchMLAPagedAttentionWrapper:
         else:
             page_ids = kv_indices.to(dev) if kv_indices.device != dev else kv_indices
         need = R._Need(batch, total_q, num_heads, 1, _CKV_DIM + _KPE_DIM)
-        cpp = self._runtime.ensure(need, q_dtype, "auto", 0, graph_bounds=graph_bounds)
+        cpp = self._runtime.ensure(need, q_dtype, "auto", 0, graph_bounds=graph_bounds, kv_dtype=kv_dtype if fp8 else None)
+        fp8_kwargs = dict(kv_dtype=U.tessera_dtype(kv_dtype), **self._kv_scales.plan_kwargs(dev)) if fp8 else {}
         U.call(cpp.plan, self._workspace, qo_host, kv_host, last_host, page_size, num_heads, U.tessera_dtype(q_dtype), float(sm_scale),
-               bool(causal), U.current_stream(dev), U.device_index(self._workspace))
+               bool(causal), U.current_stream(dev), U.device_index(self._workspace), **fp8_kwargs)
         self._plan = {
-            "num_heads": num_heads, "page_size": page_size, "dtype": q_dtype, "total_q": total_q,
+            "num_heads": num_heads, "page_size": page_size, "dtype": q_dtype, "kv_dtype": kv_dtype, "total_q": total_q,
             "kv_indices": page_ids, "page_ids": U.HostPageIds("kv_indices", kv_indices, int(kv_host[-1])),
         }
 
@@ -194,12 +202,17 @@ class BatchMLAPagedAttentionWrapper:
         return self._runtime.plan_info()
 
     def _launch(self, q_nope: "torch.Tensor", q_pe: "torch.Tensor", ckv_cache: "torch.Tensor",
-                kpe_cache: "torch.Tensor", out: "torch.Tensor", lse: Optional["torch.Tensor"]) -> None:
-        """The runtime's run() of the plan, after run()'s checks (eager, or inside the custom op)."""
+                kpe_cache: "torch.Tensor", out: "torch.Tensor", lse: Optional["torch.Tensor"], k_scale: Any = None,
+                v_scale: Any = None) -> None:
+        """The runtime's run() of the plan, after run()'s checks (eager, or inside the custom op);
+        k_scale / v_scale as run() takes them."""
+        from .decode import _run_kv_scales
+
         p = self._plan
         p["page_ids"].check(ckv_cache.shape[0])  # page ids plan() had on the host, against this cache
-        U.call(self._runtime.cpp.run, q_nope, q_nope, q_pe, ckv_cache, kpe_cache, p["kv_indices"], out, lse,
-               U.current_stream(q_nope.device))
+        fp8 = _run_kv_scales(self._kv_scales, p, k_scale, v_scale, self._use_cuda_graph)
+        U.call(self._runtime.cpp.run, q_nope, q_nope, q_pe, U.kv_arg(ckv_cache), U.kv_arg(kpe_cache), p["kv_indices"],
+               out, lse, U.current_stream(q_nope.device), kv_dtype=U.tessera_dtype(p["kv_dtype"]) if fp8 else None)
 
     def run(
         self,
@@ -214,14 +227,21 @@ class BatchMLAPagedAttentionWrapper:
         kv_len: Optional["torch.Tensor"] = None,
         page_table: Optional["torch.Tensor"] = None,
         return_lse_base_on_e: bool = False,
+        *,
+        k_scale: Optional[Any] = None,
+        v_scale: Optional[Any] = None,
     ) -> Union["torch.Tensor", Tuple["torch.Tensor", "torch.Tensor"]]:
         """Args:
             q_nope: ``[total_q, num_heads, 512]``; q_pe: ``[total_q, num_heads, 64]`` (the planned
                 dtype; contiguous last dimension; may be slices of one ``[.., 576]`` tensor).
             ckv_cache: ``[num_pages, page_size, 512]``; kpe_cache: ``[num_pages, page_size, 64]``
-                (may be slices of one ``[num_pages, page_size, 576]`` tensor).
+                (may be slices of one ``[num_pages, page_size, 576]`` tensor), of the planned
+                ``kv_data_type``.
             out: optional ``[total_q, num_heads, 512]`` output; lse: optional float32
                 ``[total_q, num_heads]``.
+            k_scale, v_scale: an fp8 cache's dequantization scales, of the key (ckv and kpe) and of
+                the value (ckv): None (1), a float or a float32 CUDA tensor of one element (read
+                on the stream: graph-capturable). A 16-bit cache takes None or 1.0 only.
 
         Returns ``out``, or ``(out, lse)`` with ``return_lse``."""
         torch = U._torch()
@@ -237,8 +257,8 @@ class BatchMLAPagedAttentionWrapper:
         U.check_tensor("q_pe", q_pe, ndim=3, dtypes=(dt,))
         U.check_shape("q_nope", q_nope, (total_q, heads, _CKV_DIM), "[qo_indptr[-1], num_heads, 512] of the plan")
         U.check_shape("q_pe", q_pe, (total_q, heads, _KPE_DIM), "[qo_indptr[-1], num_heads, 64] of the plan")
-        U.check_tensor("ckv_cache", ckv_cache, ndim=3, dtypes=(dt,))
-        U.check_tensor("kpe_cache", kpe_cache, ndim=3, dtypes=(dt,))
+        U.check_tensor("ckv_cache", ckv_cache, ndim=3, dtypes=(p["kv_dtype"],))
+        U.check_tensor("kpe_cache", kpe_cache, ndim=3, dtypes=(p["kv_dtype"],))
         if ckv_cache.shape[1] != p["page_size"] or ckv_cache.shape[2] != _CKV_DIM:
             raise ValueError(f"ckv_cache has shape {tuple(ckv_cache.shape)}, expected [num_pages, {p['page_size']}, 512]")
         U.check_shape("kpe_cache", kpe_cache, (ckv_cache.shape[0], p["page_size"], _KPE_DIM),
@@ -256,8 +276,11 @@ class BatchMLAPagedAttentionWrapper:
         if R.compiling():
             # torch.compile: one opaque node (tessera::mla_run, tessera/_ops.py) that launches what
             # the eager path below launches.
+            from .decode import _op_kv_scales
+
+            scales = _op_kv_scales(p, k_scale, v_scale, self._workspace)
             o, l = R._OPS.MLA_RUN(self._handle, q_nope, q_pe, ckv_cache, kpe_cache, self._workspace, out, lse,
-                                  bool(return_lse))
+                                  bool(return_lse), *scales)
             out = o if out is None else out
             lse = (l if lse is None else lse) if return_lse else lse
         else:
@@ -265,7 +288,7 @@ class BatchMLAPagedAttentionWrapper:
                 out = torch.empty((total_q, heads, _CKV_DIM), dtype=dt, device=q_nope.device)
             if return_lse and lse is None:
                 lse = torch.empty((total_q, heads), dtype=torch.float32, device=q_nope.device)
-            self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse)
+            self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, k_scale, v_scale)
         if lse is not None and return_lse_base_on_e:
             lse.mul_(math.log(2.0))
         return (out, lse) if return_lse else out

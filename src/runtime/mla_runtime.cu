@@ -17,6 +17,7 @@
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
 #include "src/mla_host.h"
+#include "src/kv_scales.h"
 #include "src/runtime/device_errors.h"
 #include "src/runtime/plan_channel.h"
 #include "src/runtime/plan_inputs.h"
@@ -84,9 +85,9 @@ void check_options(const RuntimeOptions& o) {
       << "options.q_tile = " << static_cast<int>(o.q_tile) << ", expected kAuto or 64 (the MLA tile has 64 rows)";
   TESSERA_CHECK_ARG(o.dtype == DType::kF16 || o.dtype == DType::kBF16)
       << "options.dtype = " << o.dtype << ", expected f16 or bf16";
-  TESSERA_CHECK(!o.kv_dtype.has_value() || *o.kv_dtype == o.dtype, StatusCode::kUnsupported)
-      << "options.kv_dtype = " << *o.kv_dtype << ": the MLA kernels read a latent cache of q's dtype ("
-      << o.dtype << "); fp8 latent caches are not implemented";
+  TESSERA_CHECK_ARG(!o.kv_dtype.has_value() || *o.kv_dtype == o.dtype || is_fp8(*o.kv_dtype))
+      << "options.kv_dtype = " << *o.kv_dtype << ", expected unset, options.dtype (" << o.dtype
+      << "), e4m3 or e5m2 (the latent cache's dtype)";
 }
 
 runtime::Plan plan_with_mode(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len,
@@ -343,7 +344,7 @@ class MlaRuntime {
       enqueue_segmented_ids_check(c, DeviceCheckSite::kRuntimePageIds, stream);
     }
     TESSERA_DISPATCH_HALF_DTYPE(q_nope.dtype, "q_nope", T, [&] {
-      launch<T>(q_nope, q_pe, ckv, kpe, kv_indices, o, lse, s);
+      TESSERA_DISPATCH_KV_DTYPE(ckv.dtype, T, "ckv", KVT, [&] { launch<T, KVT>(q_nope, q_pe, ckv, kpe, kv_indices, o, lse, s); });
     });
     channel_->record_run(s, capturing);
   }
@@ -359,6 +360,11 @@ class MlaRuntime {
         << "shape.dtype = " << shape.dtype << ", expected f16 or bf16";
     TESSERA_CHECK_ARG(std::isfinite(shape.sm_scale) && shape.sm_scale > 0)
         << "shape.sm_scale = " << shape.sm_scale << ", expected finite and > 0 (MLA has no default scale)";
+    const DType kv_dtype = shape.kv_dtype.value_or(shape.dtype);
+    TESSERA_CHECK_ARG(kv_dtype == shape.dtype || is_fp8(kv_dtype))
+        << "shape.kv_dtype = " << kv_dtype << ", expected unset, shape.dtype (" << shape.dtype
+        << "), e4m3 or e5m2 (the latent cache's dtype)";
+    check_kv_scales(shape.kv_scales, "shape.kv_scales", kv_dtype, 1, Device::cuda(device_));
     if (!options_.cuda_graph) return;
     TESSERA_CHECK_ARG(shape.num_heads == bounds_.num_heads && shape.dtype == options_.dtype)
         << "cuda_graph: shape has num_heads = " << shape.num_heads << ", dtype = " << shape.dtype
@@ -369,6 +375,16 @@ class MlaRuntime {
            "(first plan: causal = "
         << shape_.causal << ", sm_scale = " << shape_.sm_scale << ", page_size = " << page_size_ << "; this plan: "
         << shape.causal << ", " << shape.sm_scale << ", " << page_size << ")";
+    TESSERA_CHECK_ARG(kv_dtype == options_.kv_dtype.value_or(options_.dtype))
+        << "cuda_graph: shape.kv_dtype = " << kv_dtype << ", expected options.kv_dtype = "
+        << options_.kv_dtype.value_or(options_.dtype) << " (fixed by a captured run())";
+    const KVScales& a = shape.kv_scales;
+    const KVScales& b = shape_.kv_scales;
+    TESSERA_CHECK_ARG(!planned_ || (a.k == b.k && a.v == b.v && a.k_device.data == b.k_device.data &&
+                                    a.v_device.data == b.v_device.data))
+        << "cuda_graph: this plan changes shape.kv_scales' factors (k = " << a.k << ", v = " << a.v
+        << ") or device tensors, which a captured run() has baked in (first plan: k = " << b.k << ", v = " << b.v
+        << "); change the values in the device tensors instead";
   }
 
   void check_run_tensors(const TensorView& q_nope, const TensorView& q_pe, const TensorView& ckv,
@@ -386,10 +402,13 @@ class MlaRuntime {
         << (options_.cuda_graph ? " (cuda_graph: bounds.max_total_qo_tokens)" : " (the plan's query tokens)");
     check_latent_operand(q_pe, "q_pe", kMlaRopeDim, "[rows, num_heads, 64]");
     check_latent_matches(q_pe, "q_pe", q_nope, "q_nope", 2);
-    check_latent_operand(ckv, "ckv", kMlaLatentDim, "[num_pages, page_size, 512]");
-    check_latent_matches(ckv, "ckv", q_nope, "q_nope", 0);
+    check_latent_operand(ckv, "ckv", kMlaLatentDim, "[num_pages, page_size, 512]", true);
+    const DType kv_dtype = shape_.kv_dtype.value_or(shape_.dtype);
+    TESSERA_CHECK_ARG(ckv.dtype == kv_dtype)
+        << "ckv.dtype = " << ckv.dtype << ", but the plan was made for a latent cache of " << kv_dtype;
+    check_same_device(q_nope, "q_nope", ckv, "ckv");
     check_size(ckv, "ckv", 1, page_size_);
-    check_latent_operand(kpe, "kpe", kMlaRopeDim, "[num_pages, page_size, 64]");
+    check_latent_operand(kpe, "kpe", kMlaRopeDim, "[num_pages, page_size, 64]", true);
     check_latent_matches(kpe, "kpe", ckv, "ckv", 2);
     check_latent_operand(o, "o", kMlaLatentDim, "[rows, num_heads, 512]");
     check_latent_matches(o, "o", q_nope, "q_nope", 2);
@@ -403,12 +422,13 @@ class MlaRuntime {
         << " (kv_indptr[batch_size] of the plan)";
   }
 
-  template <typename T>
+  template <typename T, typename KVT>
   void launch(const TensorView& q_nope, const TensorView& q_pe, const TensorView& ckv, const TensorView& kpe,
               const TensorView& kv_indices, const TensorView& o, const TensorView& lse, cudaStream_t s) const {
-    using Traits = kernels::MlaTraits<T>;
-    kernels::MlaParams<T> p{};
+    using Traits = kernels::MlaTraits<T, KVT>;
+    kernels::MlaParams<T, KVT> p{};
     set_mla_tensor_params(p, q_nope, q_pe, ckv, kpe, o, lse);
+    p.scales = kv_scale_params(shape_.kv_scales);
     p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.qo_indptr);
     p.kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.kv_indptr);
     p.kv_last_page_len = reinterpret_cast<const int32_t*>(workspace_ + layout_.last_page_len);

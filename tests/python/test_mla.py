@@ -5,7 +5,8 @@ sm_90): random batches over a paged latent cache with a random page permutation 
 64; 16 and 128 heads; 1-4 query tokens, causal and not; empty requests; small batches that plan()
 splits over the KV length), ckv/kpe as slices of one [pages, page_size, 576] tensor, against an
 fp32 reference over the gathered latent rows; the LSE in base 2 and base e; CUDA-graph replay of a
-split plan after a re-plan; the plan's errors.
+split plan after a re-plan; fp8 latent caches (e4m3, e5m2) with their key and value scales, in
+graphs with changed scale tensors and under torch.compile; the plan's errors.
 """
 
 import inspect
@@ -34,7 +35,10 @@ def test_signatures_match_flashinfer():
                              "head_dim_kpe", "page_size", "causal", "sm_scale", "q_data_type", "kv_data_type",
                              "use_profiler"]
     assert names(W.run) == ["q_nope", "q_pe", "ckv_cache", "kpe_cache", "out", "lse", "return_lse",
-                            "profiler_buffer", "kv_len", "page_table", "return_lse_base_on_e"]
+                            "profiler_buffer", "kv_len", "page_table", "return_lse_base_on_e", "k_scale", "v_scale"]
+    # An fp8 cache's scales: keyword-only, after FlashInfer's arguments.
+    params = inspect.signature(W.run).parameters
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ("k_scale", "v_scale"))
 
 
 def test_constructor_needs_a_cuda_workspace():
@@ -60,7 +64,8 @@ def test_run_is_one_custom_op_under_torch_compile(monkeypatch):
             calls.append(("plan", qo_indptr.tolist(), kv_indptr.tolist(), last_page_len.tolist(), page_size,
                           num_heads, causal))
 
-        def run(self, q_nope, q_pe, ckv, kpe, kv_indices, o, lse, stream):
+        def run(self, q_nope, q_pe, ckv, kpe, kv_indices, o, lse, stream, kv_dtype=None):
+            assert kv_dtype is None  # a 16-bit cache
             o.copy_((q_nope.double() * 2 + ckv.double().mean() + float(kv_indices.double().sum())).to(o.dtype))
             if lse is not None:
                 lse.copy_(q_nope.double().sum(-1) + q_pe.double().sum(-1))
@@ -107,15 +112,19 @@ def test_run_is_one_custom_op_under_torch_compile(monkeypatch):
 # --- GPU ---------------------------------------------------------------------------------------
 
 
-def _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev):
-    """A paged latent cache (pages in random order, one [pages, page_size, 576] tensor) and queries."""
+def _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev, kv_dtype=None):
+    """A paged latent cache (pages in random order, one [pages, page_size, 576] tensor) and queries;
+    an fp8 kv_dtype: stored values N(0, 16^2) in that format."""
     batch = len(kv_lens)
     pages = [(n + page_size - 1) // page_size for n in kv_lens]
     kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
     kv_indptr[1:] = torch.cumsum(torch.tensor(pages), 0)
     total_pages = int(kv_indptr[-1]) + 3  # spare pages nobody owns
     kv_indices = torch.randperm(total_pages, generator=gen)[: int(kv_indptr[-1])].to(torch.int32)
-    cache = torch.randn(total_pages, page_size, 576, generator=gen).to(dtype)
+    if kv_dtype is None:
+        cache = torch.randn(total_pages, page_size, 576, generator=gen).to(dtype)
+    else:
+        cache = (torch.randn(total_pages, page_size, 576, generator=gen) * 16).to(kv_dtype)
     qo_indptr = torch.zeros(batch + 1, dtype=torch.int32)
     qo_indptr[1:] = torch.cumsum(torch.tensor(qo_lens), 0)
     q = torch.randn(int(qo_indptr[-1]), heads, 576, generator=gen).to(dtype)
@@ -125,8 +134,9 @@ def _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev):
     }
 
 
-def _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale):
-    """fp32 attention over each request's gathered latent rows: key = [ckv, kpe], value = ckv."""
+def _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale, k_scale=1.0, v_scale=1.0):
+    """fp32 attention over each request's gathered latent rows: key = [ckv, kpe] * k_scale, value =
+    ckv * v_scale (an fp8 cache's dequantization; 1 for a 16-bit one)."""
     cache, q = b["cache"].float(), b["q"].float()
     kv_indptr, kv_indices = b["kv_indptr"].cpu(), b["kv_indices"].cpu()
     outs, lses = [], []
@@ -135,14 +145,14 @@ def _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale):
         pages = kv_indices[int(kv_indptr[r]): int(kv_indptr[r + 1])].long().to(cache.device)
         rows = cache[pages].reshape(-1, 576)[:n]  # [n, 576]
         qr = q[q0: q0 + m]  # [m, H, 576]
-        logits = torch.einsum("mhd,nd->mhn", qr, rows) * sm_scale
+        logits = torch.einsum("mhd,nd->mhn", qr, rows * k_scale) * sm_scale
         if causal:
             pos = torch.arange(m, device=cache.device)[:, None] + (n - m)
             hidden = torch.arange(n, device=cache.device)[None, :] > pos  # [m, n]
             logits = logits.masked_fill(hidden[:, None, :], float("-inf"))
         lse = torch.logsumexp(logits, -1)  # [m, H], natural
         p = torch.exp(logits - lse[..., None]).nan_to_num(0.0)
-        outs.append(torch.einsum("mhn,nd->mhd", p, rows[:, :512]))
+        outs.append(torch.einsum("mhn,nd->mhd", p, rows[:, :512] * v_scale))
         lses.append(lse / math.log(2.0))
         q0 += m
     return torch.cat(outs), torch.cat(lses)
@@ -268,8 +278,10 @@ def test_mla_wrapper_errors():
         w.plan(*args, 512, 32, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
     with pytest.raises(ValueError, match="sm_scale"):
         w.plan(*args, 512, 64, 16, False, 0.0, torch.bfloat16, torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="fp8"):
-        w.plan(*args, 512, 64, 16, False, 0.1, torch.bfloat16, torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="kv_data_type = torch.float32"):
+        w.plan(*args, 512, 64, 16, False, 0.1, torch.bfloat16, torch.float32)
+    with pytest.raises(NotImplementedError, match="q_data_type"):
+        w.plan(*args, 512, 64, 16, False, 0.1, torch.float8_e4m3fn, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"kv_len_arr\[0\] = 30 needs 4 pages of 8"):
         w.plan(*args, 512, 64, 8, False, 0.1, torch.bfloat16, torch.bfloat16)
     w.plan(*args, 512, 64, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
@@ -282,6 +294,11 @@ def test_mla_wrapper_errors():
         w.run(q[..., :512], q[..., 512:], cache[:, :8, :512], cache[:, :8, 512:])
     with pytest.raises(NotImplementedError, match="page_table"):
         w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], page_table=b["kv_indices"])
+    with pytest.raises(NotImplementedError, match="k_scale"):  # scales belong to fp8 caches
+        w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], k_scale=0.5)
+    with pytest.raises(TypeError, match="ckv_cache.dtype"):  # the plan's cache is bf16
+        fp8 = cache.to(torch.float8_e4m3fn)
+        w.run(q[..., :512], q[..., 512:], fp8[..., :512], fp8[..., 512:])
 
 
 @sm90
@@ -303,3 +320,87 @@ def test_gpu_mla_run_compiles_and_matches_eager():
     finally:
         torch._dynamo.reset()
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+
+
+FP8_CASES = [
+    # q dtype, cache dtype, heads, page_size, kv_lens, qo_lens, causal
+    (torch.bfloat16, torch.float8_e4m3fn, 16, 64, [300, 0, 1, 2049], [1, 1, 1, 1], False),
+    (torch.float16, torch.float8_e4m3fn, 128, 16, [257, 33, 5], [2, 4, 3], True),
+    (torch.bfloat16, torch.float8_e5m2, 64, 1, [65, 7, 130], [1, 2, 1], True),
+]
+
+
+@sm90
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: f"{str(c[0])[6:]}_{str(c[1])[6:]}_h{c[2]}_p{c[3]}")
+def test_mla_wrapper_fp8_cache_matches_reference(case):
+    dtype, kv_dtype, heads, page_size, kv_lens, qo_lens, causal = case
+    dev = torch.device("cuda:0")
+    gen = torch.Generator().manual_seed(hash(str(case)) % (2**31))
+    b = _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev, kv_dtype)
+    sm_scale = 1.0 / math.sqrt(192.0)
+    k_scale, v_scale = 1.1 / 16, 0.9 / 16
+    w = W(torch.empty(64 << 20, dtype=torch.uint8, device=dev))
+    w.plan(b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], heads, 512, 64, page_size, causal, sm_scale,
+           dtype, kv_dtype)
+    q, cache = b["q"], b["cache"]
+    args = (q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:])
+    ref_o, ref_lse = _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale, k_scale, v_scale)
+    # Scales as floats, and as one-element tensors (v's read on the stream).
+    out, lse = w.run(*args, return_lse=True, k_scale=k_scale, v_scale=v_scale)
+    _check(out, lse, ref_o, ref_lse, dtype)
+    v_tensor = torch.tensor([v_scale], dtype=torch.float32, device=dev)
+    out2, lse2 = w.run(*args, return_lse=True, k_scale=k_scale, v_scale=v_tensor)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    # Without scales the cache reads as its stored values.
+    out1, lse1 = w.run(*args, return_lse=True)
+    ref1_o, ref1_lse = _reference(b, kv_lens, qo_lens, page_size, causal, sm_scale)
+    _check(out1, lse1, ref1_o, ref1_lse, dtype)
+    if case is FP8_CASES[0]:
+        assert w.plan_info()["num_merges"] > 0  # the split states merge dequantized outputs
+        if hasattr(torch.library, "custom_op"):
+            torch._dynamo.reset()
+            try:
+                f = torch.compile(lambda a, bb, c, d, vs: w.run(a, bb, c, d, return_lse=True, k_scale=k_scale,
+                                                                  v_scale=vs), fullgraph=True)
+                out3, lse3 = f(*args, v_tensor)
+            finally:
+                torch._dynamo.reset()
+            assert torch.equal(out3, out) and torch.equal(lse3, lse)
+
+
+@sm90
+def test_mla_wrapper_fp8_cache_graph_replays_new_scale_tensors():
+    dev = torch.device("cuda:0")
+    dtype, kv_dtype, heads, page_size = torch.bfloat16, torch.float8_e4m3fn, 32, 16
+    gen = torch.Generator().manual_seed(11)
+    kv_lens, qo_lens = [1000, 3, 40], [2, 2, 1]
+    max_batch, max_pages = 4, 128
+    bufs = [torch.zeros(max_batch + 1, dtype=torch.int32, device=dev), torch.zeros(max_batch + 1, dtype=torch.int32, device=dev),
+            torch.zeros(max_pages, dtype=torch.int32, device=dev), torch.zeros(max_batch, dtype=torch.int32, device=dev)]
+    w = W(torch.empty(64 << 20, dtype=torch.uint8, device=dev), True, *bufs)
+    b = _batch(kv_lens, qo_lens, page_size, heads, dtype, gen, dev, kv_dtype)
+    w.plan(b["qo_indptr"], b["kv_indptr"], b["kv_indices"], b["kv_len"], heads, 512, 64, page_size, True, 0.1, dtype,
+           kv_dtype)
+    q, cache = b["q"], b["cache"]
+    out = torch.zeros(q.shape[0], heads, 512, dtype=dtype, device=dev)
+    k_t = torch.tensor([1.0 / 16], dtype=torch.float32, device=dev)
+    v_t = torch.tensor([1.0 / 16], dtype=torch.float32, device=dev)
+    run = lambda: w.run(q[..., :512], q[..., 512:], cache[..., :512], cache[..., 512:], out=out,  # noqa: E731
+                        k_scale=k_t, v_scale=v_t)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for k, v in ((1.0 / 16, 1.0 / 16), (0.03, 0.2), (0.1, 0.004)):
+        k_t.fill_(k)
+        v_t.fill_(v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = _reference(b, kv_lens, qo_lens, page_size, True, 0.1, k, v)
+        rel = (out.float() - ref).norm() / ref.norm()
+        assert rel <= REL_TOL[dtype], f"k_scale {k}, v_scale {v}: relative error {rel:.3e}"

@@ -17,7 +17,7 @@ namespace kernels {
 /// workspace, so a captured launch with the grid of the largest plan serves every later plan.
 template <typename Traits>
 __global__ void __launch_bounds__(ContractionTraits::kThreadsPerBlock)
-    mla_merge_planned_kernel(const MlaParams<typename Traits::DType> p, const PlannedWork work) {
+    mla_merge_planned_kernel(const MlaParams<typename Traits::DType, typename Traits::KVType> p, const PlannedWork work) {
   using T = typename Traits::DType;
   constexpr int N = ContractionTraits::kFloatsPerThread;
   static_assert(vec_elems<T>() == N, "16-bit outputs");

@@ -23,6 +23,10 @@
 namespace tessera {
 namespace kernels {
 
+/// The kernel parameters of a traits struct's dtypes.
+template <typename Traits>
+using MlaParamsOf = MlaParams<typename Traits::DType, typename Traits::KVType>;
+
 /// The query rows and KV range of one work tile: CTA_TILE_Q packed rows of one request against a
 /// run of its KV tiles, and where the result goes.
 template <typename Traits>
@@ -43,8 +47,8 @@ struct MlaWorkTile {
   float* state_lse;
 
   /// The request's extent (everything but the tile's rows and KV run).
-  template <typename T>
-  static TESSERA_DEVICE MlaWorkTile of_request(const MlaParams<T>& p, int request, int row0) {
+  template <typename Params>
+  static TESSERA_DEVICE MlaWorkTile of_request(const Params& p, int request, int row0) {
     MlaWorkTile w;
     w.request = request;
     w.split = 0;
@@ -63,8 +67,8 @@ struct MlaWorkTile {
   }
   /// KV tiles that some row of the tile sees (the last row sees the most: causal positions grow
   /// with the token).
-  template <typename T>
-  TESSERA_DEVICE int visible_kv_tiles(const MlaParams<T>& p) const {
+  template <typename Params>
+  TESSERA_DEVICE int visible_kv_tiles(const Params& p) const {
     const int last_row = min(row0 + Traits::CTA_TILE_Q, rows) - 1;
     const int visible = key_limit(last_row, p.num_heads, p.causal);
     return visible > 0 ? (visible + Traits::CTA_TILE_KV - 1) / Traits::CTA_TILE_KV : 0;
@@ -81,8 +85,8 @@ struct MlaWorkTile {
 template <typename Traits>
 struct MlaSplitGridSchedule {
   struct Args {};
-  template <typename T, typename F>
-  static TESSERA_DEVICE void for_each_tile(const MlaParams<T>& p, Args, F&& run_tile) {
+  template <typename Params, typename F>
+  static TESSERA_DEVICE void for_each_tile(const Params& p, Args, F&& run_tile) {
     MlaWorkTile<Traits> w = MlaWorkTile<Traits>::of_request(p, blockIdx.y, blockIdx.x * Traits::CTA_TILE_Q);
     if (w.empty()) return;
     const int tiles = w.visible_kv_tiles(p);
@@ -101,8 +105,8 @@ struct MlaSplitGridSchedule {
 template <typename Traits>
 struct MlaPlannedSchedule {
   using Args = PlannedWork;
-  template <typename T, typename F>
-  static TESSERA_DEVICE void for_each_tile(const MlaParams<T>& p, const PlannedWork& work, F&& run_tile) {
+  template <typename Params, typename F>
+  static TESSERA_DEVICE void for_each_tile(const Params& p, const PlannedWork& work, F&& run_tile) {
     const int end = work.cta_indptr[blockIdx.x + 1];
     for (int i = work.cta_indptr[blockIdx.x]; i < end; ++i) {
       const PlannedItem item = work.items[i];
@@ -153,7 +157,7 @@ struct MlaTileLoader {
     }
   }
 
-  TESSERA_DEVICE void load_q(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, unsigned char* q_tile) const {
+  TESSERA_DEVICE void load_q(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, unsigned char* q_tile) const {
 #pragma unroll
     for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
       const int r = loader_row(i);
@@ -166,7 +170,7 @@ struct MlaTileLoader {
     }
   }
 
-  TESSERA_DEVICE void load_kv(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int kv_tile,
+  TESSERA_DEVICE void load_kv(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, int kv_tile,
                               unsigned char* stage) const {
 #pragma unroll
     for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
@@ -179,6 +183,81 @@ struct MlaTileLoader {
       copy_row(stage, r, p.ckv + page * p.ckv_stride_page + slot * p.ckv_stride_slot,
                p.kpe + page * p.kpe_stride_page + slot * p.kpe_stride_slot, valid);
     }
+  }
+};
+
+/// How the loading warpgroup fills a KV stage, in two steps: fetch() starts a tile's reads (early:
+/// at the top of the iteration that frees its stage) and fill() puts the tile into its stage and
+/// signals it (MlaHandoffs::kv_full). A 16-bit cache is copied by cp.async in fill(), with
+/// nothing to fetch ahead.
+template <typename Traits, bool kFp8 = Traits::kFp8Cache>
+struct MlaKvCopy {
+  MlaTileLoader<Traits> loader;
+  TESSERA_DEVICE void fetch(const MlaParamsOf<Traits>&, const MlaWorkTile<Traits>&, int) {}
+  template <typename Handoffs>
+  TESSERA_DEVICE void fill(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, int kv_tile,
+                           unsigned char* stage, const Handoffs& handoffs, int g) const {
+    loader.load_kv(p, w, kv_tile, stage);
+    handoffs.kv_copied(g);  // arrives as this thread's copies land (Q's included, for a first tile)
+  }
+};
+
+/// An fp8 cache goes through the registers: fetch() loads the thread's 8 stored bytes of each
+/// 16-byte chunk of the stage that MlaTileLoader's cp.async would copy (rows tid / 8 + 16 i, chunk
+/// tid % 8 of each 64-column block), fill() converts them to T (exact) and stores the chunks. The
+/// loads are in flight while the warpgroup waits for P and multiplies it.
+template <typename Traits>
+struct MlaKvCopy<Traits, true> {
+  using T = typename Traits::DType;
+  using KVT = typename Traits::KVType;
+  static constexpr int kBlocks = Traits::kRowChunks / 8;  // 64-column blocks of a row (9)
+  MlaTileLoader<Traits> loader;
+  uint2 raw[Traits::kRowsPerLoader][kBlocks];  // [rows, blocks] 8 stored elements each
+
+  TESSERA_DEVICE void fetch(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, int kv_tile) {
+    const int lane8 = loader.tid % 8;
+#pragma unroll
+    for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
+      const int key = kv_tile * Traits::CTA_TILE_KV + loader.loader_row(i);
+      if (key >= w.kv_len) {  // zeros, as the 16-bit path's zero-fill: no stale NaN meets a zero P
+#pragma unroll
+        for (int block = 0; block < kBlocks; ++block) raw[i][block] = make_uint2(0u, 0u);
+        continue;
+      }
+      const int page_in_request = p.page_div.div(key);
+      const int slot = p.page_div.mod(key, page_in_request);
+      const int64_t page = p.kv_indices[w.page_begin + page_in_request];
+      const KVT* latent = p.ckv + page * p.ckv_stride_page + slot * p.ckv_stride_slot;
+      const KVT* rope = p.kpe + page * p.kpe_stride_page + slot * p.kpe_stride_slot;
+#pragma unroll
+      for (int block = 0; block < kBlocks; ++block) {
+        const KVT* src = block < Traits::kLatentChunks / 8 ? latent + (block * 8 + lane8) * 8 : rope + lane8 * 8;
+        raw[i][block] = __ldg(reinterpret_cast<const uint2*>(src));
+      }
+    }
+  }
+  template <typename Handoffs>
+  TESSERA_DEVICE void fill(const MlaParamsOf<Traits>&, const MlaWorkTile<Traits>&, int, unsigned char* stage,
+                           const Handoffs& handoffs, int g) const {
+    const int lane8 = loader.tid % 8;
+#pragma unroll
+    for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
+#pragma unroll
+      for (int block = 0; block < kBlocks; ++block) {
+        uint32_t v[4];  // [8] T: the chunk's elements
+        fp8x4_to_pairs<KVT, T>(raw[i][block].x, v[0], v[1]);
+        fp8x4_to_pairs<KVT, T>(raw[i][block].y, v[2], v[3]);
+        const uint32_t addr =
+            smem_addr(stage + Traits::KVTile::chunk_offset(loader.loader_row(i), block * 8 + lane8) * 16);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]),
+                     "r"(v[3])
+                     : "memory");
+      }
+    }
+    // A plain arrive does not track cp.async: a first tile's Q copies must have landed before it.
+    cp_async_wait_all();
+    fence_proxy_async_shared();  // the stores, before wgmma's async-proxy reads
+    handoffs.kv_stored(g);
   }
 };
 
@@ -206,6 +285,21 @@ struct MlaScoreMainloop {
                                                 wgmma_k_major_desc<typename Traits::KVTile>(kv_stage, 0, kd), kd > 0);
     }
     wgmma_commit();
+  }
+};
+
+/// An fp8 cache's dequantization as the tile applies it: the operand tiles hold the stored values,
+/// so the key scale joins the logits' scale and the value scale the rows' 1 / l (read from
+/// device memory when the caller passed device scales: a CUDA Graph replays with their values).
+template <typename Traits>
+struct MlaDequant {
+  static TESSERA_DEVICE float key_scale(const MlaParamsOf<Traits>& p) {
+    if constexpr (Traits::kFp8Cache) return p.scales.k_scale(0);
+    return 1.f;
+  }
+  static TESSERA_DEVICE float value_scale(const MlaParamsOf<Traits>& p) {
+    if constexpr (Traits::kFp8Cache) return p.scales.v_scale(0);
+    return 1.f;
   }
 };
 
@@ -323,7 +417,7 @@ struct MlaEpilogue {
   using T = typename Traits::DType;
   /// Row `row` (packed, of the request) of the output this CTA writes, and its LSE slot (null when
   /// no LSE is wanted).
-  static TESSERA_DEVICE T* out_row(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int row) {
+  static TESSERA_DEVICE T* out_row(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, int row) {
     const int64_t token = w.qo_start + row / p.num_heads;
     const int head = row % p.num_heads;
     if (p.num_kv_splits > 1) {
@@ -331,7 +425,7 @@ struct MlaEpilogue {
     }
     return p.o + token * p.o_stride_token + head * p.o_stride_head;
   }
-  static TESSERA_DEVICE float* lse_slot(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int row) {
+  static TESSERA_DEVICE float* lse_slot(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, int row) {
     if (w.state_lse != nullptr) return w.state_lse + (row - w.row0);
     const int64_t token = w.qo_start + row / p.num_heads;
     const int head = row % p.num_heads;
@@ -339,7 +433,7 @@ struct MlaEpilogue {
     return p.lse != nullptr ? p.lse + token * p.num_heads + head : nullptr;
   }
   template <int kOAccs>
-  static TESSERA_DEVICE void store(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const float (&o)[kOAccs],
+  static TESSERA_DEVICE void store(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, const float (&o)[kOAccs],
                                    MlaFragmentCoords c, int col0, const float (&inv_sum)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -400,6 +494,8 @@ struct MlaHandoffs {
   static TESSERA_DEVICE uint32_t stage_parity(int tile) { return static_cast<uint32_t>(tile / Traits::kStages) & 1u; }
   /// This thread's copies of `tile` (issued before) count as arrived once they land.
   TESSERA_DEVICE void kv_copied(int tile) const { cp_async_mbarrier_arrive(kv_full + tile % Traits::kStages); }
+  /// This thread's stores of `tile` (made and fenced before) are done.
+  TESSERA_DEVICE void kv_stored(int tile) const { mbarrier_arrive(kv_full + tile % Traits::kStages); }
   TESSERA_DEVICE void wait_kv(int tile) const { mbarrier_wait(kv_full + tile % Traits::kStages, stage_parity(tile)); }
   TESSERA_DEVICE void release_stage(int tile) const { mbarrier_arrive(stage_free + tile % Traits::kStages); }
   TESSERA_DEVICE void wait_stage_free(int tile) const {
@@ -450,28 +546,34 @@ struct MlaValueWarpgroup {
   MlaFragmentCoords coords;
   MlaTileLoader<Traits> loader;
 
-  /// Copies KV tile `t` of `w` (CTA-wide index g) into its stage once the score warpgroup has
-  /// released the stage's previous tile.
-  TESSERA_DEVICE void copy_kv(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, int t, int g) const {
+  /// Puts KV tile `t` of `w` (CTA-wide index g; fetched before) into its stage once the score
+  /// warpgroup has released the stage's previous tile.
+  TESSERA_DEVICE void copy_kv(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, MlaKvCopy<Traits>& copy,
+                              int t, int g) const {
     if (g >= Traits::kStages) cta.handoffs.wait_stage_free(g - Traits::kStages);
-    loader.load_kv(p, w, w.first_kv_tile + t, cta.stage(g));
-    cta.handoffs.kv_copied(g);
+    copy.fill(p, w, w.first_kv_tile + t, cta.stage(g), cta.handoffs, g);
   }
 
-  TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state) const {
+  TESSERA_DEVICE void run(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state) const {
     const MlaHandoffs<Traits>& handoffs = cta.handoffs;
     const int n = w.num_kv_tiles;
     const int g0 = state.tiles_done;
+    MlaKvCopy<Traits> copy{loader};
     float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] right half of O, m64n256 layout
 #pragma unroll
     for (int i = 0; i < Traits::kValueCols / 2; ++i) o[i] = 0.f;
     if (n > 0) {
       loader.load_q(p, w, cta.smem + Traits::kQOffset);  // lands with tile 0's copies (one arrive)
-      copy_kv(p, w, 0, g0);
-      if (n > 1) copy_kv(p, w, 1, g0 + 1);
+      copy.fetch(p, w, w.first_kv_tile);
+      copy_kv(p, w, copy, 0, g0);
+      if (n > 1) {
+        copy.fetch(p, w, w.first_kv_tile + 1);
+        copy_kv(p, w, copy, 1, g0 + 1);
+      }
     }
     for (int t = 0; t < n; ++t) {
       const int g = g0 + t;
+      if (t + 2 < n) copy.fetch(p, w, w.first_kv_tile + t + 2);
       handoffs.wait_kv(g);
       handoffs.wait_p(g);
       fence_proxy_async_shared();  // the copies and P, before wgmma's async-proxy reads
@@ -480,7 +582,7 @@ struct MlaValueWarpgroup {
       MlaValueGemm<Traits>::rescale(o, alpha);
       MlaValueGemm<Traits>::from_shared(o, cta.p_tile(), smem_addr(cta.stage(g)), Traits::kValueBlocks);
       handoffs.release_p();
-      if (t + 2 < n) copy_kv(p, w, t + 2, g + 2);
+      if (t + 2 < n) copy_kv(p, w, copy, t + 2, g + 2);
     }
     handoffs.wait_sums(state.items_done);
     const float inv_sum[2] = {cta.row_inv_sum()[coords.row_lo], cta.row_inv_sum()[coords.row_lo + 8]};
@@ -544,13 +646,13 @@ struct MlaScoreWarpgroup {
   }
   /// The rows' 1 / l for the value warpgroup (once it has read the previous work tile's), and
   /// their LSE.
-  TESSERA_DEVICE void finish_rows(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state,
+  TESSERA_DEVICE void finish_rows(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state,
                                   MlaOnlineSoftmax<Traits>& softmax, float (&inv_sum)[2]) const {
     softmax.reduce_sums();
     if (state.items_done > 0) cta.handoffs.wait_sums_released(state.items_done - 1);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      inv_sum[r] = softmax.l[r] > 0.f ? 1.f / softmax.l[r] : 0.f;
+      inv_sum[r] = softmax.l[r] > 0.f ? MlaDequant<Traits>::value_scale(p) / softmax.l[r] : 0.f;
       const int row = coords.row_lo + 8 * r;
       if (coords.col_in_n8 == 0) {
         cta.row_inv_sum()[row] = inv_sum[r];
@@ -562,12 +664,13 @@ struct MlaScoreWarpgroup {
     cta.handoffs.publish_sums();
   }
 
-  TESSERA_DEVICE void run(const MlaParams<T>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state) const {
+  TESSERA_DEVICE void run(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, const MlaPipelineState& state) const {
     const MlaHandoffs<Traits>& handoffs = cta.handoffs;
     const int n = w.num_kv_tiles;
     const int g0 = state.tiles_done;
     const int limit_lo = w.key_limit(w.row0 + coords.row_lo, p.num_heads, p.causal);
     const int limit_hi = w.key_limit(w.row0 + coords.row_lo + 8, p.num_heads, p.causal);
+    const float scale_log2 = p.sm_scale_log2 * MlaDequant<Traits>::key_scale(p);
     MlaOnlineSoftmax<Traits> softmax;
     float o[Traits::kValueCols / 2];  // [CTA_TILE_Q, kValueCols] left half of O, m64n256 layout
 #pragma unroll
@@ -585,7 +688,7 @@ struct MlaScoreWarpgroup {
       const int key0 = (w.first_kv_tile + t) * Traits::CTA_TILE_KV;
       float alpha[2];
       softmax.step(s, key0, coords.col_in_n8, limit_lo, limit_hi, key0 + Traits::CTA_TILE_KV > limit_lo,
-                   p.sm_scale_log2, alpha);
+                   scale_log2, alpha);
       PFragments p_frag;
       pack_p(s, p_frag);
       if (g > 0) handoffs.wait_p_released(g - 1);
@@ -621,7 +724,7 @@ struct MlaScoreWarpgroup {
 /// this one's read).
 template <typename Traits, typename Schedule>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    mla_paged_kernel(const MlaParams<typename Traits::DType> p, const typename Schedule::Args schedule) {
+    mla_paged_kernel(const MlaParamsOf<Traits> p, const typename Schedule::Args schedule) {
 #if TESSERA_WGMMA_AVAILABLE
   extern __shared__ __align__(1024) unsigned char smem[];
   const MlaCta<Traits> cta{MlaHandoffs<Traits>::at(smem), smem};

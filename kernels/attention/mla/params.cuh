@@ -4,12 +4,15 @@
 #pragma once
 
 #include "kernels/common/fast_divisor.cuh"
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/platform.cuh"
 
 namespace tessera {
 namespace kernels {
 
-template <typename T>
+/// T: the queries' and output's 16-bit type; KVT: the latent cache's element type, T itself or
+/// an fp8 type (e4m3, e5m2) whose rows are dequantized with `scales`.
+template <typename T, typename KVT = T>
 struct MlaParams {
   // Queries of request b: tokens qo_indptr[b] .. qo_indptr[b+1]-1 (null: one token per request,
   // token b), every token all num_heads heads. A CTA's query rows are (token, head) pairs packed
@@ -21,8 +24,8 @@ struct MlaParams {
   const int32_t* qo_indptr;  // [batch_size + 1] or null
   // The paged latent cache: request b owns pages kv_indices[kv_indptr[b]] .. in order, all full
   // but the last, which holds kv_last_page_len[b] tokens.
-  const T* ckv;  // [num_pages, page_size, kLatentDim], element strides ckv_stride_{page,slot}
-  const T* kpe;  // [num_pages, page_size, kRopeDim]
+  const KVT* ckv;  // [num_pages, page_size, kLatentDim], element strides ckv_stride_{page,slot}
+  const KVT* kpe;  // [num_pages, page_size, kRopeDim]
   int64_t ckv_stride_page, ckv_stride_slot;
   int64_t kpe_stride_page, kpe_stride_slot;
   const int32_t* kv_indptr;         // [batch_size + 1]
@@ -30,6 +33,9 @@ struct MlaParams {
   const int32_t* kv_last_page_len;  // [batch_size]
   int32_t page_size;
   FastDivisor page_div;
+  // An fp8 cache's dequantization: a latent row is both the key (ckv and kpe, scale k_scale(0))
+  // and the value (ckv, scale v_scale(0)); one latent "KV head". Unused for a 16-bit cache.
+  KVScaleParams scales;
   // Output in latent space, like q_nope; lse base 2 of the scaled logits, f32 [total_q, num_heads]
   // contiguous, or null.
   T* o;

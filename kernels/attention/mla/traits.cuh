@@ -9,12 +9,14 @@
 // - the score warpgroup computes S = Q K^T (the whole 576-wide reduction), runs the online
 //   softmax, publishes P and the rows' rescale factors in shared memory, and multiplies P by the
 //   left half of V from registers;
-// - the value warpgroup copies Q and the KV tiles (cp.async, any page size) and multiplies the
-//   published P by the right half of V.
+// - the value warpgroup copies Q and the KV tiles (cp.async, any page size; an fp8 cache through
+//   its registers, converted to the 16-bit type on the way) and multiplies the published P by the
+//   right half of V.
 // Q K^T is about half of the FLOPs, so the score warpgroup is the longer path; the value
 // warpgroup's P V runs under its next Q K^T on the shared tensor cores.
 #pragma once
 
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/platform.cuh"
 #include "kernels/common/smem_layout.cuh"
 
@@ -24,9 +26,16 @@ namespace kernels {
 /// What a warpgroup of the MLA kernel does (see the file comment).
 enum class MlaRole : int { kScore = 0, kLoadAndValue = 1 };
 
-template <typename T>
+/// T: the queries', the shared-memory operand tiles' and the output's type; KVT: the latent
+/// cache's element type (T, or fp8 converted to T as the tiles are filled: every e4m3 and e5m2
+/// value is exact in f16 and bf16, so the tiles hold the stored values and the scales apply to
+/// the fp32 logits and output).
+template <typename T, typename KVT = T>
 struct MlaTraits {
   using DType = T;
+  using KVType = KVT;
+  static constexpr bool kFp8Cache = IsFp8<KVT>::value;
+  static_assert(kFp8Cache || kSameType<KVT, T>, "a latent cache of q's type or fp8");
   static constexpr int kLatentDim = 512;  // d_c: the value width and the first part of the key
   static constexpr int kRopeDim = 64;     // d_r: the rotary part of the key
   static constexpr int kQkDim = kLatentDim + kRopeDim;

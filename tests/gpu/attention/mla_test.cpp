@@ -1,7 +1,8 @@
 // GPU tests of batch_mla_paged (tessera/mla.h) against the fp64 MLA oracle (tests/reference/mla.h):
 // head counts 16-128, query lengths 1-8 per request (causal and not), page sizes 1/16/64 with a
-// random page permutation, lengths 0 to 64k, f16 and bf16, strided and combined (FlashMLA-style
-// [pages, page_size, 576]) layouts; and the named errors of bad arguments.
+// random page permutation, lengths 0 to 64k, f16 and bf16, fp8 latent caches (e4m3, e5m2; host
+// and device scales), strided and combined (FlashMLA-style [pages, page_size, 576]) layouts; and
+// the named errors of bad arguments.
 //
 // Inputs are fresh random values from test_seed(), rounded to the dtype before the reference sees
 // them; o and lse are poisoned (NaN) before each call; unused cache slots hold NaN, so a kernel that
@@ -144,6 +145,46 @@ TEST(MlaTest, MoreQueryTokensThanKeys) {
   run_case(MlaCase{DType::kBF16, 16, 8, 16, true, {3, 0, 8}});
 }
 
+// An fp8 latent cache (e4m3, e5m2) under f16 and bf16 queries: the oracle runs on the
+// dequantized cache (key and value scales differ), over head counts, query lengths, page sizes,
+// splits, the combined layout and device scales.
+using Fp8Param = std::tuple<DType /*q*/, DType /*cache*/, int64_t /*page_size*/>;
+class MlaFp8CacheTest : public ::testing::TestWithParam<Fp8Param> {};
+
+TEST_P(MlaFp8CacheTest, MatchesOracleOnTheDequantizedCache) {
+  const auto [dtype, fp8, page_size] = GetParam();
+  for (const auto& [heads, qo_len, causal, splits] :
+       {std::tuple<int64_t, int64_t, bool, int64_t>{16, 1, false, 1}, {128, 2, true, 1}, {64, 8, true, 3},
+        {32, 4, false, 5}}) {
+    MlaCase c{dtype, heads, qo_len, page_size, causal, {0, qo_len, 77, 200 + 3 * qo_len, 1500}};
+    c.num_kv_splits = splits;
+    c.fp8 = fp8;
+    c.fp8_scales = splits > 1 ? Fp8Scales::kDevice : Fp8Scales::kHost;
+    run_case(c);
+    if (HasFatalFailure() || IsSkipped()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Mla, MlaFp8CacheTest,
+                         ::testing::Combine(::testing::Values(DType::kF16, DType::kBF16),
+                                            ::testing::Values(DType::kE4M3, DType::kE5M2),
+                                            ::testing::Values<int64_t>(1, 16, 64)),
+                         [](const ::testing::TestParamInfo<Fp8Param>& info) {
+                           return std::string(tessera::dtype_name(std::get<0>(info.param))) + "_" +
+                                  tessera::dtype_name(std::get<1>(info.param)) + "_p" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+TEST(MlaTest, Fp8CombinedCacheLongContext_sanitize) {
+  MlaCase c{DType::kBF16, 16, 1, 64, false, {20000, 3}, Storage::kCombined};
+  c.fp8 = DType::kE4M3;
+  c.fp8_scales = Fp8Scales::kDevice;
+  run_case(c);
+  MlaCase mtp{DType::kF16, 128, 2, 16, true, {700, 0, 64}, Storage::kCombined};
+  mtp.fp8 = DType::kE5M2;
+  run_case(mtp);
+}
+
 TEST(MlaTest, BadArgumentsAreNamed) {
   std::mt19937_64 rng(test_seed());
   MlaCase c{DType::kBF16, 16, 2, 16, true, {40, 9}};
@@ -204,6 +245,33 @@ TEST(MlaTest, BadArgumentsAreNamed) {
   split.workspace = make_view(small.get(), DType::kU8, {256}, {1});
   expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, run.cache, run.o.view, {}, split); },
                    {"options.workspace holds 256 bytes"}, inv);
+  // Scales on a 16-bit cache, a query scale, a cache of another 16-bit type, fp8 queries.
+  tessera::PagedLatentCache scaled = run.cache;
+  scaled.scales.k = 0.5;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, scaled, run.o.view, {}, options); },
+                   {"kv.scales: scales apply to fp8"}, inv);
+  tessera::PagedLatentCache fp8_cache = run.cache;
+  fp8_cache.ckv.dtype = fp8_cache.kpe.dtype = DType::kE4M3;
+  fp8_cache.scales.q = 2.0;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, fp8_cache, run.o.view, {}, options); },
+                   {"kv.scales.q = 2"}, inv);
+  fp8_cache.scales.q = 1.0;
+  fp8_cache.scales.v = -1.0;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, fp8_cache, run.o.view, {}, options); },
+                   {"kv.scales.v = -1"}, inv);
+  tessera::PagedLatentCache mixed = run.cache;
+  mixed.kpe.dtype = DType::kE4M3;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, mixed, run.o.view, {}, options); },
+                   {"kv.kpe.dtype"}, inv);
+  tessera::PagedLatentCache f16_cache = run.cache;
+  f16_cache.ckv.dtype = f16_cache.kpe.dtype = DType::kF16;
+  expect_error_any([&] { call(run.q_nope_view, run.q_pe_view, run.qo_indptr_view, 2, f16_cache, run.o.view, {}, options); },
+                   {"kv.ckv.dtype = f16, expected q_nope.dtype (bf16), e4m3 or e5m2"}, inv);
+  fp8_cache.scales.v = 1.0;
+  TensorView fp8_q = run.q_nope_view;
+  fp8_q.dtype = DType::kE4M3;
+  expect_error_any([&] { call(fp8_q, run.q_pe_view, run.qo_indptr_view, 2, fp8_cache, run.o.view, {}, options); },
+                   {"q_nope.dtype"});
   // The page table, read in checked mode: a page id out of range and a bad last_page_len.
   tessera::set_checked_mode(true);
   std::vector<int32_t> bad_ids = {0, 1, 2, 999};

@@ -1,7 +1,8 @@
 // GPU tests of BatchMLAPagedWrapper (tessera/runtime.h): MLA through the plan/run runtime against
 // the fp64 MLA oracle (tests/reference/mla.h). Skewed batches whose long requests the planner
 // splits (checked in PlanInfo, so the merge is exercised), every split mode, bitwise repeatable
-// runs, CUDA-graph replays after re-plans of other lengths, and named errors.
+// runs, CUDA-graph replays after re-plans of other lengths, fp8 latent caches (graph replays with
+// changed device scales), and named errors.
 //
 // Inputs are fresh random values from test_seed(); o and lse are poisoned before each run.
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpu/attention/attention_test_utils.h"
@@ -38,8 +41,11 @@ tessera::MlaRuntimeBounds bounds_for(const MlaCase& c, const MlaRun& run) {
 tessera::MlaPlanShape shape_for(const MlaCase& c) { return {c.heads, c.dtype, kScale, c.causal}; }
 
 void plan(tessera::BatchMLAPagedWrapper& w, const MlaCase& c, const MlaRun& run) {
+  tessera::MlaPlanShape shape = shape_for(c);
+  shape.kv_dtype = c.fp8;
+  shape.kv_scales = run.cache.scales;  // an fp8 case's (prepare())
   w.plan(host_i32(run.qo_indptr_host), host_i32(run.kv_indptr_host), host_i32(run.last_page_len_host), c.page_size,
-         shape_for(c));
+         shape);
 }
 
 void run_wrapper(tessera::BatchMLAPagedWrapper& w, MlaRun& run, cudaStream_t stream = nullptr) {
@@ -165,6 +171,63 @@ TEST(MlaRuntime, RunsAreBitwiseRepeatable) {
   }
 }
 
+// An fp8 latent cache through the runtime: the plan names its dtype and scales; splits (long
+// requests) merge dequantized states.
+TEST(MlaRuntime, Fp8CacheMatchesOracle_sanitize) {
+  SKIP_WITHOUT_SM90();
+  for (const auto& [dtype, fp8, heads, qo_len, page_size] :
+       {std::tuple<DType, DType, int64_t, int64_t, int64_t>{DType::kBF16, DType::kE4M3, 16, 1, 64},
+        {DType::kF16, DType::kE4M3, 128, 2, 16},
+        {DType::kBF16, DType::kE5M2, 64, 8, 1},
+        {DType::kF16, DType::kE5M2, 16, 4, 64}}) {
+    MlaCase c{dtype, heads, qo_len, page_size, qo_len > 1, {0, qo_len, 77, 5000, 1200 + 3 * qo_len}};
+    c.fp8 = fp8;
+    c.fp8_scales = heads == 16 ? Fp8Scales::kDevice : Fp8Scales::kHost;
+    const tessera::PlanInfo info = run_case(c);
+    EXPECT_GT(info.num_merges, 0) << describe(c) << ": the long request was not split";
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A captured run() over an fp8 cache reads its device scales at replay: new scale values (and a
+// re-plan) without a new capture.
+TEST(MlaRuntime, Fp8GraphReplaysWithChangedScales) {
+  SKIP_WITHOUT_SM90();
+  MlaCase c{DType::kBF16, 32, 2, 16, true, {3000, 5, 0, 700}};
+  c.fp8 = DType::kE4M3;
+  c.fp8_scales = Fp8Scales::kDevice;
+  std::mt19937_64 rng(test_seed());
+  MlaRun run = prepare(c, rng, kScale);
+  tessera::RuntimeOptions options;
+  options.cuda_graph = true;
+  options.dtype = DType::kBF16;
+  options.kv_dtype = DType::kE4M3;
+  const tessera::MlaRuntimeBounds bounds{4, run.total_q, c.heads};
+  Workspace ws(tessera::BatchMLAPagedWrapper::workspace_size(bounds, options));
+  tessera::BatchMLAPagedWrapper w(ws.view, bounds, options);
+  Stream stream;
+  plan(w, c, run);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+  run_wrapper(w, run, stream.s);
+  ASSERT_CUDA_OK(cudaStreamEndCapture(stream.s, &graph));
+  ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphDestroy(graph);
+  for (const auto& [k, v] : {std::pair<double, double>{kFp8KeyScale, kFp8ValueScale}, {0.031, 0.2}, {0.09, 0.011}}) {
+    SCOPED_TRACE("k_scale " + std::to_string(k) + ", v_scale " + std::to_string(v));
+    set_device_scales(run, k, v, stream.s);
+    plan(w, c, run);  // a re-plan keeps the captured launch valid
+    run.o.buf.poison();
+    run.lse.poison();
+    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream.s));
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream.s));
+    run.ref = oracle_with_scales(c, run, kScale, k, v);
+    expect_run_matches(c, run);
+  }
+  cudaGraphExecDestroy(exec);
+}
+
 /// Fixed buffers a captured run() reads and writes: inputs of each round are copied in.
 struct GraphBuffers {
   static constexpr int64_t kMaxQ = 40, kHeads = 32, kPageSize = 16, kMaxPages = 700;
@@ -247,10 +310,10 @@ TEST(MlaRuntime, BadArgumentsAreNamed) {
   tile16.q_tile = tessera::QueryTile::k16;
   expect_error_any([&] { tessera::BatchMLAPagedWrapper::workspace_size(bounds, tile16); }, {"options.q_tile = 16"},
                    inv);
-  tessera::RuntimeOptions fp8;
-  fp8.kv_dtype = DType::kE4M3;
-  expect_error_any([&] { tessera::BatchMLAPagedWrapper::workspace_size(bounds, fp8); }, {"options.kv_dtype"},
-                   tessera::StatusCode::kUnsupported);
+  tessera::RuntimeOptions f32_cache;
+  f32_cache.kv_dtype = DType::kF32;
+  expect_error_any([&] { tessera::BatchMLAPagedWrapper::workspace_size(bounds, f32_cache); },
+                   {"options.kv_dtype = f32"}, inv);
 
   std::mt19937_64 rng(test_seed());
   const MlaCase c{DType::kBF16, 16, 2, 16, true, {40, 9}};
@@ -272,6 +335,18 @@ TEST(MlaRuntime, BadArgumentsAreNamed) {
   no_scale.sm_scale = 0;
   expect_error_any([&] { plan_with(no_scale, 16); }, {"shape.sm_scale = 0"}, inv);
   expect_error_any([&] { plan_with(shape, 4); }, {"last_page_len[0] = 8"}, inv);  // pages of 16 read as 4
+  tessera::MlaPlanShape scaled = shape;
+  scaled.kv_scales.k = 0.5;
+  expect_error_any([&] { plan_with(scaled, 16); }, {"shape.kv_scales: scales apply to fp8"}, inv);
+  tessera::MlaPlanShape f16_cache = shape;
+  f16_cache.kv_dtype = DType::kF16;
+  expect_error_any([&] { plan_with(f16_cache, 16); }, {"shape.kv_dtype = f16"}, inv);
+  tessera::MlaPlanShape fp8_cache = shape;
+  fp8_cache.kv_dtype = DType::kE4M3;
+  fp8_cache.kv_scales.k = 0.5;
+  plan_with(fp8_cache, 16);
+  expect_error_any([&] { run_wrapper(w, run); }, {"ckv.dtype = bf16, but the plan was made for a latent cache of e4m3"},
+                   inv);
   const std::vector<int32_t> long_qo = {0, 10, 20};
   expect_error_any([&] {
     w.plan(host_i32(long_qo), host_i32(run.kv_indptr_host), host_i32(run.last_page_len_host), 16, shape);
@@ -326,6 +401,21 @@ TEST(MlaRuntime, BadArgumentsAreNamed) {
   expect_error_any([&] {
     gw.plan(host_i32(run.qo_indptr_host), host_i32(run.kv_indptr_host), host_i32(run.last_page_len_host), 16, f16);
   }, {"options.dtype"}, inv);
+  expect_error_any([&] {
+    gw.plan(host_i32(run.qo_indptr_host), host_i32(run.kv_indptr_host), host_i32(run.last_page_len_host), 16,
+            fp8_cache);
+  }, {"cuda_graph: shape.kv_dtype = e4m3"}, inv);
+  tessera::RuntimeOptions graph_fp8 = graph;
+  graph_fp8.kv_dtype = DType::kE4M3;
+  Workspace g8ws(tessera::BatchMLAPagedWrapper::workspace_size(bounds, graph_fp8));
+  tessera::BatchMLAPagedWrapper g8(g8ws.view, bounds, graph_fp8);
+  g8.plan(host_i32(run.qo_indptr_host), host_i32(run.kv_indptr_host), host_i32(run.last_page_len_host), 16, fp8_cache);
+  tessera::MlaPlanShape other_kv_scale = fp8_cache;
+  other_kv_scale.kv_scales.v = 3.0;
+  expect_error_any([&] {
+    g8.plan(host_i32(run.qo_indptr_host), host_i32(run.kv_indptr_host), host_i32(run.last_page_len_host), 16,
+            other_kv_scale);
+  }, {"cuda_graph: this plan changes shape.kv_scales"}, inv);
   expect_error_any([&] { run_wrapper(gw, run); }, {"bounds.max_total_qo_tokens"}, inv);
 }
 

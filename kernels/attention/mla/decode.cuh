@@ -202,26 +202,34 @@ struct MlaKvCopy {
   }
 };
 
-/// An fp8 cache goes through the registers: fetch() loads the thread's 8 stored bytes of each
-/// 16-byte chunk of the stage that MlaTileLoader's cp.async would copy (rows tid / 8 + 16 i, chunk
-/// tid % 8 of each 64-column block), fill() converts them to T (exact) and stores the chunks. The
-/// loads are in flight while the warpgroup waits for P and multiplies it.
+/// An fp8 cache goes through the registers: fetch() loads a tile's stored bytes as 16-byte pieces
+/// (16 elements, two chunks of the operand stage), thread tid pieces tid % 4 + 4 k of rows
+/// tid / 4 + 32 i, and fill() converts them to T (exact) and stores the chunks. The loads are in
+/// flight while the warpgroup waits for P and multiplies it.
 template <typename Traits>
 struct MlaKvCopy<Traits, true> {
   using T = typename Traits::DType;
   using KVT = typename Traits::KVType;
-  static constexpr int kBlocks = Traits::kRowChunks / 8;  // 64-column blocks of a row (9)
+  static constexpr int kPieceLanes = 4;                                  // threads sharing a row
+  static constexpr int kRows = Traits::CTA_TILE_KV * kPieceLanes / Traits::kWarpgroupThreads;  // a thread's rows
+  static constexpr int kRowPieces = Traits::kQkDim * static_cast<int>(sizeof(KVT)) / 16;       // 36
+  static constexpr int kLatentPieces = Traits::kLatentDim * static_cast<int>(sizeof(KVT)) / 16;
+  static constexpr int kPieces = kRowPieces / kPieceLanes;               // a thread's pieces of a row
+  static_assert(kRowPieces % kPieceLanes == 0 && kLatentPieces % kPieceLanes == 0,
+                "a lane's pieces: whole pieces of the latent and of the rotary part");
   MlaTileLoader<Traits> loader;
-  uint2 raw[Traits::kRowsPerLoader][kBlocks];  // [rows, blocks] 8 stored elements each
+  uint4 raw[kRows][kPieces];  // [rows, pieces] 16 stored elements each
+
+  TESSERA_DEVICE int row(int i) const { return loader.tid / kPieceLanes + (Traits::CTA_TILE_KV / kRows) * i; }
+  TESSERA_DEVICE int piece(int k) const { return loader.tid % kPieceLanes + kPieceLanes * k; }
 
   TESSERA_DEVICE void fetch(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, int kv_tile) {
-    const int lane8 = loader.tid % 8;
 #pragma unroll
-    for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
-      const int key = kv_tile * Traits::CTA_TILE_KV + loader.loader_row(i);
+    for (int i = 0; i < kRows; ++i) {
+      const int key = kv_tile * Traits::CTA_TILE_KV + row(i);
       if (key >= w.kv_len) {  // zeros, as the 16-bit path's zero-fill: no stale NaN meets a zero P
 #pragma unroll
-        for (int block = 0; block < kBlocks; ++block) raw[i][block] = make_uint2(0u, 0u);
+        for (int k = 0; k < kPieces; ++k) raw[i][k] = make_uint4(0u, 0u, 0u, 0u);
         continue;
       }
       const int page_in_request = p.page_div.div(key);
@@ -230,28 +238,32 @@ struct MlaKvCopy<Traits, true> {
       const KVT* latent = p.ckv + page * p.ckv_stride_page + slot * p.ckv_stride_slot;
       const KVT* rope = p.kpe + page * p.kpe_stride_page + slot * p.kpe_stride_slot;
 #pragma unroll
-      for (int block = 0; block < kBlocks; ++block) {
-        const KVT* src = block < Traits::kLatentChunks / 8 ? latent + (block * 8 + lane8) * 8 : rope + lane8 * 8;
-        raw[i][block] = __ldg(reinterpret_cast<const uint2*>(src));
+      for (int k = 0; k < kPieces; ++k) {
+        const int pc = piece(k);
+        const KVT* src = pc < kLatentPieces ? latent + pc * 16 : rope + (pc - kLatentPieces) * 16;
+        raw[i][k] = __ldg(reinterpret_cast<const uint4*>(src));
       }
     }
   }
   template <typename Handoffs>
   TESSERA_DEVICE void fill(const MlaParamsOf<Traits>&, const MlaWorkTile<Traits>&, int, unsigned char* stage,
                            const Handoffs& handoffs, int g) const {
-    const int lane8 = loader.tid % 8;
 #pragma unroll
-    for (int i = 0; i < Traits::kRowsPerLoader; ++i) {
+    for (int i = 0; i < kRows; ++i) {
 #pragma unroll
-      for (int block = 0; block < kBlocks; ++block) {
-        uint32_t v[4];  // [8] T: the chunk's elements
-        fp8x4_to_pairs<KVT, T>(raw[i][block].x, v[0], v[1]);
-        fp8x4_to_pairs<KVT, T>(raw[i][block].y, v[2], v[3]);
-        const uint32_t addr =
-            smem_addr(stage + Traits::KVTile::chunk_offset(loader.loader_row(i), block * 8 + lane8) * 16);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]),
-                     "r"(v[3])
-                     : "memory");
+      for (int k = 0; k < kPieces; ++k) {
+        uint32_t v[8];  // [16] T: chunks 2 piece(k) and 2 piece(k) + 1 of the row
+        fp8x4_to_pairs<KVT, T>(raw[i][k].x, v[0], v[1]);
+        fp8x4_to_pairs<KVT, T>(raw[i][k].y, v[2], v[3]);
+        fp8x4_to_pairs<KVT, T>(raw[i][k].z, v[4], v[5]);
+        fp8x4_to_pairs<KVT, T>(raw[i][k].w, v[6], v[7]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t addr = smem_addr(stage + Traits::KVTile::chunk_offset(row(i), 2 * piece(k) + half) * 16);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[4 * half]),
+                       "r"(v[4 * half + 1]), "r"(v[4 * half + 2]), "r"(v[4 * half + 3])
+                       : "memory");
+        }
       }
     }
     // A plain arrive does not track cp.async: a first tile's Q copies must have landed before it.

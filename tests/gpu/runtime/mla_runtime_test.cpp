@@ -189,6 +189,22 @@ TEST(MlaRuntime, Fp8CacheMatchesOracle_sanitize) {
   }
 }
 
+TEST(MlaRuntime, Fp8PipelineRunsOnAcrossWorkTiles_sanitize) {
+  SKIP_WITHOUT_SM90();
+  // The fp8 tiles fetched a tile ahead through the registers, across items of every length, in two CTAs.
+  tessera::RuntimeOptions two_sms;
+  two_sms.sm_budget = 2;
+  MlaCase c{DType::kBF16, 16, 2, 16, true, {300, 0, 65, 1, 130}};
+  c.fp8 = DType::kE4M3;
+  EXPECT_EQ(run_case(c, two_sms).grid_cols, 2);
+  two_sms.split_kv = tessera::SplitKV::kFixed;
+  two_sms.fixed_split_size = 128;
+  MlaCase split{DType::kF16, 64, 1, 1, false, {0, 300, 2}};
+  split.fp8 = DType::kE5M2;
+  split.fp8_scales = Fp8Scales::kDevice;
+  EXPECT_GT(run_case(split, two_sms).num_merges, 0);
+}
+
 // A captured run() over an fp8 cache reads its device scales at replay: new scale values (and a
 // re-plan) without a new capture.
 TEST(MlaRuntime, Fp8GraphReplaysWithChangedScales) {

@@ -213,10 +213,11 @@ void append_paged_kv_cache_at(const TensorView& append_k, const TensorView& appe
 
 namespace {
 
-/// append_paged_mla_kv_cache's cache: two page tensors of one 16-bit dtype, the same pages and page size.
+/// append_paged_mla_kv_cache's cache: two page tensors of one 16-bit or fp8 dtype, the same pages
+/// and page size.
 void check_mla_cache(const TensorView& ckv_cache, const TensorView& kpe_cache) {
   check_latent_tensor(ckv_cache, "ckv_cache", 3, "[num_pages, page_size, ckv_dim]");
-  check_dtype(ckv_cache, "ckv_cache", {DType::kF16, DType::kBF16});
+  check_dtype(ckv_cache, "ckv_cache", {DType::kF16, DType::kBF16, DType::kE4M3, DType::kE5M2});
   TESSERA_CHECK_ARG(ckv_cache.shape[1] >= 1)
       << "ckv_cache.shape[1] = " << ckv_cache.shape[1] << ", expected >= 1 (page_size)";
   check_latent_width(ckv_cache, "ckv_cache", 2);
@@ -369,6 +370,12 @@ void append_paged_mla_kv_cache(const TensorView& append_ckv, const TensorView& a
   }
   check_mla_targets(host_indptr, kv_indices, kv_last_page_len, batch_indices, positions, num_pages, page_size, nnz);
   if (nnz == 0) return;
+  // A bit copy: the kernel only needs the element size (an fp8 row is bytes, copied as such).
+  if (is_fp8(ckv_cache.dtype)) {
+    launch_append_mla<uint8_t>(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indptr,
+                               kv_indices, kv_last_page_len, stream);
+    return;
+  }
   TESSERA_DISPATCH_HALF_DTYPE(ckv_cache.dtype, "ckv_cache", T, [&] {
     launch_append_mla<T>(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indptr,
                          kv_indices, kv_last_page_len, stream);

@@ -42,19 +42,21 @@ TESSERA_API void append_paged_kv_cache_at(const TensorView& append_k, const Tens
 /// cache, FlashInfer's append_paged_mla_kv_cache: row i goes to request batch_indices[i] at token
 /// position positions[i] of that request, i.e. to page kv_indices[kv_indptr[b] + pos / page_size],
 /// slot pos % page_size, with b = batch_indices[i] and pos = positions[i]. A copy: the bits of each
-/// row are stored unchanged.
+/// row are stored unchanged (f16, bf16, e4m3 or e5m2).
 ///
 /// append_ckv: [nnz, ckv_dim], the compressed KV (latent) part of each new token (ckv_dim = 512
 ///   for DeepSeek V2/V3). append_kpe: [nnz, kpe_dim], its rotary (position-encoded) key part
-///   (kpe_dim = 64 for DeepSeek). Both of the cache's dtype; any row stride, contiguous last dim.
+///   (kpe_dim = 64 for DeepSeek). Both of the cache's dtype (an fp8 cache's rows come already
+///   quantized: the copy never converts); any row stride, contiguous last dim.
 /// batch_indices, positions: i32 [nnz] on the cache's device, contiguous: the request (in
 ///   [0, batch_size)) and the token position (in [0, kv_len_b)) of each row. Rows may come in any
 ///   order; two rows with the same target race (one of them wins).
 /// ckv_cache: [num_pages, page_size, ckv_dim]; kpe_cache: [num_pages, page_size, kpe_dim], the
-///   same num_pages and page_size (any page size >= 1). Both f16 or both bf16, on one CUDA
+///   same num_pages and page_size (any page size >= 1). Both f16, bf16, e4m3 or e5m2, on one CUDA
 ///   device; any page and slot strides (e.g. two slices of one [num_pages, page_size, 576] tensor)
 ///   with a contiguous last dim.
-/// Widths and alignment: ckv_dim and kpe_dim positive multiples of 16 bytes (8 elements); every
+/// Widths and alignment: ckv_dim and kpe_dim positive multiples of 16 bytes (8 elements, 16 at
+///   fp8); every
 ///   data pointer, and every stride but the last (in bytes), a multiple of 16.
 /// kv_indptr: i32 [batch_size + 1], kv_indptr[0] == 0, non-decreasing, kv_indptr[batch_size] <=
 ///   kv_indices.shape[0]; request b owns the pages kv_indices[kv_indptr[b] .. kv_indptr[b+1]-1]

@@ -1682,10 +1682,12 @@ void bind_kv_cache(nb::module_& m) {
       "append_paged_mla_kv_cache",
       [](const Array& append_ckv, const Array& append_kpe, const Array& batch_indices, const Array& positions,
          const Array& ckv_cache, const Array& kpe_cache, const Array& indptr, const Array& indices,
-         const Array& last_page_len, uintptr_t stream) {
-        const TensorView ack = to_view(append_ckv, "append_ckv"), akp = to_view(append_kpe, "append_kpe"),
+         const Array& last_page_len, uintptr_t stream, const std::optional<DType>& cache_dtype) {
+        const TensorView ack = as_kv(to_view(append_ckv, "append_ckv"), cache_dtype),
+                         akp = as_kv(to_view(append_kpe, "append_kpe"), cache_dtype),
                          bi = to_view(batch_indices, "batch_indices"), pos = to_view(positions, "positions"),
-                         ckv = to_view(ckv_cache, "ckv_cache"), kpe = to_view(kpe_cache, "kpe_cache"),
+                         ckv = as_kv(to_view(ckv_cache, "ckv_cache"), cache_dtype),
+                         kpe = as_kv(to_view(kpe_cache, "kpe_cache"), cache_dtype),
                          ip = to_view(indptr, "kv_indptr"), ix = to_view(indices, "kv_indices"),
                          lp = to_view(last_page_len, "kv_last_page_len");
         DeviceGuard guard(ckv);
@@ -1695,10 +1697,11 @@ void bind_kv_cache(nb::module_& m) {
         });
       },
       "append_ckv"_a, "append_kpe"_a, "batch_indices"_a, "positions"_a, "ckv_cache"_a, "kpe_cache"_a, "indptr"_a,
-      "indices"_a, "last_page_len"_a, "stream"_a,
+      "indices"_a, "last_page_len"_a, "stream"_a, nb::kw_only(), "cache_dtype"_a.none() = nb::none(),
       "tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] "
       "into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to "
-      "request batch_indices[i] at positions[i].");
+      "request batch_indices[i] at positions[i]. An fp8 cache: all four as uint8 views with cache_dtype e4m3 / "
+      "e5m2 (a bit copy).");
 }
 
 /// The standalone RoPE kernels (tessera/rope.h).

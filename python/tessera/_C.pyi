@@ -365,9 +365,9 @@ def append_paged_kv_cache_at(append_k: NDArray, append_v: NDArray, batch_indices
     tessera::append_paged_kv_cache_at: row i goes to request batch_indices[i] at positions[i]. An fp8 cache comes as uint8 views with cache_dtype e4m3/e5m2; rows are stored as x / scale.
     """
 
-def append_paged_mla_kv_cache(append_ckv: NDArray, append_kpe: NDArray, batch_indices: NDArray, positions: NDArray, ckv_cache: NDArray, kpe_cache: NDArray, indptr: NDArray, indices: NDArray, last_page_len: NDArray, stream: int) -> None:
+def append_paged_mla_kv_cache(append_ckv: NDArray, append_kpe: NDArray, batch_indices: NDArray, positions: NDArray, ckv_cache: NDArray, kpe_cache: NDArray, indptr: NDArray, indices: NDArray, last_page_len: NDArray, stream: int, *, cache_dtype: DType | None = None) -> None:
     """
-    tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to request batch_indices[i] at positions[i].
+    tessera::append_paged_mla_kv_cache: MLA latent rows append_ckv [nnz, ckv_dim] and append_kpe [nnz, kpe_dim] into ckv_cache [num_pages, page_size, ckv_dim] and kpe_cache [num_pages, page_size, kpe_dim]; row i goes to request batch_indices[i] at positions[i]. An fp8 cache: all four as uint8 views with cache_dtype e4m3 / e5m2 (a bit copy).
     """
 
 def apply_rope(q: NDArray, k: NDArray, q_rope: NDArray, k_rope: NDArray, indptr: NDArray, offsets: NDArray, rotary_dim: int, interleave: bool, rope_scale: float, rope_theta: float, stream: int) -> None:

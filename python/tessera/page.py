@@ -174,7 +174,9 @@ def append_paged_mla_kv_cache(
         batch_indices, positions: int32 ``[nnz]`` on the GPU: row i goes to request
             ``batch_indices[i]`` at token position ``positions[i]`` (see
             :func:`get_batch_indices_positions`).
-        ckv_cache: ``[num_pages, page_size, ckv_dim]``, float16 or bfloat16.
+        ckv_cache: ``[num_pages, page_size, ckv_dim]``, float16, bfloat16 or an fp8 cache's
+            ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (its rows come already quantized:
+            the copy never converts).
         kpe_cache: ``[num_pages, page_size, kpe_dim]``, the dtype of ``ckv_cache``.
         kv_indices, kv_indptr, kv_last_page_len: the page table AFTER the append (int32, GPU).
 
@@ -186,7 +188,7 @@ def append_paged_mla_kv_cache(
     Rows whose target lies outside the request's pages are skipped, never written out of bounds.
     """
     torch = U._torch()
-    halves = (torch.float16, torch.bfloat16)
+    halves = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
     U.check_tensor("append_ckv", append_ckv, ndim=2, shape_hint="([nnz, ckv_dim])")
     U.check_tensor("append_kpe", append_kpe, ndim=2, shape_hint="([nnz, kpe_dim])")
     U.check_tensor("ckv_cache", ckv_cache, ndim=3, shape_hint="([num_pages, page_size, ckv_dim])")
@@ -211,7 +213,9 @@ def append_paged_mla_kv_cache(
                     ("batch_indices", batch_indices), ("positions", positions), ("kv_indices", kv_indices),
                     ("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
         U.check_same_device(name, t, "ckv_cache", ckv_cache)
+    fp8 = U.is_fp8(ckv_cache.dtype)
     U.call(
-        U._C().append_paged_mla_kv_cache, ckv_cache, append_ckv, append_kpe, batch_indices, positions, ckv_cache,
-        kpe_cache, kv_indptr, kv_indices, kv_last_page_len, U.current_stream(ckv_cache.device),
+        U._C().append_paged_mla_kv_cache, ckv_cache, U.kv_arg(append_ckv), U.kv_arg(append_kpe), batch_indices,
+        positions, U.kv_arg(ckv_cache), U.kv_arg(kpe_cache), kv_indptr, kv_indices, kv_last_page_len,
+        U.current_stream(ckv_cache.device), cache_dtype=U.tessera_dtype(ckv_cache.dtype) if fp8 else None,
     )

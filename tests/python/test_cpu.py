@@ -732,7 +732,8 @@ def test_append_mla_checks():
         f(ckv, kpe, bi, pos, ckv_cache[:, :, None], kpe_cache, ix, ip, lp)
     with pytest.raises(TypeError, match="ckv_cache must be a torch.Tensor, got NoneType"):
         f(ckv, kpe, bi, pos, None, kpe_cache, ix, ip, lp)
-    with pytest.raises(TypeError, match=r"ckv_cache.dtype = torch.float32, expected torch.float16 or torch.bfloat16"):
+    with pytest.raises(TypeError, match=r"ckv_cache.dtype = torch.float32, expected torch.float16 or torch.bfloat16 or "
+                                        r"torch.float8_e4m3fn or torch.float8_e5m2"):
         f(ckv.float(), kpe.float(), bi, pos, ckv_cache.float(), kpe_cache.float(), ix, ip, lp)
     with pytest.raises(TypeError, match=r"kpe_cache.dtype = torch.bfloat16, expected torch.float16 \(the dtype of ckv_cache\)"):
         f(ckv, kpe, bi, pos, ckv_cache, kpe_cache.bfloat16(), ix, ip, lp)

@@ -610,6 +610,36 @@ def test_append_paged_mla_kv_cache(dtype, page_size, shared):
         assert torch.equal(whole.view(torch.int16), expect_whole), "the padding between kpe and ckv was written"
 
 
+@pytest.mark.parametrize("dtype", (torch.float8_e4m3fn, torch.float8_e5m2))
+def test_append_paged_mla_kv_cache_fp8(dtype):
+    """An fp8 latent cache: the rows' bytes land where the page table puts them (a bit copy)."""
+    gen = torch.Generator().manual_seed(3)
+    page_size, ckv_dim, kpe_dim = 16, 512, 64
+    old_lens, append_lens = [0, 20, 7], [5, 13, 1]
+    new_lens = [a + b for a, b in zip(old_lens, append_lens)]
+    pages = [(n + page_size - 1) // page_size for n in new_lens]
+    num_pages = sum(pages) + 2
+    kv_indices = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32).to(DEV)
+    kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    kv_last_page_len = torch.tensor([n - (p - 1) * page_size for n, p in zip(new_lens, pages)], dtype=torch.int32,
+                                    device=DEV)
+    # One [num_pages, page_size, 576] tensor, ckv and kpe its slices; poisoned with 0xFF bytes.
+    whole = torch.full((num_pages, page_size, ckv_dim + kpe_dim), 255, dtype=torch.uint8, device=DEV)
+    ckv_cache, kpe_cache = whole.view(dtype)[:, :, :ckv_dim], whole.view(dtype)[:, :, ckv_dim:]
+    nnz = sum(append_lens)
+    rows = torch.randint(0, 255, (nnz, ckv_dim + kpe_dim), generator=gen, dtype=torch.uint8).to(DEV)  # never 0xFF
+    seq_lens = tessera.get_seq_lens(kv_indptr, kv_last_page_len, page_size)
+    append_indptr = torch.tensor([0] + torch.tensor(append_lens).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    bi, pos = tessera.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    expect = whole.clone()
+    page = kv_indices[(kv_indptr[bi.long()] + pos // page_size).long()].long()
+    expect[page, (pos % page_size).long()] = rows
+    view = rows.view(dtype)
+    tessera.append_paged_mla_kv_cache(view[:, :ckv_dim], view[:, ckv_dim:], bi, pos, ckv_cache, kpe_cache, kv_indices,
+                                      kv_indptr, kv_last_page_len)
+    assert torch.equal(whole, expect)
+
+
 # --- fp8 KV caches (e4m3, e5m2) -----------------------------------------------------------------------
 # Codes are torch's casts of N(0, 1) values; scales are powers of two, so code x scale is exact in
 # 16 bits and the reference (fp32 attention over code x scale) sees what the kernels' tiles hold.

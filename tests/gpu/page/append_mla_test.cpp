@@ -36,7 +36,7 @@ struct MlaAppendCase {
   DType dtype;
   int64_t page_size;
   int64_t batch;
-  int64_t ckv_dim;
+  int64_t ckv_dim;  // 16-bit units of the host images (an fp8 case's rows are twice as many elements)
   int64_t kpe_dim;
   LatentStorage storage;
 };
@@ -214,20 +214,23 @@ TEST_P(AppendPagedMlaTest, MatchesHostCopyBitForBit) {
   }
 
   const Device gpu = Device::cuda(0);
+  // The host images count 16-bit units; an fp8 case's views count bytes: twice the elements and
+  // strides over the same memory.
+  const int64_t k = 2 / static_cast<int64_t>(tessera::dtype_size(c.dtype));
   auto* ckv_base = static_cast<uint16_t*>(d_images[cache.ckv_image].get()) + cache.ckv_base;
   auto* kpe_base = static_cast<uint16_t*>(d_images[cache.kpe_image].get()) + cache.kpe_base;
-  const TensorView ckv_cache(ckv_base, c.dtype, {cache.num_pages, c.page_size, c.ckv_dim},
-                             {cache.ckv_page_stride, cache.ckv_slot_stride, 1}, gpu);
-  const TensorView kpe_cache(kpe_base, c.dtype, {cache.num_pages, c.page_size, c.kpe_dim},
-                             {cache.kpe_page_stride, cache.kpe_slot_stride, 1}, gpu);
+  const TensorView ckv_cache(ckv_base, c.dtype, {cache.num_pages, c.page_size, k * c.ckv_dim},
+                             {k * cache.ckv_page_stride, k * cache.ckv_slot_stride, 1}, gpu);
+  const TensorView kpe_cache(kpe_base, c.dtype, {cache.num_pages, c.page_size, k * c.kpe_dim},
+                             {k * cache.kpe_page_stride, k * cache.kpe_slot_stride, 1}, gpu);
   TensorView ak, ap;
   if (c.storage == LatentStorage::kSeparate) {
-    ak = TensorView(d_rows[0].get(), c.dtype, {nnz, c.ckv_dim}, gpu);
-    ap = TensorView(d_rows[1].get(), c.dtype, {nnz, c.kpe_dim}, gpu);
+    ak = TensorView(d_rows[0].get(), c.dtype, {nnz, k * c.ckv_dim}, gpu);
+    ap = TensorView(d_rows[1].get(), c.dtype, {nnz, k * c.kpe_dim}, gpu);
   } else {
     auto* rows = static_cast<uint16_t*>(d_rows[0].get());
-    ak = TensorView(rows, c.dtype, {nnz, c.ckv_dim}, {append_row, 1}, gpu);
-    ap = TensorView(rows + c.ckv_dim, c.dtype, {nnz, c.kpe_dim}, {append_row, 1}, gpu);
+    ak = TensorView(rows, c.dtype, {nnz, k * c.ckv_dim}, {k * append_row, 1}, gpu);
+    ap = TensorView(rows + c.ckv_dim, c.dtype, {nnz, k * c.kpe_dim}, {k * append_row, 1}, gpu);
   }
   auto d_bi = upload_i32(batch_indices), d_pos = upload_i32(positions);
   auto d_indptr = upload_i32(cache.indptr), d_indices = upload_i32(cache.indices), d_last = upload_i32(cache.last_page_len);
@@ -267,6 +270,9 @@ std::vector<MlaAppendCase> mla_append_cases() {
   cases.push_back({DType::kBF16, 3, 5, 256, 32, LatentStorage::kShared});
   cases.push_back({DType::kF16, 16, 33, 128, 8, LatentStorage::kSeparate});
   cases.push_back({DType::kBF16, 64, 3, 8, 8, LatentStorage::kShared});
+  // fp8 caches, DeepSeek's widths (256 + 32 16-bit units: 512 + 64 bytes).
+  cases.push_back({DType::kE4M3, 16, 7, 256, 32, LatentStorage::kShared});
+  cases.push_back({DType::kE5M2, 1, 3, 256, 32, LatentStorage::kSeparate});
   return cases;
 }
 
@@ -327,10 +333,11 @@ TEST(AppendPagedMlaErrors, BadArgumentsAreNamed) {
          "ckv_cache.ndim = 4, expected 3 ([num_pages, page_size, ckv_dim])");
   expect([](C& c) { c.append_kpe = TensorView(c.base, DType::kBF16, {C::kRows, 1, C::kKpe}, c.gpu); },
          "append_kpe.ndim = 3, expected 2 ([nnz, kpe_dim])");
-  // Dtypes: f16 or bf16, one for all four tensors.
+  // Dtypes: f16, bf16, e4m3 or e5m2, one for all four tensors.
   expect([](C& c) { c.ckv_cache.dtype = c.kpe_cache.dtype = c.append_ckv.dtype = c.append_kpe.dtype = DType::kF32; },
-         "ckv_cache.dtype = f32, expected one of {f16, bf16}");
-  expect([](C& c) { c.ckv_cache.dtype = DType::kE4M3; }, "ckv_cache.dtype = e4m3, expected one of {f16, bf16}");
+         "ckv_cache.dtype = f32, expected one of {f16, bf16, e4m3, e5m2}");
+  expect([](C& c) { c.ckv_cache.dtype = DType::kI32; }, "ckv_cache.dtype = i32, expected one of {f16, bf16, e4m3, e5m2}");
+  expect([](C& c) { c.kpe_cache.dtype = DType::kE4M3; }, "kpe_cache.dtype = e4m3, expected bf16 (the dtype of ckv_cache)");
   expect([](C& c) { c.kpe_cache.dtype = DType::kF16; }, "kpe_cache.dtype = f16, expected bf16 (the dtype of ckv_cache)");
   expect([](C& c) { c.append_ckv.dtype = DType::kF16; }, "append_ckv.dtype = f16, expected bf16 (the dtype of ckv_cache)");
   expect([](C& c) { c.append_kpe.dtype = DType::kF16; }, "append_kpe.dtype = f16, expected bf16 (the dtype of ckv_cache)");

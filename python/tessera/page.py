@@ -180,10 +180,10 @@ def append_paged_mla_kv_cache(
         kpe_cache: ``[num_pages, page_size, kpe_dim]``, the dtype of ``ckv_cache``.
         kv_indices, kv_indptr, kv_last_page_len: the page table AFTER the append (int32, GPU).
 
-    ``ckv_dim`` and ``kpe_dim`` may be any multiples of 16 bytes (8 16-bit or 16 fp8 elements); every tensor may be strided
-    (e.g. ``ckv_cache`` and ``kpe_cache`` slices of one ``[num_pages, page_size, 576]`` tensor) as
-    long as its last dimension is contiguous and its rows start at 16-byte boundaries. The rows are
-    copied bit for bit.
+    ``ckv_dim`` and ``kpe_dim`` may be any multiples of 16 bytes (8 16-bit or 16 fp8 elements);
+    every tensor may be strided (e.g. ``ckv_cache`` and ``kpe_cache`` slices of one ``[num_pages,
+    page_size, 576]`` tensor) as long as its last dimension is contiguous and its rows start at
+    16-byte boundaries. The rows are copied bit for bit.
 
     Rows whose target lies outside the request's pages are skipped, never written out of bounds.
     """

@@ -4,8 +4,10 @@
 // MlaWorkTile (which query rows and KV tokens a CTA works on) and its two tile schedulers
 // (MlaSplitGridSchedule: one tile per CTA of the one-shot grid; MlaPlannedSchedule: the plan/run
 // runtime's persistent columns of work items), MlaTileLoader
-// (cp.async copies of Q and of paged KV rows into the swizzled operand tiles), MlaScoreMainloop
-// (Q K^T), MlaOnlineSoftmax (masking, running max and sum, P), MlaValueGemm (the P V products),
+// (cp.async copies of Q and of paged KV rows into the swizzled operand tiles), MlaKvCopy (how a
+// stage is filled: cp.async for a 16-bit cache, through the registers with a conversion for an
+// fp8 one), MlaScoreMainloop (Q K^T), MlaDequant (an fp8 cache's scales), MlaOnlineSoftmax
+// (masking, running max and sum, P), MlaValueGemm (the P V products),
 // MlaEpilogue, MlaHandoffs (the pipeline between the warpgroups), and the two warpgroup roles,
 // MlaValueWarpgroup and MlaScoreWarpgroup. Roles and shared memory: traits.cuh.
 #pragma once

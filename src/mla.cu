@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention/mla/decode.cuh"
+#include "kernels/attention/mla/narrow.cuh"
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
@@ -111,6 +112,27 @@ struct SplitStates {
 };
 
 constexpr int64_t kMaxKvSplits = 256;
+
+/// The one-shot kernel for a batch whose requests have up to grid_rows packed rows: the narrow
+/// tile (the rows as the MMAs' N) when they fit its 16 rows, else the 64-row tile.
+template <typename T, typename KVT>
+void launch_mla_tile(const kernels::MlaParams<T, KVT>& p, int64_t grid_rows, dim3 grid, StreamHandle stream) {
+  using Narrow = kernels::MlaNarrowTraits<T, KVT>;
+  if (grid_rows <= Narrow::CTA_TILE_Q) {
+    using Schedule = kernels::MlaSplitGridSchedule<Narrow>;
+    const auto kernel = kernels::mla_paged_narrow_kernel<Narrow, Schedule>;
+    detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Narrow::kSmemBytes);
+    kernel<<<dim3(1, grid.y, grid.z), Narrow::kThreads, Narrow::kSmemBytes, stream>>>(p, typename Schedule::Args{});
+    TESSERA_CHECK_LAUNCH();
+    return;
+  }
+  using Traits = kernels::MlaTraits<T, KVT>;
+  using Schedule = kernels::MlaSplitGridSchedule<Traits>;
+  const auto kernel = kernels::mla_paged_kernel<Traits, Schedule>;
+  detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, typename Schedule::Args{});
+  TESSERA_CHECK_LAUNCH();
+}
 
 }  // namespace
 
@@ -235,11 +257,7 @@ void batch_mla_paged(const TensorView& q_nope, const TensorView& q_pe, const Ten
                       static_cast<unsigned>(batch), static_cast<unsigned>(splits));
       TESSERA_CHECK(grid.y <= 65535, StatusCode::kInvalidArgument)
           << "kv.batch_size() = " << batch << ", expected <= 65535 (one grid row per request)";
-      using Schedule = kernels::MlaSplitGridSchedule<Traits>;
-      const auto kernel = kernels::mla_paged_kernel<Traits, Schedule>;
-      detail::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p, typename Schedule::Args{});
-      TESSERA_CHECK_LAUNCH();
+      launch_mla_tile<T, KVT>(p, grid_rows, grid, stream);
       if (splits > 1) {
         // The split states, in split order, into o and lse.
         const TensorView v(p.partial_o, q_nope.dtype, {total_q, splits, heads, kMlaLatentDim}, q_nope.device);

@@ -1,5 +1,5 @@
 // Warpgroup tensor-core instructions of sm_90a (wgmma): shared-memory matrix descriptors, the
-// m64nNk16 MMAs (N = 64, 96, 128, 256) and the fp8 m64nNk32 ones (N = 64, 128, 256) with fp32
+// m64nNk16 MMAs (N = 16, 64, 96, 128, 256) and the fp8 m64nNk32 ones (N = 64, 128, 256) with fp32
 // accumulation, and the fences around them. A warpgroup is 4 consecutive warps (128 threads); all
 // of them execute every instruction here together.
 //
@@ -160,6 +160,13 @@ template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_b(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b_mn_major,
                                           bool accumulate);
 
+/// d (64 x N, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) MN-major (M
+/// contiguous) and B (N x 16) K-major, both in shared memory (V^T times a P^T: the MLA tile for
+/// few query rows, whose N is the rows).
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_a(float (&d)[N / 2], uint64_t desc_a_mn_major, uint64_t desc_b,
+                                          bool accumulate);
+
 /// d (64 x N, fp32) = A * B + (accumulate ? d : 0) for one warpgroup: A (64 x 16) in registers
 /// (four packed pairs, the m16n8k16 A fragment of the thread's warp), B (16 x N) MN-major in
 /// shared memory (N contiguous elements per K row, in the layout's column blocks).
@@ -179,8 +186,11 @@ template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate);
 
 #if TESSERA_WGMMA_AVAILABLE
-// A thread's accumulators of an m64n64 (32), m64n96 (48), m64n128 (64) and m64n256 (128) tile, as asm
-// operands %0 ..
+// A thread's accumulators of an m64n16 (8), m64n64 (32), m64n96 (48), m64n128 (64) and m64n256
+// (128) tile, as asm operands %0 ..
+#define TESSERA_WGMMA_D8_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define TESSERA_WGMMA_D8_OPERANDS \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
 #define TESSERA_WGMMA_D32_REGS                                                                                        \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -254,6 +264,15 @@ TESSERA_DEVICE void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                  : "l"(desc_a), "l"(desc_b_mn_major), "r"(static_cast<uint32_t>(accumulate)));                        \
   }                                                                                                                   \
   template <>                                                                                                         \
+  TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_a<TYPE, N>(float(&d)[N / 2], uint64_t desc_a_mn_major, uint64_t desc_b,    \
+                                                      bool accumulate) {                                              \
+    asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " SS_ACC ", 0;\n"                                            \
+                 " wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " REGS SS_TAIL           \
+                 ", acc, 1, 1, 1, 0;\n}\n"                                                                             \
+                 : OPERANDS                                                                                           \
+                 : "l"(desc_a_mn_major), "l"(desc_b), "r"(static_cast<uint32_t>(accumulate)));                        \
+  }                                                                                                                   \
+  template <>                                                                                                         \
   TESSERA_DEVICE void wgmma_m64nNk16_rs<TYPE, N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b_mn_major,   \
                                                  bool accumulate) {                                                   \
     asm volatile("{\n .reg .pred acc;\n setp.ne.b32 acc, " RS_ACC ", 0;\n"                                            \
@@ -263,6 +282,9 @@ TESSERA_DEVICE void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b_mn_major),                                  \
                    "r"(static_cast<uint32_t>(accumulate)));                                                           \
   }
+#define TESSERA_WGMMA_N16(TYPE, PTX_TYPE)                                                                             \
+  TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 16, TESSERA_WGMMA_D8_REGS, TESSERA_WGMMA_D8_OPERANDS, "%10", ", %8, %9",      \
+                        "%13", ", {%8, %9, %10, %11}, %12")
 #define TESSERA_WGMMA_N64(TYPE, PTX_TYPE)                                                                             \
   TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 64, TESSERA_WGMMA_D32_REGS, TESSERA_WGMMA_D32_OPERANDS, "%34", ", %32, %33",  \
                         "%37", ", {%32, %33, %34, %35}, %36")
@@ -275,6 +297,8 @@ TESSERA_DEVICE void wgmma_m64nNk32_rs(float (&d)[N / 2], const uint32_t (&a)[4],
 #define TESSERA_WGMMA_N256(TYPE, PTX_TYPE)                                                                            \
   TESSERA_WGMMA_M64NK16(TYPE, PTX_TYPE, 256, TESSERA_WGMMA_D128_REGS, TESSERA_WGMMA_D128_OPERANDS, "%130",           \
                         ", %128, %129", "%133", ", {%128, %129, %130, %131}, %132")
+TESSERA_WGMMA_N16(__nv_bfloat16, "bf16")
+TESSERA_WGMMA_N16(__half, "f16")
 TESSERA_WGMMA_N64(__nv_bfloat16, "bf16")
 TESSERA_WGMMA_N64(__half, "f16")
 TESSERA_WGMMA_N96(__nv_bfloat16, "bf16")
@@ -318,15 +342,18 @@ TESSERA_WGMMA_FP8(__nv_fp8_e5m2, "e5m2")
 #undef TESSERA_WGMMA_N128
 #undef TESSERA_WGMMA_N96
 #undef TESSERA_WGMMA_N64
+#undef TESSERA_WGMMA_N16
 #undef TESSERA_WGMMA_M64NK16
 #undef TESSERA_WGMMA_D128_OPERANDS
 #undef TESSERA_WGMMA_D64_OPERANDS
 #undef TESSERA_WGMMA_D48_OPERANDS
 #undef TESSERA_WGMMA_D32_OPERANDS
+#undef TESSERA_WGMMA_D8_OPERANDS
 #undef TESSERA_WGMMA_D128_REGS
 #undef TESSERA_WGMMA_D64_REGS
 #undef TESSERA_WGMMA_D48_REGS
 #undef TESSERA_WGMMA_D32_REGS
+#undef TESSERA_WGMMA_D8_REGS
 #else
 // Other targets compile the callers but never run them.
 template <typename T, int N>
@@ -335,6 +362,10 @@ TESSERA_DEVICE void wgmma_m64nNk16_ss(float (&)[N / 2], uint64_t, uint64_t, bool
 }
 template <typename T, int N>
 TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_b(float (&)[N / 2], uint64_t, uint64_t, bool) {
+  __trap();
+}
+template <typename T, int N>
+TESSERA_DEVICE void wgmma_m64nNk16_ss_mn_a(float (&)[N / 2], uint64_t, uint64_t, bool) {
   __trap();
 }
 template <typename T, int N>

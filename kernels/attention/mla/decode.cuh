@@ -132,9 +132,11 @@ struct MlaPlannedSchedule {
 struct MlaPipelineState {
   int tiles_done = 0;
   int items_done = 0;
+  int items_with_kv = 0;  // work tiles of at least one KV tile (the narrow tile's Q buffers, narrow.cuh)
   TESSERA_DEVICE void advance(int tiles) {
     tiles_done += tiles;
     ++items_done;
+    items_with_kv += tiles > 0 ? 1 : 0;
   }
 };
 

@@ -91,5 +91,84 @@ struct MlaTraits {
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM: sm_90's 227 KB of opt-in shared memory");
 };
 
+/// What a warpgroup of the narrow MLA kernel does (narrow.cuh).
+enum class MlaNarrowRole : int { kMath = 0, kLoad = 1 };
+
+/// The MLA tile for requests of few (token, head) rows (decode with up to 16 heads a GPU): the
+/// rows become the N of the MMAs instead of their M, so no MMA multiplies empty rows. S^T = K Q^T
+/// (M = 64 keys, N = 16 rows, 36 k16 steps) and O^T += V^T P^T (M = 512 latent columns in 8 tiles,
+/// N = 16 rows, K = 64 keys); O^T is 64 accumulators a thread, so one math warpgroup holds it,
+/// and a load warpgroup copies Q and the KV tiles. With a quarter of the 64-row tile's MMA work a
+/// KV tile, the tile is bound by the copies it keeps in flight:
+/// - a 16-bit cache: two operand stages (cp.async, as MlaTraits), one tile in flight while the
+///   other is multiplied;
+/// - an fp8 cache: three raw stages of stored bytes (cp.async, half the bytes of an operand stage)
+///   and one operand stage, which the load warpgroup fills by converting a raw tile once the math
+///   warpgroup has released the stage: two raw tiles in flight.
+template <typename T, typename KVT = T>
+struct MlaNarrowTraits {
+  using DType = T;
+  using KVType = KVT;
+  static constexpr bool kFp8Cache = IsFp8<KVT>::value;
+  static_assert(sizeof(T) == 2 && (kFp8Cache || kSameType<KVT, T>), "16-bit Q; a cache of q's type or fp8");
+  static constexpr int kLatentDim = 512;
+  static constexpr int kRopeDim = 64;
+  static constexpr int kQkDim = kLatentDim + kRopeDim;
+  static constexpr int CTA_TILE_Q = 16;   // packed rows: the MMAs' N
+  static constexpr int CTA_TILE_KV = 64;  // keys a stage: S^T's M
+  static constexpr int kStages = kFp8Cache ? 1 : 2;     // operand stages ([CTA_TILE_KV, kQkDim] of T)
+  static constexpr int kRawStages = kFp8Cache ? 3 : 0;  // raw stages ([CTA_TILE_KV, kQkDim] of KVT)
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kThreads = kWarpgroups * kWarpgroupThreads;
+  static constexpr int kWarps = kWarpgroupThreads / kWarpSize;  // of the math warpgroup
+  static constexpr int kLatentTiles = kLatentDim / 64;          // m64 tiles of O^T
+  static constexpr int kQkSteps = kQkDim / 16;
+  static constexpr int kPvSteps = CTA_TILE_KV / 16;
+
+  static constexpr int kRowChunks = kQkDim * static_cast<int>(sizeof(T)) / 16;  // 72
+  static constexpr int kLatentChunks = kLatentDim * static_cast<int>(sizeof(T)) / 16;
+  static constexpr int kRopeChunks = kRopeDim * static_cast<int>(sizeof(T)) / 16;
+  using QTile = WgmmaTile<CTA_TILE_Q, kRowChunks>;    // [CTA_TILE_Q, kQkDim]: B of S^T, K-major
+  using KVTile = WgmmaTile<CTA_TILE_KV, kRowChunks>;  // [CTA_TILE_KV, kQkDim]: A of S^T (K-major), of O^T (MN-major)
+  using PTile = WgmmaTile<CTA_TILE_Q, CTA_TILE_KV * static_cast<int>(sizeof(T)) / 16>;  // [CTA_TILE_Q, CTA_TILE_KV]: B of O^T
+  static_assert(KVTile::kAtomChunks == 8 && QTile::kAtomChunks == 8 && PTile::kAtomChunks == 8,
+                "128-byte swizzle: 64-column blocks, one m64 tile of O^T per block");
+  // The load warpgroup: 8 threads copy one 128-byte block of a row (as MlaTraits); an fp8 raw
+  // tile is copied and converted in 16-byte pieces, 4 threads a row, rows tid / 4 + 32 i.
+  static constexpr int kLoaderGroups = kWarpgroupThreads / 8;
+  static constexpr int kRowsPerLoader = CTA_TILE_KV / kLoaderGroups;
+  static_assert(CTA_TILE_Q == kLoaderGroups, "one Q row per loader group");
+  static constexpr int kRawRowBytes = kQkDim * static_cast<int>(sizeof(KVT));
+  static constexpr int kRawPiecesPerRow = kRawRowBytes / 16;
+  static constexpr int kRawLatentPieces = kLatentDim * static_cast<int>(sizeof(KVT)) / 16;
+  static constexpr int kRawPieceLanes = 4;
+  static constexpr int kRawRowsPerThread = CTA_TILE_KV * kRawPieceLanes / kWarpgroupThreads;
+  static constexpr int kRawPiecesPerLane = kRawPiecesPerRow / kRawPieceLanes;
+
+  // Shared memory: the operand stages, the raw stages, two Q buffers, P^T, the warps' partial row
+  // maxima / sums, the mbarriers. Work tile i's Q goes to buffer i % 2: the load warpgroup copies
+  // the next work tile's Q while the math warpgroup still multiplies this one's (the runtime's
+  // columns of several work tiles).
+  static constexpr int kQBuffers = 2;
+  static constexpr int kQBytes = CTA_TILE_Q * kRowChunks * 16;
+  static constexpr int kKVStageBytes = CTA_TILE_KV * kRowChunks * 16;
+  static constexpr int kRawStageBytes = CTA_TILE_KV * kRawRowBytes;
+  static constexpr int kPBytes = CTA_TILE_Q * CTA_TILE_KV * static_cast<int>(sizeof(T));
+  static constexpr int kKVOffset = 0;
+  static constexpr int kRawOffset = kKVOffset + kStages * kKVStageBytes;
+  static constexpr int kQOffset = kRawOffset + kRawStages * kRawStageBytes;  // [kQBuffers][CTA_TILE_Q, kQkDim]
+  static constexpr int kPOffset = kQOffset + kQBuffers * kQBytes;
+  // Two buffers of the warps' partials, by tile parity: a warp writes tile t + 1's while another
+  // may still read tile t's.
+  static constexpr int kPartialOffset = kPOffset + kPBytes;  // f32 [2][kWarps, CTA_TILE_Q]
+  static constexpr int kBarrierOffset = kPartialOffset + 2 * kWarps * CTA_TILE_Q * 4;
+  static constexpr int kBarriers = 2 * kStages + kQBuffers;
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+  static_assert(kQOffset % 1024 == 0 && kQBytes % 1024 == 0 && kPOffset % 1024 == 0 && kKVStageBytes % 1024 == 0,
+                "operand tiles start on the swizzle's 1024-byte period");
+  static_assert(kSmemBytes <= 227 * 1024, "sm_90's 227 KB of opt-in shared memory");
+};
+
 }  // namespace kernels
 }  // namespace tessera

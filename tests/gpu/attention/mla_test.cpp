@@ -185,6 +185,17 @@ TEST(MlaTest, Fp8CombinedCacheLongContext_sanitize) {
   run_case(mtp);
 }
 
+// Requests of at most 16 (token, head) rows run the narrow tile (the rows as the MMAs' N): fewer
+// heads than a tile's rows, several tokens, partial tiles, both cache kinds.
+TEST(MlaTest, NarrowTileRows_sanitize) {
+  run_case(MlaCase{DType::kBF16, 8, 2, 16, true, {0, 2, 77, 700}});
+  run_case(MlaCase{DType::kF16, 4, 3, 1, false, {130, 5, 64}});
+  MlaCase fp8{DType::kBF16, 2, 8, 64, true, {1000, 8, 0}};
+  fp8.fp8 = DType::kE4M3;
+  fp8.num_kv_splits = 3;
+  run_case(fp8);
+}
+
 TEST(MlaTest, BadArgumentsAreNamed) {
   std::mt19937_64 rng(test_seed());
   MlaCase c{DType::kBF16, 16, 2, 16, true, {40, 9}};

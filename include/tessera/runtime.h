@@ -532,17 +532,22 @@ struct MlaPlanShape {
 /// length and CUDA Graphs of the other wrappers (the header comment's rules hold). sm_90 GPUs.
 ///
 /// The plan treats MLA as attention with one KV head shared by all num_heads query heads: a
-/// request's (token, head) rows are cut into query tiles of 64 rows, each tile's visible KV range
-/// into chunks of whole 64-token tiles, and the chunks are balanced over one persistent CTA per
-/// SM. Every tile reads the request's whole latent row (576 values) per key and multiplies it
-/// into 64 rows whether or not all are valid, so an item costs its KV length whatever its rows: a
-/// request with many heads or tokens is several tiles over the same KV (the compute-bound regime),
-/// whose chunks the plan keeps aligned so that the tiles read the same keys at the same time and
-/// share them in L2. With SplitKV::kAuto a plan without splits is kept when it is within 10% of
+/// request's (token, head) rows are cut into query tiles, each tile's visible KV range into chunks
+/// of whole 64-token tiles, and the chunks are balanced over one persistent CTA per SM. The tile
+/// has 16 rows (the narrow tile: the rows are the MMAs' N) when every request of the plan has at
+/// most 16 rows, else 64 (PlanInfo::q_tile_rows; options.q_tile = k16 or k64 forces one). Every
+/// tile reads the request's whole latent row (576 values) per key and multiplies it into all its
+/// rows whether or not all are valid, so an item costs its KV length whatever its rows: a request
+/// with many heads or tokens is several tiles over the same KV (the compute-bound regime), whose
+/// chunks the plan keeps aligned so that the tiles read the same keys at the same time and share
+/// them in L2. With SplitKV::kAuto a plan without splits is kept when it is within 10% of
 /// the balanced lower bound (a split costs its state's write and merge), else the best of chunks
 /// that give one wave of items and the planner's own search (docs/design.md §6).
 /// options: cuda_graph, split_kv (kFixed: fixed_split_size a multiple of 128), sm_budget and,
-/// with cuda_graph, dtype and kv_dtype; q_tile must be kAuto or k64.
+/// with cuda_graph, dtype and kv_dtype; q_tile kAuto, k16 or k64 (with cuda_graph, kAuto takes the
+/// narrow tile when bounds.num_heads x ceil(max_total_qo_tokens / max_batch_size) <= 16, e.g.
+/// decode with up to 16 heads; a later plan with more rows a request then runs several narrow
+/// tiles over its KV).
 class TESSERA_API BatchMLAPagedWrapper {
  public:
   BatchMLAPagedWrapper(const TensorView& workspace, const MlaRuntimeBounds& bounds, const RuntimeOptions& options = {});

@@ -13,6 +13,7 @@
 
 #include "kernels/attention/mla/contraction.cuh"
 #include "kernels/attention/mla/decode.cuh"
+#include "kernels/attention/mla/narrow.cuh"
 #include "src/check.h"
 #include "src/cuda_utils.h"
 #include "src/dispatch.h"
@@ -31,7 +32,11 @@ namespace detail {
 namespace {
 
 using Tile = kernels::MlaTraits<__nv_bfloat16>;  // tile sizes and shared memory are the same for f16
+using NarrowTile = kernels::MlaNarrowTraits<__nv_bfloat16>;
 static_assert(kernels::MlaTraits<__half>::kSmemBytes == Tile::kSmemBytes, "one grid for both dtypes");
+static_assert(NarrowTile::CTA_TILE_KV == Tile::CTA_TILE_KV && NarrowTile::CTA_TILE_Q < Tile::CTA_TILE_Q,
+              "the two tiles cut the KV alike; the workspace is sized by the narrow tile's items and the wide "
+              "tile's state slots");
 
 constexpr int64_t kAlign = 256;
 constexpr int kSplitMultiple = 128;  // fixed split sizes, as the other wrappers (RuntimeOptions)
@@ -81,13 +86,33 @@ void check_options(const RuntimeOptions& o) {
         << "options.fixed_split_size = " << o.fixed_split_size << ", expected a positive multiple of "
         << kSplitMultiple << " with split_kv = kFixed";
   }
-  TESSERA_CHECK_ARG(o.q_tile == QueryTile::kAuto || o.q_tile == QueryTile::k64)
-      << "options.q_tile = " << static_cast<int>(o.q_tile) << ", expected kAuto or 64 (the MLA tile has 64 rows)";
+  TESSERA_CHECK_ARG(o.q_tile == QueryTile::kAuto || o.q_tile == QueryTile::k16 || o.q_tile == QueryTile::k64)
+      << "options.q_tile = " << static_cast<int>(o.q_tile)
+      << ", expected kAuto, 16 or 64 (the MLA tiles: 16 rows as the MMAs' N, or 64)";
   TESSERA_CHECK_ARG(o.dtype == DType::kF16 || o.dtype == DType::kBF16)
       << "options.dtype = " << o.dtype << ", expected f16 or bf16";
   TESSERA_CHECK_ARG(!o.kv_dtype.has_value() || *o.kv_dtype == o.dtype || is_fp8(*o.kv_dtype))
       << "options.kv_dtype = " << *o.kv_dtype << ", expected unset, options.dtype (" << o.dtype
       << "), e4m3 or e5m2 (the latent cache's dtype)";
+}
+
+/// The query tile's rows for a plan whose largest request has max_rows packed rows: the narrow
+/// tile (16 rows, kernels/attention/mla/narrow.cuh) when every request fits it, since it reads a
+/// request's KV once at a quarter of the MMA work; else the 64-row tile, which also reads it once
+/// per 64 rows where the narrow one would per 16.
+int32_t tile_rows_for(QueryTile q_tile, int64_t max_rows) {
+  switch (q_tile) {
+    case QueryTile::k16: return NarrowTile::CTA_TILE_Q;
+    case QueryTile::k64: return Tile::CTA_TILE_Q;
+    default: return max_rows <= NarrowTile::CTA_TILE_Q ? NarrowTile::CTA_TILE_Q : Tile::CTA_TILE_Q;
+  }
+}
+
+/// With cuda_graph the kernel is captured once, so kAuto is resolved from the bounds: the
+/// requests' rows when the tokens are spread evenly (decode bounds: one token a request).
+int32_t graph_tile_rows(const MlaRuntimeBounds& b, QueryTile q_tile) {
+  const int64_t tokens = (b.max_total_qo_tokens + b.max_batch_size - 1) / b.max_batch_size;
+  return tile_rows_for(q_tile, tokens * b.num_heads);
 }
 
 runtime::Plan plan_with_mode(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len,
@@ -102,11 +127,11 @@ bool within_10_percent(int64_t makespan, int64_t lower_bound) { return makespan 
 /// many chunks as there are CTAs, counting a tile's KV as its request's whole length (causal tiles
 /// see less, so the count is an upper bound); 0 when even one chunk per tile is too many.
 int64_t one_wave_chunk(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& kv_len, int64_t heads,
-                       int64_t ctas) {
+                       int64_t tile_rows, int64_t ctas) {
   auto chunks = [&](int64_t L) {
     int64_t n = 0;
     for (size_t b = 0; b < qo_len.size(); ++b) {
-      const int64_t tiles = (qo_len[b] * heads + Tile::CTA_TILE_Q - 1) / Tile::CTA_TILE_Q;
+      const int64_t tiles = (qo_len[b] * heads + tile_rows - 1) / tile_rows;
       n += tiles * std::max<int64_t>(1, (kv_len[b] + L - 1) / L);
     }
     return n;
@@ -146,11 +171,11 @@ runtime::Plan plan_balanced(const std::vector<int32_t>& qo_len, const std::vecto
   int64_t tiles = 0;
   bool shared_kv = false;
   for (const int32_t len : qo_len) {
-    const int64_t t = (len * heads + Tile::CTA_TILE_Q - 1) / Tile::CTA_TILE_Q;
+    const int64_t t = (len * heads + config.q_tile_rows - 1) / config.q_tile_rows;
     tiles += t;
     shared_kv = shared_kv || t >= 2;
   }
-  const int64_t wave = one_wave_chunk(qo_len, kv_len, heads, config.num_ctas);
+  const int64_t wave = one_wave_chunk(qo_len, kv_len, heads, config.q_tile_rows, config.num_ctas);
   if (wave > 0 && wave < INT32_MAX) {
     runtime::PlannerConfig fixed = config;
     fixed.fixed_split_size = static_cast<int32_t>(wave);
@@ -174,7 +199,7 @@ struct MlaWorkspaceLayout {
   int64_t merges = 0;         // PlannedMerge [max_merges]
   int64_t items = 0;          // PlannedItem [max_items]
   int64_t plan_end = 0;
-  int64_t partial_lse = 0;    // f32 [max_partials, 64]
+  int64_t partial_lse = 0;    // f32 [max_partials, 64]: a slot of either tile
   int64_t partial_o = 0;      // f32 [max_partials, 64, 512]
   int64_t total = 0;
   int32_t max_cols = 0, max_batch = 0, max_items = 0, max_merges = 0, max_partials = 0;
@@ -185,8 +210,8 @@ struct MlaWorkspaceLayout {
     MlaWorkspaceLayout l;
     l.max_cols = grid_ctas(options);
     l.max_batch = static_cast<int32_t>(bounds.max_batch_size);
-    const int64_t max_tiles =
-        (bounds.max_total_qo_tokens * bounds.num_heads + Tile::CTA_TILE_Q - 1) / Tile::CTA_TILE_Q +
+    const int64_t max_tiles =  // of the narrow tile, the most of either
+        (bounds.max_total_qo_tokens * bounds.num_heads + NarrowTile::CTA_TILE_Q - 1) / NarrowTile::CTA_TILE_Q +
         bounds.max_batch_size;
     // A plan whose chunks are at least total / CTAs long splits at most two chunks per CTA
     // (docs/design.md §6); kFixed plans that need more slots fail with a named error.
@@ -257,10 +282,14 @@ class MlaRuntime {
     check_shape(shape, page_size);
     std::vector<int32_t> qo_len;
     fill_lengths(qo, qo_len);
+    int64_t max_qo_len = 0;
+    for (const int32_t len : qo_len) max_qo_len = std::max<int64_t>(max_qo_len, len);
+    const int32_t tile_rows = options_.cuda_graph ? graph_tile_rows(bounds_, options_.q_tile)
+                                                  : tile_rows_for(options_.q_tile, max_qo_len * shape.num_heads);
 
     runtime::PlannerConfig config;
     config.group_size = static_cast<int32_t>(shape.num_heads);
-    config.q_tile_rows = Tile::CTA_TILE_Q;
+    config.q_tile_rows = tile_rows;
     config.kv_tile_rows = Tile::CTA_TILE_KV;
     config.num_ctas = layout_.max_cols;
     config.causal = shape.causal;
@@ -299,10 +328,11 @@ class MlaRuntime {
     shape_ = shape;
     page_size_ = page_size;
     total_q_ = total_q;
+    tile_rows_ = tile_rows;
     kv_indptr_host_ = std::move(paged.kv_indptr);
     info_ = PlanInfo{};
     info_.batch_size = batch;
-    info_.q_tile_rows = Tile::CTA_TILE_Q;
+    info_.q_tile_rows = tile_rows;
     info_.kv_tile_rows = Tile::CTA_TILE_KV;
     info_.grid_cols = layout_.max_cols;
     info_.heads_per_cta = 1;
@@ -344,7 +374,13 @@ class MlaRuntime {
       enqueue_segmented_ids_check(c, DeviceCheckSite::kRuntimePageIds, stream);
     }
     TESSERA_DISPATCH_HALF_DTYPE(q_nope.dtype, "q_nope", T, [&] {
-      TESSERA_DISPATCH_KV_DTYPE(ckv.dtype, T, "ckv", KVT, [&] { launch<T, KVT>(q_nope, q_pe, ckv, kpe, kv_indices, o, lse, s); });
+      TESSERA_DISPATCH_KV_DTYPE(ckv.dtype, T, "ckv", KVT, [&] {
+        if (tile_rows_ == NarrowTile::CTA_TILE_Q) {
+          launch<kernels::MlaNarrowTraits<T, KVT>>(q_nope, q_pe, ckv, kpe, kv_indices, o, lse, s);
+        } else {
+          launch<kernels::MlaTraits<T, KVT>>(q_nope, q_pe, ckv, kpe, kv_indices, o, lse, s);
+        }
+      });
     });
     channel_->record_run(s, capturing);
   }
@@ -422,11 +458,26 @@ class MlaRuntime {
         << " (kv_indptr[batch_size] of the plan)";
   }
 
-  template <typename T, typename KVT>
+  /// The plan's tile: Traits is MlaTraits or MlaNarrowTraits of the run's dtypes.
+  template <typename Traits>
+  static void launch_tile(const kernels::MlaParamsOf<Traits>& p, const kernels::PlannedWork& work, int grid,
+                          cudaStream_t s) {
+    if constexpr (Traits::CTA_TILE_Q == NarrowTile::CTA_TILE_Q) {
+      const auto kernel = kernels::mla_paged_narrow_kernel<Traits, kernels::MlaPlannedSchedule<Traits>>;
+      ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p, work);
+    } else {
+      const auto kernel = kernels::mla_paged_kernel<Traits, kernels::MlaPlannedSchedule<Traits>>;
+      ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
+      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, s>>>(p, work);
+    }
+    TESSERA_CHECK_LAUNCH();
+  }
+
+  template <typename Traits>
   void launch(const TensorView& q_nope, const TensorView& q_pe, const TensorView& ckv, const TensorView& kpe,
               const TensorView& kv_indices, const TensorView& o, const TensorView& lse, cudaStream_t s) const {
-    using Traits = kernels::MlaTraits<T, KVT>;
-    kernels::MlaParams<T, KVT> p{};
+    kernels::MlaParamsOf<Traits> p{};
     set_mla_tensor_params(p, q_nope, q_pe, ckv, kpe, o, lse);
     p.scales = kv_scale_params(shape_.kv_scales);
     p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + layout_.qo_indptr);
@@ -447,10 +498,7 @@ class MlaRuntime {
     work.partial_lse = reinterpret_cast<float*>(workspace_ + layout_.partial_lse);
     work.heads_per_cta = 1;
 
-    const auto kernel = kernels::mla_paged_kernel<Traits, kernels::MlaPlannedSchedule<Traits>>;
-    ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes);
-    kernel<<<layout_.max_cols, Traits::kThreads, Traits::kSmemBytes, s>>>(p, work);
-    TESSERA_CHECK_LAUNCH();
+    launch_tile<Traits>(p, work, layout_.max_cols, s);
     // A captured launch must also merge for later plans that split.
     const int64_t merges = options_.cuda_graph ? layout_.max_merges : info_.num_merges;
     if (merges == 0) return;
@@ -471,6 +519,7 @@ class MlaRuntime {
   MlaPlanShape shape_;
   int64_t page_size_ = 0;
   int64_t total_q_ = 0;
+  int32_t tile_rows_ = 0;  // the plan's query tile (16: the narrow tile, 64)
   std::vector<int32_t> kv_indptr_host_;  // the plan's page ranges, for run()'s page-id checks
   PlanInfo info_;
 };

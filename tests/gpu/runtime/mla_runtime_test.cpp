@@ -144,6 +144,38 @@ TEST(MlaRuntime, PipelineRunsOnAcrossWorkTiles_sanitize) {
   EXPECT_GT(run_case(MlaCase{DType::kF16, 64, 1, 1, false, {0, 300, 2}}, two_sms).num_merges, 0);
 }
 
+// Requests of at most 16 (token, head) rows run the narrow tile (PlanInfo::q_tile_rows 16): two
+// CTAs run every item one after another (empty KV ranges, one-tile items, split chunks), so the
+// load warpgroup fills the next item's Q buffer and stages while the math warpgroup finishes this
+// one's; forced tiles either way.
+TEST(MlaRuntime, NarrowTileRunsOnAcrossWorkTiles_sanitize) {
+  SKIP_WITHOUT_SM90();
+  tessera::RuntimeOptions two_sms;
+  two_sms.sm_budget = 2;
+  const tessera::PlanInfo whole = run_case(MlaCase{DType::kBF16, 16, 1, 16, false, {300, 0, 65, 1, 130, 64}}, two_sms);
+  EXPECT_EQ(whole.q_tile_rows, 16);
+  EXPECT_EQ(whole.grid_cols, 2);
+  MlaCase fp8{DType::kF16, 8, 2, 1, true, {200, 1, 0, 129}};
+  fp8.fp8 = DType::kE4M3;
+  fp8.fp8_scales = Fp8Scales::kDevice;
+  EXPECT_EQ(run_case(fp8, two_sms).q_tile_rows, 16);
+  two_sms.split_kv = tessera::SplitKV::kFixed;
+  two_sms.fixed_split_size = 128;
+  const tessera::PlanInfo split = run_case(MlaCase{DType::kF16, 4, 3, 64, true, {0, 300, 2, 40}}, two_sms);
+  EXPECT_EQ(split.q_tile_rows, 16);
+  EXPECT_GT(split.num_merges, 0);
+  // 32 rows a request: 64-row tiles unless the narrow one is asked for (two tiles a request).
+  tessera::RuntimeOptions tile16;
+  tile16.q_tile = tessera::QueryTile::k16;
+  tile16.sm_budget = 3;
+  const MlaCase two_tiles{DType::kBF16, 16, 2, 16, true, {700, 3, 0, 64}};
+  EXPECT_EQ(run_case(two_tiles).q_tile_rows, 64);
+  EXPECT_EQ(run_case(two_tiles, tile16).q_tile_rows, 16);
+  tessera::RuntimeOptions tile64;
+  tile64.q_tile = tessera::QueryTile::k64;
+  EXPECT_EQ(run_case(MlaCase{DType::kBF16, 16, 1, 64, false, {500, 2}}, tile64).q_tile_rows, 64);
+}
+
 TEST(MlaRuntime, LongContexts) {
   SKIP_WITHOUT_SM90();
   run_case(MlaCase{DType::kBF16, 16, 1, 64, false, {65536, 4099}});
@@ -256,31 +288,34 @@ struct GraphBuffers {
   }
 };
 
-TEST(MlaRuntime, GraphReplaysAfterReplans_sanitize) {
-  SKIP_WITHOUT_SM90();
+/// Captures run() once and replays it after re-plans of other lengths, splits and batch sizes
+/// (the first plan is the one captured), with `heads` query heads and `tokens` a request, bounds
+/// of 8 requests and max_q tokens; the captured tile is tile_rows (kAuto, from the bounds).
+void expect_graph_replays_after_replans(int64_t heads, int64_t tokens, int64_t max_q, int32_t tile_rows) {
   using G = GraphBuffers;
+  ASSERT_LE(heads * max_q, G::kMaxQ * G::kHeads);
   G g;
   tessera::RuntimeOptions options;
   options.cuda_graph = true;
   options.dtype = DType::kBF16;
-  const tessera::MlaRuntimeBounds bounds{8, G::kMaxQ, G::kHeads};
+  const tessera::MlaRuntimeBounds bounds{8, max_q, heads};
   Workspace ws(tessera::BatchMLAPagedWrapper::workspace_size(bounds, options));
   tessera::BatchMLAPagedWrapper w(ws.view, bounds, options);
-  const TensorView q_nope = g.view(g.q_nope, DType::kBF16, {G::kMaxQ, G::kHeads, kDc});
-  const TensorView q_pe = g.view(g.q_pe, DType::kBF16, {G::kMaxQ, G::kHeads, kDr});
+  const TensorView q_nope = g.view(g.q_nope, DType::kBF16, {max_q, heads, kDc});
+  const TensorView q_pe = g.view(g.q_pe, DType::kBF16, {max_q, heads, kDr});
   const TensorView ckv = g.view(g.ckv, DType::kBF16, {G::kMaxPages, G::kPageSize, kDc});
   const TensorView kpe = g.view(g.kpe, DType::kBF16, {G::kMaxPages, G::kPageSize, kDr});
   const TensorView ids = g.view(g.indices, DType::kI32, {G::kMaxPages});
-  const TensorView o = g.view(g.o, DType::kBF16, {G::kMaxQ, G::kHeads, kDc});
-  const TensorView lse = g.view(g.lse, DType::kF32, {G::kMaxQ, G::kHeads});
+  const TensorView o = g.view(g.o, DType::kBF16, {max_q, heads, kDc});
+  const TensorView lse = g.view(g.lse, DType::kF32, {max_q, heads});
   Stream stream;
   std::mt19937_64 rng(test_seed());
-  // Rounds of other lengths, splits and batch sizes; the first plan is the one captured.
+  const bool causal = tokens > 1;
   const std::vector<MlaCase> rounds = {
-      {DType::kBF16, G::kHeads, 2, G::kPageSize, true, {3000, 5, 0}},
-      {DType::kBF16, G::kHeads, 2, G::kPageSize, true, {1, 9000, 64, 17, 250}},
-      {DType::kBF16, G::kHeads, 2, G::kPageSize, true, {0}},
-      {DType::kBF16, G::kHeads, 2, G::kPageSize, true, {100, 200, 300, 400, 500, 600, 700, 800}},
+      {DType::kBF16, heads, tokens, G::kPageSize, causal, {3000, 5, 0}},
+      {DType::kBF16, heads, tokens, G::kPageSize, causal, {1, 9000, 64, 17, 250}},
+      {DType::kBF16, heads, tokens, G::kPageSize, causal, {0}},
+      {DType::kBF16, heads, tokens, G::kPageSize, causal, {100, 200, 300, 400, 500, 600, 700, 800}},
   };
   cudaGraphExec_t exec = nullptr;
   for (size_t r = 0; r < rounds.size(); ++r) {
@@ -307,13 +342,21 @@ TEST(MlaRuntime, GraphReplaysAfterReplans_sanitize) {
     }
     ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream.s));
     ASSERT_CUDA_OK(cudaStreamSynchronize(stream.s));
-    const size_t rows = static_cast<size_t>(run.total_q * G::kHeads);
+    const size_t rows = static_cast<size_t>(run.total_q * heads);
     const std::vector<double> out = download_as(DType::kBF16, g.o.get(), rows * kDc);
     const std::vector<double> out_lse = download_as(DType::kF32, g.lse.get(), rows);
     expect_matches_oracle(c.dtype, out, &out_lse, run.ref, describe(c));
     if (r == 1) EXPECT_GT(w.plan_info().num_merges, 0) << "round 1's long request was not split";
+    EXPECT_EQ(w.plan_info().q_tile_rows, tile_rows);
   }
   cudaGraphExecDestroy(exec);
+}
+
+TEST(MlaRuntime, GraphReplaysAfterReplans_sanitize) {
+  SKIP_WITHOUT_SM90();
+  expect_graph_replays_after_replans(GraphBuffers::kHeads, 2, GraphBuffers::kMaxQ, 64);
+  if (HasFatalFailure()) return;
+  expect_graph_replays_after_replans(16, 1, 8, 16);  // decode bounds with 16 heads: the narrow tile
 }
 
 TEST(MlaRuntime, BadArgumentsAreNamed) {
@@ -322,9 +365,9 @@ TEST(MlaRuntime, BadArgumentsAreNamed) {
   tessera::MlaRuntimeBounds no_heads = bounds;
   no_heads.num_heads = 0;
   expect_error_any([&] { tessera::BatchMLAPagedWrapper::workspace_size(no_heads); }, {"bounds.num_heads = 0"}, inv);
-  tessera::RuntimeOptions tile16;
-  tile16.q_tile = tessera::QueryTile::k16;
-  expect_error_any([&] { tessera::BatchMLAPagedWrapper::workspace_size(bounds, tile16); }, {"options.q_tile = 16"},
+  tessera::RuntimeOptions tile128;
+  tile128.q_tile = tessera::QueryTile::k128;
+  expect_error_any([&] { tessera::BatchMLAPagedWrapper::workspace_size(bounds, tile128); }, {"options.q_tile = 128"},
                    inv);
   tessera::RuntimeOptions f32_cache;
   f32_cache.kv_dtype = DType::kF32;

@@ -288,19 +288,26 @@ struct MlaFragmentCoords {
   }
 };
 
-/// S = Q K^T for one KV stage: 36 k16 steps of m64n64 from shared memory, by the score warpgroup,
-/// committed as one wgmma group (the caller waits).
+/// A B^T over the latent row's full width (MlaLatentRow::kQkSteps k16 steps of m64nN), both
+/// operands K-major tiles in shared memory, committed as one wgmma group (the caller waits): Q K^T
+/// of the 64-row tile (A = Q), K Q^T of the narrow one (A = the KV stage, narrow.cuh).
+template <typename T, int N, typename ATile, typename BTile>
+TESSERA_DEVICE void mla_issue_key_product(float (&acc)[N / 2], uint32_t a_tile, uint32_t b_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kd = 0; kd < MlaLatentRow::kQkSteps; ++kd) {
+    wgmma_m64nNk16_ss<T, N>(acc, wgmma_k_major_desc<ATile>(a_tile, 0, kd), wgmma_k_major_desc<BTile>(b_tile, 0, kd),
+                            kd > 0);
+  }
+  wgmma_commit();
+}
+
+/// S = Q K^T for one KV stage (m64n64), by the score warpgroup.
 template <typename Traits>
 struct MlaScoreMainloop {
-  using T = typename Traits::DType;
   static TESSERA_DEVICE void issue(float (&s)[Traits::CTA_TILE_KV / 2], uint32_t q_tile, uint32_t kv_stage) {
-    wgmma_fence();
-#pragma unroll
-    for (int kd = 0; kd < Traits::kQkSteps; ++kd) {
-      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_KV>(s, wgmma_k_major_desc<typename Traits::QTile>(q_tile, 0, kd),
-                                                wgmma_k_major_desc<typename Traits::KVTile>(kv_stage, 0, kd), kd > 0);
-    }
-    wgmma_commit();
+    mla_issue_key_product<typename Traits::DType, Traits::CTA_TILE_KV, typename Traits::QTile, typename Traits::KVTile>(
+        s, q_tile, kv_stage);
   }
 };
 

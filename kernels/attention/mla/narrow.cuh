@@ -235,19 +235,12 @@ struct MlaNarrowLoadWarpgroup {
   }
 };
 
-/// S^T = K Q^T of one stage: 36 k16 steps of m64n16 (A the stage's rows K-major, B Q's rows),
-/// one commit group.
+/// S^T = K Q^T of one stage (m64n16: the stage's keys as M, the tile's rows as N).
 template <typename Traits>
 struct MlaNarrowScores {
-  using T = typename Traits::DType;
   static TESSERA_DEVICE void issue(float (&s)[8], uint32_t stage, uint32_t q_tile) {
-    wgmma_fence();
-#pragma unroll
-    for (int kd = 0; kd < Traits::kQkSteps; ++kd) {
-      wgmma_m64nNk16_ss<T, Traits::CTA_TILE_Q>(s, wgmma_k_major_desc<typename Traits::KVTile>(stage, 0, kd),
-                                               wgmma_k_major_desc<typename Traits::QTile>(q_tile, 0, kd), kd > 0);
-    }
-    wgmma_commit();
+    mla_issue_key_product<typename Traits::DType, Traits::CTA_TILE_Q, typename Traits::KVTile, typename Traits::QTile>(
+        s, stage, q_tile);
   }
 };
 

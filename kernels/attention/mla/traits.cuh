@@ -23,6 +23,21 @@
 namespace tessera {
 namespace kernels {
 
+/// The latent row both MLA tiles read, and what follows from it: the key is the 512-wide latent
+/// followed by the 64-wide rotary part, the value is the latent; the operand tiles hold 16-bit
+/// elements (an fp8 cache is converted on the way in).
+struct MlaLatentRow {
+  static constexpr int kLatentDim = 512;  // d_c: the value width and the first part of the key
+  static constexpr int kRopeDim = 64;     // d_r: the rotary part of the key
+  static constexpr int kQkDim = kLatentDim + kRopeDim;
+  static constexpr int kOperandBytes = 2;
+  static constexpr int kRowChunks = kQkDim * kOperandBytes / 16;  // 72 16-byte chunks
+  static constexpr int kLatentChunks = kLatentDim * kOperandBytes / 16;
+  static constexpr int kRopeChunks = kRopeDim * kOperandBytes / 16;
+  static constexpr int kQkSteps = kQkDim / 16;  // k16 steps of the key product
+  static constexpr int kWarpgroupThreads = 128;
+};
+
 /// What a warpgroup of the MLA kernel does (see the file comment).
 enum class MlaRole : int { kScore = 0, kLoadAndValue = 1 };
 
@@ -31,34 +46,26 @@ enum class MlaRole : int { kScore = 0, kLoadAndValue = 1 };
 /// value is exact in f16 and bf16, so the tiles hold the stored values and the scales apply to
 /// the fp32 logits and output).
 template <typename T, typename KVT = T>
-struct MlaTraits {
+struct MlaTraits : MlaLatentRow {
   using DType = T;
   using KVType = KVT;
   static constexpr bool kFp8Cache = IsFp8<KVT>::value;
   static_assert(kFp8Cache || kSameType<KVT, T>, "a latent cache of q's type or fp8");
-  static constexpr int kLatentDim = 512;  // d_c: the value width and the first part of the key
-  static constexpr int kRopeDim = 64;     // d_r: the rotary part of the key
-  static constexpr int kQkDim = kLatentDim + kRopeDim;
+  static_assert(sizeof(T) == kOperandBytes, "16-bit Q and operand tiles");
   // 64 query rows: one wgmma M. 64 KV tokens a stage: two stages of 576-wide rows and Q fill the
   // shared memory (below); S is then one m64n64 tile per k16 step.
   static constexpr int CTA_TILE_Q = 64;
   static constexpr int CTA_TILE_KV = 64;
   static constexpr int kStages = 2;
   static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = kWarpgroups * 128;
-  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kThreads = kWarpgroups * kWarpgroupThreads;
   static constexpr int kValueCols = kLatentDim / kWarpgroups;  // O columns per warpgroup
   static_assert(kValueCols == 256, "each warpgroup's P V is one m64n256 wgmma per k16 step");
 
-  static constexpr int kRowChunks = kQkDim * static_cast<int>(sizeof(T)) / 16;  // 72 16-byte chunks
-  static constexpr int kLatentChunks = kLatentDim * static_cast<int>(sizeof(T)) / 16;
-  static constexpr int kRopeChunks = kRopeDim * static_cast<int>(sizeof(T)) / 16;
-  static_assert(sizeof(T) == 2, "16-bit Q and KV");
   using QTile = WgmmaTile<CTA_TILE_Q, kRowChunks>;    // [CTA_TILE_Q, kQkDim]
   using KVTile = WgmmaTile<CTA_TILE_KV, kRowChunks>;  // [CTA_TILE_KV, kQkDim]
   using PTile = WgmmaTile<CTA_TILE_Q, CTA_TILE_KV * static_cast<int>(sizeof(T)) / 16>;  // [CTA_TILE_Q, CTA_TILE_KV]
   static_assert(QTile::kAtomChunks == 8 && PTile::kAtomChunks == 8, "128-byte swizzle: 64-column blocks");
-  static constexpr int kQkSteps = kQkDim / 16;      // k16 steps of Q K^T
   static constexpr int kPvSteps = CTA_TILE_KV / 16;  // k16 steps of P V
   static constexpr int kValueBlocks = kValueCols / 64;  // column blocks of one warpgroup's V half
 
@@ -106,29 +113,21 @@ enum class MlaNarrowRole : int { kMath = 0, kLoad = 1 };
 ///   and one operand stage, which the load warpgroup fills by converting a raw tile once the math
 ///   warpgroup has released the stage: two raw tiles in flight.
 template <typename T, typename KVT = T>
-struct MlaNarrowTraits {
+struct MlaNarrowTraits : MlaLatentRow {
   using DType = T;
   using KVType = KVT;
   static constexpr bool kFp8Cache = IsFp8<KVT>::value;
-  static_assert(sizeof(T) == 2 && (kFp8Cache || kSameType<KVT, T>), "16-bit Q; a cache of q's type or fp8");
-  static constexpr int kLatentDim = 512;
-  static constexpr int kRopeDim = 64;
-  static constexpr int kQkDim = kLatentDim + kRopeDim;
+  static_assert(sizeof(T) == kOperandBytes && (kFp8Cache || kSameType<KVT, T>), "16-bit Q; a cache of q's type or fp8");
   static constexpr int CTA_TILE_Q = 16;   // packed rows: the MMAs' N
   static constexpr int CTA_TILE_KV = 64;  // keys a stage: S^T's M
   static constexpr int kStages = kFp8Cache ? 1 : 2;     // operand stages ([CTA_TILE_KV, kQkDim] of T)
   static constexpr int kRawStages = kFp8Cache ? 3 : 0;  // raw stages ([CTA_TILE_KV, kQkDim] of KVT)
   static constexpr int kWarpgroups = 2;
-  static constexpr int kWarpgroupThreads = 128;
   static constexpr int kThreads = kWarpgroups * kWarpgroupThreads;
   static constexpr int kWarps = kWarpgroupThreads / kWarpSize;  // of the math warpgroup
   static constexpr int kLatentTiles = kLatentDim / 64;          // m64 tiles of O^T
-  static constexpr int kQkSteps = kQkDim / 16;
   static constexpr int kPvSteps = CTA_TILE_KV / 16;
 
-  static constexpr int kRowChunks = kQkDim * static_cast<int>(sizeof(T)) / 16;  // 72
-  static constexpr int kLatentChunks = kLatentDim * static_cast<int>(sizeof(T)) / 16;
-  static constexpr int kRopeChunks = kRopeDim * static_cast<int>(sizeof(T)) / 16;
   using QTile = WgmmaTile<CTA_TILE_Q, kRowChunks>;    // [CTA_TILE_Q, kQkDim]: B of S^T, K-major
   using KVTile = WgmmaTile<CTA_TILE_KV, kRowChunks>;  // [CTA_TILE_KV, kQkDim]: A of S^T (K-major), of O^T (MN-major)
   using PTile = WgmmaTile<CTA_TILE_Q, CTA_TILE_KV * static_cast<int>(sizeof(T)) / 16>;  // [CTA_TILE_Q, CTA_TILE_KV]: B of O^T

@@ -49,10 +49,21 @@ TESSERA_DEVICE uint64_t smem_desc_swizzled(uint32_t smem_address, uint32_t leadi
 /// address, aligned to the tile's atom). Step kd lies in column block kd / kStepsPerBlock, 32
 /// bytes per step into its rows.
 template <typename Tile>
+TESSERA_HOST_DEVICE constexpr uint32_t wgmma_k_major_offset(int row0, int kd) {
+  return (kd / Tile::kStepsPerBlock) * Tile::kBlockBytes + row0 * Tile::kRowBytes + (kd % Tile::kStepsPerBlock) * 32;
+}
+template <typename Tile>
 TESSERA_DEVICE uint64_t wgmma_k_major_desc(uint32_t tile, int row0, int kd) {
-  return smem_desc_swizzled<Tile::kAtomChunks>(tile + (kd / Tile::kStepsPerBlock) * Tile::kBlockBytes +
-                                                   row0 * Tile::kRowBytes + (kd % Tile::kStepsPerBlock) * 32,
-                                               16, Tile::kAtomBytes);
+  return smem_desc_swizzled<Tile::kAtomChunks>(tile + wgmma_k_major_offset<Tile>(row0, kd), 16, Tile::kAtomBytes);
+}
+
+/// `desc` with its start address moved by `bytes` (a multiple of 16). The 14-bit address field
+/// is the low word's bottom and a shared-window address stays below 2^18, so the sum never
+/// carries out of it: an unrolled loop forms one descriptor and adds constants instead of
+/// encoding every step's (about five uniform instructions a descriptor).
+TESSERA_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
 /// The descriptor of k16 step `kk` (K rows 16kk .. 16kk + 15) of an MN-major operand of layout

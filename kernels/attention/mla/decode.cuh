@@ -293,11 +293,13 @@ struct MlaFragmentCoords {
 /// of the 64-row tile (A = Q), K Q^T of the narrow one (A = the KV stage, narrow.cuh).
 template <typename T, int N, typename ATile, typename BTile>
 TESSERA_DEVICE void mla_issue_key_product(float (&acc)[N / 2], uint32_t a_tile, uint32_t b_tile) {
+  const uint64_t a0 = wgmma_k_major_desc<ATile>(a_tile, 0, 0);
+  const uint64_t b0 = wgmma_k_major_desc<BTile>(b_tile, 0, 0);
   wgmma_fence();
 #pragma unroll
   for (int kd = 0; kd < MlaLatentRow::kQkSteps; ++kd) {
-    wgmma_m64nNk16_ss<T, N>(acc, wgmma_k_major_desc<ATile>(a_tile, 0, kd), wgmma_k_major_desc<BTile>(b_tile, 0, kd),
-                            kd > 0);
+    wgmma_m64nNk16_ss<T, N>(acc, wgmma_desc_advance(a0, wgmma_k_major_offset<ATile>(0, kd)),
+                            wgmma_desc_advance(b0, wgmma_k_major_offset<BTile>(0, kd)), kd > 0);
   }
   wgmma_commit();
 }

@@ -345,15 +345,17 @@ struct MlaNarrowValues {
   }
   /// One commit group; the caller waits.
   static TESSERA_DEVICE void issue(float (&o)[Traits::kLatentTiles][8], uint32_t stage, uint32_t p_tile) {
+    using KVTile = typename Traits::KVTile;
+    const uint64_t v0 = wgmma_mn_major_desc<KVTile>(stage, 0);  // k16 step kk of tile mt: + mt block + kk 2 atoms
+    const uint64_t p0 = wgmma_k_major_desc<typename Traits::PTile>(p_tile, 0, 0);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Traits::kPvSteps; ++kk) {
-      const uint64_t p_desc = wgmma_k_major_desc<typename Traits::PTile>(p_tile, 0, kk);
+      const uint64_t p_desc = wgmma_desc_advance(p0, wgmma_k_major_offset<typename Traits::PTile>(0, kk));
 #pragma unroll
       for (int mt = 0; mt < Traits::kLatentTiles; ++mt) {
         wgmma_m64nNk16_ss_mn_a<T, Traits::CTA_TILE_Q>(
-            o[mt], wgmma_mn_major_desc<typename Traits::KVTile>(stage + mt * Traits::KVTile::kBlockBytes, kk), p_desc,
-            true);
+            o[mt], wgmma_desc_advance(v0, mt * KVTile::kBlockBytes + kk * 2 * KVTile::kAtomBytes), p_desc, true);
       }
     }
     wgmma_commit();

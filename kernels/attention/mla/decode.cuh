@@ -249,27 +249,33 @@ struct MlaKvCopy<Traits, true> {
       }
     }
   }
-  template <typename Handoffs>
-  TESSERA_DEVICE void fill(const MlaParamsOf<Traits>&, const MlaWorkTile<Traits>&, int, unsigned char* stage,
-                           const Handoffs& handoffs, int g) const {
+  /// One piece's 16 stored elements converted to T (exact) into their two chunks of a stage's row.
+  static TESSERA_DEVICE void store_piece(unsigned char* stage, int row, int piece, const uint4& stored) {
+    uint32_t v[8];  // [16] T: chunks 2 piece and 2 piece + 1 of the row
+    fp8x4_to_pairs<KVT, T>(stored.x, v[0], v[1]);
+    fp8x4_to_pairs<KVT, T>(stored.y, v[2], v[3]);
+    fp8x4_to_pairs<KVT, T>(stored.z, v[4], v[5]);
+    fp8x4_to_pairs<KVT, T>(stored.w, v[6], v[7]);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t addr = smem_addr(stage + Traits::KVTile::chunk_offset(row, 2 * piece + half) * 16);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[4 * half]), "r"(v[4 * half + 1]),
+                   "r"(v[4 * half + 2]), "r"(v[4 * half + 3])
+                   : "memory");
+    }
+  }
+  /// The fetched tile into `stage` (the caller fences and signals).
+  TESSERA_DEVICE void store(unsigned char* stage) const {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
 #pragma unroll
-      for (int k = 0; k < kPieces; ++k) {
-        uint32_t v[8];  // [16] T: chunks 2 piece(k) and 2 piece(k) + 1 of the row
-        fp8x4_to_pairs<KVT, T>(raw[i][k].x, v[0], v[1]);
-        fp8x4_to_pairs<KVT, T>(raw[i][k].y, v[2], v[3]);
-        fp8x4_to_pairs<KVT, T>(raw[i][k].z, v[4], v[5]);
-        fp8x4_to_pairs<KVT, T>(raw[i][k].w, v[6], v[7]);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t addr = smem_addr(stage + Traits::KVTile::chunk_offset(row(i), 2 * piece(k) + half) * 16);
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[4 * half]),
-                       "r"(v[4 * half + 1]), "r"(v[4 * half + 2]), "r"(v[4 * half + 3])
-                       : "memory");
-        }
-      }
+      for (int k = 0; k < kPieces; ++k) store_piece(stage, row(i), piece(k), raw[i][k]);
     }
+  }
+  template <typename Handoffs>
+  TESSERA_DEVICE void fill(const MlaParamsOf<Traits>&, const MlaWorkTile<Traits>&, int, unsigned char* stage,
+                           const Handoffs& handoffs, int g) const {
+    store(stage);
     // A plain arrive does not track cp.async: a first tile's Q copies must have landed before it.
     cp_async_wait_all();
     fence_proxy_async_shared();  // the stores, before wgmma's async-proxy reads

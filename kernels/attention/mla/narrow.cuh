@@ -86,10 +86,8 @@ struct MlaNarrowCta {
   TESSERA_DEVICE unsigned char* q_tile(int item) const {
     return smem + Traits::kQOffset + (item % Traits::kQBuffers) * Traits::kQBytes;
   }
-  /// An fp8 cache's raw stage of KV tile t of the work tile: [CTA_TILE_KV, kRawRowBytes].
-  TESSERA_DEVICE unsigned char* raw(int t) const {
-    return smem + Traits::kRawOffset + (t % (Traits::kRawStages > 0 ? Traits::kRawStages : 1)) * Traits::kRawStageBytes;
-  }
+  /// An fp8 cache's raw stage (its work tiles' even KV tiles): [CTA_TILE_KV, kRawRowBytes].
+  TESSERA_DEVICE unsigned char* raw() const { return smem + Traits::kRawOffset; }
   TESSERA_DEVICE uint32_t p_tile() const { return smem_addr(smem + Traits::kPOffset); }  // [CTA_TILE_Q, CTA_TILE_KV]
   /// The warps' partial row values of exchange `exchange` (buffer exchange % 2): f32 [kWarps][CTA_TILE_Q].
   TESSERA_DEVICE float* partials(int exchange) const {
@@ -114,47 +112,40 @@ struct MlaNarrowKvCopy {
   }
 };
 
-/// An fp8 cache: the tiles' stored bytes are copied by cp.async into three raw stages, one commit
-/// group a tile, three tiles ahead of their conversion; fill() waits for tile t's group, for the
-/// one operand stage to be released, converts the stored values (exact) into it and copies tile
-/// t + 3 into the raw stage it has just read. A thread converts exactly the 16-byte pieces it
-/// copied (rows tid / 4 + 32 i, pieces tid % 4 + 4 k), so neither the wait nor the reuse of a raw
-/// stage involves another thread.
+/// An fp8 cache: two buffers of stored bytes take turns, so two tiles' loads are in flight while
+/// the load warpgroup converts a third into one of the two operand stages (beside the math
+/// warpgroup's products on the other): a work tile's even tiles go by cp.async into the raw stage
+/// (tile 0's commit group also carries Q), its odd tiles by loads into this thread's registers
+/// (MlaKvCopy<Traits, true>, the 64-row tile's register path). Each buffer is refilled with tile
+/// t + 2 right after tile t's conversion. A thread converts exactly the 16-byte pieces it copied
+/// or loaded (rows tid / 4 + 32 i, pieces tid % 4 + 4 k: MlaKvCopy's), so neither the waits nor
+/// the reuse of a buffer involve another thread.
 template <typename Traits>
 struct MlaNarrowKvCopy<Traits, true> {
-  using T = typename Traits::DType;
+  using Registers = MlaKvCopy<Traits, true>;
   using KVT = typename Traits::KVType;
-  MlaTileLoader<Traits> loader;
+  Registers regs;  // odd tiles
 
-  TESSERA_DEVICE int raw_row(int i) const {
-    return loader.tid / Traits::kRawPieceLanes + (Traits::kWarpgroupThreads / Traits::kRawPieceLanes) * i;
-  }
-  TESSERA_DEVICE int raw_piece(int k) const { return loader.tid % Traits::kRawPieceLanes + Traits::kRawPieceLanes * k; }
-
-  /// Tile t's stored bytes into its raw stage, one commit group (empty past the work tile).
+  /// Even tile t's stored bytes into the raw stage, one commit group ([CTA_TILE_KV, kRawRowBytes]).
   TESSERA_DEVICE void copy_raw(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w,
                                const MlaNarrowCta<Traits>& cta, int t) const {
-    if (t < w.num_kv_tiles) {
-      unsigned char* dst = cta.raw(t);
+    unsigned char* dst = cta.raw();
 #pragma unroll
-      for (int i = 0; i < Traits::kRawRowsPerThread; ++i) {
-        const int row = raw_row(i);
-        const int key = (w.first_kv_tile + t) * Traits::CTA_TILE_KV + row;
-        const bool valid = key < w.kv_len;  // zeros past the end: no stale NaN meets a zero P
-        const int page_in_request = valid ? p.page_div.div(key) : 0;
-        const int slot = valid ? p.page_div.mod(key, page_in_request) : 0;
-        const int64_t page = valid ? p.kv_indices[w.page_begin + page_in_request] : 0;
-        const unsigned char* latent =
-            reinterpret_cast<const unsigned char*>(p.ckv + page * p.ckv_stride_page + slot * p.ckv_stride_slot);
-        const unsigned char* rope =
-            reinterpret_cast<const unsigned char*>(p.kpe + page * p.kpe_stride_page + slot * p.kpe_stride_slot);
+    for (int i = 0; i < Registers::kRows; ++i) {
+      const int row = regs.row(i);
+      const int key = (w.first_kv_tile + t) * Traits::CTA_TILE_KV + row;
+      const bool valid = key < w.kv_len;  // zeros past the end: no stale NaN meets a zero P
+      const int page_in_request = valid ? p.page_div.div(key) : 0;
+      const int slot = valid ? p.page_div.mod(key, page_in_request) : 0;
+      const int64_t page = valid ? p.kv_indices[w.page_begin + page_in_request] : 0;
+      const KVT* latent = p.ckv + page * p.ckv_stride_page + slot * p.ckv_stride_slot;
+      const KVT* rope = p.kpe + page * p.kpe_stride_page + slot * p.kpe_stride_slot;
 #pragma unroll
-        for (int k = 0; k < Traits::kRawPiecesPerLane; ++k) {
-          const int piece = raw_piece(k);
-          const unsigned char* src = piece < Traits::kRawLatentPieces ? latent + piece * 16
-                                                                      : rope + (piece - Traits::kRawLatentPieces) * 16;
-          cp_async_16_zfill(dst + row * Traits::kRawRowBytes + piece * 16, src, valid);
-        }
+      for (int k = 0; k < Registers::kPieces; ++k) {
+        const int piece = regs.piece(k);
+        const KVT* src = piece < Registers::kLatentPieces ? latent + piece * 16
+                                                          : rope + (piece - Registers::kLatentPieces) * 16;
+        cp_async_16_zfill(dst + row * Traits::kRawRowBytes + piece * 16, src, valid);
       }
     }
     cp_async_commit();
@@ -162,41 +153,37 @@ struct MlaNarrowKvCopy<Traits, true> {
 
   /// Q (the caller's copies, issued before) travels in tile 0's group.
   TESSERA_DEVICE void start(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w,
-                            const MlaNarrowCta<Traits>& cta) const {
-#pragma unroll
-    for (int t = 0; t < Traits::kRawStages; ++t) copy_raw(p, w, cta, t);
+                            const MlaNarrowCta<Traits>& cta) {
+    copy_raw(p, w, cta, 0);
+    if (w.num_kv_tiles > 1) regs.fetch(p, w, w.first_kv_tile + 1);
   }
 
   TESSERA_DEVICE void fill(const MlaParamsOf<Traits>& p, const MlaWorkTile<Traits>& w, const MlaNarrowCta<Traits>& cta,
-                           int t, int g) const {
-    cp_async_wait<Traits::kRawStages - 1>();  // tile t's group; the two after it may be in flight
+                           int t, int g) {
     if (g >= Traits::kStages) cta.handoffs.wait_stage_free(g - Traits::kStages);
-    const unsigned char* src = cta.raw(t);
     unsigned char* stage = cta.stage(g);
+    const bool refill = t + 2 < w.num_kv_tiles;
+    if (t % 2 == 0) {
+      cp_async_wait<0>();  // tile t's group, the only one in flight (odd tiles use no cp.async)
+      const unsigned char* src = cta.raw();
 #pragma unroll
-    for (int i = 0; i < Traits::kRawRowsPerThread; ++i) {
-      const int row = raw_row(i);
+      for (int i = 0; i < Registers::kRows; ++i) {
 #pragma unroll
-      for (int k = 0; k < Traits::kRawPiecesPerLane; ++k) {
-        const int piece = raw_piece(k);
-        const uint4 stored = *reinterpret_cast<const uint4*>(src + row * Traits::kRawRowBytes + piece * 16);
-        uint32_t v[8];  // [16] T: chunks 2 piece and 2 piece + 1 of the row
-        fp8x4_to_pairs<KVT, T>(stored.x, v[0], v[1]);
-        fp8x4_to_pairs<KVT, T>(stored.y, v[2], v[3]);
-        fp8x4_to_pairs<KVT, T>(stored.z, v[4], v[5]);
-        fp8x4_to_pairs<KVT, T>(stored.w, v[6], v[7]);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t addr = smem_addr(stage + Traits::KVTile::chunk_offset(row, 2 * piece + half) * 16);
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[4 * half]),
-                       "r"(v[4 * half + 1]), "r"(v[4 * half + 2]), "r"(v[4 * half + 3])
-                       : "memory");
+        for (int k = 0; k < Registers::kPieces; ++k) {
+          const int row = regs.row(i), piece = regs.piece(k);
+          Registers::store_piece(stage, row, piece,
+                                 *reinterpret_cast<const uint4*>(src + row * Traits::kRawRowBytes + piece * 16));
         }
       }
+      fence_proxy_async_shared();  // the stores, before wgmma's async-proxy reads
+      cta.handoffs.kv_stored(g);
+      if (refill) copy_raw(p, w, cta, t + 2);  // into the raw stage just read (this thread's pieces)
+    } else {
+      regs.store(stage);
+      fence_proxy_async_shared();
+      cta.handoffs.kv_stored(g);  // a plain arrive: no cp.async of this thread is this tile's
+      if (refill) regs.fetch(p, w, w.first_kv_tile + t + 2);
     }
-    fence_proxy_async_shared();  // the stores, before wgmma's async-proxy reads
-    cta.handoffs.kv_stored(g);
-    copy_raw(p, w, cta, t + Traits::kRawStages);  // into the raw stage just read (this thread's pieces)
   }
 };
 
@@ -228,7 +215,7 @@ struct MlaNarrowLoadWarpgroup {
     if (w.num_kv_tiles == 0) return;
     const int item = state.items_with_kv;
     if (item >= Traits::kQBuffers) cta.handoffs.wait_q_free(item - Traits::kQBuffers);
-    const MlaNarrowKvCopy<Traits> copy{loader};
+    MlaNarrowKvCopy<Traits> copy{loader};
     load_q(p, w, cta.q_tile(item));  // lands with tile 0
     copy.start(p, w, cta);
     for (int t = 0; t < w.num_kv_tiles; ++t) copy.fill(p, w, cta, t, state.tiles_done + t);

@@ -109,9 +109,10 @@ enum class MlaNarrowRole : int { kMath = 0, kLoad = 1 };
 /// KV tile, the tile is bound by the copies it keeps in flight:
 /// - a 16-bit cache: two operand stages (cp.async, as MlaTraits), one tile in flight while the
 ///   other is multiplied;
-/// - an fp8 cache: three raw stages of stored bytes (cp.async, half the bytes of an operand stage)
-///   and one operand stage, which the load warpgroup fills by converting a raw tile once the math
-///   warpgroup has released the stage: two raw tiles in flight.
+/// - an fp8 cache: the same two operand stages, which the load warpgroup fills by converting the
+///   stored bytes of a tile, and two buffers of stored bytes taking turns (one raw stage by
+///   cp.async, the load warpgroup's registers), so two tiles are in flight while a third is
+///   converted beside the math warpgroup's products (narrow.cuh's MlaNarrowKvCopy).
 template <typename T, typename KVT = T>
 struct MlaNarrowTraits : MlaLatentRow {
   using DType = T;
@@ -120,8 +121,8 @@ struct MlaNarrowTraits : MlaLatentRow {
   static_assert(sizeof(T) == kOperandBytes && (kFp8Cache || kSameType<KVT, T>), "16-bit Q; a cache of q's type or fp8");
   static constexpr int CTA_TILE_Q = 16;   // packed rows: the MMAs' N
   static constexpr int CTA_TILE_KV = 64;  // keys a stage: S^T's M
-  static constexpr int kStages = kFp8Cache ? 1 : 2;     // operand stages ([CTA_TILE_KV, kQkDim] of T)
-  static constexpr int kRawStages = kFp8Cache ? 3 : 0;  // raw stages ([CTA_TILE_KV, kQkDim] of KVT)
+  static constexpr int kStages = 2;                     // operand stages ([CTA_TILE_KV, kQkDim] of T)
+  static constexpr int kRawStages = kFp8Cache ? 1 : 0;  // raw stages ([CTA_TILE_KV, kQkDim] of KVT)
   static constexpr int kWarpgroups = 2;
   static constexpr int kThreads = kWarpgroups * kWarpgroupThreads;
   static constexpr int kWarps = kWarpgroupThreads / kWarpSize;  // of the math warpgroup
@@ -133,19 +134,14 @@ struct MlaNarrowTraits : MlaLatentRow {
   using PTile = WgmmaTile<CTA_TILE_Q, CTA_TILE_KV * static_cast<int>(sizeof(T)) / 16>;  // [CTA_TILE_Q, CTA_TILE_KV]: B of O^T
   static_assert(KVTile::kAtomChunks == 8 && QTile::kAtomChunks == 8 && PTile::kAtomChunks == 8,
                 "128-byte swizzle: 64-column blocks, one m64 tile of O^T per block");
-  // The load warpgroup: 8 threads copy one 128-byte block of a row (as MlaTraits); an fp8 raw
-  // tile is copied and converted in 16-byte pieces, 4 threads a row, rows tid / 4 + 32 i.
+  // The load warpgroup: 8 threads copy one 128-byte block of a row (as MlaTraits); an fp8 tile is
+  // copied and converted in 16-byte pieces, 4 threads a row (MlaKvCopy<Traits, true>).
   static constexpr int kLoaderGroups = kWarpgroupThreads / 8;
   static constexpr int kRowsPerLoader = CTA_TILE_KV / kLoaderGroups;
   static_assert(CTA_TILE_Q == kLoaderGroups, "one Q row per loader group");
   static constexpr int kRawRowBytes = kQkDim * static_cast<int>(sizeof(KVT));
-  static constexpr int kRawPiecesPerRow = kRawRowBytes / 16;
-  static constexpr int kRawLatentPieces = kLatentDim * static_cast<int>(sizeof(KVT)) / 16;
-  static constexpr int kRawPieceLanes = 4;
-  static constexpr int kRawRowsPerThread = CTA_TILE_KV * kRawPieceLanes / kWarpgroupThreads;
-  static constexpr int kRawPiecesPerLane = kRawPiecesPerRow / kRawPieceLanes;
 
-  // Shared memory: the operand stages, the raw stages, two Q buffers, P^T, the warps' partial row
+  // Shared memory: the operand stages, an fp8 cache's raw stage, two Q buffers, P^T, the warps' partial row
   // maxima / sums, the mbarriers. Work tile i's Q goes to buffer i % 2: the load warpgroup copies
   // the next work tile's Q while the math warpgroup still multiplies this one's (the runtime's
   // columns of several work tiles).
@@ -158,8 +154,8 @@ struct MlaNarrowTraits : MlaLatentRow {
   static constexpr int kRawOffset = kKVOffset + kStages * kKVStageBytes;
   static constexpr int kQOffset = kRawOffset + kRawStages * kRawStageBytes;  // [kQBuffers][CTA_TILE_Q, kQkDim]
   static constexpr int kPOffset = kQOffset + kQBuffers * kQBytes;
-  // Two buffers of the warps' partials, by tile parity: a warp writes tile t + 1's while another
-  // may still read tile t's.
+  // Two buffers of the warps' partials, by exchange parity (narrow.cuh): a warp writes the next
+  // exchange's while another may still read this one's.
   static constexpr int kPartialOffset = kPOffset + kPBytes;  // f32 [2][kWarps, CTA_TILE_Q]
   static constexpr int kBarrierOffset = kPartialOffset + 2 * kWarps * CTA_TILE_Q * 4;
   static constexpr int kBarriers = 2 * kStages + kQBuffers;

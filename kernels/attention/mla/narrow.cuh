@@ -38,7 +38,7 @@ struct MlaNarrowCoords {
 
 /// The hand-offs (mbarriers at kBarrierOffset): a stage's copies (and a work tile's Q, with its
 /// first tile) landed, load -> math; the math warpgroup is done with a stage, math -> load; the
-/// math warpgroup's last Q K^T of work tile i has read Q buffer i % 2, math -> load. KV tile g
+/// math warpgroup's last S^T of work tile i has read Q buffer i % 2, math -> load. KV tile g
 /// (counted CTA-wide) uses stage g % kStages, phase g / kStages; Q is counted in work tiles with
 /// KV (MlaPipelineState::items_with_kv: a work tile without KV has no Q copy and no release), and
 /// Q i's release is phase i / 2 of buffer i % 2's barrier. The load warpgroup waits for every

@@ -58,10 +58,24 @@ bool kv_tma_allowed() {
   return allowed;
 }
 
+int64_t kv_tma_box_rows(const KVRowTensors& kv, int64_t tile_rows) {
+  if (kv.block_rows >= tile_rows) return tile_rows;
+  // Whole pages only: a tile's boxes then start at its page boundaries (KVTileSource::tma_tile).
+  if (kv.paged && kv.block_rows >= 16 && tile_rows % kv.block_rows == 0) return kv.block_rows;
+  return 0;
+}
+
 void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const KVTmaBox& k_box,
                    const KVTmaBox& v_box) {
   out.enabled = 0;
-  if (!kv_tma_allowed() || kv.block_rows < k_box.rows || kv.num_heads < 1 || kv.num_blocks < 1) return;
+  out.box_rows = 0;
+  TESSERA_CHECK(k_box.rows == v_box.rows, StatusCode::kInternal)
+      << "K and V tiles of " << k_box.rows << " and " << v_box.rows << " rows";
+  const int64_t box_rows = kv_tma_box_rows(kv, k_box.rows);
+  if (!kv_tma_allowed() || box_rows == 0 || kv.num_heads < 1 || kv.num_blocks < 1) return;
+  // KVTileSource::copy_tma picks a box's first thread by a mask: boxes of a power of two of rows.
+  TESSERA_CHECK(box_rows >= 16 && (box_rows & (box_rows - 1)) == 0, StatusCode::kInternal)
+      << "TMA boxes of " << box_rows << " rows under tiles of " << k_box.rows;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!aligned(kv.k) || !aligned(kv.v) || !tma_stride_ok(kv.k_row_stride, kv.block_rows) ||
       !tma_stride_ok(kv.k_head_stride, kv.num_heads) || !tma_stride_ok(kv.k_block_stride, kv.num_blocks) ||
@@ -69,9 +83,14 @@ void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const
       !tma_stride_ok(kv.v_block_stride, kv.num_blocks)) {
     return;
   }
-  encode_one(out.k, kv.k, kv, kv.k_row_stride, kv.k_head_stride, kv.k_block_stride, k_box, "the TMA descriptor of k");
-  encode_one(out.v, kv.v, kv, kv.v_row_stride, kv.v_head_stride, kv.v_block_stride, v_box, "the TMA descriptor of v");
+  const KVTmaBox k_page_box{static_cast<int>(box_rows), k_box.head_dim, k_box.atom_elems};
+  const KVTmaBox v_page_box{static_cast<int>(box_rows), v_box.head_dim, v_box.atom_elems};
+  encode_one(out.k, kv.k, kv, kv.k_row_stride, kv.k_head_stride, kv.k_block_stride, k_page_box,
+             "the TMA descriptor of k");
+  encode_one(out.v, kv.v, kv, kv.v_row_stride, kv.v_head_stride, kv.v_block_stride, v_page_box,
+             "the TMA descriptor of v");
   out.enabled = 1;
+  out.box_rows = static_cast<int32_t>(box_rows);
 }
 
 void encode_query_rows_tma(kernels::QueryRowsTma& out, const QueryRows& q, int box_rows, int head_dim, int atom_elems,

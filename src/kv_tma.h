@@ -20,8 +20,8 @@ struct KVTmaBox {
 
 /// K and V as the kernel reads them, 16-bit elements: element (row, head, d) of block b of k at k +
 /// b * k_block_stride + row * k_row_stride + head * k_head_stride + d (elements; v likewise).
-/// Ragged KV: one block of `block_rows` rows (the tensor's); paged KV: `num_blocks` pages of
-/// `block_rows` slots.
+/// Ragged KV: one block of `block_rows` rows (the tensor's); paged KV (`paged`): `num_blocks`
+/// pages of `block_rows` slots.
 struct KVRowTensors {
   const void* k;
   const void* v;
@@ -30,17 +30,24 @@ struct KVRowTensors {
   int64_t num_blocks;
   int64_t k_row_stride, k_head_stride, k_block_stride;
   int64_t v_row_stride, v_head_stride, v_block_stride;
+  bool paged;
 };
+
+/// The rows of one TMA box for KV tiles of `tile_rows` rows (KVTmaDescriptors::box_rows): the
+/// tile where a block holds whole tiles, a page where pages of 16 to tile_rows / 2 slots fill a
+/// tile evenly (smaller pages, whose boxes would be 1 KiB or less, and pages that do not divide a
+/// tile keep cp.async), else 0: no TMA.
+int64_t kv_tma_box_rows(const KVRowTensors& kv, int64_t tile_rows);
 
 /// Whether the TMA copies are on (TESSERA_PREFILL_TMA, "1" by default; "0" keeps every tile on
 /// cp.async, for comparison).
 bool kv_tma_allowed();
 
-/// Encodes K's and V's descriptors into `out` and sets out.enabled, or leaves out.enabled 0 when
-/// the tensors do not meet TMA's requirements (a base or a stride in bytes that is not a multiple
-/// of 16, a stride of 2^40 bytes or more), a block has fewer rows than a tile (pages smaller than
-/// a tile: no tile lies inside one) or kv_tma_allowed() is false: those launches gather every
-/// tile with cp.async through the row tables, as block-sparse KV always does.
+/// Encodes K's and V's descriptors into `out` and sets out.enabled and out.box_rows, or leaves
+/// out.enabled 0 when the tensors do not meet TMA's requirements (a base or a stride in bytes that
+/// is not a multiple of 16, a stride of 2^40 bytes or more), kv_tma_box_rows is 0 or
+/// kv_tma_allowed() is false: those launches gather every tile with cp.async through the row
+/// tables, as block-sparse KV always does. k_box.rows and v_box.rows are the tile's rows.
 void encode_kv_tma(kernels::KVTmaDescriptors& out, const KVRowTensors& kv, const KVTmaBox& k_box,
                    const KVTmaBox& v_box);
 

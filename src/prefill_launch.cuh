@@ -154,8 +154,9 @@ Params with_tma_descriptors(const Params& p) {
     using KTile = typename Traits::template SmemTile<Traits::CTA_TILE_KV>;
     using VTile = typename Traits::template VSmemTile<Traits::CTA_TILE_KV>;
     KVRowTensors kv{p.kv.k, p.kv.v, p.ragged.num_rows, p.num_kv_heads, 1, p.kv.k_row_stride, p.kv.k_head_stride, 0,
-                    p.kv.v_row_stride, p.kv.v_head_stride, 0};
+                    p.kv.v_row_stride, p.kv.v_head_stride, 0, false};
     if constexpr (kFormat == kernels::KVFormatKind::kPaged) {
+      kv.paged = true;
       kv.block_rows = p.paged.page_size;
       kv.num_blocks = p.paged.num_pages;
       kv.k_block_stride = p.paged.k_page_stride;

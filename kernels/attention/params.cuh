@@ -63,14 +63,17 @@ struct OutputTensor {
 /// TMA descriptors of K and V for the sm_90 tiles that copy whole KV tiles with the copy engine
 /// (PrefillTraits::kTmaKV). Each is a 4-D map of the tensor, innermost first {head dim, rows of a
 /// block, KV heads, blocks}: ragged KV is one block of all its rows, paged KV a block per page
-/// (rows: its slots). A box is one swizzled column block of a tile, {swizzle width, CTA_TILE_KV,
-/// 1, 1}, so a tile must lie inside one block. The host encodes them where the tensors allow
-/// (16-byte aligned base and strides; pages of at least a tile), else leaves `enabled` 0 and the
-/// tiles gather rows with cp.async.
+/// (rows: its slots). A box is one swizzled column block of `box_rows` rows, {swizzle width,
+/// box_rows, 1, 1}: CTA_TILE_KV where a tile lies inside one block (ragged KV, pages of at least a
+/// tile), or the page size where pages are smaller than a tile and a whole number of them fill it
+/// (16 to CTA_TILE_KV / 2 rows), so such a tile is one box a page and column block. The host
+/// encodes them where the tensors allow (16-byte aligned base and strides; those page sizes), else
+/// leaves `enabled` 0 and the tiles gather rows with cp.async.
 struct KVTmaDescriptors {
   TmaDescriptor k;
   TmaDescriptor v;
-  int32_t enabled;  // 1: k and v hold descriptors of AttentionParams::kv's tensors for this launch's tile
+  int32_t enabled;   // 1: k and v hold descriptors of AttentionParams::kv's tensors for this launch's tile
+  int32_t box_rows;  // rows of a box: CTA_TILE_KV, or the page size (pages smaller than a tile)
 };
 
 /// The TMA descriptor of a tensor in the query rows' layout (q, or o) for the same tiles: a 4-D

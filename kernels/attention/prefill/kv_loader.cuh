@@ -596,8 +596,8 @@ template <typename Traits, KVFormatKind kFormat, typename Variant, typename Para
 struct KVTileSource {
   using Tiles = KVTiles<Traits::CTA_TILE_KV, Variant::kLinearKeyBias, kVisitsMaskTileLists<Variant>>;
   static_assert(!kVisitsMaskTileLists<Variant> || !Variant::kSinks, "listed tiles lie in one segment");
-  // Whole tiles of ragged (and dense) KV, and of paged KV inside one page, by TMA where the host
-  // encoded descriptors (copy_tma).
+  // Whole tiles of ragged (and dense) KV, and of paged KV inside one page or of whole pages, by
+  // TMA where the host encoded descriptors (copy_tma).
   static constexpr bool kTma = (kFormat == KVFormatKind::kRagged || kFormat == KVFormatKind::kPaged) && Traits::kTmaKV;
   static constexpr int kKTileElems = Traits::kKTileElems;  // a stage's K tile: stored rows (PrefillTraits)
   static constexpr int kVTileElems = Traits::kVTileElems;  // ... and its V tile
@@ -608,8 +608,8 @@ struct KVTileSource {
   const PrefillSmem<Traits>& smem;
   const uint32_t tiles_before;  // the CTA's tiles of earlier work items (warp-specialised), else 0
   int32_t block = -1;           // page / column-block id of this thread's row of the next tile to resolve
-  // Paged TMA: the page of row 0 of the last two tiles resolved (even and odd tiles), which the
-  // first producer thread's boxes read (V is copied a tile after K, past the next resolve).
+  // Paged TMA: the page of this thread's row of the last two tiles resolved (even and odd tiles),
+  // which the boxes starting at that row read (V is copied a tile after K, past the next resolve).
   int32_t tma_page[2] = {-1, -1};
   // fp8 KV: the KV head's dequantization scales. With the default variant, K's scale multiplies
   // the logits' scale and V's the output, both once per work item, so the tiles hold the stored
@@ -688,43 +688,75 @@ struct KVTileSource {
   /// Whether `tile` goes by TMA: a tile of kTma sources whose rows are all the request's (the
   /// last partial tile of a span gathers through its row table, which zero-fills the missing rows:
   /// the rows after a request's end may be another request's, padding of its last page or not
-  /// exist, and a box would bring them in) and, over paged KV, inside one page. Its row table is
-  /// still resolved: the masks read its keys.
+  /// exist, and a box would bring them in) and, over paged KV, inside one page or (pages smaller
+  /// than a tile, KVTmaDescriptors::box_rows) made of whole pages. Its row table is still
+  /// resolved: the masks read its keys.
   TESSERA_DEVICE bool tma_tile(int tile) const {
     const int begin = tiles.begin(tile);
     if (!kTma || p.kv_tma.enabled == 0 || begin + Traits::CTA_TILE_KV > tiles.end(tile)) return false;
     if constexpr (kFormat == KVFormatKind::kPaged) {
       const int slot = p.paged.page_div.mod(begin, p.paged.page_div.div(begin));
-      return slot + Traits::CTA_TILE_KV <= p.paged.page_size;
+      return p.kv_tma.box_rows == Traits::CTA_TILE_KV ? slot + Traits::CTA_TILE_KV <= p.paged.page_size : slot == 0;
     }
     return true;
   }
-  /// Copies the K (or V) rows of a whole tile into stage `stage` with the copy engine: the first
-  /// producer thread adds the tile's bytes to the stage's full barrier (which every producer
-  /// thread still arrives on, as for cp.async copies) and issues one box per column block; the
-  /// other threads copy nothing.
+  /// Copies the K (or V) rows of a whole tile into stage `stage` with the copy engine, one box per
+  /// column block and box of rows: the producer thread of each box's first row adds the box's
+  /// bytes to the stage's full barrier (which every producer thread still arrives on, as for
+  /// cp.async copies, and only after its own expectation: the phase cannot complete before every
+  /// box is counted) and issues its boxes; the other threads copy nothing. One box of rows is the
+  /// whole tile (ragged KV, pages of a tile or more: the first thread issues), or one page (pages
+  /// smaller than a tile: the threads of each page's first row, whose page ids they resolved).
   template <KVPart kPart>
   TESSERA_DEVICE void copy_tma(int tile, int stage) const {
     static_assert(kTma && kPart != KVPart::kBoth, "K and V stages complete on their own barriers");
-    if (loader_thread<Traits>() != 0) return;
+    constexpr bool kK = kPart == KVPart::kK;
+    constexpr int kTileBytes = kK ? Traits::kKTileBytes : Traits::kVTileBytes;
+    const int thread = loader_thread<Traits>();
+    if constexpr (kFormat == KVFormatKind::kPaged) {
+      // Most producer threads leave at the first test, which needs no parameter: a box has at
+      // least kMinBoxRows rows (src/kv_tma.h kv_tma_box_rows) and a power of two of them (the
+      // tile's, or a page's that divides them), so no division runs beside the consumers' MUFU
+      // work.
+      constexpr int kMinBoxRows = 16;
+      static_assert((Traits::CTA_TILE_KV & (Traits::CTA_TILE_KV - 1)) == 0 && Traits::CTA_TILE_KV >= kMinBoxRows,
+                    "a power of two of KV rows a tile, so of rows a box");
+      // No division at all: the paged producer's few instructions a tile are on W4's critical
+      // path (a divided byte count measured 3-5% slower than this product; LOG, session 49).
+      if (thread % kMinBoxRows != 0 || thread >= Traits::CTA_TILE_KV) return;
+      const int box_rows = p.kv_tma.box_rows;
+      if ((thread & (box_rows - 1)) == 0) {
+        copy_tma_box<kPart>(tile, stage, thread, box_rows * (kTileBytes / Traits::CTA_TILE_KV));
+      }
+    } else {
+      if (thread == 0) copy_tma_box<kPart>(tile, stage, 0, kTileBytes);
+    }
+  }
+  /// One box of rows of copy_tma: rows [first, first + bytes / row bytes) of the tile, one box per
+  /// column block, its bytes expected on the stage's full barrier.
+  template <KVPart kPart>
+  TESSERA_DEVICE void copy_tma_box(int tile, int stage, int first, int bytes) const {
     constexpr bool kK = kPart == KVPart::kK;
     using Tile = Conditional<kK, typename Traits::template SmemTile<Traits::CTA_TILE_KV>,
                              typename Traits::template VSmemTile<Traits::CTA_TILE_KV>>;
     constexpr int kRowChunks = kK ? Traits::kSmemRowChunks : Traits::kVSmemRowChunks;
     constexpr int kBlocks = kRowChunks / Tile::kAtomChunks;
+    static_assert((kK ? Traits::kKTileBytes : Traits::kVTileBytes) == Traits::CTA_TILE_KV * kBlocks * Tile::kRowBytes,
+                  "the boxes fill the stage");
     uint64_t* const full = (kK ? smem.full_k : smem.full_v) + stage;
     const TmaDescriptor* const map = kK ? &p.kv_tma.k : &p.kv_tma.v;
-    const uint32_t dst = smem_addr(kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems);
+    const uint32_t dst = smem_addr(kK ? smem.k + stage * kKTileElems : smem.v + stage * kVTileElems) +
+                         first * Tile::kRowBytes;  // the box's rows of each column block, from row `first`
     // (row in its block, block): ragged KV is one block of rows; paged KV's block is the page of
-    // the tile's first row (a page id out of range lands outside the map: zero-filled, and its
-    // rows' keys mask them).
-    const int begin = tiles.begin(tile);
+    // the box's first row, this thread's (a page id out of range lands outside the map:
+    // zero-filled, and its rows' keys mask them).
+    const int begin = tiles.begin(tile) + first;
     int row = e.kv_begin + begin, page = 0;
     if constexpr (kFormat == KVFormatKind::kPaged) {
       page = (tile & 1) ? tma_page[1] : tma_page[0];
       row = p.paged.page_div.mod(begin, p.paged.page_div.div(begin));
     }
-    mbarrier_expect_tx(full, static_cast<uint32_t>(kK ? Traits::kKTileBytes : Traits::kVTileBytes));
+    mbarrier_expect_tx(full, static_cast<uint32_t>(bytes));
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk) {
       tma_load_4d(dst + blk * Tile::kBlockBytes, map, blk * Tile::kAtomChunks * Traits::kChunkElems, row, kv_head,

@@ -616,6 +616,27 @@ std::vector<AttentionCase> prefill_cases() {
     fit(c, 8e8);
     cases.push_back(c);
   }
+  // Pages smaller than a KV tile that fill it evenly (16, 32, 64 slots; 16, 32 at head dim 256):
+  // the wgmma tiles copy each whole tile as one TMA box a page, from pages in random order, and a
+  // request's last partial tile with cp.async, whose NaN page tails must stay out.
+  for (int i = 0; i < 8; ++i) {
+    AttentionCase c;
+    c.entry = Entry::kPaged;
+    c.dtype = i % 2 ? DType::kF16 : DType::kBF16;
+    c.layout = i % 3 == 0 ? Layout::kHND : Layout::kNHD;
+    c.batch = i < 4 ? 3 : 7;
+    c.qo_len = i % 4 == 3 ? 17 : 577;
+    c.kv_len = i < 4 ? 2049 : 700;
+    c.head_dim = std::vector<int64_t>{128, 64, 96, 256, 128, 256, 64, 128}[i];
+    c.page_size = std::vector<int64_t>{16, 32, 64, 16, 32, 32, 16, 64}[i];
+    c.num_kv_heads = i % 2 ? 1 : 2;
+    c.group = std::vector<int64_t>{1, 4, 8, 5, 2, 1, 7, 3}[i];
+    c.causal = i % 2 == 0;
+    c.combined_kv = i == 4;
+    c.nan_unused = true;
+    fit(c, 8e8);
+    cases.push_back(c);
+  }
   // The compute-sanitizer subset.
   auto small = [](Entry entry, Layout layout, DType dtype, int64_t batch, int64_t qo, int64_t kv, int64_t page_size,
                   int64_t hkv, int64_t group, int64_t dim, bool causal) {
@@ -657,7 +678,10 @@ std::vector<AttentionCase> prefill_cases() {
   // Pages of 128 slots under the 128-row tile: whole tiles by TMA, the last partial one by cp.async.
   AttentionCase s10 = small(Entry::kPaged, Layout::kNHD, DType::kBF16, 3, 130, 300, 128, 2, 1, 128, true);
   s10.nan_unused = true;
-  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7, s8, s9, s10});
+  // Pages of 16 slots under the 128-row tile: whole tiles as one TMA box a page.
+  AttentionCase s11 = small(Entry::kPaged, Layout::kNHD, DType::kF16, 3, 130, 300, 16, 2, 4, 128, false);
+  s11.nan_unused = true;
+  cases.insert(cases.end(), {s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11});
   make_names_unique(cases, case_name);
   return cases;
 }

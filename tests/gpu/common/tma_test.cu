@@ -3,8 +3,10 @@
 // one KV head of one block (ragged KV: one block of all rows; paged KV: a page), copied one
 // swizzled column block at a time, lands in exactly the layout the wgmma descriptors read
 // (WgmmaTile: 128-byte swizzle for head dims 64, 128, 256; 64-byte for 96), rows past the block
-// and pages past the tensor arrive as zeros, NHD and HND tensors alike; and the host declines
-// (cp.async instead) tensors TMA cannot describe and pages smaller than a tile. Query tiles
+// and pages past the tensor arrive as zeros, NHD and HND tensors alike; a tile of pages smaller
+// than a tile, one box a page issued by several threads on one mbarrier, lands the same way; and
+// the host declines (cp.async instead) tensors TMA cannot describe and pages that do not fill a
+// tile evenly or are under 16 slots. Query tiles
 // likewise, in their packed order (query-major, the KV head's group of query heads inside), and
 // output rows stored in that order.
 #include <cuda_runtime_api.h>
@@ -46,6 +48,32 @@ __global__ void tma_tile_kernel(const __grid_constant__ TmaDescriptor map, int c
     mbarrier_expect_tx(full, kBytes);
     for (int blk = 0; blk < ROW_CHUNKS / Tile::kAtomChunks; ++blk) {
       tma_load_4d(smem_addr(tile) + blk * Tile::kBlockBytes, &map, blk * Tile::kAtomChunks * 8, c1, c2, c3, full);
+    }
+    mbarrier_arrive(full);
+  }
+  mbarrier_wait(full, 0);
+  for (int i = threadIdx.x; i < kBytes / 2; i += blockDim.x) out[i] = tile[i];
+}
+
+/// Copies a [ROWS][ROW_CHUNKS * 8] tile made of ROWS / BOX_ROWS pages of BOX_ROWS slots (page ids
+/// `pages`, KV head `head`) as the prefill producer does for pages smaller than a tile: the thread
+/// of each page's first row expects its page's bytes on the one mbarrier, issues a box per column
+/// block at its rows of each block, and arrives; then writes the shared tile to `out` as it is.
+template <int ROWS, int ROW_CHUNKS, int BOX_ROWS>
+__global__ void tma_paged_tile_kernel(const __grid_constant__ TmaDescriptor map, int head, const int* pages,
+                                      uint16_t* out) {
+  using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
+  constexpr int kBytes = ROWS * ROW_CHUNKS * 16, kPages = ROWS / BOX_ROWS;
+  extern __shared__ __align__(1024) uint16_t tile[];  // [ROWS][ROW_CHUNKS * 8], WgmmaTile; then the barrier
+  uint64_t* const full = reinterpret_cast<uint64_t*>(tile + kBytes / 2);
+  if (threadIdx.x == 0) mbarrier_init(full, kPages);
+  __syncthreads();
+  const int first = static_cast<int>(threadIdx.x) * BOX_ROWS;  // this thread's page's first row in the tile
+  if (first < ROWS) {
+    mbarrier_expect_tx(full, kBytes / kPages);
+    for (int blk = 0; blk < ROW_CHUNKS / Tile::kAtomChunks; ++blk) {
+      tma_load_4d(smem_addr(tile) + blk * Tile::kBlockBytes + first * Tile::kRowBytes, &map,
+                  blk * Tile::kAtomChunks * 8, 0, head, pages[threadIdx.x], full);
     }
     mbarrier_arrive(full);
   }
@@ -123,8 +151,8 @@ void run_case(const TmaCase& c) {
   Elems16 k(host.size());
   k.buffer.upload(host.data(), host.size() * 2);
   KVTmaDescriptors maps{};
-  const KVRowTensors kv{k.data(), k.data(), c.rows, c.heads, c.blocks, row_stride, head_stride, block_elems,
-                        row_stride, head_stride, block_elems};
+  const KVRowTensors kv{k.data(), k.data(), c.rows,      c.heads,     c.blocks,   row_stride,
+                        head_stride, block_elems, row_stride, head_stride, block_elems, c.blocks > 1};
   const KVTmaBox box{ROWS, d, Tile::kAtomChunks * 8};
   encode_kv_tma(maps, kv, box, box);
   ASSERT_EQ(maps.enabled, 1) << "aligned tensors take TMA";
@@ -262,25 +290,85 @@ TEST(TmaTile, OutputRowsStoredInPackedOrder) {
   run_store_case<16>(8, 10, 1, 4, 0);  // rows past the tensor (queries 10, 11) are not written
 }
 
+/// A ROWS-row tile of pages of PAGE slots (pages smaller than a tile: one box a page), KV head
+/// `head` of `heads`, from the pages `pages` of a paged tensor of `num_pages` pages (ids past it:
+/// zeros), NHD or HND.
+template <int ROWS, int ROW_CHUNKS, int PAGE>
+void run_paged_case(int heads, int head, int num_pages, const std::vector<int>& pages, bool hnd) {
+  using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
+  const int d = ROW_CHUNKS * 8;
+  ASSERT_EQ(static_cast<int>(pages.size()), ROWS / PAGE);
+  const int64_t page_elems = int64_t{PAGE} * heads * d;
+  std::vector<uint16_t> host(static_cast<size_t>(page_elems * num_pages));
+  std::mt19937 rng(77 + d + PAGE);
+  for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
+  const int64_t row_stride = hnd ? d : int64_t{heads} * d, head_stride = hnd ? int64_t{PAGE} * d : d;
+  Elems16 k(host.size());
+  k.buffer.upload(host.data(), host.size() * 2);
+  KVTmaDescriptors maps{};
+  const KVRowTensors kv{k.data(), k.data(), PAGE,       heads,       num_pages,  row_stride,
+                        head_stride, page_elems, row_stride, head_stride, page_elems, true};
+  const KVTmaBox box{ROWS, d, Tile::kAtomChunks * 8};
+  encode_kv_tma(maps, kv, box, box);
+  ASSERT_EQ(maps.enabled, 1) << "pages of " << PAGE << " slots under " << ROWS << "-row tiles take TMA";
+  ASSERT_EQ(maps.box_rows, PAGE) << "one box a page";
+  tessera_test::DeviceBuffer page_ids(pages.size() * sizeof(int));
+  page_ids.upload(pages.data(), pages.size() * sizeof(int));
+  constexpr int kElems = ROWS * ROW_CHUNKS * 8;
+  Elems16 out(kElems);
+  out.buffer.poison();
+  const int smem = kElems * 2 + 8;
+  auto kernel = tma_paged_tile_kernel<ROWS, ROW_CHUNKS, PAGE>;
+  ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
+  kernel<<<1, 128, smem>>>(maps.k, head, static_cast<const int*>(page_ids.get()), out.data());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> got(kElems);
+  out.buffer.download(got.data(), got.size() * 2);
+  expect_tile<ROWS, ROW_CHUNKS>(got, [&](int r, int col) -> uint16_t {
+    const int page = pages[r / PAGE], slot = r % PAGE;
+    return page < num_pages ? host[page * page_elems + slot * row_stride + head * head_stride + col] : 0;
+  });
+}
+
+TEST(TmaTile, PagesSmallerThanATileLandAsOneBoxEach) {
+  if (!device_has_tma()) GTEST_SKIP() << "TMA needs an sm_90 device";
+  for (bool hnd : {false, true}) {
+    SCOPED_TRACE(hnd ? "HND" : "NHD");
+    run_paged_case<128, 16, 16>(8, 5, 23, {7, 0, 22, 3, 3, 11, 19, 1}, hnd);  // D128, page 16, a page twice
+    run_paged_case<128, 16, 32>(2, 1, 6, {5, 2, 0, 4}, hnd);                  // page 32
+    run_paged_case<128, 16, 64>(1, 0, 3, {2, 9}, hnd);                        // page 64; page 9 of 3: zeros
+    run_paged_case<64, 32, 16>(3, 2, 9, {8, 1, 4, 6}, hnd);                   // D256 (64-row tiles), page 16
+    run_paged_case<128, 12, 16>(4, 3, 10, {9, 2, 2, 5, 0, 8, 7, 1}, hnd);     // D96 (64-byte swizzle)
+  }
+}
+
 TEST(TmaTile, HostDeclinesWhatTmaCannotDescribe) {
   if (!device_has_tma()) GTEST_SKIP() << "TMA needs an sm_90 device";
   Elems16 k(64 * 4 * 128 * 2 + 64);
   const KVTmaBox box{128, 128, 64};
-  const auto enabled = [&](const void* base, int64_t row_stride, int64_t block_rows, int64_t blocks) {
+  // encode_kv_tma's verdict: 0 (cp.async), else the rows of a box (enabled).
+  const auto box_rows = [&](const void* base, int64_t row_stride, int64_t block_rows, int64_t blocks, bool paged) {
     KVTmaDescriptors maps{};
     maps.enabled = 7;
+    maps.box_rows = 7;
     const int64_t block_stride = block_rows * 512;
     encode_kv_tma(maps,
                   KVRowTensors{base, base, block_rows, 4, blocks, row_stride, 128, block_stride, row_stride, 128,
-                               block_stride},
+                               block_stride, paged},
                   box, box);
-    return maps.enabled;
+    EXPECT_TRUE(maps.enabled == 1 || maps.box_rows == 0) << "box_rows 0 when disabled";
+    return maps.enabled == 1 ? maps.box_rows : 0;
   };
-  EXPECT_EQ(enabled(k.data(), 512, 128, 2), 1);
-  EXPECT_EQ(enabled(k.data() + 4, 512, 128, 2), 0) << "a base 8 bytes past 16-byte alignment";
-  EXPECT_EQ(enabled(k.data(), 516, 128, 2), 0) << "rows 1032 bytes apart";
-  EXPECT_EQ(enabled(k.data(), 0, 128, 2), 0) << "every row at one address";
-  EXPECT_EQ(enabled(k.data(), 512, 64, 4), 0) << "pages of 64 slots under 128-row tiles";
+  EXPECT_EQ(box_rows(k.data(), 512, 128, 2, true), 128);
+  EXPECT_EQ(box_rows(k.data(), 512, 256, 1, false), 128) << "ragged rows";
+  EXPECT_EQ(box_rows(k.data() + 4, 512, 128, 2, true), 0) << "a base 8 bytes past 16-byte alignment";
+  EXPECT_EQ(box_rows(k.data(), 516, 128, 2, true), 0) << "rows 1032 bytes apart";
+  EXPECT_EQ(box_rows(k.data(), 0, 128, 2, true), 0) << "every row at one address";
+  EXPECT_EQ(box_rows(k.data(), 512, 64, 4, true), 64) << "pages of 64 slots under 128-row tiles: one box a page";
+  EXPECT_EQ(box_rows(k.data(), 512, 16, 16, true), 16) << "pages of 16 slots";
+  EXPECT_EQ(box_rows(k.data(), 512, 64, 1, false), 0) << "ragged KV of fewer rows than a tile";
+  EXPECT_EQ(box_rows(k.data(), 512, 8, 32, true), 0) << "pages of 8 slots: 1 KiB boxes, kept on cp.async";
+  EXPECT_EQ(box_rows(k.data(), 512, 48, 4, true), 0) << "pages of 48 slots do not fill a 128-row tile evenly";
 }
 
 }  // namespace

@@ -95,6 +95,15 @@ struct Elems16 {
   uint16_t* data() const { return static_cast<uint16_t*>(buffer.get()); }
 };
 
+/// Fills `host` with random 16-bit patterns (seeded) and returns a device copy of it.
+Elems16 random_device_copy(std::vector<uint16_t>& host, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
+  Elems16 dev(host.size());
+  dev.buffer.upload(host.data(), host.size() * 2);
+  return dev;
+}
+
 /// The shared tile tma_tile_kernel copies with `map` at (c1, c2, c3), as it lands.
 template <int ROWS, int ROW_CHUNKS>
 std::vector<uint16_t> load_box(const TmaDescriptor& map, int c1, int c2, int c3) {
@@ -145,14 +154,11 @@ void run_case(const TmaCase& c) {
   const int d = c.head_dim;
   const int64_t block_elems = int64_t{c.rows} * c.heads * d;
   std::vector<uint16_t> host(static_cast<size_t>(block_elems * c.blocks));
-  std::mt19937 rng(1234 + d + c.rows);
-  for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
   const int64_t row_stride = c.hnd ? d : int64_t{c.heads} * d, head_stride = c.hnd ? int64_t{c.rows} * d : d;
-  Elems16 k(host.size());
-  k.buffer.upload(host.data(), host.size() * 2);
+  const Elems16 k = random_device_copy(host, 1234 + d + c.rows);
   KVTmaDescriptors maps{};
-  const KVRowTensors kv{k.data(), k.data(), c.rows,      c.heads,     c.blocks,   row_stride,
-                        head_stride, block_elems, row_stride, head_stride, block_elems, c.blocks > 1};
+  const KVRowTensors kv{k.data(),    k.data(),    c.rows,     c.heads,     c.blocks,    row_stride,
+                        head_stride, block_elems, row_stride, head_stride, block_elems, /*paged=*/c.blocks > 1};
   const KVTmaBox box{ROWS, d, Tile::kAtomChunks * 8};
   encode_kv_tma(maps, kv, box, box);
   ASSERT_EQ(maps.enabled, 1) << "aligned tensors take TMA";
@@ -188,11 +194,8 @@ void run_query_case(int group, int num_rows, int kv_heads, bool hnd, int first_q
   using Tile = WgmmaTile<ROWS, ROW_CHUNKS>;
   const int d = ROW_CHUNKS * 8, heads = kv_heads * group;
   std::vector<uint16_t> host(static_cast<size_t>(num_rows) * heads * d);
-  std::mt19937 rng(99 + group + d);
-  for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
   const int64_t row_stride = hnd ? d : int64_t{heads} * d, head_stride = hnd ? int64_t{num_rows} * d : d;
-  Elems16 q(host.size());
-  q.buffer.upload(host.data(), host.size() * 2);
+  const Elems16 q = random_device_copy(host, 99 + group + d);
   QueryRowsTma map{};
   encode_query_rows_tma(map, QueryRows{q.data(), num_rows, group, kv_heads, row_stride, head_stride}, ROWS, d,
                         Tile::kAtomChunks * 8, "q");
@@ -300,14 +303,11 @@ void run_paged_case(int heads, int head, int num_pages, const std::vector<int>& 
   ASSERT_EQ(static_cast<int>(pages.size()), ROWS / PAGE);
   const int64_t page_elems = int64_t{PAGE} * heads * d;
   std::vector<uint16_t> host(static_cast<size_t>(page_elems * num_pages));
-  std::mt19937 rng(77 + d + PAGE);
-  for (auto& x : host) x = static_cast<uint16_t>(rng() & 0xFFFF);
   const int64_t row_stride = hnd ? d : int64_t{heads} * d, head_stride = hnd ? int64_t{PAGE} * d : d;
-  Elems16 k(host.size());
-  k.buffer.upload(host.data(), host.size() * 2);
+  const Elems16 k = random_device_copy(host, 77 + d + PAGE);
   KVTmaDescriptors maps{};
-  const KVRowTensors kv{k.data(), k.data(), PAGE,       heads,       num_pages,  row_stride,
-                        head_stride, page_elems, row_stride, head_stride, page_elems, true};
+  const KVRowTensors kv{k.data(),    k.data(),   PAGE,       heads,       num_pages,  row_stride,
+                        head_stride, page_elems, row_stride, head_stride, page_elems, /*paged=*/true};
   const KVTmaBox box{ROWS, d, Tile::kAtomChunks * 8};
   encode_kv_tma(maps, kv, box, box);
   ASSERT_EQ(maps.enabled, 1) << "pages of " << PAGE << " slots under " << ROWS << "-row tiles take TMA";

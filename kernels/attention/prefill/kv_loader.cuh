@@ -714,15 +714,14 @@ struct KVTileSource {
     constexpr int kTileBytes = kK ? Traits::kKTileBytes : Traits::kVTileBytes;
     const int thread = loader_thread<Traits>();
     if constexpr (kFormat == KVFormatKind::kPaged) {
-      // Most producer threads leave at the first test, which needs no parameter: a box has at
-      // least kMinBoxRows rows (src/kv_tma.h kv_tma_box_rows) and a power of two of them (the
-      // tile's, or a page's that divides them), so no division runs beside the consumers' MUFU
-      // work.
+      // No division anywhere on this path: the instructions between a stage freeing and its
+      // boxes issuing are on the tile's critical path (bench/results/LOG.md, session 49). A box
+      // has at least kMinBoxRows rows (src/kv_tma.h kv_tma_box_rows) and a power of two of them
+      // (the tile's, or a page's that divides them), so most producer threads leave at the first
+      // test, which reads no parameter, and the rest test a mask.
       constexpr int kMinBoxRows = 16;
       static_assert((Traits::CTA_TILE_KV & (Traits::CTA_TILE_KV - 1)) == 0 && Traits::CTA_TILE_KV >= kMinBoxRows,
                     "a power of two of KV rows a tile, so of rows a box");
-      // No division at all: the paged producer's few instructions a tile are on W4's critical
-      // path (a divided byte count measured 3-5% slower than this product; LOG, session 49).
       if (thread % kMinBoxRows != 0 || thread >= Traits::CTA_TILE_KV) return;
       const int box_rows = p.kv_tma.box_rows;
       if ((thread & (box_rows - 1)) == 0) {

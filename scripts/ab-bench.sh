@@ -51,6 +51,8 @@ else
     tail -30 "$OUT/ab-build-new.log"; exit 1; }
   wait $base_pid || { tail -30 "$OUT/ab-build-base.log"; exit 1; }
 fi
+# The device tool returns a bounded number of files: a build that succeeded keeps no log.
+rm -f "$OUT/ab-build-base.log" "$OUT/ab-build-new.log"
 IFS=';' read -r -a run_sets <<<"$RUNS"
 for round in $(seq 1 "$ROUNDS"); do
   sides="base new"
@@ -73,6 +75,7 @@ for line in sys.stdin:
     echo "round $round $side done"
   done
 done
+[ -s "$OUT/ab-stderr.log" ] || rm -f "$OUT/ab-stderr.log"
 python3 - "$OUT/ab.jsonl" <<'PY'
 import json, statistics, sys, collections
 cells = collections.defaultdict(lambda: {'base': [], 'new': [], 'base_min': [], 'new_min': [], 'metric': ''})

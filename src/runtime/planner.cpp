@@ -17,6 +17,11 @@
 //   4. Locality (PlannerConfig::group_by_request): when a request has several query tiles, the
 //      chosen LPT candidate is also assigned request by request, and that assignment kept if its
 //      makespan is within 1/32 of LPT's (regroup_by_request).
+//   5. Exchanges (balance_by_exchanges): when the assignment's makespan is more than 1/128 above the
+//      lower bound, items at the ends of the most loaded CTA's list move to, or swap with items at
+//      the ends of, the least loaded CTAs' lists while that lowers the makespan. With a dozen
+//      items a CTA (W4: 404 items on 33 CTAs) LPT and the grouped assignment leave 1-3% above the
+//      bound, which the GPU pays as a tail of idle SMs.
 //
 // kAuto fallback: water-filling. When no candidate is within 10% (uniform chunks can pack badly
 // when a CTA gets only a few items: e.g. 215 equal tiles on 132 CTAs, or 5 long decode requests on
@@ -115,6 +120,9 @@ struct Scratch {
   std::vector<int64_t> request_total;
   std::vector<int32_t> request_rank_order, request_rank;
   std::vector<int32_t> saved_order, saved_cta;
+  std::vector<int64_t> loads;                  // balance_by_exchanges: per CTA
+  std::vector<std::vector<int32_t>> cta_items;  // ... the assignment positions k of each CTA, ascending
+  std::vector<int64_t> item_cost;              // ... the cost of the item at each position k
 
   /// Drops buffers that a huge batch grew, so one outlier does not pin memory for the thread's life.
   void trim() {
@@ -142,6 +150,10 @@ struct Scratch {
     trim_one(request_rank);
     trim_one(saved_order);
     trim_one(saved_cta);
+    trim_one(loads);
+    trim_one(item_cost);
+    if (cta_items.size() > kKeep / 64) std::vector<std::vector<int32_t>>().swap(cta_items);
+    for (std::vector<int32_t>& v : cta_items) trim_one(v);
   }
 };
 
@@ -412,6 +424,119 @@ void regroup_by_request(Candidate& c, int32_t num_ctas, int32_t num_requests, co
   c.cta.swap(s.saved_cta);
   c.makespan = lpt_makespan;
   c.grouped = false;
+}
+
+/// An exchange of balance_by_exchanges: item `a` of the most loaded CTA goes to CTA `j`, and item
+/// `b` of CTA j (-1: none, a move) comes back; positions in the CTAs' lists. `peak`: the larger of
+/// the two CTAs' loads after it.
+struct Exchange {
+  int64_t peak;
+  int32_t a = -1, j = -1, b = -1;
+};
+
+/// The exchange between CTA m's last `tail` items and those of the CTAs `light[0..count)` whose two
+/// new loads have the smallest maximum below m's load (ties: scan order); a = -1 if none lowers it.
+Exchange best_exchange(const Scratch& s, int32_t m, const int32_t* light, int32_t count, int32_t tail) {
+  const int64_t* cost = s.item_cost.data();
+  const int64_t* load = s.loads.data();
+  const int64_t top = load[m];
+  Exchange best{top};
+  const std::vector<int32_t>& from = s.cta_items[m];
+  const int32_t from_n = static_cast<int32_t>(from.size());
+  for (int32_t r = 0; r < count; ++r) {
+    const int32_t j = light[r];
+    if (j == m) continue;
+    const int64_t room = top - load[j];  // an exchange moving d in (0, room) lowers the peak
+    const std::vector<int32_t>& to = s.cta_items[j];
+    const int32_t to_n = static_cast<int32_t>(to.size());
+    for (int32_t a = std::max(0, from_n - tail); a < from_n; ++a) {
+      const int64_t x = cost[from[a]];
+      if (x < room && std::max(top - x, load[j] + x) < best.peak) best = Exchange{std::max(top - x, load[j] + x), a, j, -1};
+      for (int32_t b = std::max(0, to_n - tail); b < to_n; ++b) {
+        const int64_t d = x - cost[to[b]];
+        if (d > 0 && d < room && std::max(top - d, load[j] + d) < best.peak) {
+          best = Exchange{std::max(top - d, load[j] + d), a, j, b};
+        }
+      }
+    }
+  }
+  return best;
+}
+
+/// Applies exchange e out of CTA m: c.cta, the loads and both CTAs' lists (kept ascending).
+void apply_exchange(const Exchange& e, int32_t m, Candidate& c, Scratch& s) {
+  const auto insert_sorted = [](std::vector<int32_t>& v, int32_t k) {
+    v.insert(std::upper_bound(v.begin(), v.end(), k), k);
+  };
+  std::vector<int32_t>& src = s.cta_items[m];
+  std::vector<int32_t>& dst = s.cta_items[e.j];
+  const int32_t ka = src[e.a];
+  src.erase(src.begin() + e.a);
+  int64_t d = s.item_cost[ka];
+  if (e.b >= 0) {
+    const int32_t kb = dst[e.b];
+    dst.erase(dst.begin() + e.b);
+    d -= s.item_cost[kb];
+    c.cta[kb] = m;
+    insert_sorted(src, kb);
+  }
+  c.cta[ka] = e.j;
+  insert_sorted(dst, ka);
+  s.loads[m] -= d;
+  s.loads[e.j] += d;
+}
+
+/// After LPT or the request-grouped assignment, when the makespan is more than 1/128 above the
+/// lower bound: moves an item of the most loaded CTA to another CTA, or swaps it for a cheaper item
+/// there, while that lowers the most loaded CTA's load and leaves the other's below it (see the top
+/// of the file). Each exchange lowers the sum of squared loads, so the loop ends; it stops when the
+/// most loaded CTA has no such exchange with the kExchangeCtas least loaded CTAs, is within 1/256
+/// of the lower bound, or after kMaxExchanges. Items keep their place in the assignment order
+/// (positions k), so each CTA still runs its items in that order. Only the last kTail items of
+/// each CTA are exchanged: an item moved into the middle of a CTA's list delays everything after
+/// it there, out of step with the other tiles of their requests, which then stop sharing their K/V
+/// in L2 (W5 q512, 537 MB of K/V: 2% slower with exchanges anywhere; bench/results/LOG.md). Plans
+/// with more than kMaxItemsPerCta items a CTA on average are left as they are: LPT's excess over
+/// the bound is at most one item's cost, a small share there.
+void balance_by_exchanges(Candidate& c, int32_t num_ctas, int64_t lb, Scratch& s) {
+  constexpr int32_t kExchangeCtas = 4;
+  constexpr int32_t kTail = 4;
+  constexpr int32_t kMaxExchanges = 64;  // bounds plan() time (~50 ns an exchange)
+  constexpr int64_t kMaxItemsPerCta = 32;
+  const size_t n = c.items.size();
+  const int32_t C = num_ctas;
+  if (C < 2 || n < 2 || c.makespan - lb <= lb / 128 || static_cast<int64_t>(n) > kMaxItemsPerCta * C) return;
+  s.loads.assign(static_cast<size_t>(C), 0);
+  if (s.cta_items.size() < static_cast<size_t>(C)) s.cta_items.resize(static_cast<size_t>(C));
+  for (int32_t j = 0; j < C; ++j) s.cta_items[j].clear();
+  s.item_cost.resize(n);  // by position k
+  for (size_t k = 0; k < n; ++k) {
+    s.item_cost[k] = c.cost[c.order[k]];
+    s.loads[c.cta[k]] += s.item_cost[k];
+    s.cta_items[c.cta[k]].push_back(static_cast<int32_t>(k));
+  }
+  const int64_t* load = s.loads.data();
+  const int32_t R = std::min(kExchangeCtas, C - 1);
+  for (int32_t round = 0; round < kMaxExchanges; ++round) {
+    // The most loaded CTA m and the R least loaded ones, lightest first (ties: lower index first).
+    int32_t m = 0, found = 0;
+    int32_t light[kExchangeCtas];
+    for (int32_t j = 0; j < C; ++j) {
+      if (load[j] > load[m]) m = j;
+      int32_t at = found;
+      while (at > 0 && load[light[at - 1]] > load[j]) --at;
+      if (at < R) {
+        for (int32_t q = std::min(found, R - 1); q > at; --q) light[q] = light[q - 1];
+        light[at] = j;
+        found = std::min(found + 1, R);
+      }
+    }
+    if (load[m] - lb <= lb / 256) break;
+    const Exchange e = best_exchange(s, m, light, found, kTail);
+    if (e.a < 0) break;
+    apply_exchange(e, m, c, s);
+  }
+  c.makespan = *std::max_element(s.loads.begin(), s.loads.end());
 }
 
 /// Water-filling with CTA capacity T (see the top of the file): fills `pieces` in placement order and
@@ -798,6 +923,7 @@ Plan plan_work(const std::vector<int32_t>& qo_len, const std::vector<int32_t>& k
     regroup_by_request(*chosen, config.num_ctas, static_cast<int32_t>(qo_len.size()), config.kv_group,
                        plan.lower_bound, s);
   }
+  if (!chosen->fill) balance_by_exchanges(*chosen, config.num_ctas, plan.lower_bound, s);
   emit_plan(*chosen, config, s, plan);
   plan.grouped_by_request = chosen->grouped;
   s.trim();

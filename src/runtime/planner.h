@@ -54,6 +54,9 @@ struct PlannerConfig {
   /// the whole batch's KV is live, which can exceed L2 (it did on W4: bench/results/LOG.md).
   /// Fill plans (see planner.cpp) keep their order.
   bool group_by_request = true;
+  /// After the assignment, exchange items at the ends of the CTAs' lists to lower the makespan
+  /// when it is more than 1/128 above the lower bound (planner.cpp, balance_by_exchanges).
+  bool exchanges = true;
   /// Whose KV each request reads, for group_by_request: kv_group[b] in [0, B) names request b's
   /// group, whose items are then assigned together (block-sparse KV over a paged cache: a block
   /// row's real request, so the block rows of one request share its K/V in L2). nullptr: each

@@ -83,6 +83,13 @@ bool plan_group_by_request() {
   return grouped;
 }
 
+// TESSERA_PLAN_EXCHANGES=0 turns off the planner's exchange pass (PlannerConfig::exchanges), =1
+// (the default) keeps it: a tuning aid for the ablation.
+bool plan_exchanges() {
+  static const bool on = env_choice("TESSERA_PLAN_EXCHANGES", {"1", "0"}) == "1";
+  return on;
+}
+
 // TESSERA_PLAN_HEAD_GROUPS=0 keeps one KV head per CTA of the persistent grid (=1, the default,
 // lets grid_shape group heads): a tuning aid for the ablation.
 bool plan_head_groups() {
@@ -464,6 +471,7 @@ class AttentionRuntime {
     config.fixed_split_size = static_cast<int32_t>(options_.fixed_split_size);
     config.alpha = cost_alpha(q_tile);
     config.group_by_request = plan_group_by_request();
+    config.exchanges = plan_exchanges();
     const std::vector<int32_t> kv_group = block_row_kv_groups(in);
     if (!kv_group.empty()) config.kv_group = kv_group.data();
     int64_t tile_pairs = 0;
